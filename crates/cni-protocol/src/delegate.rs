@@ -1,0 +1,160 @@
+//! Delegation to another plugin (IPAM): find it in `CNI_PATH`, run it with our
+//! environment and the full config on stdin, pass its errors through unchanged.
+
+use crate::env::Command;
+use crate::error::CniError;
+use crate::result::CniResult;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+/// Finds plugin `name` in the `CNI_PATH` directories: the first regular file of that name.
+pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
+    if name.is_empty() {
+        return Err(CniError::internal("no plugin name provided"));
+    }
+    if name.contains(std::path::MAIN_SEPARATOR) {
+        return Err(CniError::internal(format!("invalid plugin name: {name}")));
+    }
+    path.iter()
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.metadata().is_ok_and(|m| m.is_file()))
+        .ok_or_else(|| {
+            let dirs: Vec<String> = path.iter().map(|p| p.display().to_string()).collect();
+            CniError::internal(format!(
+                "failed to find plugin {name:?} in path [{}]",
+                dirs.join(" ")
+            ))
+        })
+}
+
+/// How often to retry an exec that fails with "text file busy" (a binary being replaced).
+const TEXT_BUSY_RETRIES: u32 = 5;
+
+/// Linux `ETXTBSY`.
+const ETXTBSY: i32 = 26;
+
+/// Runs `plugin` for `command` with the config on stdin; our environment is inherited
+/// with `CNI_COMMAND` replaced, and its stderr goes to ours. Returns its stdout, or the
+/// error it printed.
+pub fn exec_plugin(command: Command, plugin: &Path, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
+    let mut attempt = 0;
+    let mut child = loop {
+        let spawned = std::process::Command::new(plugin)
+            .env("CNI_COMMAND", command.as_str())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn();
+        match spawned {
+            Err(e) if e.raw_os_error() == Some(ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => {
+                return Err(CniError::internal(format!(
+                    "failed to run {}: {e}",
+                    plugin.display()
+                )));
+            }
+            Ok(child) => break child,
+        }
+    };
+    if let Some(mut pipe) = child.stdin.take() {
+        // A plugin may exit without reading all of stdin; its answer is what counts.
+        let _ = pipe.write_all(stdin);
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
+    if output.status.success() {
+        return Ok(output.stdout);
+    }
+    if output.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Err(CniError::internal(format!(
+            "netplugin failed with no error message: {}",
+            output.status
+        )));
+    }
+    Err(CniError::from_json(&output.stdout).unwrap_or_else(|| {
+        CniError::internal(format!(
+            "netplugin failed but error parsing its diagnostic message {:?}",
+            String::from_utf8_lossy(&output.stdout)
+        ))
+    }))
+}
+
+/// Runs delegate `name` for ADD and parses its result (in `config_version` unless it says otherwise).
+pub fn delegate_add(
+    name: &str,
+    path: &[PathBuf],
+    stdin: &[u8],
+    config_version: &str,
+) -> Result<CniResult, CniError> {
+    let plugin = find_plugin(name, path)?;
+    let out = exec_plugin(Command::Add, &plugin, stdin)?;
+    let value: serde_json::Value = serde_json::from_slice(&out)
+        .map_err(|e| CniError::internal(format!("failed to parse result of {name}: {e}")))?;
+    CniResult::parse(&value, config_version)
+}
+
+/// Runs delegate `name` for a command without a result (DEL, CHECK, STATUS, GC).
+pub fn delegate(
+    command: Command,
+    name: &str,
+    path: &[PathBuf],
+    stdin: &[u8],
+) -> Result<(), CniError> {
+    let plugin = find_plugin(name, path)?;
+    exec_plugin(command, &plugin, stdin).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plugin_lookup_errors() {
+        assert_eq!(
+            find_plugin("", &[]).unwrap_err().msg,
+            "no plugin name provided"
+        );
+        assert_eq!(
+            find_plugin("a/b", &[]).unwrap_err().msg,
+            "invalid plugin name: a/b"
+        );
+        let err = find_plugin(
+            "nope",
+            &[
+                PathBuf::from("/nonexistent1"),
+                PathBuf::from("/nonexistent2"),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.msg,
+            r#"failed to find plugin "nope" in path [/nonexistent1 /nonexistent2]"#
+        );
+    }
+
+    #[test]
+    fn finds_regular_files_only() {
+        // /usr/bin/true exists everywhere; a directory of the same name must be skipped.
+        let found = find_plugin("true", &[PathBuf::from("/"), PathBuf::from("/usr/bin")]).unwrap();
+        assert_eq!(found, PathBuf::from("/usr/bin/true"));
+    }
+
+    #[test]
+    fn delegate_errors_pass_through_and_success_returns_stdout() {
+        let out = exec_plugin(Command::Add, Path::new("/usr/bin/true"), b"{}").unwrap();
+        assert!(out.is_empty());
+        let err = exec_plugin(Command::Add, Path::new("/usr/bin/false"), b"{}").unwrap_err();
+        assert!(
+            err.msg
+                .starts_with("netplugin failed with no error message"),
+            "{}",
+            err.msg
+        );
+    }
+}
