@@ -1,1 +1,40 @@
-//! Work in progress.
+//! Harness for the black-box tests (tier 3 in `DESIGN.md`).
+//!
+//! The tests in `tests/tests/` treat the plugins as the runtime does: they run the built
+//! binaries with `CNI_*` environment variables and a JSON config on stdin, inside a
+//! throwaway "host" network namespace, against a throwaway "pod" network namespace, and
+//! then look at stdout, the exit code and the kernel state in those namespaces.
+//! Nothing here touches the machine's own root netns.
+//!
+//! The pieces:
+//! - [`require_root`]: root tests skip locally without root, and fail under `CI=true`.
+//! - [`unique_name`] / [`unique_ifname`]: collision-free names for namespaces, networks,
+//!   container ids and (≤15 byte) links, also across test binaries running at once.
+//! - [`Netns`] and [`TempDir`]: guards that remove what they made on drop, also when a
+//!   test panics.
+//! - [`bin_dir`]: builds the three plugin binaries once per test process and returns the
+//!   directory holding them (what tests pass as `CNI_PATH`).
+//! - [`Plugin`] / [`Outcome`]: run one plugin command and inspect its result.
+//! - [`kernel`]: `ip -j …` and sysctl readers that run inside a namespace.
+//! - [`json`]: Go-compatible pretty printing, to compare result text byte for byte.
+
+pub mod bins;
+pub mod json;
+pub mod kernel;
+pub mod names;
+pub mod netns;
+pub mod plugin;
+pub mod privilege;
+pub mod tempdir;
+
+pub use bins::{bin_dir, plugin_path, workspace_root};
+pub use names::{unique_ifname, unique_name};
+pub use netns::Netns;
+pub use plugin::{Outcome, Plugin};
+pub use privilege::{in_ci, require_root};
+pub use tempdir::TempDir;
+
+/// The seven spec versions, oldest first, exactly as plugins advertise them.
+pub const ALL_VERSIONS: [&str; 7] = [
+    "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+];
