@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The one test command of this repository (README "Testing"; .ci/run calls it).
+# Run as root on Debian 12:  tests/run-all.sh
+#
+# Installs what the tests need (apt packages; crates come through cargo), then runs
+# format check, clippy, a debug build of the plugins and the whole test suite.
+# With CI=true (set by .ci/run) root tests fail instead of skipping when a privilege is
+# missing; the variable is passed through to cargo test untouched.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+# Debian packages: iproute2/iptables/nftables/ping to drive and inspect namespaces and
+# firewall state; the reference Go plugins (containernetworking-plugins) and libcni
+# sources (golang-github-appc-cni-dev, with golang-go) for compatibility checks; podman,
+# runc and busybox-static for runtime-level tests; ca-certificates for cargo's downloads.
+packages=(
+    iproute2 iptables nftables iputils-ping
+    containernetworking-plugins golang-go golang-github-appc-cni-dev
+    podman runc busybox-static ca-certificates
+)
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+        missing+=("$p")
+    fi
+done
+if ((${#missing[@]})); then
+    step "apt-get install ${missing[*]}"
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "error: missing packages (${missing[*]}) and not root: run tests/run-all.sh as root" >&2
+        exit 1
+    fi
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}"
+else
+    step "apt packages already installed"
+fi
+
+if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
+    # shellcheck source=/dev/null
+    . "${HOME:-/root}/.cargo/env"
+fi
+command -v cargo >/dev/null || { echo "error: cargo not found (install Rust with rustup)" >&2; exit 1; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo build (debug, plugin binaries)"
+cargo build --workspace --bins
+
+step "cargo test (CI=${CI:-unset})"
+cargo test --workspace
+
+step "all checks passed"
