@@ -1,0 +1,162 @@
+//! The one error type of this crate.
+//!
+//! Firewall failures are diagnosed by operators reading the plugin's error
+//! JSON, so every variant names the program that failed, what it was working
+//! on (table and chain) and carries the program's own stderr verbatim.
+
+use std::fmt;
+use std::io;
+
+use crate::naming::go_quote;
+
+/// Result alias used throughout the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong while managing firewall rules.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configured `ipMasqBackend` is neither `iptables` nor `nftables`
+    /// (same words as the reference plugin).
+    #[error("unknown ipmasq backend {}", go_quote(.0))]
+    UnknownBackend(String),
+
+    /// No backend was configured and neither iptables nor nftables works here.
+    #[error("neither iptables nor nftables is usable for ipMasq")]
+    NoBackend,
+
+    /// A required program is not installed.
+    #[error("failed to locate {program}: not found in PATH nor in {searched}")]
+    ProgramNotFound {
+        /// Program name, e.g. `iptables-restore`.
+        program: String,
+        /// The fallback directories that were searched as well.
+        searched: String,
+    },
+
+    /// The program could not be started or talked to.
+    #[error("failed to run {program} ({target}): {source}")]
+    Spawn {
+        /// Program name.
+        program: String,
+        /// What the program was working on, e.g. `table nat chain POSTROUTING`.
+        target: String,
+        /// The I/O error from spawning, feeding stdin or waiting.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The program ran and reported failure.
+    #[error("{program} failed on {target} ({status}): {}", stderr.trim_end())]
+    Command {
+        /// Program name.
+        program: String,
+        /// What the program was working on.
+        target: String,
+        /// Exit status as printed by the standard library.
+        status: String,
+        /// The program's stderr.
+        stderr: String,
+    },
+
+    /// The program's output was not what we can understand.
+    #[error("unexpected output from {program} ({target}): {detail}")]
+    Parse {
+        /// Program name.
+        program: String,
+        /// What we asked for.
+        target: String,
+        /// What was wrong with the output.
+        detail: String,
+    },
+
+    /// A name or address would not survive being embedded in a rule.
+    #[error("invalid {what} {}: {reason}", go_quote(.value))]
+    InvalidInput {
+        /// Which input, e.g. `container MAC`.
+        what: &'static str,
+        /// The offending value.
+        value: String,
+        /// Why it is rejected.
+        reason: &'static str,
+    },
+
+    /// CHECK found that a rule we installed is not there (any more).
+    #[error("{backend}: {what} not found in {target}")]
+    Missing {
+        /// `iptables`, `ip6tables`, `nftables`.
+        backend: &'static str,
+        /// Where we looked, e.g. `table nat chain POSTROUTING`.
+        target: String,
+        /// The missing rule or chain, in the tool's own syntax.
+        what: String,
+    },
+
+    /// Several independent steps failed (teardown, GC keep going and report
+    /// everything at the end).
+    #[error("{}", Joined(.0))]
+    Multiple(Vec<Error>),
+}
+
+impl Error {
+    /// Folds a list of errors into one, or `Ok` when the list is empty.
+    pub(crate) fn collect(mut errors: Vec<Error>) -> Result<()> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Error::Multiple(errors)),
+        }
+    }
+}
+
+/// Displays errors one per line, like the reference joins teardown errors.
+struct Joined<'a>(&'a [Error]);
+
+impl fmt::Display for Joined<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_backend_uses_reference_words() {
+        let e = Error::UnknownBackend("ipfw".into());
+        assert_eq!(e.to_string(), r#"unknown ipmasq backend "ipfw""#);
+    }
+
+    #[test]
+    fn command_error_names_program_target_and_stderr() {
+        let e = Error::Command {
+            program: "iptables-restore".into(),
+            target: "table nat chain POSTROUTING".into(),
+            status: "exit status: 4".into(),
+            stderr: "line 2: CHAIN_DEL failed\n".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "iptables-restore failed on table nat chain POSTROUTING (exit status: 4): line 2: CHAIN_DEL failed"
+        );
+    }
+
+    #[test]
+    fn collect_folds() {
+        assert!(Error::collect(vec![]).is_ok());
+        let one = Error::collect(vec![Error::NoBackend]).unwrap_err();
+        assert!(matches!(one, Error::NoBackend));
+        let two =
+            Error::collect(vec![Error::NoBackend, Error::UnknownBackend("x".into())]).unwrap_err();
+        assert_eq!(
+            two.to_string(),
+            "neither iptables nor nftables is usable for ipMasq\nunknown ipmasq backend \"x\""
+        );
+    }
+}

@@ -1,0 +1,187 @@
+//! IP masquerading for container addresses (the bridge plugin's `ipMasq`),
+//! on iptables or nftables, rule for rule like the reference plugins.
+//!
+//! Traffic from a container address to anything outside its subnet, except
+//! multicast, is masqueraded. Setup and CHECK use the configured backend;
+//! teardown and GC clean both backends, because the attachment may have been
+//! created by another version or configuration (the reference does the same).
+
+mod iptables;
+mod nftables;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::str::FromStr;
+
+use ipnetwork::IpNetwork;
+
+use crate::error::{Error, Result};
+
+/// Which firewall tool carries the masquerade rules (`ipMasqBackend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Per-container `CNI-…` chains in the `nat` table.
+    Iptables,
+    /// Rules in table `inet cni_plugins_masquerade`.
+    Nftables,
+}
+
+impl FromStr for Backend {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "iptables" => Ok(Backend::Iptables),
+            "nftables" => Ok(Backend::Nftables),
+            other => Err(Error::UnknownBackend(other.to_owned())),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Iptables => "iptables",
+            Backend::Nftables => "nftables",
+        })
+    }
+}
+
+impl Backend {
+    /// The backend for an `ipMasqBackend` value: parsed when set, otherwise
+    /// [`Backend::detect`].
+    pub fn from_config(value: Option<&str>) -> Result<Backend> {
+        value.map_or_else(|| Ok(Backend::detect()), str::parse)
+    }
+
+    /// The reference's default: iptables, unless only nftables works; when
+    /// neither works (e.g. no privileges yet), nftables only if iptables is
+    /// not installed but nft is.
+    pub fn detect() -> Backend {
+        choose_default(
+            iptables::usable,
+            nftables::usable,
+            iptables::installed,
+            || crate::exec::locate("nft").is_some(),
+        )
+    }
+}
+
+/// The default-selection logic, with the probes passed in so it can be tested.
+fn choose_default(
+    ipt_usable: impl FnOnce() -> bool,
+    nft_usable: impl FnOnce() -> bool,
+    ipt_installed: impl FnOnce() -> bool,
+    nft_installed: impl FnOnce() -> bool,
+) -> Backend {
+    if ipt_usable() {
+        return Backend::Iptables;
+    }
+    if nft_usable() {
+        return Backend::Nftables;
+    }
+    if !ipt_installed() && nft_installed() {
+        return Backend::Nftables;
+    }
+    Backend::Iptables
+}
+
+/// Masquerades traffic from each of `ips` (container address with its
+/// prefix, e.g. `10.77.0.2/24`) to destinations outside its subnet, except
+/// multicast. Idempotent: a repeated setup adds nothing twice.
+///
+/// If this fails part-way, [`teardown`] removes whatever was installed.
+pub fn setup(
+    backend: Backend,
+    network: &str,
+    ifname: &str,
+    container_id: &str,
+    ips: &[IpNetwork],
+) -> Result<()> {
+    match backend {
+        Backend::Iptables => iptables::setup(network, container_id, ips),
+        Backend::Nftables => nftables::setup(network, ifname, container_id, ips),
+    }
+}
+
+/// Removes the attachment's masquerade rules from both backends. Needs no
+/// IP list; absent tools, tables or rules are not errors.
+///
+/// The iptables chain is per (network, container) like the reference, so it
+/// also carries any other interface of the same container on this network.
+pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
+    let mut errors = Vec::new();
+    if let Err(e) = iptables::teardown(network, container_id) {
+        errors.push(e);
+    }
+    match nftables::teardown(network, ifname, container_id) {
+        Ok(()) | Err(Error::ProgramNotFound { .. }) => {}
+        Err(e) => errors.push(e),
+    }
+    Error::collect(errors)
+}
+
+/// Verifies that [`setup`] with the same arguments is in effect; the error
+/// names every missing rule.
+pub fn check(
+    backend: Backend,
+    network: &str,
+    ifname: &str,
+    container_id: &str,
+    ips: &[IpNetwork],
+) -> Result<()> {
+    match backend {
+        Backend::Iptables => iptables::check(network, container_id, ips),
+        Backend::Nftables => nftables::check(network, ifname, container_id, ips),
+    }
+}
+
+/// Removes this network's masquerade rules of attachments not in `valid`
+/// (pairs of container id and interface name), in both backends. Keeps going
+/// past failures and reports them together.
+///
+/// iptables chains carry no interface name, so a chain stays as long as any
+/// valid attachment has its container id.
+pub fn gc<C: AsRef<str>, I: AsRef<str>>(network: &str, valid: &[(C, I)]) -> Result<()> {
+    let valid: Vec<(&str, &str)> = valid
+        .iter()
+        .map(|(c, i)| (c.as_ref(), i.as_ref()))
+        .collect();
+    let ids: HashSet<&str> = valid.iter().map(|(c, _)| *c).collect();
+    let mut errors = Vec::new();
+    if let Err(e) = iptables::gc(network, &ids) {
+        errors.push(e);
+    }
+    match nftables::gc(network, &valid) {
+        Ok(()) | Err(Error::ProgramNotFound { .. }) => {}
+        Err(e) => errors.push(e),
+    }
+    Error::collect(errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_backend_names() {
+        assert_eq!("iptables".parse::<Backend>().unwrap(), Backend::Iptables);
+        assert_eq!("nftables".parse::<Backend>().unwrap(), Backend::Nftables);
+        let e = "NFTables".parse::<Backend>().unwrap_err();
+        assert_eq!(e.to_string(), r#"unknown ipmasq backend "NFTables""#);
+        let e = Backend::from_config(Some("")).unwrap_err();
+        assert_eq!(e.to_string(), r#"unknown ipmasq backend """#);
+        assert_eq!(Backend::Nftables.to_string(), "nftables");
+    }
+
+    #[test]
+    fn default_selection_follows_reference() {
+        let t = || true;
+        let f = || false;
+        assert_eq!(choose_default(t, t, t, t), Backend::Iptables);
+        assert_eq!(choose_default(f, t, t, t), Backend::Nftables);
+        assert_eq!(choose_default(f, f, f, t), Backend::Nftables);
+        assert_eq!(choose_default(f, f, t, t), Backend::Iptables);
+        assert_eq!(choose_default(f, f, f, f), Backend::Iptables);
+    }
+}
