@@ -17,8 +17,10 @@
 //! - [`Plugin`] / [`Outcome`]: run one plugin command and inspect its result.
 //! - [`kernel`]: `ip -j …` and sysctl readers that run inside a namespace.
 //! - [`json`]: Go-compatible pretty printing, to compare result text byte for byte.
+//! - [`check_cases`]: table-driven tests that report every failing row.
 
 pub mod bins;
+pub mod cases;
 pub mod json;
 pub mod kernel;
 pub mod names;
@@ -28,6 +30,7 @@ pub mod privilege;
 pub mod tempdir;
 
 pub use bins::{bin_dir, plugin_path, workspace_root};
+pub use cases::check_cases;
 pub use names::{unique_ifname, unique_name};
 pub use netns::Netns;
 pub use plugin::{Outcome, Plugin};

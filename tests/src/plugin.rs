@@ -239,12 +239,14 @@ impl Outcome {
 
     /// Stdout parsed as exactly one JSON value (trailing garbage or a second object is an
     /// error: runtimes parse stdout as a single document). Panics with the whole outcome.
+    #[track_caller]
     pub fn json(&self) -> Value {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not one JSON value ({e}):\n{self}"))
     }
 
     /// Panics unless the exit code is 0.
+    #[track_caller]
     pub fn assert_success(&self) -> &Self {
         assert!(self.success(), "expected success:\n{self}");
         self
@@ -252,6 +254,7 @@ impl Outcome {
 
     /// Panics unless the exit code is 0 and nothing was printed on stdout (what the spec
     /// asks of a successful DEL, CHECK, STATUS and GC).
+    #[track_caller]
     pub fn assert_success_silent(&self) -> &Self {
         self.assert_success();
         assert!(self.stdout.is_empty(), "expected empty stdout:\n{self}");
@@ -259,6 +262,7 @@ impl Outcome {
     }
 
     /// Panics if the exit code is 0.
+    #[track_caller]
     pub fn assert_failure(&self) -> &Self {
         assert!(!self.success(), "expected failure:\n{self}");
         self
@@ -288,6 +292,7 @@ impl Outcome {
 
     /// Panics unless the call failed with exactly this code and message, the error being
     /// the only thing on stdout. Returns the error object for further checks.
+    #[track_caller]
     pub fn assert_error(&self, code: u64, msg: &str) -> Value {
         self.assert_failure();
         let error = self.json();
