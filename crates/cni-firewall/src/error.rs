@@ -20,10 +20,6 @@ pub enum Error {
     #[error("unknown ipmasq backend {}", go_quote(.0))]
     UnknownBackend(String),
 
-    /// No backend was configured and neither iptables nor nftables works here.
-    #[error("neither iptables nor nftables is usable for ipMasq")]
-    NoBackend,
-
     /// A required program is not installed.
     #[error("failed to locate {program}: not found in PATH nor in {searched}")]
     ProgramNotFound {
@@ -99,7 +95,14 @@ pub enum Error {
 
 impl Error {
     /// Folds a list of errors into one, or `Ok` when the list is empty.
-    pub(crate) fn collect(mut errors: Vec<Error>) -> Result<()> {
+    pub(crate) fn collect(errors: Vec<Error>) -> Result<()> {
+        let mut errors: Vec<Error> = errors
+            .into_iter()
+            .flat_map(|e| match e {
+                Error::Multiple(inner) => inner,
+                e => vec![e],
+            })
+            .collect();
         match errors.len() {
             0 => Ok(()),
             1 => Err(errors.remove(0)),
@@ -150,13 +153,21 @@ mod tests {
     #[test]
     fn collect_folds() {
         assert!(Error::collect(vec![]).is_ok());
-        let one = Error::collect(vec![Error::NoBackend]).unwrap_err();
-        assert!(matches!(one, Error::NoBackend));
-        let two =
-            Error::collect(vec![Error::NoBackend, Error::UnknownBackend("x".into())]).unwrap_err();
+        let one = Error::collect(vec![Error::UnknownBackend("a".into())]).unwrap_err();
+        assert!(matches!(one, Error::UnknownBackend(_)));
+        let two = Error::collect(vec![
+            Error::UnknownBackend("a".into()),
+            Error::UnknownBackend("x".into()),
+        ])
+        .unwrap_err();
         assert_eq!(
             two.to_string(),
-            "neither iptables nor nftables is usable for ipMasq\nunknown ipmasq backend \"x\""
+            "unknown ipmasq backend \"a\"\nunknown ipmasq backend \"x\""
+        );
+        let nested = Error::collect(vec![two, Error::UnknownBackend("y".into())]).unwrap_err();
+        assert!(
+            matches!(&nested, Error::Multiple(v) if v.len() == 3),
+            "{nested}"
         );
     }
 }

@@ -195,6 +195,6 @@ pub(crate) mod tests {
             stderr: "Error: No such file or directory\nlist table inet x\n".into(),
         };
         assert!(is_not_found(&e));
-        assert!(!is_not_found(&Error::NoBackend));
+        assert!(!is_not_found(&Error::UnknownBackend("x".into())));
     }
 }

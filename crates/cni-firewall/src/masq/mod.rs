@@ -110,15 +110,18 @@ pub fn setup(
 /// The iptables chain is per (network, container) like the reference, so it
 /// also carries any other interface of the same container on this network.
 pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
-    let mut errors = Vec::new();
-    if let Err(e) = iptables::teardown(network, container_id) {
-        errors.push(e);
-    }
-    match nftables::teardown(network, ifname, container_id) {
-        Ok(()) | Err(Error::ProgramNotFound { .. }) => {}
-        Err(e) => errors.push(e),
-    }
-    Error::collect(errors)
+    Error::collect(
+        [
+            relevant(iptables::teardown(network, container_id), iptables::usable),
+            relevant(
+                nftables::teardown(network, ifname, container_id),
+                nftables::usable,
+            ),
+        ]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect(),
+    )
 }
 
 /// Verifies that [`setup`] with the same arguments is in effect; the error
@@ -148,15 +151,26 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(network: &str, valid: &[(C, I)]) -> Resu
         .map(|(c, i)| (c.as_ref(), i.as_ref()))
         .collect();
     let ids: HashSet<&str> = valid.iter().map(|(c, _)| *c).collect();
-    let mut errors = Vec::new();
-    if let Err(e) = iptables::gc(network, &ids) {
-        errors.push(e);
+    Error::collect(
+        [
+            relevant(iptables::gc(network, &ids), iptables::usable),
+            relevant(nftables::gc(network, &valid), nftables::usable),
+        ]
+        .into_iter()
+        .filter_map(Result::err)
+        .collect(),
+    )
+}
+
+/// Cleanup errors only count for a backend that works here: a node without
+/// the tool or kernel support cannot hold rules in it (the reference ignores
+/// such errors too).
+fn relevant(result: Result<()>, usable: impl FnOnce() -> bool) -> Result<()> {
+    match result {
+        Err(Error::ProgramNotFound { .. }) => Ok(()),
+        Err(e) if usable() => Err(e),
+        _ => Ok(()),
     }
-    match nftables::gc(network, &valid) {
-        Ok(()) | Err(Error::ProgramNotFound { .. }) => {}
-        Err(e) => errors.push(e),
-    }
-    Error::collect(errors)
 }
 
 #[cfg(test)]
