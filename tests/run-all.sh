@@ -55,6 +55,6 @@ step "cargo build (debug, plugin binaries)"
 cargo build --workspace --bins
 
 step "cargo test (CI=${CI:-unset})"
-cargo test --workspace
+cargo test --workspace --no-fail-fast
 
 step "all checks passed"
