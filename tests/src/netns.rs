@@ -7,11 +7,14 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, PoisonError};
 
 use crate::names::unique_name;
 
 /// Where `ip netns add` bind-mounts namespaces (`NETNS_RUN_DIR`).
 pub const NETNS_RUN_DIR: &str = "/var/run/netns";
+
+static ADD_LOCK: Mutex<()> = Mutex::new(());
 
 /// A named network namespace that is deleted when dropped.
 #[derive(Debug)]
@@ -26,7 +29,14 @@ impl Netns {
     /// iproute2): a test that asked for a namespace cannot do anything useful without it.
     pub fn new(prefix: &str) -> Self {
         let name = unique_name(prefix);
-        let out = run(Command::new("ip").args(["netns", "add", &name]));
+        let out = {
+            // The first `ip netns add` on a machine turns /var/run/netns into a shared
+            // mount of itself; several doing that at once (parallel tests on a fresh CI
+            // machine) can stack mounts and hide namespaces made a moment earlier (Debian
+            // bug #949235; newer iproute2 takes a lock, serializing here costs nothing).
+            let _serialized = ADD_LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+            run(Command::new("ip").args(["netns", "add", &name]))
+        };
         assert!(
             out.status.success(),
             "ip netns add {name} failed ({}): {}",
