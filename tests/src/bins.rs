@@ -3,12 +3,14 @@
 //! `cargo test` builds only what the test crate depends on, and the black-box crate must
 //! not depend on the plugins (it tests their binaries, not their libraries). So the first
 //! test that needs a binary runs `cargo build` for the three plugin packages, once per
-//! test process. Cargo itself reports where it put the executables (JSON messages), which
+//! test process. If that fails, each package is built on its own, so that the tests of
+//! the plugins that do compile still run (the others' tests fail with the compiler output). Cargo itself reports where it put the executables (JSON messages), which
 //! keeps `CARGO_TARGET_DIR` and `build.target-dir` settings working.
 //!
 //! `CNI_BLACKBOX_BIN_DIR=<dir>` skips the build and tests the binaries in `<dir>` instead,
 //! e.g. the reference Go plugins, to check what the tests themselves assume.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -27,28 +29,75 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// The directory holding `loopback`, `host-local` and `bridge`: what tests pass as
-/// `CNI_PATH`. Builds them on first use; panics (in every test that asks) if that failed.
+/// `CNI_PATH`. Builds them on first use; panics (in every test that asks) if no plugin
+/// could be built.
 pub fn bin_dir() -> &'static Path {
-    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match DIR.get_or_init(locate) {
-        Ok(dir) => dir,
+    &built().dir
+}
+
+/// Full path of one plugin binary. Panics with the compiler's output if that plugin did
+/// not build.
+pub fn plugin_path(name: &str) -> PathBuf {
+    let built = built();
+    if let Some(error) = built.failed.get(name) {
+        panic!("plugin {name:?} did not build:\n{error}");
+    }
+    built.dir.join(name)
+}
+
+/// Outcome of the one-time build.
+#[derive(Debug)]
+struct Built {
+    dir: PathBuf,
+    /// Plugins whose package failed to build, with cargo's output.
+    failed: BTreeMap<&'static str, String>,
+}
+
+fn built() -> &'static Built {
+    static BUILT: OnceLock<Result<Built, String>> = OnceLock::new();
+    match BUILT.get_or_init(locate) {
+        Ok(built) => built,
         Err(e) => panic!("{e}"),
     }
 }
 
-/// Full path of one plugin binary.
-pub fn plugin_path(name: &str) -> PathBuf {
-    bin_dir().join(name)
-}
-
-fn locate() -> Result<PathBuf, String> {
+fn locate() -> Result<Built, String> {
     if let Some(dir) = std::env::var_os("CNI_BLACKBOX_BIN_DIR") {
-        return Ok(PathBuf::from(dir));
+        return Ok(Built {
+            dir: PathBuf::from(dir),
+            failed: BTreeMap::new(),
+        });
     }
-    build()
+    let all: Vec<(&'static str, &'static str)> = PLUGINS.to_vec();
+    let combined_error = match build(&all) {
+        Ok(dir) => {
+            return Ok(Built {
+                dir,
+                failed: BTreeMap::new(),
+            });
+        }
+        Err(e) => e,
+    };
+    // Plugins are developed side by side: one that does not compile yet must not take the
+    // others' tests down with it. Build them one by one to see which are usable.
+    let mut dir = None;
+    let mut failed = BTreeMap::new();
+    for plugin in all {
+        match build(&[plugin]) {
+            Ok(d) => dir = Some(d),
+            Err(e) => {
+                failed.insert(plugin.0, e);
+            }
+        }
+    }
+    match dir {
+        Some(dir) => Ok(Built { dir, failed }),
+        None => Err(combined_error),
+    }
 }
 
-fn build() -> Result<PathBuf, String> {
+/// `cargo build --bins -p <package>...`; returns the directory of the executables.
+fn build(plugins: &[(&str, &str)]) -> Result<PathBuf, String> {
     // Same cargo as the one running us (cargo sets CARGO for the processes it runs).
     let cargo = std::env::var_os("CARGO")
         .or_else(|| option_env!("CARGO").map(Into::into))
@@ -60,7 +109,7 @@ fn build() -> Result<PathBuf, String> {
         "--message-format=json-render-diagnostics",
     ])
     .current_dir(workspace_root());
-    for (_, package) in PLUGINS {
+    for (_, package) in plugins {
         cmd.args(["-p", package]);
     }
     let out = cmd
@@ -75,7 +124,7 @@ fn build() -> Result<PathBuf, String> {
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
     let mut dir: Option<PathBuf> = None;
-    for (name, _) in PLUGINS {
+    for (name, _) in plugins {
         let exe = executable_of(&stdout, name)
             .ok_or_else(|| format!("cargo build reported no executable named {name:?}"))?;
         let parent = exe.parent().map(Path::to_path_buf).unwrap_or_default();

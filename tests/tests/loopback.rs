@@ -259,7 +259,7 @@ fn add_with_prev_result_returns_it_unchanged_in_the_config_version() {
     let mut prev_031_unversioned = prev_040.clone();
     prev_031_unversioned
         .as_object_mut()
-        .map(|o| o.remove("cniVersion"));
+        .map(|o| o.shift_remove("cniVersion"));
     let mut expected_031 = prev_040.clone();
     expected_031["cniVersion"] = json!("0.3.1");
 
