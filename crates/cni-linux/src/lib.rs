@@ -1,1 +1,22 @@
-//! Work in progress.
+//! The Linux side of the CNI plugins: network namespaces ([`netns`]),
+//! netlink operations on links, bridges, veth pairs, addresses and routes
+//! ([`netlink`]), and sysctls ([`sysctl`]).
+//!
+//! Namespace discipline: no thread that runs async code ever calls
+//! `setns`. Work inside another netns either uses a netlink socket created
+//! there ([`Netlink::connect_in`]) or runs on a short-lived thread
+//! ([`NetNs::run`]).
+
+pub mod error;
+pub mod mac;
+pub mod netlink;
+pub mod netns;
+pub mod sysctl;
+
+pub use error::{Error, Result};
+pub use mac::MacAddr;
+pub use netlink::{
+    Address, BridgePort, Family, Link, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
+    VlanEntry, runtime,
+};
+pub use netns::NetNs;

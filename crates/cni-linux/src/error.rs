@@ -1,0 +1,288 @@
+//! The crate's one error type. Every variant names the object it failed on
+//! (link, address, path) and keeps the kernel's answer as its source, so a
+//! caller can both print a useful chain and branch on the errno.
+
+use std::io;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use nix::errno::Errno;
+
+use crate::netlink::OperState;
+
+/// Result alias used throughout the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong in the Linux layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The netns path does not exist (DEL treats this as "already gone").
+    #[error("network namespace {path:?} does not exist")]
+    NetnsNotFound {
+        /// Path that was opened.
+        path: PathBuf,
+    },
+    /// The netns path exists but could not be opened.
+    #[error("failed to open netns {path:?}")]
+    NetnsOpen {
+        /// Path that was opened.
+        path: PathBuf,
+        /// Cause from open(2).
+        #[source]
+        source: io::Error,
+    },
+    /// The path is not a network namespace file (nsfs or procfs).
+    #[error("{path:?} is not a network namespace")]
+    NotNetns {
+        /// Path that was opened.
+        path: PathBuf,
+    },
+    /// fstat/fstatfs on a netns file failed.
+    #[error("failed to inspect netns {path:?}")]
+    NetnsStat {
+        /// Path of the netns.
+        path: PathBuf,
+        /// Cause from the syscall.
+        #[source]
+        source: Errno,
+    },
+    /// setns(2) into the netns failed.
+    #[error("failed to enter netns {path:?}")]
+    Setns {
+        /// Path of the netns.
+        path: PathBuf,
+        /// Cause from setns(2).
+        #[source]
+        source: Errno,
+    },
+    /// The helper thread that enters a netns could not be started.
+    #[error("failed to start a thread for netns {path:?}")]
+    NetnsThread {
+        /// Path of the netns.
+        path: PathBuf,
+        /// Cause from the thread spawn.
+        #[source]
+        source: io::Error,
+    },
+    /// Netlink calls need a tokio runtime with IO enabled (see `runtime()`).
+    #[error("no tokio runtime: netlink calls must run inside cni_linux::runtime()")]
+    NoRuntime,
+    /// Opening the netlink socket failed.
+    #[error("failed to open a netlink socket")]
+    Connect {
+        /// Cause from socket(2).
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel refused a netlink request.
+    #[error("{context}")]
+    Netlink {
+        /// What was being done, naming the object.
+        context: String,
+        /// The kernel's errno as an io::Error, or a protocol failure.
+        #[source]
+        source: io::Error,
+    },
+    /// A link that must exist was not found.
+    #[error("link {name:?} not found")]
+    LinkNotFound {
+        /// Name or `#<index>` of the link.
+        name: String,
+    },
+    /// A link did not reach operational state up in time.
+    #[error("link {link:?} is not up: operational state {state}")]
+    LinkNotUp {
+        /// Link name.
+        link: String,
+        /// Last operational state seen.
+        state: OperState,
+    },
+    /// IPv6 duplicate address detection failed for an address.
+    #[error("link {link} has address {address} in DADFAILED state")]
+    AddressDadFailed {
+        /// Link name.
+        link: String,
+        /// The duplicate address.
+        address: IpAddr,
+    },
+    /// IPv6 addresses stayed tentative past the timeout.
+    #[error("link {link} still has tentative addresses after {} seconds", timeout.as_secs())]
+    AddressesTentative {
+        /// Link name.
+        link: String,
+        /// How long we waited.
+        timeout: Duration,
+    },
+    /// A route could not be expressed as a netlink message (e.g. mixed families).
+    #[error("invalid route {route}: {reason}")]
+    InvalidRoute {
+        /// The route as text.
+        route: String,
+        /// Why it is invalid.
+        reason: String,
+    },
+    /// A sysctl name was empty, absolute or contained `..`.
+    #[error("invalid sysctl name {name:?}")]
+    InvalidSysctl {
+        /// The rejected name.
+        name: String,
+    },
+    /// Reading a sysctl failed.
+    #[error("failed to read sysctl {path:?}")]
+    SysctlRead {
+        /// Full /proc/sys path.
+        path: PathBuf,
+        /// Cause from the read.
+        #[source]
+        source: io::Error,
+    },
+    /// Writing a sysctl failed.
+    #[error("failed to write {value:?} to sysctl {path:?}")]
+    SysctlWrite {
+        /// Full /proc/sys path.
+        path: PathBuf,
+        /// Value that was written.
+        value: String,
+        /// Cause from the write.
+        #[source]
+        source: io::Error,
+    },
+    /// A MAC address string did not parse (wording of Go's net.ParseMAC).
+    #[error("address {value}: invalid MAC address")]
+    InvalidMac {
+        /// The rejected text.
+        value: String,
+    },
+}
+
+impl Error {
+    /// The errno behind this error as a positive number, if there is one.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Netlink { source, .. }
+            | Self::NetnsOpen { source, .. }
+            | Self::NetnsThread { source, .. }
+            | Self::Connect { source }
+            | Self::SysctlRead { source, .. }
+            | Self::SysctlWrite { source, .. } => source.raw_os_error(),
+            Self::Setns { source, .. } | Self::NetnsStat { source, .. } => Some(*source as i32),
+            Self::NetnsNotFound { .. } => Some(Errno::ENOENT as i32),
+            Self::LinkNotFound { .. } => Some(Errno::ENODEV as i32),
+            _ => None,
+        }
+    }
+
+    /// True when the kernel answered EEXIST (link, address or route already there).
+    pub fn is_exists(&self) -> bool {
+        self.errno() == Some(Errno::EEXIST as i32)
+    }
+
+    /// True when a link, address or route the request named does not exist.
+    ///
+    /// Covers `LinkNotFound` and the kernel's ENODEV (link), ENOENT, ESRCH
+    /// (route) and EADDRNOTAVAIL (address) answers to netlink requests. A
+    /// missing netns is a separate case: match `Error::NetnsNotFound`.
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Self::LinkNotFound { .. } => true,
+            Self::Netlink { source, .. } => matches!(
+                source.raw_os_error().map(Errno::from_raw),
+                Some(Errno::ENODEV | Errno::ENOENT | Errno::ESRCH | Errno::EADDRNOTAVAIL)
+            ),
+            _ => false,
+        }
+    }
+
+    /// Wraps an rtnetlink failure with a description of the request.
+    pub(crate) fn netlink(context: impl Into<String>, err: rtnetlink::Error) -> Self {
+        let source = match err {
+            rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
+            other => io::Error::other(other),
+        };
+        Self::Netlink {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kernel(errno: Errno) -> Error {
+        Error::Netlink {
+            context: "failed to add thing".into(),
+            source: io::Error::from_raw_os_error(errno as i32),
+        }
+    }
+
+    #[test]
+    fn eexist_is_exists_and_not_not_found() {
+        let e = kernel(Errno::EEXIST);
+        assert!(e.is_exists());
+        assert!(!e.is_not_found());
+        assert_eq!(e.errno(), Some(17));
+    }
+
+    #[test]
+    fn missing_objects_are_not_found() {
+        for errno in [
+            Errno::ENODEV,
+            Errno::ENOENT,
+            Errno::ESRCH,
+            Errno::EADDRNOTAVAIL,
+        ] {
+            assert!(kernel(errno).is_not_found(), "{errno}");
+        }
+        assert!(!kernel(Errno::EPERM).is_not_found());
+        assert!(
+            Error::LinkNotFound {
+                name: "eth0".into()
+            }
+            .is_not_found()
+        );
+    }
+
+    #[test]
+    fn missing_netns_is_not_a_missing_link() {
+        let e = Error::NetnsNotFound {
+            path: "/run/netns/x".into(),
+        };
+        assert!(!e.is_not_found());
+        assert_eq!(e.errno(), Some(Errno::ENOENT as i32));
+    }
+
+    #[test]
+    fn netlink_error_message_becomes_errno() {
+        let mut msg = rtnetlink::packet_core::ErrorMessage::default();
+        msg.code = std::num::NonZeroI32::new(-17);
+        let e = Error::netlink(
+            "failed to create bridge \"cni0\"",
+            rtnetlink::Error::NetlinkError(msg),
+        );
+        assert!(e.is_exists());
+        assert_eq!(e.to_string(), "failed to create bridge \"cni0\"");
+    }
+
+    #[test]
+    fn reference_wording_is_kept() {
+        let e = Error::AddressDadFailed {
+            link: "eth0".into(),
+            address: "fd00::1".parse().unwrap(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "link eth0 has address fd00::1 in DADFAILED state"
+        );
+        let e = Error::AddressesTentative {
+            link: "eth0".into(),
+            timeout: Duration::from_secs(5),
+        };
+        assert_eq!(
+            e.to_string(),
+            "link eth0 still has tentative addresses after 5 seconds"
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! Network namespace handles. The only place in the crate that calls
+//! `setns`: work that must happen inside a netns (creating a netlink socket,
+//! writing a sysctl) runs on a short-lived thread, so no long-lived thread,
+//! and never an async task, ever changes namespace.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::sched::{CloneFlags, setns};
+use nix::sys::stat::fstat;
+use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
+
+use crate::error::{Error, Result};
+
+/// The calling thread's own netns. `/proc/self` would name the thread-group
+/// leader's namespace, which differs once a thread has unshared or setns'ed.
+const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// An open network namespace; the namespace stays alive while this exists.
+#[derive(Debug)]
+pub struct NetNs {
+    file: File,
+    path: PathBuf,
+}
+
+impl NetNs {
+    /// Opens the netns at `path` (e.g. `/var/run/netns/x` or `/proc/<pid>/ns/net`).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::NetnsNotFound { path });
+            }
+            Err(source) => return Err(Error::NetnsOpen { path, source }),
+        };
+        if !is_netns_file(&file, &path)? {
+            return Err(Error::NotNetns { path });
+        }
+        Ok(Self { file, path })
+    }
+
+    /// Opens the netns of the calling thread.
+    ///
+    /// Its [`path`](Self::path) is `/proc/thread-self/ns/net`, which names
+    /// whatever netns the *reading* thread is in: use the handle, not the path.
+    pub fn current() -> Result<Self> {
+        Self::open(THREAD_NETNS)
+    }
+
+    /// The path this netns was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Runs `f` on a fresh thread that has entered this netns, and returns its result.
+    ///
+    /// The thread ends with `f`, so the namespace switch never leaks to other
+    /// work. A panic in `f` is propagated to the caller.
+    pub fn run<F, T>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce() -> T + Send,
+        T: Send,
+    {
+        std::thread::scope(|scope| {
+            let worker = std::thread::Builder::new()
+                .name("netns".into())
+                .spawn_scoped(scope, || {
+                    setns(&self.file, CloneFlags::CLONE_NEWNET).map_err(|source| Error::Setns {
+                        path: self.path.clone(),
+                        source,
+                    })?;
+                    Ok(f())
+                })
+                .map_err(|source| Error::NetnsThread {
+                    path: self.path.clone(),
+                    source,
+                })?;
+            match worker.join() {
+                Ok(result) => result,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        })
+    }
+
+    /// True when the calling thread is in this netns.
+    pub fn is_current(&self) -> Result<bool> {
+        self.same_as(&Self::current()?)
+    }
+
+    /// True when both handles refer to the same namespace.
+    pub fn same_as(&self, other: &NetNs) -> Result<bool> {
+        Ok(self.identity()? == other.identity()?)
+    }
+
+    /// Namespaces are equal iff their nsfs inodes are (device, inode) equal.
+    fn identity(&self) -> Result<(u64, u64)> {
+        let st = fstat(&self.file).map_err(|source| Error::NetnsStat {
+            path: self.path.clone(),
+            source,
+        })?;
+        #[allow(clippy::useless_conversion)] // field widths differ between targets
+        Ok((u64::from(st.st_dev), u64::from(st.st_ino)))
+    }
+}
+
+/// A netns file lives on nsfs and its fd links to `net:[<inode>]`; other
+/// namespace types share nsfs, so the link target tells them apart.
+fn is_netns_file(file: &File, path: &Path) -> Result<bool> {
+    let fs = fstatfs(file).map_err(|source| Error::NetnsStat {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if fs.filesystem_type() != NSFS_MAGIC {
+        return Ok(false);
+    }
+    let fd_link = format!("/proc/thread-self/fd/{}", file.as_raw_fd());
+    let target = std::fs::read_link(fd_link).map_err(|source| Error::NetnsOpen {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(target.to_string_lossy().starts_with("net:["))
+}
+
+impl AsFd for NetNs {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+}
+
+impl AsRawFd for NetNs {
+    fn as_raw_fd(&self) -> RawFd {
+        self.file.as_raw_fd()
+    }
+}
