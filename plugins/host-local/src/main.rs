@@ -1,1 +1,8 @@
-fn main() {}
+//! The `host-local` binary: everything happens in the library; this only dispatches.
+
+fn main() -> std::process::ExitCode {
+    cni_protocol::run(
+        &cni_host_local::HostLocal,
+        &cni_protocol::about("host-local", env!("CARGO_PKG_VERSION")),
+    )
+}

@@ -1,0 +1,762 @@
+//! The on-disk store, byte-compatible with the reference's `disk` backend, so a node can
+//! switch between its binary and ours with reservations intact:
+//!
+//! ```text
+//! <dataDir>/<network>/                  directory, 0755
+//! <dataDir>/<network>/lock              empty, flock(2) target, 0750 (as the reference)
+//! <dataDir>/<network>/<ip>              "<container id>\r\n<ifname>", 0600
+//!                                       (legacy files hold only "<container id>")
+//! <dataDir>/<network>/last_reserved_ip.<set index>   "<ip>", 0600
+//! ```
+//!
+//! Where we differ is crash safety. The reference creates `<ip>` with `O_EXCL` and then
+//! writes it, so a killed plugin can leave an empty reservation nobody owns, and it
+//! rewrites `last_reserved_ip.N` in place. We write the reservation whole into a temp
+//! file first and publish it with link(2), which fails with `EEXIST` rather than replace
+//! a reservation; `last_reserved_ip.N` is replaced with rename(2). Temp files are named
+//! `.cni-tmp.*`: they never parse as an address, and since they only exist while their
+//! creator holds the lock, any one seen under the lock is stale and is removed.
+//!
+//! State files are opened with `O_NOFOLLOW`; the network directory must be a real
+//! directory, not a symlink, and the network name a single path component.
+
+use crate::error::{Error, Result};
+use crate::range::parse_ip;
+use cni_protocol::Attachment;
+use nix::fcntl::{Flock, FlockArg, OFlag};
+use nix::sys::stat::Mode;
+use std::collections::HashSet;
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::io::{ErrorKind, Read, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Prefix of the round-robin cursor files.
+pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+/// Name of the lock file.
+pub const LOCK_FILE: &str = "lock";
+/// Prefix of our temp files: a leading dot keeps them from parsing as an address.
+pub const TEMP_PREFIX: &str = ".cni-tmp.";
+
+/// The reference's separator between container id and ifname in a reservation.
+const LINE_BREAK: &str = "\r\n";
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn temp_name(kind: &str) -> String {
+    format!(
+        "{TEMP_PREFIX}{}.{}.{kind}",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// One network's state directory.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+/// A reservation file found in the directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// The address it reserves.
+    pub ip: IpAddr,
+    /// The file name as found (normally the address's canonical text).
+    pub name: String,
+}
+
+/// How a reservation's content relates to an attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// `<id>\r\n<ifname>`.
+    Exact,
+    /// Legacy `<id>` only.
+    Legacy,
+    /// Someone else.
+    Other,
+}
+
+/// Compares reservation content with (id, ifname) like the reference: whole content,
+/// whitespace-trimmed, against `<trimmed id>\r\n<ifname>`, else against `<trimmed id>`.
+pub fn owner_of(content: &str, id: &str, ifname: &str) -> Owner {
+    let content = content.trim();
+    let id = id.trim();
+    match content.strip_prefix(id) {
+        Some("") => Owner::Legacy,
+        Some(rest) if rest.strip_prefix(LINE_BREAK) == Some(ifname) => Owner::Exact,
+        _ => Owner::Other,
+    }
+}
+
+/// The content of a reservation of (id, ifname).
+pub fn reservation_content(id: &str, ifname: &str) -> String {
+    format!("{}{LINE_BREAK}{ifname}", id.trim())
+}
+
+fn nofollow() -> i32 {
+    OFlag::O_NOFOLLOW.bits() | OFlag::O_CLOEXEC.bits()
+}
+
+/// Reads a small state file without following a symlink. `Ok(None)` when it is gone.
+fn read_state(path: &Path) -> Result<Option<String>> {
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(nofollow())
+        .open(path);
+    let mut file = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io("open", path, e)),
+    };
+    // Reservations are ~70 bytes: one read usually returns all of it, and a short read
+    // of a regular file means end of file, which saves the second read(2).
+    let mut buf = vec![0u8; 256];
+    let mut len = 0;
+    loop {
+        let n = file
+            .read(&mut buf[len..])
+            .map_err(|e| Error::io("read", path, e))?;
+        len += n;
+        if n == 0 || len < buf.len() {
+            break;
+        }
+        buf.resize(buf.len() * 2, 0);
+    }
+    buf.truncate(len);
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+fn remove_if_present(path: &Path) -> Result<bool> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(Error::io("remove", path, e)),
+    }
+}
+
+/// Creates `path` exclusively (mode 0600) with `content`, replacing a stale leftover of
+/// the same name (only called under the lock, where every temp file is stale).
+fn write_new(path: &Path, content: &[u8]) -> Result<()> {
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(nofollow())
+            .open(path)
+    };
+    let mut file = match create() {
+        Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+            remove_if_present(path)?;
+            create()
+        }
+        other => other,
+    }
+    .map_err(|e| Error::io("create", path, e))?;
+    if let Err(e) = file.write_all(content) {
+        let _ = std::fs::remove_file(path);
+        return Err(Error::io("write", path, e));
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Opens (creating it, mode 0755) the state directory of `network` under `data_dir`.
+    pub fn open(data_dir: &Path, network: &str) -> Result<Self> {
+        // The dispatcher already restricts names to [a-zA-Z0-9][a-zA-Z0-9_.-]*; this
+        // keeps the store safe on its own: one normal component, never `..`.
+        let single = Path::new(network)
+            .components()
+            .eq([std::path::Component::Normal(network.as_ref())]);
+        if network.is_empty() || !single || network.contains('\0') {
+            return Err(Error::UnsafePath {
+                path: data_dir.join(network),
+                reason: "network name must be a single path component",
+            });
+        }
+        let dir = data_dir.join(network);
+        DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(&dir)
+            .map_err(|e| Error::io("mkdir", &dir, e))?;
+        let meta = std::fs::symlink_metadata(&dir).map_err(|e| Error::io("stat", &dir, e))?;
+        if !meta.is_dir() {
+            return Err(Error::UnsafePath {
+                path: dir,
+                reason: "network state directory is a symlink or not a directory",
+            });
+        }
+        Ok(Self { dir })
+    }
+
+    /// The network's state directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Takes the network's exclusive lock, waiting at most `timeout`.
+    ///
+    /// Uncontended, this is one non-blocking flock(2). Contended, a helper thread blocks
+    /// in flock(2) (so we are woken as soon as the holder lets go, rather than polling)
+    /// while we wait for it with a deadline. If the deadline passes the helper is left
+    /// blocked; when it gets the lock later, its send fails and the lock is dropped at
+    /// once, and process exit ends it anyway.
+    pub fn lock(&self, timeout: Duration) -> Result<Locked<'_>> {
+        let path = self.dir.join(LOCK_FILE);
+        // The reference creates the lock O_RDONLY|O_CREAT with mode 0750.
+        let fd = nix::fcntl::open(
+            &path,
+            OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o750),
+        )
+        .map_err(|e| Error::io("open", &path, e.into()))?;
+        let file = File::from(fd);
+        let busy = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(self.locked(lock)),
+            Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
+            Err((_, e)) => return Err(Error::io("flock", &path, e.into())),
+        };
+        let timed_out = || Error::LockTimeout {
+            path: path.clone(),
+            seconds: timeout.as_secs_f64(),
+        };
+        if timeout.is_zero() {
+            return Err(timed_out());
+        }
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut file = busy;
+            let result = loop {
+                match Flock::lock(file, FlockArg::LockExclusive) {
+                    Err((f, nix::errno::Errno::EINTR)) => file = f,
+                    other => break other.map_err(|(_, e)| e),
+                }
+            };
+            let _ = tx.send(result);
+        });
+        match rx.recv_timeout(timeout) {
+            Ok(Ok(lock)) => Ok(self.locked(lock)),
+            Ok(Err(e)) => Err(Error::io("flock", &path, e.into())),
+            Err(_) => Err(timed_out()),
+        }
+    }
+
+    fn locked(&self, lock: Flock<File>) -> Locked<'_> {
+        Locked {
+            store: self,
+            temp: None,
+            _lock: lock,
+        }
+    }
+
+    /// Lists reservation files: regular files whose name is an address, sorted by name
+    /// (the reference walks in lexical order, which decides which duplicate it names).
+    /// With `clean`, stale temp files are removed on the way (only valid under the lock).
+    pub fn scan(&self, clean: bool) -> Result<Vec<Entry>> {
+        let read = std::fs::read_dir(&self.dir).map_err(|e| Error::io("readdir", &self.dir, e))?;
+        let own = format!("{TEMP_PREFIX}{}.", std::process::id());
+        let mut entries = Vec::new();
+        for item in read {
+            let item = item.map_err(|e| Error::io("readdir", &self.dir, e))?;
+            let name = item.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name.starts_with(TEMP_PREFIX) {
+                // Ours (this pid) may be in use; any other one seen under the lock is a
+                // dead process's leftover.
+                if clean && !name.starts_with(&own) {
+                    // Best effort: a temp we cannot remove is still not a reservation.
+                    let _ = std::fs::remove_file(item.path());
+                }
+                continue;
+            }
+            let Some(ip) = parse_ip(name) else { continue };
+            if !item.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            entries.push(Entry {
+                ip,
+                name: name.to_string(),
+            });
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    /// Checks that the directory accepts new files (STATUS): create and remove a temp.
+    pub fn probe_writable(&self) -> Result<()> {
+        let path = self.dir.join(temp_name("probe"));
+        write_new(&path, b"")?;
+        remove_if_present(&path)?;
+        Ok(())
+    }
+}
+
+/// The store with its lock held; every change to reservations goes through here.
+#[derive(Debug)]
+pub struct Locked<'a> {
+    store: &'a Store,
+    /// The whole reservation, written before it is published; kept across failed
+    /// link attempts (taken addresses), removed once linked.
+    temp: Option<(PathBuf, String)>,
+    _lock: Flock<File>,
+}
+
+impl Drop for Locked<'_> {
+    /// Removes the temp reservation before the lock is released (fields drop after this).
+    fn drop(&mut self) {
+        if let Some((path, _)) = self.temp.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Locked<'_> {
+    fn path(&self, name: &str) -> PathBuf {
+        self.store.dir.join(name)
+    }
+
+    /// See [`Store::scan`]; stale temp files are cleaned.
+    pub fn scan(&self) -> Result<Vec<Entry>> {
+        self.store.scan(true)
+    }
+
+    /// The content of reservation `name`, `None` when it does not exist.
+    pub fn read(&self, name: &str) -> Result<Option<String>> {
+        read_state(&self.path(name))
+    }
+
+    /// Reserves `ip` for (id, ifname): links the whole temp reservation to `<ip>`.
+    /// `Ok(false)` when the address is taken. On success records it as the last
+    /// reserved address of range set `set_index`.
+    pub fn reserve(
+        &mut self,
+        ip: IpAddr,
+        id: &str,
+        ifname: &str,
+        set_index: usize,
+    ) -> Result<bool> {
+        let content = reservation_content(id, ifname);
+        if self.temp.as_ref().is_none_or(|(_, c)| *c != content) {
+            if let Some((old, _)) = self.temp.take() {
+                let _ = std::fs::remove_file(old);
+            }
+            let path = self.path(&temp_name("ip"));
+            write_new(&path, content.as_bytes())?;
+            self.temp = Some((path, content));
+        }
+        let Some((temp, _)) = &self.temp else {
+            unreachable!("temp reservation written above")
+        };
+        let target = self.path(&ip.to_string());
+        match std::fs::hard_link(temp, &target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(Error::io("link", &target, e)),
+        }
+        // One inode per reservation, like the reference's files: the temp name goes now
+        // and the next reservation writes its own.
+        if let Some((temp, _)) = self.temp.take() {
+            let _ = std::fs::remove_file(temp);
+        }
+        self.set_last_reserved(set_index, ip)?;
+        Ok(true)
+    }
+
+    /// Replaces `last_reserved_ip.<set_index>` atomically.
+    fn set_last_reserved(&self, set_index: usize, ip: IpAddr) -> Result<()> {
+        let temp = self.path(&temp_name("last"));
+        write_new(&temp, ip.to_string().as_bytes())?;
+        let target = self.path(&format!("{LAST_RESERVED_PREFIX}{set_index}"));
+        std::fs::rename(&temp, &target).map_err(|e| {
+            let _ = std::fs::remove_file(&temp);
+            Error::io("rename", &target, e)
+        })
+    }
+
+    /// The last address reserved in range set `set_index`. Unreadable or unparsable
+    /// cursors only cost round-robin order, so they are logged and ignored.
+    pub fn last_reserved(&self, set_index: usize) -> Option<IpAddr> {
+        let path = self.path(&format!("{LAST_RESERVED_PREFIX}{set_index}"));
+        match read_state(&path) {
+            Ok(text) => text.and_then(|t| parse_ip(t.trim())),
+            Err(e) => {
+                eprintln!("Error retrieving last reserved ip: {e}");
+                None
+            }
+        }
+    }
+
+    /// Removes reservation `name`; `Ok(false)` if it was already gone.
+    pub fn release(&self, name: &str) -> Result<bool> {
+        remove_if_present(&self.path(name))
+    }
+
+    /// Removes `<ip>` if (id, ifname) owns it, exactly or in legacy form.
+    pub fn release_if_owned(&self, ip: IpAddr, id: &str, ifname: &str) -> Result<bool> {
+        let name = ip.to_string();
+        match self.read(&name)? {
+            Some(content) if owner_of(&content, id, ifname) != Owner::Other => self.release(&name),
+            _ => Ok(false),
+        }
+    }
+
+    /// Reads the owner relation of every entry; unreadable files are skipped like the
+    /// reference does (they cannot be shown to belong to anyone).
+    fn owned<'e>(&self, entries: &'e [Entry], id: &str, ifname: &str) -> Vec<(&'e Entry, Owner)> {
+        entries
+            .iter()
+            .filter_map(|e| match self.read(&e.name) {
+                Ok(Some(content)) => Some((e, owner_of(&content, id, ifname))),
+                _ => None,
+            })
+            .filter(|(_, o)| *o != Owner::Other)
+            .collect()
+    }
+
+    /// Releases every reservation of (id, ifname) found by reading the whole directory;
+    /// legacy id-only files are released only when no exact match exists (reference
+    /// `ReleaseByID`). Keeps going past failures. Returns how many were released.
+    pub fn release_by_owner(&self, id: &str, ifname: &str) -> Result<usize> {
+        let entries = self.scan()?;
+        let owned = self.owned(&entries, id, ifname);
+        let exact = owned.iter().any(|(_, o)| *o == Owner::Exact);
+        let wanted = if exact { Owner::Exact } else { Owner::Legacy };
+        let mut released = 0;
+        let mut errors = Vec::new();
+        for (entry, _) in owned.iter().filter(|(_, o)| *o == wanted) {
+            match self.release(&entry.name) {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(released)
+        } else {
+            Err(Error::Many(errors))
+        }
+    }
+
+    /// Whether (id, ifname), or legacy id, owns any reservation (reference `FindByID`).
+    pub fn owns_any(&self, id: &str, ifname: &str) -> Result<bool> {
+        let entries = self.scan()?;
+        Ok(!self.owned(&entries, id, ifname).is_empty())
+    }
+
+    /// GC: releases every reservation whose owner is not a valid attachment. A legacy
+    /// (id-only) reservation stays if any valid attachment has that id. `lock`,
+    /// `last_reserved_ip.*` and other non-address names are never touched. Keeps going
+    /// past failures and reports them all at the end.
+    pub fn gc(&self, valid: &[Attachment]) -> Result<usize> {
+        let pairs: HashSet<(&str, &str)> = valid
+            .iter()
+            .map(|a| (a.container_id.trim(), a.ifname.as_str()))
+            .collect();
+        let ids: HashSet<&str> = valid.iter().map(|a| a.container_id.trim()).collect();
+        let mut released = 0;
+        let mut errors = Vec::new();
+        for entry in self.scan()? {
+            let content = match self.read(&entry.name) {
+                Ok(Some(c)) => c,
+                Ok(None) => continue,
+                Err(e) => {
+                    errors.push(e);
+                    continue;
+                }
+            };
+            let content = content.trim();
+            let keep = match content.split_once(LINE_BREAK) {
+                Some((id, ifname)) => pairs.contains(&(id, ifname)),
+                None => ids.contains(content),
+            };
+            if keep {
+                continue;
+            }
+            match self.release(&entry.name) {
+                Ok(true) => released += 1,
+                Ok(false) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if errors.is_empty() {
+            Ok(released)
+        } else {
+            Err(Error::Many(errors))
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    pub(crate) struct TempDir(pub PathBuf);
+
+    impl TempDir {
+        pub(crate) fn new(tag: &str) -> Self {
+            static N: AtomicU64 = AtomicU64::new(0);
+            let path = std::env::temp_dir().join(format!(
+                "hl-unit-{tag}-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&path).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn owner_matching_like_the_reference() {
+        assert_eq!(owner_of("c1\r\neth0", "c1", "eth0"), Owner::Exact);
+        assert_eq!(owner_of(" c1\r\neth0\n", " c1 ", "eth0"), Owner::Exact);
+        assert_eq!(owner_of("c1", "c1", "eth0"), Owner::Legacy);
+        assert_eq!(owner_of("c1\n", "c1", "eth0"), Owner::Legacy);
+        assert_eq!(owner_of("c1\r\neth1", "c1", "eth0"), Owner::Other);
+        assert_eq!(owner_of("c10\r\neth0", "c1", "eth0"), Owner::Other);
+        assert_eq!(owner_of("", "c1", "eth0"), Owner::Other);
+        assert_eq!(reservation_content(" c1 ", "eth0"), "c1\r\neth0");
+    }
+
+    #[test]
+    fn layout_modes_and_contents() {
+        let tmp = TempDir::new("layout");
+        let store = Store::open(&tmp.0, "net1").unwrap();
+        let mut locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert!(locked.reserve(ip("10.0.0.2"), "ctr1", "eth0", 0).unwrap());
+        assert!(!locked.reserve(ip("10.0.0.2"), "ctr2", "eth0", 0).unwrap());
+        assert!(locked.reserve(ip("fd00::2"), "ctr1", "eth0", 1).unwrap());
+        drop(locked);
+        let dir = tmp.0.join("net1");
+        assert_eq!(
+            names(&dir),
+            [
+                "10.0.0.2",
+                "fd00::2",
+                "last_reserved_ip.0",
+                "last_reserved_ip.1",
+                "lock"
+            ]
+        );
+        assert_eq!(
+            std::fs::read(dir.join("10.0.0.2")).unwrap(),
+            b"ctr1\r\neth0"
+        );
+        assert_eq!(
+            std::fs::read(dir.join("last_reserved_ip.1")).unwrap(),
+            b"fd00::2"
+        );
+        let mode = |n: &str| std::fs::metadata(dir.join(n)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode("10.0.0.2"), 0o600);
+        assert_eq!(mode("last_reserved_ip.0"), 0o600);
+        assert_eq!(mode("lock") & 0o700, 0o700);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777 & !0o022,
+            0o755
+        );
+    }
+
+    #[test]
+    fn scan_skips_non_addresses_and_cleans_stale_temps() {
+        let tmp = TempDir::new("scan");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let dir = store.dir().to_path_buf();
+        for name in [
+            "10.0.0.9",
+            "10.0.0.10",
+            "fd00::3",
+            "last_reserved_ip.0",
+            "junk",
+        ] {
+            std::fs::write(dir.join(name), "x").unwrap();
+        }
+        std::fs::create_dir(dir.join("10.0.0.77")).unwrap();
+        std::fs::write(dir.join(".cni-tmp.1.2.ip"), "c\r\neth0").unwrap();
+        let unlocked: Vec<String> = store
+            .scan(false)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(unlocked, ["10.0.0.10", "10.0.0.9", "fd00::3"]);
+        assert!(dir.join(".cni-tmp.1.2.ip").exists());
+        let locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert_eq!(locked.scan().unwrap().len(), 3);
+        assert!(!dir.join(".cni-tmp.1.2.ip").exists());
+    }
+
+    #[test]
+    fn release_by_owner_prefers_exact_then_legacy() {
+        let tmp = TempDir::new("release");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let dir = store.dir().to_path_buf();
+        std::fs::write(dir.join("10.0.0.2"), "c1\r\neth0").unwrap();
+        std::fs::write(dir.join("10.0.0.3"), "c1").unwrap();
+        std::fs::write(dir.join("10.0.0.4"), "c1\r\neth1").unwrap();
+        std::fs::write(dir.join("10.0.0.5"), "c2\r\neth0").unwrap();
+        let locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert!(locked.owns_any("c1", "eth0").unwrap());
+        assert_eq!(locked.release_by_owner("c1", "eth0").unwrap(), 1);
+        assert!(!dir.join("10.0.0.2").exists() && dir.join("10.0.0.3").exists());
+        // No exact match left: the legacy file goes.
+        assert_eq!(locked.release_by_owner("c1", "eth0").unwrap(), 1);
+        assert!(!dir.join("10.0.0.3").exists());
+        assert_eq!(locked.release_by_owner("c1", "eth0").unwrap(), 0);
+        assert!(
+            !locked
+                .release_if_owned(ip("10.0.0.5"), "c1", "eth0")
+                .unwrap()
+        );
+        assert!(
+            locked
+                .release_if_owned(ip("10.0.0.5"), "c2", "eth0")
+                .unwrap()
+        );
+        assert!(
+            !locked
+                .release_if_owned(ip("10.0.0.5"), "c2", "eth0")
+                .unwrap()
+        );
+        assert!(dir.join("10.0.0.4").exists());
+    }
+
+    #[test]
+    fn gc_keeps_valid_and_legacy_ids() {
+        let tmp = TempDir::new("gc");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let dir = store.dir().to_path_buf();
+        std::fs::write(dir.join("10.0.0.2"), "a\r\neth0").unwrap();
+        std::fs::write(dir.join("10.0.0.3"), "a\r\neth1").unwrap();
+        std::fs::write(dir.join("10.0.0.4"), "b").unwrap();
+        std::fs::write(dir.join("10.0.0.5"), "c").unwrap();
+        std::fs::write(dir.join("10.0.0.6"), "").unwrap();
+        std::fs::write(dir.join("last_reserved_ip.0"), "10.0.0.6").unwrap();
+        let locked = store.lock(Duration::from_secs(1)).unwrap();
+        let valid = [
+            Attachment {
+                container_id: "a".into(),
+                ifname: "eth0".into(),
+            },
+            Attachment {
+                container_id: "b".into(),
+                ifname: "eth0".into(),
+            },
+        ];
+        assert_eq!(locked.gc(&valid).unwrap(), 3);
+        drop(locked);
+        assert_eq!(
+            names(&dir),
+            ["10.0.0.2", "10.0.0.4", "last_reserved_ip.0", "lock"]
+        );
+    }
+
+    #[test]
+    fn symlinks_are_not_followed() {
+        let tmp = TempDir::new("symlink");
+        let outside = tmp.0.join("outside");
+        std::fs::write(&outside, "c1\r\neth0").unwrap();
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let dir = store.dir().to_path_buf();
+        std::os::unix::fs::symlink(&outside, dir.join("10.0.0.2")).unwrap();
+        std::os::unix::fs::symlink(&outside, dir.join("last_reserved_ip.0")).unwrap();
+        let mut locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert!(
+            locked.scan().unwrap().is_empty(),
+            "a symlink is no reservation"
+        );
+        assert!(locked.read("10.0.0.2").is_err());
+        assert_eq!(locked.last_reserved(0), None);
+        // Publishing replaces the cursor symlink itself, never writes through it.
+        assert!(locked.reserve(ip("10.0.0.3"), "c", "eth0", 0).unwrap());
+        drop(locked);
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "c1\r\neth0");
+        assert!(
+            !std::fs::symlink_metadata(dir.join("last_reserved_ip.0"))
+                .unwrap()
+                .is_symlink()
+        );
+        // A network directory that is a symlink is refused.
+        std::os::unix::fs::symlink(&tmp.0, tmp.0.join("linked")).unwrap();
+        assert!(matches!(
+            Store::open(&tmp.0, "linked"),
+            Err(Error::UnsafePath { .. })
+        ));
+        for bad in ["..", ".", "a/b", ""] {
+            assert!(
+                matches!(Store::open(&tmp.0, bad), Err(Error::UnsafePath { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn lock_wait_is_bounded() {
+        let tmp = TempDir::new("lock");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let held = store.lock(Duration::from_secs(1)).unwrap();
+        let other = Store::open(&tmp.0, "n").unwrap();
+        let err = other.lock(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(err, Error::LockTimeout { .. }), "{err}");
+        assert!(matches!(
+            other.lock(Duration::ZERO),
+            Err(Error::LockTimeout { .. })
+        ));
+        drop(held);
+        // A waiter is woken as soon as the holder lets go.
+        let held = store.lock(Duration::from_secs(1)).unwrap();
+        let waiter = std::thread::spawn(move || other.lock(Duration::from_secs(60)).map(|_| ()));
+        drop(held);
+        waiter.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn probe_and_temp_cleanup_after_use() {
+        let tmp = TempDir::new("probe");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        store.probe_writable().unwrap();
+        let mut locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert!(locked.reserve(ip("10.0.0.2"), "c", "eth0", 0).unwrap());
+        assert!(locked.reserve(ip("10.0.0.3"), "d", "eth0", 1).unwrap());
+        drop(locked);
+        assert!(
+            names(store.dir())
+                .iter()
+                .all(|n| !n.starts_with(TEMP_PREFIX))
+        );
+        use std::os::unix::fs::MetadataExt;
+        let links = std::fs::metadata(store.dir().join("10.0.0.2"))
+            .unwrap()
+            .nlink();
+        assert_eq!(links, 1, "each reservation is its own file");
+        assert_eq!(
+            std::fs::read(store.dir().join("10.0.0.3")).unwrap(),
+            b"d\r\neth0"
+        );
+    }
+}
