@@ -131,7 +131,7 @@ pub fn dispatch<P: Plugin + ?Sized>(
     }
     let mut config = match NetConf::parse(&bytes) {
         Ok(config) => config,
-        Err(err) => return Outcome::failure(&err, CURRENT_VERSION),
+        Err(err) => return Outcome::failure(&err, &declared_version(&bytes)),
     };
     let version = config.cni_version.clone();
     let prepared = check_version(args.command, &version)
@@ -157,6 +157,14 @@ pub fn dispatch<P: Plugin + ?Sized>(
         Ok(stdout) => Outcome::success(stdout),
         Err(err) => Outcome::failure(&err, &version),
     }
+}
+
+/// The `cniVersion` a config declares, for errors about a config that failed to parse.
+fn declared_version(bytes: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(bytes)
+        .ok()
+        .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| CURRENT_VERSION.to_string())
 }
 
 /// The reference's per-command version gates.
@@ -403,6 +411,12 @@ mod tests {
         );
         let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
         assert_eq!(v["cniVersion"], "0.5.0");
+        let unnamed = run_with(&attach_env("ADD"), r#"{"cniVersion": "0.4.0"}"#);
+        let v: serde_json::Value = serde_json::from_str(&unnamed.stdout).unwrap();
+        assert_eq!(
+            (v["code"].as_u64(), v["cniVersion"].as_str()),
+            (Some(7), Some("0.4.0"))
+        );
         let env_err = run_with(&[("CNI_COMMAND", "ADD")], "");
         let v: serde_json::Value = serde_json::from_str(&env_err.stdout).unwrap();
         assert_eq!(

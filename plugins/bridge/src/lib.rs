@@ -1,1 +1,95 @@
-//! Work in progress.
+//! The bridge plugin: a Linux bridge on the host, a veth pair per container with one
+//! end on the bridge, addresses from an IPAM plugin, gateway addresses, masquerade,
+//! VLANs and the MAC spoof check — and all of it undone on failure or DEL.
+
+mod add;
+mod check;
+pub mod config;
+mod del;
+pub mod gateway;
+
+use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
+use config::BridgeConf;
+
+/// The bridge plugin.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Bridge;
+
+impl Plugin for Bridge {
+    fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+        add::run(req, &BridgeConf::load(req)?)
+    }
+
+    fn del(&self, req: &Request) -> Result<(), CniError> {
+        del::run(req, &BridgeConf::load(req)?)
+    }
+
+    fn check(&self, req: &Request) -> Result<(), CniError> {
+        check::run(req, &BridgeConf::load(req)?)
+    }
+
+    fn status(&self, req: &Request) -> Result<(), CniError> {
+        let conf = BridgeConf::load(req)?;
+        if conf.is_layer3() {
+            req.ipam(Command::Status)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Forwards GC to IPAM, then removes masquerade rules and spoof-check chains of
+    /// attachments outside the valid list; keeps going past failures.
+    fn gc(&self, req: &Request) -> Result<(), CniError> {
+        let conf = BridgeConf::load(req)?;
+        let valid: Vec<(String, String)> = req
+            .config
+            .valid_attachments()?
+            .into_iter()
+            .map(|a| (a.container_id, a.ifname))
+            .collect();
+        let mut errors = Errors::default();
+        if conf.is_layer3() {
+            errors.note(req.ipam(Command::Gc));
+        }
+        errors.note(cni_firewall::masq::gc(&conf.network, &valid).map_err(firewall_error));
+        errors.note(cni_firewall::macspoof::gc(&valid).map_err(firewall_error));
+        errors.into_result()
+    }
+}
+
+/// Failures collected by best-effort work (DEL, GC, rollback), reported together.
+#[derive(Debug, Default)]
+pub(crate) struct Errors(Vec<CniError>);
+
+impl Errors {
+    pub(crate) fn note(&mut self, result: Result<(), CniError>) {
+        if let Err(e) = result {
+            self.0.push(e);
+        }
+    }
+
+    pub(crate) fn into_result(self) -> Result<(), CniError> {
+        match self.0.len() {
+            0 => Ok(()),
+            // A single error keeps its code (a delegate's error passes through unchanged).
+            1 => Err(self.0.into_iter().next().expect("one error")),
+            _ => {
+                let text: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+                Err(CniError::internal(text.join("; ")))
+            }
+        }
+    }
+}
+
+pub(crate) fn linux_error(e: cni_linux::Error) -> CniError {
+    CniError::internal(e.to_string())
+}
+
+pub(crate) fn firewall_error(e: cni_firewall::Error) -> CniError {
+    CniError::internal(e.to_string())
+}
+
+/// Starts the current-thread runtime the netlink calls run on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+    cni_linux::runtime().map_err(|e| CniError::internal(format!("failed to start runtime: {e}")))
+}

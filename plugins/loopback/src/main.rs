@@ -1,1 +1,6 @@
-fn main() {}
+fn main() -> std::process::ExitCode {
+    cni_protocol::run(
+        &cni_loopback::Loopback,
+        &cni_protocol::about("loopback", env!("CARGO_PKG_VERSION")),
+    )
+}

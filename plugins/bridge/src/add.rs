@@ -1,0 +1,600 @@
+//! ADD: bridge, veth pair, port settings, IPAM, container addresses and routes,
+//! gateway addresses, masquerade. All-or-nothing: every step that creates something
+//! records how to undo it, and a failure undoes them in reverse before returning.
+
+use crate::config::BridgeConf;
+use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
+use crate::{firewall_error, linux_error, runtime};
+use cni_firewall::{Backend, macspoof, masq};
+use cni_linux::{
+    Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
+};
+use cni_protocol::{CniError, CniResult, Command, Interface, Request};
+use ipnetwork::IpNetwork;
+use std::io::Read;
+use std::time::Duration;
+
+/// How many random host-side veth names to try before giving up on clashes.
+const VETH_NAME_ATTEMPTS: usize = 10;
+
+/// How long IPv6 addresses may stay tentative (the reference's limit).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Something ADD created, and so must remove if a later step fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Undo {
+    /// The container end of the veth (its host peer goes with it).
+    ContainerLink,
+    /// The IPAM reservation.
+    Ipam,
+    /// The MAC spoof-check chains.
+    MacSpoof,
+    /// The masquerade rules.
+    Masq,
+}
+
+/// Runs ADD; on failure, undoes what this invocation created.
+pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
+    if !conf.is_layer3() {
+        // A layer-2 result has no address, which 0.1.0/0.2.0 cannot express: refuse
+        // before creating anything rather than after, as the reference does.
+        CniResult::default().ensure_convertible(&req.config.cni_version)?;
+    }
+    let pod_ns = open_netns(&req.args.netns)?;
+    let rt = runtime()?;
+    let mut undo = Vec::new();
+    let outcome = rt.block_on(add(req, conf, &pod_ns, &mut undo));
+    if outcome.is_err() {
+        rt.block_on(rollback(req, conf, &pod_ns, undo));
+    }
+    outcome
+}
+
+pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
+    NetNs::open(path).map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {e}")))
+}
+
+async fn add(
+    req: &Request,
+    conf: &BridgeConf,
+    pod_ns: &NetNs,
+    undo: &mut Vec<Undo>,
+) -> Result<CniResult, CniError> {
+    let ifname = req.args.ifname.as_str();
+    let host = Netlink::connect().map_err(linux_error)?;
+    let pod = Netlink::connect_in(pod_ns).map_err(linux_error)?;
+    if pod
+        .link_by_name(ifname)
+        .await
+        .map_err(linux_error)?
+        .is_some()
+    {
+        return Err(CniError::internal(format!(
+            "container interface {ifname:?} already exists in {}",
+            req.args.netns
+        )));
+    }
+    let bridge = ensure_bridge(&host, conf).await?;
+    let host_veth = create_veth(&host, pod_ns, conf, bridge.index, ifname).await?;
+    undo.push(Undo::ContainerLink);
+    setup_port(&host, conf, &host_veth, true).await?;
+    let container = pod.require_link(ifname).await.map_err(linux_error)?;
+    let container_mac = mac_text(&container);
+    let mut result = CniResult {
+        cni_version: req.config.cni_version.clone(),
+        interfaces: vec![
+            Interface {
+                name: bridge.name.clone(),
+                mac: mac_text(&bridge),
+                ..Interface::default()
+            },
+            Interface {
+                name: host_veth.name.clone(),
+                mac: mac_text(&host_veth),
+                ..Interface::default()
+            },
+            Interface {
+                name: ifname.to_string(),
+                mac: container_mac.clone(),
+                sandbox: req.args.netns.clone(),
+                ..Interface::default()
+            },
+        ],
+        ..CniResult::default()
+    };
+    if conf.macspoofchk {
+        undo.push(Undo::MacSpoof);
+        macspoof::setup(
+            &req.args.container_id,
+            ifname,
+            &host_veth.name,
+            &container_mac,
+        )
+        .map_err(|e| CniError::internal(format!("failed to setup spoof-check: {e}")))?;
+    }
+    if conf.is_layer3() {
+        // Registered before the call: a failed IPAM ADD must still be followed by its DEL.
+        undo.push(Undo::Ipam);
+        let ipam = req.ipam_add()?;
+        if ipam.ips.is_empty() {
+            return Err(CniError::internal("IPAM plugin returned missing IP config"));
+        }
+        result.ips = ipam.ips;
+        result.routes = ipam.routes;
+        result.dns = ipam.dns;
+        let gateways = gateway::apply(&mut result, conf);
+        configure_container(pod_ns, &pod, conf, ifname, container.index, &result).await?;
+        if conf.is_gateway {
+            setup_gateways(&host, conf, &bridge, &gateways, &mut result).await?;
+        }
+        if conf.ip_masq {
+            let backend =
+                Backend::from_config(conf.ip_masq_backend.as_deref()).map_err(firewall_error)?;
+            undo.push(Undo::Masq);
+            let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
+            masq::setup(
+                backend,
+                &conf.network,
+                ifname,
+                &req.args.container_id,
+                &nets,
+            )
+            .map_err(firewall_error)?;
+        }
+    } else if !conf.disable_container_interface {
+        pod.set_up(container.index)
+            .await
+            .map_err(|e| CniError::internal(format!("failed to set {ifname:?} up: {e}")))?;
+    }
+    if !conf.disable_container_interface {
+        // A port that is not forwarding yet drops the pod's first packets (plugins#463).
+        host.wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
+            .await
+            .map_err(|e| CniError::internal(format!("bridge port in error state: {e}")))?;
+    }
+    // Joining the bridge can change both MACs; report what they are now.
+    result.interfaces[1].mac = mac_text(
+        &host
+            .require_link(&host_veth.name)
+            .await
+            .map_err(linux_error)?,
+    );
+    result.interfaces[0].mac =
+        mac_text(&host.require_link(&bridge.name).await.map_err(linux_error)?);
+    if let Some(dns) = &conf.dns {
+        result.dns = dns.clone();
+    }
+    Ok(result)
+}
+
+async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
+    let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
+    for step in steps.into_iter().rev() {
+        let outcome = match step {
+            Undo::ContainerLink => match Netlink::connect_in(pod_ns) {
+                Ok(pod) => delete_link(&pod, ifname).await,
+                Err(e) => Err(linux_error(e)),
+            },
+            Undo::Ipam => req.ipam(Command::Del),
+            Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(firewall_error),
+            Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
+        };
+        if let Err(e) = outcome {
+            eprintln!("bridge: undoing {step:?} after a failed ADD: {e}");
+        }
+    }
+}
+
+/// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.
+pub(crate) async fn delete_link(nl: &Netlink, ifname: &str) -> Result<(), CniError> {
+    match nl.delete_link_by_name(ifname).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(CniError::internal(format!(
+            "failed to delete {ifname:?}: {e}"
+        ))),
+    }
+}
+
+fn mac_text(link: &Link) -> String {
+    link.mac.map(|m| m.to_string()).unwrap_or_default()
+}
+
+/// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
+async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniError> {
+    let name = conf.bridge.as_str();
+    let fail = |e: String| CniError::internal(format!("failed to create bridge {name:?}: {e}"));
+    let mtu = (conf.mtu != 0).then_some(conf.mtu);
+    let created = match host
+        .create_bridge(name, mtu, conf.wants_vlan_filtering())
+        .await
+    {
+        Ok(()) => true,
+        Err(e) if e.is_exists() => false,
+        Err(e) => return Err(fail(format!("could not add {name:?}: {e}"))),
+    };
+    let bridge = host
+        .link_by_name(name)
+        .await
+        .map_err(|e| fail(format!("could not lookup {name:?}: {e}")))?
+        .ok_or_else(|| fail(format!("could not lookup {name:?}: link not found")))?;
+    if bridge.kind.as_deref() != Some("bridge") {
+        return Err(fail(format!("{name:?} already exists but is not a bridge")));
+    }
+    if let (true, Some(mac)) = (created, bridge.mac) {
+        // An explicitly set MAC stops the bridge adopting its lowest port's MAC,
+        // which churns ARP caches and conntrack as pods come and go.
+        host.set_mac(bridge.index, mac)
+            .await
+            .map_err(|e| fail(format!("could not set bridge's mac: {e}")))?;
+    }
+    if conf.promisc_mode && !bridge.promisc {
+        host.set_promisc(bridge.index, true)
+            .await
+            .map_err(|e| fail(format!("could not set promiscuous mode on {name:?}: {e}")))?;
+    }
+    // Router advertisements must not configure the bridge; absent IPv6 is fine.
+    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    if !bridge.up {
+        host.set_up(bridge.index)
+            .await
+            .map_err(|e| fail(format!("failed to set {name:?} up: {e}")))?;
+    }
+    Ok(bridge)
+}
+
+/// `veth` + 8 random hex digits, like the reference.
+fn random_veth_name() -> Result<String, CniError> {
+    let mut bytes = [0u8; 4];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| CniError::internal(format!("failed to generate random veth name: {e}")))?;
+    Ok(format!("veth{:08x}", u32::from_be_bytes(bytes)))
+}
+
+/// Creates the pair in one request: host end on the bridge, container end in the pod
+/// under its final name. Retries only on a clash of the random host-side name.
+async fn create_veth(
+    host: &Netlink,
+    pod_ns: &NetNs,
+    conf: &BridgeConf,
+    bridge_index: u32,
+    ifname: &str,
+) -> Result<Link, CniError> {
+    let mtu = (conf.mtu != 0).then_some(conf.mtu);
+    for _ in 0..VETH_NAME_ATTEMPTS {
+        let name = random_veth_name()?;
+        let pair = VethPair {
+            name: &name,
+            mtu,
+            controller: Some(bridge_index),
+            peer_name: ifname,
+            peer_netns: Some(pod_ns),
+            peer_mac: conf.mac,
+            peer_mtu: mtu,
+        };
+        match host.create_veth(&pair).await {
+            Ok(()) => return host.require_link(&name).await.map_err(linux_error),
+            Err(e) if e.is_exists() => {
+                if host
+                    .link_by_name(&name)
+                    .await
+                    .map_err(linux_error)?
+                    .is_some()
+                {
+                    continue;
+                }
+                return Err(CniError::internal(format!(
+                    "container veth name ({ifname:?}) peer provided ({name:?}) already exists"
+                )));
+            }
+            Err(e) => return Err(CniError::internal(format!("failed to make veth pair: {e}"))),
+        }
+    }
+    Err(CniError::internal(format!(
+        "failed to make veth pair: no free host-side name after {VETH_NAME_ATTEMPTS} attempts"
+    )))
+}
+
+/// Bridge-port settings of a host-side veth: sysctls, hairpin, isolation, VLANs, up.
+async fn setup_port(
+    host: &Netlink,
+    conf: &BridgeConf,
+    port: &Link,
+    container_port: bool,
+) -> Result<(), CniError> {
+    let name = port.name.as_str();
+    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let hairpin = container_port && conf.hairpin_mode;
+    host.set_port_hairpin(port.index, hairpin)
+        .await
+        .map_err(|e| CniError::internal(format!("failed to setup hairpin mode for {name}: {e}")))?;
+    if container_port {
+        host.set_port_isolated(port.index, conf.port_isolation)
+            .await
+            .map_err(|e| {
+                CniError::internal(format!("failed to set isolated on for {name}: {e}"))
+            })?;
+    }
+    setup_vlans(host, conf, port).await?;
+    host.set_up(port.index)
+        .await
+        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {e}")))
+}
+
+async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
+    let name = port.name.as_str();
+    let trunk = conf.vlan_trunk.as_deref().unwrap_or_default();
+    if conf.has_vlans() && !conf.preserve_default_vlan {
+        let existing = host.port_vlans(port.index).await.map_err(linux_error)?;
+        for entry in existing {
+            host.del_port_vlan(port.index, entry.vid)
+                .await
+                .map_err(|e| {
+                    CniError::internal(format!(
+                        "failed to remove default vlan on interface {name:?}: {e}"
+                    ))
+                })?;
+        }
+    }
+    let tag_error = |e: cni_linux::Error| {
+        CniError::internal(format!(
+            "failed to setup vlan tag on interface {name:?}: {e}"
+        ))
+    };
+    if conf.vlan != 0 {
+        host.add_port_vlan(port.index, conf.vlan, true, true)
+            .await
+            .map_err(tag_error)?;
+    }
+    for vid in trunk {
+        host.add_port_vlan(port.index, *vid, false, false)
+            .await
+            .map_err(tag_error)?;
+    }
+    if conf.vlan == 0 && !trunk.is_empty() {
+        host.add_port_vlan(port.index, 1, true, true)
+            .await
+            .map_err(|e| {
+                CniError::internal(format!(
+                    "failed to setup default native vlan tag on interface {name:?}: {e}"
+                ))
+            })?;
+    }
+    Ok(())
+}
+
+/// Sysctls, addresses, link up, DAD settling and routes inside the container.
+async fn configure_container(
+    pod_ns: &NetNs,
+    pod: &Netlink,
+    conf: &BridgeConf,
+    ifname: &str,
+    index: u32,
+    result: &CniResult,
+) -> Result<(), CniError> {
+    let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
+    pod_ns
+        .run(|| container_sysctls(ifname, conf.enable_dad, has_v6))
+        .map_err(linux_error)??;
+    for ip in result
+        .ips
+        .iter()
+        .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
+    {
+        pod.add_address(index, ip.address).await.map_err(|e| {
+            CniError::internal(format!(
+                "failed to add IP addr {} to {ifname:?}: {e}",
+                ip.address
+            ))
+        })?;
+    }
+    pod.set_up(index)
+        .await
+        .map_err(|e| CniError::internal(format!("failed to set {ifname:?} UP: {e}")))?;
+    let family_gateway = |v4: bool| {
+        result
+            .ips
+            .iter()
+            .filter(|ip| ip.address.is_ipv4() == v4)
+            .find_map(|ip| ip.gateway)
+    };
+    if family_gateway(false).is_some() {
+        pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
+            .await
+            .map_err(|e| {
+                CniError::internal(format!("failed to settle addresses for {ifname:?}: {e}"))
+            })?;
+    }
+    let mut installed: Vec<KernelRoute> = Vec::new();
+    for r in &result.routes {
+        let gw = r.gw.or_else(|| family_gateway(r.dst.is_ipv4()));
+        let route = KernelRoute {
+            gw,
+            oif: Some(index),
+            metric: (r.priority != 0).then_some(r.priority),
+            table: r.table.and_then(|t| u32::try_from(t).ok()),
+            scope: r.scope.and_then(|s| u8::try_from(s).ok()),
+            mtu: (r.mtu != 0).then_some(r.mtu),
+            advmss: (r.advmss != 0).then_some(r.advmss),
+            ..KernelRoute::new(r.dst)
+        };
+        // The reference fails with EEXIST when IPAM and isDefaultGateway both yield the
+        // same default route; installing it once is what the user meant.
+        if installed.contains(&route) {
+            continue;
+        }
+        pod.add_route(&route).await.map_err(|e| {
+            let via = gw.map_or_else(|| "<nil>".to_string(), |g| g.to_string());
+            CniError::internal(format!(
+                "failed to add route '{} via {via} dev {ifname}': {e}",
+                r.dst
+            ))
+        })?;
+        installed.push(route);
+    }
+    Ok(())
+}
+
+/// Runs on a thread inside the pod netns: per-interface sysctls resolve there.
+fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(), CniError> {
+    // DAD makes pods wait 1-2 s for addresses nobody else can own on a fresh veth.
+    if enable_dad {
+        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/enhanced_dad"), "1");
+        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "1");
+    } else {
+        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
+    }
+    // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.
+    let _ = sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
+    if has_v6 {
+        for dev in ["lo", ifname] {
+            sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0").map_err(|e| {
+                CniError::internal(format!("failed to enable IPv6 on {dev:?}: {e}"))
+            })?;
+        }
+        // Keep addresses when the link goes down and up again.
+        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/keep_addr_on_down"), "1");
+    }
+    Ok(())
+}
+
+/// Puts the gateway addresses on the bridge (or the VLAN gateway interface) and
+/// turns on forwarding for each family that has one.
+async fn setup_gateways(
+    host: &Netlink,
+    conf: &BridgeConf,
+    bridge: &Link,
+    gateways: &Gateways,
+    result: &mut CniResult,
+) -> Result<(), CniError> {
+    for (nets, forwarding) in [
+        (&gateways.v4, "net/ipv4/ip_forward"),
+        (&gateways.v6, "net/ipv6/conf/all/forwarding"),
+    ] {
+        if nets.is_empty() {
+            continue;
+        }
+        for gw in nets {
+            let target = if conf.vlan != 0 {
+                let link = ensure_vlan_gateway(host, conf, bridge).await?;
+                if !result.interfaces.iter().any(|i| i.name == link.name) {
+                    result.interfaces.push(Interface {
+                        name: link.name.clone(),
+                        mac: mac_text(&link),
+                        ..Interface::default()
+                    });
+                }
+                link
+            } else {
+                bridge.clone()
+            };
+            ensure_addr(host, &target, *gw, conf.force_address)
+                .await
+                .map_err(|e| {
+                    let what = if conf.vlan != 0 {
+                        "failed to set vlan interface for bridge with addr"
+                    } else {
+                        "failed to set bridge addr"
+                    };
+                    CniError::internal(format!("{what}: {}", e.msg))
+                })?;
+        }
+        sysctl::write(forwarding, "1")
+            .map_err(|e| CniError::internal(format!("failed to enable forwarding: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The reference's `ensureAddr`: keep an identical address, refuse (or with
+/// `forceAddress` replace) a conflicting one, tolerate a concurrent identical add.
+async fn ensure_addr(
+    host: &Netlink,
+    link: &Link,
+    gw: IpNetwork,
+    force: bool,
+) -> Result<(), CniError> {
+    let name = link.name.as_str();
+    let family = Family::of(gw.ip());
+    let existing = host
+        .addresses(link.index, Some(family))
+        .await
+        .map_err(linux_error)?;
+    if existing.iter().any(|a| a.ip == gw) {
+        return Ok(());
+    }
+    for a in &existing {
+        let conflict = gw.is_ipv4() || a.ip.contains(gw.ip()) || gw.contains(a.ip.ip());
+        if !conflict {
+            continue;
+        }
+        if !force {
+            return Err(CniError::internal(format!(
+                "{name:?} already has an IP address different from {gw}"
+            )));
+        }
+        host.del_address(link.index, a.ip)
+            .await
+            .map_err(linux_error)?;
+    }
+    match host.add_address(link.index, gw).await {
+        Ok(()) => {}
+        Err(e) if e.is_exists() => {}
+        Err(e) => {
+            return Err(CniError::internal(format!(
+                "could not add IP address {} to {name:?}: {e}",
+                gw.ip()
+            )));
+        }
+    }
+    let current = host.require_link(name).await.map_err(linux_error)?;
+    if let Some(mac) = current.mac {
+        host.set_mac(current.index, mac)
+            .await
+            .map_err(|e| CniError::internal(format!("could not set bridge's mac: {e}")))?;
+    }
+    Ok(())
+}
+
+/// The `<bridge>.<vlan>` gateway interface: one end of a host-local veth pair whose
+/// other end is a bridge port in the VLAN. Shared by all pods of the VLAN.
+async fn ensure_vlan_gateway(
+    host: &Netlink,
+    conf: &BridgeConf,
+    bridge: &Link,
+) -> Result<Link, CniError> {
+    let name = format!("{}.{}", conf.bridge, conf.vlan);
+    let fail = |e: String| CniError::internal(format!("failed to create vlan interface: {e}"));
+    if let Some(link) = host.link_by_name(&name).await.map_err(linux_error)? {
+        return Ok(link);
+    }
+    let port_name = random_veth_name()?;
+    let mtu = (conf.mtu != 0).then_some(conf.mtu);
+    let pair = VethPair {
+        name: &port_name,
+        mtu,
+        controller: Some(bridge.index),
+        peer_name: &name,
+        peer_netns: None,
+        peer_mac: None,
+        peer_mtu: mtu,
+    };
+    match host.create_veth(&pair).await {
+        Ok(()) => {
+            let port = host.require_link(&port_name).await.map_err(linux_error)?;
+            setup_port(host, conf, &port, false).await?;
+        }
+        // Another ADD of the same VLAN created it first.
+        Err(e) if e.is_exists() => {}
+        Err(e) => return Err(fail(e.to_string())),
+    }
+    let link = host
+        .require_link(&name)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    host.set_up(link.index)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(link)
+}

@@ -1,0 +1,43 @@
+//! DEL: best effort and idempotent. Removes the container interface (when the netns
+//! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
+//! are found by the attachment's names, so they go even when the netns is gone.
+
+use crate::add::delete_link;
+use crate::config::BridgeConf;
+use crate::{Errors, firewall_error, linux_error, runtime};
+use cni_firewall::{macspoof, masq};
+use cni_linux::{NetNs, Netlink};
+use cni_protocol::{CniError, Command, Request};
+
+/// Runs DEL, collecting every failure and reporting them together.
+pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
+    let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
+    let mut errors = Errors::default();
+    if !req.args.netns.is_empty() {
+        errors.note(delete_container_link(&req.args.netns, ifname));
+    }
+    if conf.is_layer3() {
+        errors.note(req.ipam(Command::Del));
+    }
+    if conf.macspoofchk {
+        errors.note(macspoof::teardown(id, ifname).map_err(firewall_error));
+    }
+    if conf.is_layer3() && conf.ip_masq {
+        errors.note(masq::teardown(&conf.network, ifname, id).map_err(firewall_error));
+    }
+    errors.into_result()
+}
+
+fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
+    let ns = match NetNs::open(netns) {
+        // The runtime may delete the netns before DEL; the veth died with it.
+        Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
+        other => {
+            other.map_err(|e| CniError::internal(format!("failed to open netns {netns:?}: {e}")))?
+        }
+    };
+    runtime()?.block_on(async {
+        let pod = Netlink::connect_in(&ns).map_err(linux_error)?;
+        delete_link(&pod, ifname).await
+    })
+}
