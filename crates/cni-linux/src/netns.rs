@@ -106,8 +106,10 @@ impl NetNs {
     }
 }
 
-/// A netns file lives on nsfs and its fd links to `net:[<inode>]`; other
-/// namespace types share nsfs, so the link target tells them apart.
+/// A netns file lives on nsfs. Other namespace types share nsfs; opened through
+/// `/proc/<pid>/ns/*` the fd links to `<type>:[<inode>]`, which tells them apart,
+/// while a bind mount (`/var/run/netns/x`) links to its path, and `setns` with
+/// CLONE_NEWNET refuses any other type later.
 fn is_netns_file(file: &File, path: &Path) -> Result<bool> {
     let fs = fstatfs(file).map_err(|source| Error::NetnsStat {
         path: path.to_path_buf(),
@@ -121,7 +123,9 @@ fn is_netns_file(file: &File, path: &Path) -> Result<bool> {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(target.to_string_lossy().starts_with("net:["))
+    let target = target.to_string_lossy();
+    let names_other_type = !target.starts_with('/') && !target.starts_with("net:[");
+    Ok(!names_other_type)
 }
 
 impl AsFd for NetNs {
