@@ -17,6 +17,9 @@ use std::time::Duration;
 /// How many random host-side veth names to try before giving up on clashes.
 const VETH_NAME_ATTEMPTS: usize = 10;
 
+/// Linux `EOPNOTSUPP`, the answer of kernels built without bridge VLAN filtering.
+const EOPNOTSUPP: i32 = 95;
+
 /// How long IPv6 addresses may stay tentative (the reference's limit).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -211,6 +214,11 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
     {
         Ok(()) => true,
         Err(e) if e.is_exists() => false,
+        Err(e) if e.errno() == Some(EOPNOTSUPP) && conf.wants_vlan_filtering() => {
+            return Err(fail(format!(
+                "could not add {name:?}: {e} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)"
+            )));
+        }
         Err(e) => return Err(fail(format!("could not add {name:?}: {e}"))),
     };
     let bridge = host
