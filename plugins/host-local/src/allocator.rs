@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::range::{RangeSet, to_u128};
-use crate::store::{Entry, Locked, Owner, owner_of};
+use crate::store::{Entry, Locked};
 use cni_protocol::IpConfig;
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -115,17 +115,22 @@ fn take_next(
     entries: &[Entry],
     who: Attachment<'_>,
 ) -> Result<IpConfig> {
-    let in_set: Vec<&Entry> = entries.iter().filter(|e| set.contains(e.ip)).collect();
-    // The duplicate guard: one attachment holds at most one address per set.
-    for entry in &in_set {
-        if let Some(content) = store.read(&entry.name).ok().flatten() {
-            if owner_of(&content, who.id, who.ifname) != Owner::Other {
-                return Err(Error::Duplicate {
-                    ip: entry.ip,
-                    id: who.id.to_string(),
-                });
-            }
-        }
+    let in_set: Vec<Entry> = entries
+        .iter()
+        .filter(|e| set.contains(e.ip))
+        .cloned()
+        .collect();
+    // The duplicate guard: one attachment holds at most one address per set. (The
+    // first in name order is named, as in the reference's lexical walk.)
+    if let Some((entry, _)) = store
+        .owned_by(&in_set, who.id, who.ifname)
+        .into_iter()
+        .next()
+    {
+        return Err(Error::Duplicate {
+            ip: entry.ip,
+            id: who.id.to_string(),
+        });
     }
     let taken: HashSet<u128> = in_set
         .iter()
