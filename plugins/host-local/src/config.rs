@@ -1,7 +1,11 @@
 //! host-local's configuration: the keys the reference reads (legacy single range,
 //! `ranges`, `routes`, `dataDir`, `resolvConf`, runtime `ipRanges`/`ips`, `args.cni.ips`,
 //! `CNI_ARGS` `IP=`), with its canonicalisation order, defaults and messages
-//! (reference `allocator.LoadIPAMConfig`), plus our one addition, `lockTimeout`.
+//! (reference `allocator.LoadIPAMConfig`), plus our one addition:
+//!
+//! `ipam.lockTimeout` (number, seconds, fractions allowed, default 30): how long ADD,
+//! DEL, CHECK and GC wait for the network's lock before failing with code 11 ("try
+//! again later"); `0` means do not wait at all. The reference waits forever.
 
 use crate::error::{Error, Result};
 use crate::range::{RangeSet, RangeSpec, parse_ip};
