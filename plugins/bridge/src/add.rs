@@ -4,7 +4,7 @@
 
 use crate::config::BridgeConf;
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
-use crate::{firewall_error, linux_error, runtime};
+use crate::{chain, firewall_error, linux_error, runtime};
 use cni_firewall::{Backend, macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
@@ -54,7 +54,8 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
 }
 
 pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
-    NetNs::open(path).map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {e}")))
+    NetNs::open(path)
+        .map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {}", chain(&e))))
 }
 
 async fn add(
@@ -145,15 +146,17 @@ async fn add(
             .map_err(firewall_error)?;
         }
     } else if !conf.disable_container_interface {
-        pod.set_up(container.index)
-            .await
-            .map_err(|e| CniError::internal(format!("failed to set {ifname:?} up: {e}")))?;
+        pod.set_up(container.index).await.map_err(|e| {
+            CniError::internal(format!("failed to set {ifname:?} up: {}", chain(&e)))
+        })?;
     }
     if !conf.disable_container_interface {
         // A port that is not forwarding yet drops the pod's first packets (plugins#463).
         host.wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
             .await
-            .map_err(|e| CniError::internal(format!("bridge port in error state: {e}")))?;
+            .map_err(|e| {
+                CniError::internal(format!("bridge port in error state: {}", chain(&e)))
+            })?;
     }
     // Joining the bridge can change both MACs; report what they are now.
     result.interfaces[1].mac = mac_text(
@@ -194,7 +197,8 @@ pub(crate) async fn delete_link(nl: &Netlink, ifname: &str) -> Result<(), CniErr
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(CniError::internal(format!(
-            "failed to delete {ifname:?}: {e}"
+            "failed to delete {ifname:?}: {}",
+            chain(&e),
         ))),
     }
 }
@@ -216,15 +220,16 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
         Err(e) if e.is_exists() => false,
         Err(e) if e.errno() == Some(EOPNOTSUPP) && conf.wants_vlan_filtering() => {
             return Err(fail(format!(
-                "could not add {name:?}: {e} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)"
+                "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
+                chain(&e),
             )));
         }
-        Err(e) => return Err(fail(format!("could not add {name:?}: {e}"))),
+        Err(e) => return Err(fail(format!("could not add {name:?}: {}", chain(&e)))),
     };
     let bridge = host
         .link_by_name(name)
         .await
-        .map_err(|e| fail(format!("could not lookup {name:?}: {e}")))?
+        .map_err(|e| fail(format!("could not lookup {name:?}: {}", chain(&e))))?
         .ok_or_else(|| fail(format!("could not lookup {name:?}: link not found")))?;
     if bridge.kind.as_deref() != Some("bridge") {
         return Err(fail(format!("{name:?} already exists but is not a bridge")));
@@ -234,19 +239,22 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
         // which churns ARP caches and conntrack as pods come and go.
         host.set_mac(bridge.index, mac)
             .await
-            .map_err(|e| fail(format!("could not set bridge's mac: {e}")))?;
+            .map_err(|e| fail(format!("could not set bridge's mac: {}", chain(&e))))?;
     }
     if conf.promisc_mode && !bridge.promisc {
-        host.set_promisc(bridge.index, true)
-            .await
-            .map_err(|e| fail(format!("could not set promiscuous mode on {name:?}: {e}")))?;
+        host.set_promisc(bridge.index, true).await.map_err(|e| {
+            fail(format!(
+                "could not set promiscuous mode on {name:?}: {}",
+                chain(&e)
+            ))
+        })?;
     }
     // Router advertisements must not configure the bridge; absent IPv6 is fine.
     let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     if !bridge.up {
         host.set_up(bridge.index)
             .await
-            .map_err(|e| fail(format!("failed to set {name:?} up: {e}")))?;
+            .map_err(|e| fail(format!("failed to set {name:?} up: {}", chain(&e))))?;
     }
     Ok(bridge)
 }
@@ -256,7 +264,12 @@ fn random_veth_name() -> Result<String, CniError> {
     let mut bytes = [0u8; 4];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| CniError::internal(format!("failed to generate random veth name: {e}")))?;
+        .map_err(|e| {
+            CniError::internal(format!(
+                "failed to generate random veth name: {}",
+                chain(&e)
+            ))
+        })?;
     Ok(format!("veth{:08x}", u32::from_be_bytes(bytes)))
 }
 
@@ -296,7 +309,12 @@ async fn create_veth(
                     "container veth name ({ifname:?}) peer provided ({name:?}) already exists"
                 )));
             }
-            Err(e) => return Err(CniError::internal(format!("failed to make veth pair: {e}"))),
+            Err(e) => {
+                return Err(CniError::internal(format!(
+                    "failed to make veth pair: {}",
+                    chain(&e)
+                )));
+            }
         }
     }
     Err(CniError::internal(format!(
@@ -316,18 +334,26 @@ async fn setup_port(
     let hairpin = container_port && conf.hairpin_mode;
     host.set_port_hairpin(port.index, hairpin)
         .await
-        .map_err(|e| CniError::internal(format!("failed to setup hairpin mode for {name}: {e}")))?;
+        .map_err(|e| {
+            CniError::internal(format!(
+                "failed to setup hairpin mode for {name}: {}",
+                chain(&e)
+            ))
+        })?;
     if container_port {
         host.set_port_isolated(port.index, conf.port_isolation)
             .await
             .map_err(|e| {
-                CniError::internal(format!("failed to set isolated on for {name}: {e}"))
+                CniError::internal(format!(
+                    "failed to set isolated on for {name}: {}",
+                    chain(&e)
+                ))
             })?;
     }
     setup_vlans(host, conf, port).await?;
     host.set_up(port.index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {e}")))
+        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {}", chain(&e))))
 }
 
 async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
@@ -340,14 +366,16 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
                 .await
                 .map_err(|e| {
                     CniError::internal(format!(
-                        "failed to remove default vlan on interface {name:?}: {e}"
+                        "failed to remove default vlan on interface {name:?}: {}",
+                        chain(&e),
                     ))
                 })?;
         }
     }
     let tag_error = |e: cni_linux::Error| {
         CniError::internal(format!(
-            "failed to setup vlan tag on interface {name:?}: {e}"
+            "failed to setup vlan tag on interface {name:?}: {}",
+            chain(&e),
         ))
     };
     if conf.vlan != 0 {
@@ -365,7 +393,8 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
             .await
             .map_err(|e| {
                 CniError::internal(format!(
-                    "failed to setup default native vlan tag on interface {name:?}: {e}"
+                    "failed to setup default native vlan tag on interface {name:?}: {}",
+                    chain(&e),
                 ))
             })?;
     }
@@ -392,14 +421,15 @@ async fn configure_container(
     {
         pod.add_address(index, ip.address).await.map_err(|e| {
             CniError::internal(format!(
-                "failed to add IP addr {} to {ifname:?}: {e}",
-                ip.address
+                "failed to add IP addr {} to {ifname:?}: {}",
+                ip.address,
+                chain(&e),
             ))
         })?;
     }
     pod.set_up(index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {ifname:?} UP: {e}")))?;
+        .map_err(|e| CniError::internal(format!("failed to set {ifname:?} UP: {}", chain(&e))))?;
     let family_gateway = |v4: bool| {
         result
             .ips
@@ -411,7 +441,10 @@ async fn configure_container(
         pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
             .await
             .map_err(|e| {
-                CniError::internal(format!("failed to settle addresses for {ifname:?}: {e}"))
+                CniError::internal(format!(
+                    "failed to settle addresses for {ifname:?}: {}",
+                    chain(&e)
+                ))
             })?;
     }
     let mut installed: Vec<KernelRoute> = Vec::new();
@@ -435,8 +468,9 @@ async fn configure_container(
         pod.add_route(&route).await.map_err(|e| {
             let via = gw.map_or_else(|| "<nil>".to_string(), |g| g.to_string());
             CniError::internal(format!(
-                "failed to add route '{} via {via} dev {ifname}': {e}",
-                r.dst
+                "failed to add route '{} via {via} dev {ifname}': {}",
+                r.dst,
+                chain(&e),
             ))
         })?;
         installed.push(route);
@@ -458,7 +492,7 @@ fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(),
     if has_v6 {
         for dev in ["lo", ifname] {
             sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0").map_err(|e| {
-                CniError::internal(format!("failed to enable IPv6 on {dev:?}: {e}"))
+                CniError::internal(format!("failed to enable IPv6 on {dev:?}: {}", chain(&e)))
             })?;
         }
         // Keep addresses when the link goes down and up again.
@@ -508,8 +542,9 @@ async fn setup_gateways(
                     CniError::internal(format!("{what}: {}", e.msg))
                 })?;
         }
-        sysctl::write(forwarding, "1")
-            .map_err(|e| CniError::internal(format!("failed to enable forwarding: {e}")))?;
+        sysctl::write(forwarding, "1").map_err(|e| {
+            CniError::internal(format!("failed to enable forwarding: {}", chain(&e)))
+        })?;
     }
     Ok(())
 }
@@ -550,16 +585,17 @@ async fn ensure_addr(
         Err(e) if e.is_exists() => {}
         Err(e) => {
             return Err(CniError::internal(format!(
-                "could not add IP address {} to {name:?}: {e}",
-                gw.ip()
+                "could not add IP address {} to {name:?}: {}",
+                gw.ip(),
+                chain(&e),
             )));
         }
     }
     let current = host.require_link(name).await.map_err(linux_error)?;
     if let Some(mac) = current.mac {
-        host.set_mac(current.index, mac)
-            .await
-            .map_err(|e| CniError::internal(format!("could not set bridge's mac: {e}")))?;
+        host.set_mac(current.index, mac).await.map_err(|e| {
+            CniError::internal(format!("could not set bridge's mac: {}", chain(&e)))
+        })?;
     }
     Ok(())
 }
@@ -594,15 +630,13 @@ async fn ensure_vlan_gateway(
         }
         // Another ADD of the same VLAN created it first.
         Err(e) if e.is_exists() => {}
-        Err(e) => return Err(fail(e.to_string())),
+        Err(e) => return Err(fail(chain(&e))),
     }
     let link = host
         .require_link(&name)
         .await
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| fail(chain(&e)))?;
     let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
-    host.set_up(link.index)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+    host.set_up(link.index).await.map_err(|e| fail(chain(&e)))?;
     Ok(link)
 }

@@ -4,7 +4,7 @@
 
 use crate::add::delete_link;
 use crate::config::BridgeConf;
-use crate::{Errors, firewall_error, linux_error, runtime};
+use crate::{Errors, chain, firewall_error, linux_error, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
 use cni_protocol::{CniError, Command, Request};
@@ -32,9 +32,9 @@ fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
     let ns = match NetNs::open(netns) {
         // The runtime may delete the netns before DEL; the veth died with it.
         Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
-        other => {
-            other.map_err(|e| CniError::internal(format!("failed to open netns {netns:?}: {e}")))?
-        }
+        other => other.map_err(|e| {
+            CniError::internal(format!("failed to open netns {netns:?}: {}", chain(&e)))
+        })?,
     };
     runtime()?.block_on(async {
         let pod = Netlink::connect_in(&ns).map_err(linux_error)?;

@@ -82,7 +82,21 @@ impl Errors {
 }
 
 pub(crate) fn linux_error(e: cni_linux::Error) -> CniError {
-    CniError::internal(e.to_string())
+    CniError::internal(chain(&e))
+}
+
+/// `e` followed by its causes, `: `-separated. cni-linux keeps the kernel's answer
+/// (`File exists`, `Operation not supported`, ...) as the error's source, so printing
+/// only the top level would tell the user what failed but never why.
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 pub(crate) fn firewall_error(e: cni_firewall::Error) -> CniError {
