@@ -1387,3 +1387,48 @@ fn v020_result_of_a_layer3_add() {
         })
     );
 }
+
+/// A pod on two bridge networks that both set a default route (Multus-style), as the
+/// reference v1.1.1 allows: the second default route is added next to the first (IPv4:
+/// a second `default` entry; IPv6: an ECMP route), not refused.
+#[test]
+#[ignore = "cni-linux Netlink::add_route sends NLM_F_CREATE|NLM_F_EXCL (rtnetlink's default), \
+            so the second default route fails with EEXIST; the reference adds routes without \
+            NLM_F_EXCL (netlink.RouteAddEcmp). Fix belongs in crates/cni-linux/src/netlink/route.rs"]
+fn one_pod_on_two_networks_with_default_gateways() {
+    if !require_root() {
+        return;
+    }
+    let first = Net::new();
+    let pod = first.pod();
+    let keys = json!({"isDefaultGateway": true});
+    first
+        .run(
+            "ADD",
+            &first.conf("1.0.0", &[V4, V6], &keys),
+            CID,
+            &pod,
+            "eth0",
+        )
+        .assert_success();
+    // The second network's bridge lives in the same host netns as the first's.
+    let data = cni_blackbox::TempDir::new("cnibb-br-data");
+    let mut second = first.conf("1.0.0", &["10.78.0.0/24", "fd00:78::/64"], &keys);
+    second["name"] = json!("cnibb-second-net");
+    second["bridge"] = json!(cni_blackbox::unique_ifname("cbr"));
+    second["ipam"]["dataDir"] = json!(data.path_str());
+    first
+        .run("ADD", &second, CID, &pod, "net1")
+        .assert_success();
+    let v4 = route_lines(&pod, "-4");
+    for line in [
+        "default via 10.77.0.1 dev eth0",
+        "default via 10.78.0.1 dev net1",
+    ] {
+        assert!(v4.iter().any(|l| l == line), "{line} missing: {v4:?}");
+    }
+    let v6 = pod.exec_ok(&["ip", "-6", "route", "show", "default"]);
+    for gw in ["fd00:77::1", "fd00:78::1"] {
+        assert!(v6.contains(gw), "{gw} missing: {v6}");
+    }
+}
