@@ -1432,3 +1432,101 @@ fn one_pod_on_two_networks_with_default_gateways() {
         assert!(v6.contains(gw), "{gw} missing: {v6}");
     }
 }
+
+/// Beyond the reference, CHECK also verifies the attachment's masquerade rules and spoof
+/// check (README "Differences"): removing them makes CHECK fail.
+#[test]
+fn check_reports_missing_masquerade_and_spoof_check_rules() {
+    if !require_root() {
+        return;
+    }
+    #[derive(Debug)]
+    enum Remove {
+        IptablesChain,
+        NftMasqTable,
+        SpoofTable,
+    }
+    let cases = [
+        Remove::IptablesChain,
+        Remove::NftMasqTable,
+        Remove::SpoofTable,
+    ];
+    check_cases(&cases, |remove| {
+        let net = Net::new();
+        let pod = net.pod();
+        let backend = match remove {
+            Remove::NftMasqTable => "nftables",
+            _ => "iptables",
+        };
+        let mut conf = net.conf(
+            "1.0.0",
+            &[V4],
+            &json!({"ipMasq": true, "ipMasqBackend": backend, "macspoofchk": true}),
+        );
+        let add = net.run("ADD", &conf, CID, &pod, "eth0");
+        add.assert_success();
+        conf["prevResult"] = add.json();
+        net.run("CHECK", &conf, CID, &pod, "eth0")
+            .assert_success_silent();
+        match remove {
+            Remove::IptablesChain => {
+                let chain = iptables_chain(&net.name, CID);
+                let comment = format!("name: \"{}\" id: \"{CID}\"", net.name);
+                net.host.exec_ok(&[
+                    "iptables",
+                    "-t",
+                    "nat",
+                    "-D",
+                    "POSTROUTING",
+                    "-s",
+                    "10.77.0.2/32",
+                    "-m",
+                    "comment",
+                    "--comment",
+                    &comment,
+                    "-j",
+                    &chain,
+                ]);
+            }
+            Remove::NftMasqTable => {
+                net.host
+                    .exec_ok(&["nft", "delete", "table", "inet", "cni_plugins_masquerade"]);
+            }
+            Remove::SpoofTable => {
+                net.host
+                    .exec_ok(&["nft", "delete", "table", "bridge", "nat"]);
+            }
+        }
+        let check = net.run("CHECK", &conf, CID, &pod, "eth0");
+        check.assert_failure();
+        assert!(
+            check.error_msg().is_some_and(|m| m.contains("not found")),
+            "{remove:?}: {check}"
+        );
+    });
+}
+
+#[test]
+fn add_with_a_missing_netns_fails_before_anything_is_made() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let conf = net.conf("1.0.0", &[V4], &json!({"isGateway": true, "ipMasq": true}));
+    let missing = "/var/run/netns/cnibb-br-no-such-netns";
+    let out = net
+        .plugin("ADD", &conf)
+        .container_id(CID)
+        .netns(missing)
+        .ifname("eth0")
+        .run();
+    out.assert_failure();
+    assert!(
+        out.error_msg()
+            .is_some_and(|m| m.starts_with(&format!("failed to open netns \"{missing}\""))),
+        "{out}"
+    );
+    assert!(net.bridge_link().is_none());
+    net.assert_nothing_left("after refused ADD");
+    assert!(!net.data.path().join(&net.name).exists(), "IPAM was called");
+}
