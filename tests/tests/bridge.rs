@@ -1530,3 +1530,84 @@ fn add_with_a_missing_netns_fails_before_anything_is_made() {
     net.assert_nothing_left("after refused ADD");
     assert!(!net.data.path().join(&net.name).exists(), "IPAM was called");
 }
+
+/// Without `bridge` the plugin uses `cni0` (made inside this test's own host netns, so no
+/// real `cni0` is touched).
+#[test]
+fn bridge_name_defaults_to_cni0() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let pod = net.pod();
+    let conf = net.conf("1.0.0", &[V4], &json!({"bridge": null, "isGateway": true}));
+    assert!(conf.get("bridge").is_none());
+    let out = net.run("ADD", &conf, CID, &pod, "eth0");
+    out.assert_success();
+    assert_eq!(out.json()["interfaces"][0]["name"], "cni0", "{out}");
+    assert_eq!(net.bridges(), ["cni0"]);
+    assert_eq!(global_addrs(&net.host, "-4", "cni0"), ["10.77.0.1/24"]);
+    assert_eq!(
+        bridge_port(&net.host, &host_veth_of(&out))["master"],
+        "cni0"
+    );
+}
+
+/// Configs the plugin must refuse, each before it creates anything: no bridge, no veth,
+/// no reservation.
+#[test]
+fn invalid_configs_are_refused_before_anything_is_made() {
+    if !require_root() {
+        return;
+    }
+    let cases = [
+        (
+            json!({"vlan": 4095}),
+            "",
+            "invalid VLAN ID 4095 (must be between 0 and 4094)",
+        ),
+        (
+            json!({"vlanTrunk": [{"minID": 5}]}),
+            "",
+            "minID and maxID should be configured simultaneously, maxID is missing",
+        ),
+        (
+            json!({"vlanTrunk": [{"minID": 9, "maxID": 5}]}),
+            "",
+            "minID is greater than maxID in trunk parameter",
+        ),
+        (
+            json!({"vlanTrunk": [{"id": 4095}]}),
+            "",
+            "incorrect trunk id parameter",
+        ),
+        (
+            json!({"runtimeConfig": {"mac": "not-a-mac"}}),
+            "",
+            "not-a-mac",
+        ),
+        (json!({}), "IgnoreUnknown=1;MAC=zz:zz", "zz:zz"),
+        (json!({}), "FOO=bar", "unknown args"),
+        (json!({"mtu": -1}), "", "-1"),
+        (json!({"isGateway": "yes"}), "", "failed to load netconf: "),
+    ];
+    check_cases(&cases, |(extra, args, msg)| {
+        let net = Net::new();
+        let pod = net.pod();
+        let mut plugin = net
+            .plugin("ADD", &net.conf("1.0.0", &[V4], extra))
+            .attachment(CID, &pod, "eth0");
+        if !args.is_empty() {
+            plugin = plugin.cni_args(args);
+        }
+        let out = plugin.run();
+        out.assert_failure();
+        assert!(
+            out.error_msg().is_some_and(|m| m.contains(msg)),
+            "expected {msg:?}:\n{out}"
+        );
+        assert!(net.bridge_link().is_none(), "bridge made:\n{out}");
+        assert!(!has_link(&pod, "eth0"));
+        net.assert_nothing_left("after refused ADD");
+    });
+}
