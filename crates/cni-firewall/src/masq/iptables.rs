@@ -451,33 +451,60 @@ fn restore(family: Family, input: &str, target: &str) -> Result<()> {
 pub(crate) fn setup(network: &str, container_id: &str, ips: &[IpNetwork]) -> Result<()> {
     let chain = iptables_chain_name(network, container_id);
     let comment = iptables_comment(network, container_id);
-    for family in Family::ALL {
-        if !ips.iter().any(|ip| Family::of(ip) == family) {
-            continue;
-        }
-        let current = save(family)?;
-        if let Some(input) = setup_input(family, &chain, &comment, ips, &current) {
-            restore(family, &input, &target(&chain))?;
-        }
-    }
-    Ok(())
+    let families: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|family| ips.iter().any(|ip| Family::of(ip) == *family))
+        .collect();
+    Error::collect(
+        per_family(&families, |family| {
+            let current = save(family)?;
+            match setup_input(family, &chain, &comment, ips, &current) {
+                Some(input) => restore(family, &input, &target(&chain)),
+                None => Ok(()),
+            }
+        })
+        .into_iter()
+        .filter_map(Result::err)
+        .collect(),
+    )
+}
+
+/// Runs `work` for each family at once: the v4 and v6 tables are independent, and each
+/// family's save + restore is a few milliseconds of process start and kernel commit.
+fn per_family<T: Send>(families: &[Family], work: impl Fn(Family) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|scope| {
+        let work = &work;
+        let handles: Vec<_> = families
+            .iter()
+            .map(|&family| scope.spawn(move || work(family)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 /// Removes the container's chain and every jump to it, in both families.
 /// Missing tools mean there is nothing to remove.
 pub(crate) fn teardown(network: &str, container_id: &str) -> Result<()> {
     let chain = iptables_chain_name(network, container_id);
-    let mut errors = Vec::new();
-    for family in Family::ALL {
-        let result = save(family).and_then(|current| match teardown_input(&chain, &current) {
+    let results = per_family(&Family::ALL, |family| {
+        save(family).and_then(|current| match teardown_input(&chain, &current) {
             Some(input) => restore(family, &input, &target(&chain)),
             None => Ok(()),
-        });
-        match result {
-            Err(Error::ProgramNotFound { .. }) | Ok(()) => {}
-            Err(e) => errors.push(e),
-        }
-    }
+        })
+    });
+    let errors = results
+        .into_iter()
+        .filter_map(|result| match result {
+            Err(Error::ProgramNotFound { .. }) | Ok(()) => None,
+            Err(e) => Some(e),
+        })
+        .collect();
     Error::collect(errors)
 }
 

@@ -110,18 +110,22 @@ pub fn setup(
 /// The iptables chain is per (network, container) like the reference, so it
 /// also carries any other interface of the same container on this network.
 pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
-    Error::collect(
-        [
-            relevant(iptables::teardown(network, container_id), iptables::usable),
+    // The backends share nothing, so both are cleaned at once.
+    let (ipt, nft) = std::thread::scope(|scope| {
+        let nft = scope.spawn(|| {
             relevant(
                 nftables::teardown(network, ifname, container_id),
                 nftables::usable,
-            ),
-        ]
-        .into_iter()
-        .filter_map(Result::err)
-        .collect(),
-    )
+            )
+        });
+        let ipt = relevant(iptables::teardown(network, container_id), iptables::usable);
+        (
+            ipt,
+            nft.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+        )
+    });
+    Error::collect([ipt, nft].into_iter().filter_map(Result::err).collect())
 }
 
 /// Verifies that [`setup`] with the same arguments is in effect; the error

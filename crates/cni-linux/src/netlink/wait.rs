@@ -10,17 +10,28 @@ use super::{Family, Netlink, OperState};
 use crate::error::{Error, Result};
 use crate::netlink::Link;
 
-/// The reference bridge plugin's schedule for polling a new port's oper state.
-pub const OPER_UP_DELAYS: [Duration; 5] = [
+/// The schedule for polling a new port's oper state: about the reference's 2.5 s in
+/// all, but in short steps first, since the kernel usually gets there within a
+/// millisecond and the reference's first 50 ms sleep is most of a pod's ADD time.
+pub const OPER_UP_DELAYS: [Duration; 11] = [
     Duration::from_millis(0),
-    Duration::from_millis(50),
-    Duration::from_millis(500),
+    Duration::from_millis(1),
+    Duration::from_millis(2),
+    Duration::from_millis(4),
+    Duration::from_millis(8),
+    Duration::from_millis(16),
+    Duration::from_millis(32),
+    Duration::from_millis(64),
+    Duration::from_millis(250),
     Duration::from_millis(1000),
     Duration::from_millis(1000),
 ];
 
-/// How often tentative addresses are re-checked (the reference's interval).
-const SETTLE_INTERVAL: Duration = Duration::from_millis(50);
+/// First and longest pause between checks of tentative addresses: the kernel clears
+/// the flag asynchronously just after link-up, so short pauses first, doubling up to
+/// the reference's 50 ms interval.
+const SETTLE_FIRST_INTERVAL: Duration = Duration::from_millis(1);
+const SETTLE_MAX_INTERVAL: Duration = Duration::from_millis(50);
 
 impl Netlink {
     /// Polls a link after each delay until it is oper-up; returns it, or `LinkNotUp`.
@@ -51,6 +62,7 @@ impl Netlink {
     /// oper-up: without carrier DAD cannot run yet, and it finishes later.
     pub async fn wait_addresses_settled(&self, index: u32, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
+        let mut interval = SETTLE_FIRST_INTERVAL;
         loop {
             let addresses = self.addresses(index, Some(Family::V6)).await?;
             if let Some(failed) = addresses.iter().find(|a| a.is_dad_failed()) {
@@ -73,7 +85,8 @@ impl Netlink {
                     timeout,
                 });
             }
-            sleep(SETTLE_INTERVAL).await;
+            sleep(interval).await;
+            interval = (interval * 2).min(SETTLE_MAX_INTERVAL);
         }
     }
 
