@@ -881,3 +881,96 @@ fn capability_args_ips_and_mac() {
         assert_all_gone(&lab, &result_addresses(&result), "after DEL");
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// Differential: the same libcni ADD with our plugins and with the reference ones
+// ---------------------------------------------------------------------------------------
+
+/// What a runtime or an admin tool sees of one link, with per-run values (names, MACs,
+/// indexes) left out: operstate, flags, mtu, txqueuelen, and for a bridge whether its
+/// STP bridge id carries its own MAC.
+fn link_facts(ns: &Netns, dev: &str) -> Value {
+    let text = ns.exec_ok(&["ip", "-j", "-d", "link", "show", "dev", dev]);
+    let parsed: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let link = &parsed[0];
+    let mut facts = json!({
+        "operstate": link["operstate"],
+        "flags": link["flags"],
+        "mtu": link["mtu"],
+        "txqlen": link["txqlen"],
+    });
+    let data = &link["linkinfo"]["info_data"];
+    if let Some(bridge_id) = data["bridge_id"].as_str() {
+        // `ip` prints the id as "8000.2:11:22:33:44:55" (no leading zeros).
+        let mac: Vec<String> = link["address"]
+            .as_str()
+            .unwrap_or_default()
+            .split(':')
+            .map(|b| u8::from_str_radix(b, 16).map_or_else(|_| b.to_owned(), |v| format!("{v:x}")))
+            .collect();
+        facts["bridge_id_is_own_mac"] = json!(bridge_id.ends_with(&mac.join(":")));
+    }
+    facts
+}
+
+/// The kernel facts of one ADD through libcni with `path` as CNI_PATH.
+fn attachment_facts(path: &str, version: &str) -> Value {
+    let lab = Lab::new();
+    let ranges = json!([[{"subnet": "10.47.0.0/24"}], [{"subnet": "fd47::/64"}]]);
+    let conflist = lab.conflist(version, &[lab.bridge_plugin(&ranges, true)]);
+    let mut args = vec![
+        "add".to_owned(),
+        "-conflist".to_owned(),
+        conflist.display().to_string(),
+        "-netns".to_owned(),
+        lab.netns_path.clone(),
+        "-id".to_owned(),
+        lab.id.clone(),
+        "-path".to_owned(),
+        path.to_owned(),
+        "-cache-dir".to_owned(),
+        lab.cache.path_str().to_owned(),
+        "-args".to_owned(),
+        K8S_ARGS.to_owned(),
+    ];
+    let out = run_driver(&lab.host, &args);
+    out.assert_success();
+    let result = out.json();
+    let host_veth = result["interfaces"][1]["name"].as_str().unwrap_or_default();
+    let facts = json!({
+        "bridge": link_facts(&lab.host, &lab.bridge),
+        "host veth": link_facts(&lab.host, host_veth),
+        "pod eth0": link_facts(&lab.pod, "eth0"),
+        "pod sysctls": {
+            "accept_dad": kernel::sysctl(&lab.pod, "net/ipv6/conf/eth0/accept_dad"),
+            "arp_notify": kernel::sysctl(&lab.pod, "net/ipv4/conf/eth0/arp_notify"),
+        },
+        "host sysctls": {
+            "ip_forward": kernel::sysctl(&lab.host, "net/ipv4/ip_forward"),
+            "ipv6 forwarding": kernel::sysctl(&lab.host, "net/ipv6/conf/all/forwarding"),
+            "bridge accept_ra": kernel::sysctl(&lab.host, &format!("net/ipv6/conf/{}/accept_ra", lab.bridge)),
+        },
+    });
+    args[0] = "del".to_owned();
+    run_driver(&lab.host, &args).assert_success();
+    facts
+}
+
+/// Our bridge leaves the kernel in the state the reference does (spec notes §2): same
+/// link states, queue lengths, bridge id and sysctls, after the same libcni ADD.
+#[test]
+#[ignore = "known differences for the lead: bridge operstate UNKNOWN with bridge id 0 \
+            (MAC pinned before the first port), veth txqueuelen 1000 instead of 0"]
+fn kernel_state_after_add_matches_the_reference() {
+    if !require_root() {
+        return;
+    }
+    check_cases(&VERSIONS, |version| {
+        let ours = attachment_facts(&cni_path(), version);
+        let reference = attachment_facts(REFERENCE_DIR, version);
+        assert_eq!(
+            ours, reference,
+            "{version}: ours (left) vs reference (right):\n{ours:#}\n{reference:#}"
+        );
+    });
+}
