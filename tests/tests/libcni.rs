@@ -959,8 +959,6 @@ fn attachment_facts(path: &str, version: &str) -> Value {
 /// Our bridge leaves the kernel in the state the reference does (spec notes §2): same
 /// link states, queue lengths, bridge id and sysctls, after the same libcni ADD.
 #[test]
-#[ignore = "known differences for the lead: bridge operstate UNKNOWN with bridge id 0 \
-            (MAC pinned before the first port), veth txqueuelen 1000 instead of 0"]
 fn kernel_state_after_add_matches_the_reference() {
     if !require_root() {
         return;

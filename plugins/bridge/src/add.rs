@@ -82,6 +82,7 @@ async fn add(
     let host_veth = create_veth(&host, pod_ns, conf, bridge.index, ifname).await?;
     undo.push(Undo::ContainerLink);
     setup_port(&host, conf, &host_veth, true).await?;
+    pin_bridge_mac(&host, &bridge.name).await?;
     let container = pod.require_link(ifname).await.map_err(linux_error)?;
     let container_mac = mac_text(&container);
     let mut result = CniResult {
@@ -207,17 +208,32 @@ fn mac_text(link: &Link) -> String {
     link.mac.map(|m| m.to_string()).unwrap_or_default()
 }
 
+/// Sets the bridge's MAC to its current value. An explicitly set MAC stops the bridge
+/// adopting its lowest port's MAC as ports come and go, which churns ARP caches and
+/// conntrack. Done once a port is attached (the reference does it in gateway mode
+/// only; we do it in layer-2 mode too): pinned on an empty bridge, the kernel keeps
+/// a zero bridge id and leaves the bridge's state unknown.
+async fn pin_bridge_mac(host: &Netlink, name: &str) -> Result<(), CniError> {
+    let bridge = host.require_link(name).await.map_err(linux_error)?;
+    if let Some(mac) = bridge.mac {
+        host.set_mac(bridge.index, mac).await.map_err(|e| {
+            CniError::internal(format!("could not set bridge's mac: {}", chain(&e)))
+        })?;
+    }
+    Ok(())
+}
+
 /// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
 async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniError> {
     let name = conf.bridge.as_str();
     let fail = |e: String| CniError::internal(format!("failed to create bridge {name:?}: {e}"));
     let mtu = (conf.mtu != 0).then_some(conf.mtu);
-    let created = match host
+    match host
         .create_bridge(name, mtu, conf.wants_vlan_filtering())
         .await
     {
-        Ok(()) => true,
-        Err(e) if e.is_exists() => false,
+        Ok(()) => {}
+        Err(e) if e.is_exists() => {}
         Err(e) if e.errno() == Some(EOPNOTSUPP) && conf.wants_vlan_filtering() => {
             return Err(fail(format!(
                 "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
@@ -233,13 +249,6 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
         .ok_or_else(|| fail(format!("could not lookup {name:?}: link not found")))?;
     if bridge.kind.as_deref() != Some("bridge") {
         return Err(fail(format!("{name:?} already exists but is not a bridge")));
-    }
-    if let (true, Some(mac)) = (created, bridge.mac) {
-        // An explicitly set MAC stops the bridge adopting its lowest port's MAC,
-        // which churns ARP caches and conntrack as pods come and go.
-        host.set_mac(bridge.index, mac)
-            .await
-            .map_err(|e| fail(format!("could not set bridge's mac: {}", chain(&e))))?;
     }
     if conf.promisc_mode && !bridge.promisc {
         host.set_promisc(bridge.index, true).await.map_err(|e| {
@@ -590,12 +599,6 @@ async fn ensure_addr(
                 chain(&e),
             )));
         }
-    }
-    let current = host.require_link(name).await.map_err(linux_error)?;
-    if let Some(mac) = current.mac {
-        host.set_mac(current.index, mac).await.map_err(|e| {
-            CniError::internal(format!("could not set bridge's mac: {}", chain(&e)))
-        })?;
     }
     Ok(())
 }

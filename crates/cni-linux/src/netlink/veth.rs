@@ -4,7 +4,7 @@
 
 use std::os::fd::AsRawFd;
 
-use rtnetlink::packet_route::link::{InfoData, InfoKind, InfoVeth};
+use rtnetlink::packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute};
 use rtnetlink::{LinkMessageBuilder, LinkUnspec, LinkVeth};
 
 use super::{Netlink, exec};
@@ -34,7 +34,10 @@ pub struct VethPair<'a> {
 impl Netlink {
     /// Creates a veth pair as described; a taken name on either side fails with `is_exists()`.
     pub async fn create_veth(&self, pair: &VethPair<'_>) -> Result<()> {
-        let mut peer = LinkUnspec::new_with_name(pair.peer_name);
+        // Queue length 0 on both ends, as the reference plugins create them (veths are
+        // queueless; a qdisc attached later takes its default limit from this).
+        let mut peer = LinkUnspec::new_with_name(pair.peer_name)
+            .append_extra_attribute(LinkAttribute::TxQueueLen(0));
         if let Some(netns) = pair.peer_netns {
             // The kernel resolves this fd during the request; `pair` borrows
             // the NetNs, so the file stays open until the await completes.
@@ -48,6 +51,7 @@ impl Netlink {
         }
         let mut builder = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
             .name(pair.name)
+            .append_extra_attribute(LinkAttribute::TxQueueLen(0))
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer.build())));
         if let Some(mtu) = pair.mtu {
             builder = builder.mtu(mtu);
