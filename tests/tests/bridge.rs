@@ -1392,9 +1392,6 @@ fn v020_result_of_a_layer3_add() {
 /// reference v1.1.1 allows: the second default route is added next to the first (IPv4:
 /// a second `default` entry; IPv6: an ECMP route), not refused.
 #[test]
-#[ignore = "cni-linux Netlink::add_route sends NLM_F_CREATE|NLM_F_EXCL (rtnetlink's default), \
-            so the second default route fails with EEXIST; the reference adds routes without \
-            NLM_F_EXCL (netlink.RouteAddEcmp). Fix belongs in crates/cni-linux/src/netlink/route.rs"]
 fn one_pod_on_two_networks_with_default_gateways() {
     if !require_root() {
         return;

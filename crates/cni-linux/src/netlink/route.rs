@@ -3,9 +3,14 @@
 use std::fmt;
 use std::net::IpAddr;
 
+use futures::StreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::RouteMessageBuilder;
+use rtnetlink::packet_core::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
+};
 use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
 };
@@ -172,12 +177,24 @@ fn ip_of(addr: &RouteAddress) -> Option<IpAddr> {
 
 impl Netlink {
     /// Adds a route; an identical existing route fails with `is_exists()`.
+    ///
+    /// Sent with CREATE but without EXCL, like the reference's `RouteAddEcmp`: a
+    /// second default route via another interface (a pod on two networks) is added
+    /// beside the first (IPv4) or as another next hop (IPv6) instead of failing.
     pub async fn add_route(&self, route: &Route) -> Result<()> {
-        let msg = route.to_message()?;
-        exec(self.handle.route().add(msg).execute(), || {
-            format!("failed to add route {route}")
-        })
-        .await
+        let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewRoute(route.to_message()?));
+        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
+        let mut handle = self.handle.clone();
+        let sent = async move {
+            let mut answers = handle.request(request)?;
+            while let Some(answer) = answers.next().await {
+                if let NetlinkPayload::Error(err) = answer.payload {
+                    return Err(rtnetlink::Error::NetlinkError(err));
+                }
+            }
+            Ok(())
+        };
+        exec(sent, || format!("failed to add route {route}")).await
     }
 
     /// Deletes a route matching `route`'s destination, gateway, interface, metric and table.
