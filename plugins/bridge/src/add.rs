@@ -5,7 +5,7 @@
 use crate::config::BridgeConf;
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::{chain, firewall_error, linux_error, runtime};
-use cni_firewall::{Backend, macspoof, masq};
+use cni_firewall::{macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
 };
@@ -133,8 +133,7 @@ async fn add(
             setup_gateways(&host, conf, &bridge, &gateways, &mut result).await?;
         }
         if conf.ip_masq {
-            let backend =
-                Backend::from_config(conf.ip_masq_backend.as_deref()).map_err(firewall_error)?;
+            let backend = conf.masq_backend()?;
             undo.push(Undo::Masq);
             let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
             masq::setup(
@@ -204,7 +203,7 @@ pub(crate) async fn delete_link(nl: &Netlink, ifname: &str) -> Result<(), CniErr
     }
 }
 
-fn mac_text(link: &Link) -> String {
+pub(crate) fn mac_text(link: &Link) -> String {
     link.mac.map(|m| m.to_string()).unwrap_or_default()
 }
 

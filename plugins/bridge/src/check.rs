@@ -2,10 +2,10 @@
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
 //! (beyond the reference) the masquerade and spoof-check rules.
 
-use crate::add::open_netns;
+use crate::add::{mac_text, open_netns};
 use crate::config::BridgeConf;
 use crate::{firewall_error, linux_error, runtime};
-use cni_firewall::{Backend, macspoof, masq};
+use cni_firewall::{macspoof, masq};
 use cni_linux::{Family, Link, Netlink};
 use cni_protocol::{CniError, CniResult, Command, Interface, Request, Route};
 use ipnetwork::IpNetwork;
@@ -68,11 +68,9 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
         Ok(host_veth)
     })?;
     if conf.is_layer3() && conf.ip_masq {
-        let backend =
-            Backend::from_config(conf.ip_masq_backend.as_deref()).map_err(firewall_error)?;
         let nets: Vec<IpNetwork> = prev.ips.iter().map(|ip| ip.address).collect();
         masq::check(
-            backend,
+            conf.masq_backend()?,
             &conf.network,
             ifname,
             &req.args.container_id,
@@ -96,10 +94,6 @@ async fn lookup(nl: &Netlink, entry: &Interface) -> Result<Link, CniError> {
         .await
         .map_err(linux_error)?
         .ok_or_else(|| fail(format!("Interface name {} not found", entry.name)))
-}
-
-fn mac_text(link: &Link) -> String {
-    link.mac.map(|m| m.to_string()).unwrap_or_default()
 }
 
 async fn check_bridge(

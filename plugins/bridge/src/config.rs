@@ -172,6 +172,12 @@ impl BridgeConf {
         self.vlan != 0 || self.vlan_trunk.is_some()
     }
 
+    /// The masquerade backend: `ipMasqBackend` when set, else the reference's default.
+    pub fn masq_backend(&self) -> Result<cni_firewall::Backend, CniError> {
+        cni_firewall::Backend::from_config(self.ip_masq_backend.as_deref())
+            .map_err(|e| CniError::internal(e.to_string()))
+    }
+
     /// Parses and validates the request's config and `CNI_ARGS`.
     pub fn load(req: &Request) -> Result<Self, CniError> {
         let raw: RawConf = req
