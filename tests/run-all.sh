@@ -15,9 +15,10 @@ step() { printf '\n==> %s\n' "$*"; }
 # Debian packages: iproute2/iptables/nftables/ping to drive and inspect namespaces and
 # firewall state; the reference Go plugins (containernetworking-plugins) and libcni
 # sources (golang-github-appc-cni-dev, with golang-go) for compatibility checks; podman,
-# runc and busybox-static for runtime-level tests; ca-certificates for cargo's downloads.
+# runc and busybox-static for runtime-level tests; ca-certificates for cargo's downloads;
+# procps (kill) and util-linux (nsenter, unshare) for the Podman suite's private namespaces.
 packages=(
-    iproute2 iptables nftables iputils-ping
+    iproute2 iptables nftables iputils-ping procps util-linux
     containernetworking-plugins golang-go golang-github-appc-cni-dev
     podman runc busybox-static ca-certificates
 )
