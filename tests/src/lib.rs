@@ -21,6 +21,7 @@
 
 pub mod bins;
 pub mod cases;
+pub mod ipam;
 pub mod json;
 pub mod kernel;
 pub mod names;

@@ -216,11 +216,7 @@ fn state(data: &TempDir, name: &str) -> BTreeMap<String, Vec<u8>> {
 
 /// Only the reservation files (names that parse as addresses).
 fn reservations(data: &TempDir, name: &str) -> BTreeMap<String, String> {
-    state(data, name)
-        .into_iter()
-        .filter(|(n, _)| n.parse::<std::net::IpAddr>().is_ok())
-        .map(|(n, c)| (n, String::from_utf8_lossy(&c).into_owned()))
-        .collect()
+    cni_blackbox::ipam::reservations(&data.path().join(name))
 }
 
 fn addresses(outcome: &Outcome) -> Vec<String> {

@@ -15,6 +15,7 @@
 //! so bridges, veths and iptables rules never reach the machine's own netns. Everything
 //! is removed by the guards' Drop, also when an assertion fails.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -246,8 +247,8 @@ impl Lab {
     }
 
     /// Reservation files (`ip -> content`) in the host-local dataDir for this network.
-    fn reservations(&self) -> Vec<(String, String)> {
-        reservation_files(self.data.path(), &self.network)
+    fn reservations(&self) -> BTreeMap<String, String> {
+        cni_blackbox::ipam::reservations(&self.data.path().join(&self.network))
     }
 
     /// Links of the host netns other than `lo` and the bridge, i.e. leftover veths.
@@ -266,26 +267,6 @@ impl Lab {
         needles.extend(ips.iter().map(String::as_str));
         assert_no_rules_mention(&self.host, &needles, context);
     }
-}
-
-/// `ip -> content` of the reservation files of `network` under `data_dir` (lock and
-/// `last_reserved_ip.*` are bookkeeping, not reservations).
-fn reservation_files(data_dir: &Path, network: &str) -> Vec<(String, String)> {
-    let dir = data_dir.join(network);
-    let Ok(entries) = fs::read_dir(&dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<(String, String)> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
-        .map(|n| {
-            let content = fs::read_to_string(dir.join(&n)).unwrap_or_default();
-            (n, content)
-        })
-        .collect();
-    files.sort();
-    files
 }
 
 /// Names of every link in `ns`.
@@ -459,11 +440,10 @@ fn assert_bridge_attachment(
     }
 
     // host-local reserved exactly these addresses for this attachment.
-    let mut want: Vec<(String, String)> = expected
+    let want: BTreeMap<String, String> = expected
         .iter()
         .map(|a| (bare(a), format!("{}\r\n{}", lab.id, lab.ifname)))
         .collect();
-    want.sort();
     assert_eq!(lab.reservations(), want, "reservation files");
 
     // libcni cached the final result; it is what CHECK and DEL will send as prevResult.
@@ -500,7 +480,11 @@ fn assert_all_gone(lab: &Lab, ips: &[String], context: &str) {
         "{context}: pod {} survived DEL",
         lab.ifname
     );
-    assert_eq!(lab.reservations(), Vec::new(), "{context}: reservations");
+    assert_eq!(
+        lab.reservations(),
+        BTreeMap::new(),
+        "{context}: reservations"
+    );
     assert!(
         !lab.cache_file().exists(),
         "{context}: libcni cache entry survived DEL"
@@ -742,7 +726,7 @@ fn del_after_the_pod_netns_is_gone_releases_everything() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(lab.host_veths(), Vec::<String>::new(), "host veth: {del}");
-        assert_eq!(lab.reservations(), Vec::new(), "reservations: {del}");
+        assert_eq!(lab.reservations(), BTreeMap::new(), "reservations: {del}");
         let bare_ips: Vec<String> = ips.iter().map(|a| bare(a)).collect();
         lab.assert_no_rules_left(&bare_ips, "DEL without netns");
     });

@@ -21,6 +21,7 @@
 //! dirs podman created, then the netns and temp dir guards remove the rest, also when
 //! a test fails. The podman tests of this file run one at a time.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::os::unix::fs::symlink;
@@ -254,22 +255,8 @@ image_copy_tmp_dir = "{tmp}"
     }
 
     /// `ip -> content` of host-local's reservation files.
-    fn reservations(&self) -> Vec<(String, String)> {
-        let dir = self.dir("data").join(&self.network);
-        let Ok(entries) = fs::read_dir(&dir) else {
-            return Vec::new();
-        };
-        let mut files: Vec<(String, String)> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n != "lock" && !n.starts_with("last_reserved_ip"))
-            .map(|n| {
-                let content = fs::read_to_string(dir.join(&n)).unwrap_or_default();
-                (n, content)
-            })
-            .collect();
-        files.sort();
-        files
+    fn reservations(&self) -> BTreeMap<String, String> {
+        cni_blackbox::ipam::reservations(&self.dir("data").join(&self.network))
     }
 
     /// Links in the host netns other than `lo` and our bridge.
@@ -299,7 +286,11 @@ image_copy_tmp_dir = "{tmp}"
     /// the containers `ids` with addresses `ips`.
     #[track_caller]
     fn assert_nothing_left(&self, ids: &[&str], ips: &[&str]) {
-        assert_eq!(self.reservations(), Vec::new(), "reservations after rm");
+        assert_eq!(
+            self.reservations(),
+            BTreeMap::new(),
+            "reservations after rm"
+        );
         assert_eq!(self.host_veths(), Vec::<String>::new(), "veths after rm");
         assert_eq!(
             self.cni_cache_entries(),
@@ -551,13 +542,12 @@ fn two_containers_get_our_addresses_and_ping_each_other() {
 
     // host-local (ours) handed out the first two addresses of each range, and its files
     // name the container and interface, as the reference writes them.
-    let mut want = vec![
+    let want = BTreeMap::from([
         (a4.clone(), format!("{id_a}\r\neth0")),
         (a6.clone(), format!("{id_a}\r\neth0")),
         (b4.clone(), format!("{id_b}\r\neth0")),
         (b6.clone(), format!("{id_b}\r\neth0")),
-    ];
-    want.sort();
+    ]);
     assert_eq!(podman.reservations(), want);
     let mut v4 = vec![a4.clone(), b4.clone()];
     v4.sort();
@@ -662,7 +652,7 @@ fn published_port_reaches_the_container_through_reference_portmap() {
     podman.ok(&["stop", "--time", "0", &web]);
     assert_eq!(
         podman.reservations(),
-        Vec::new(),
+        BTreeMap::new(),
         "stopped container kept its addresses"
     );
     podman.ok(&["start", &web]);

@@ -96,22 +96,7 @@ impl Net {
 
     /// Reservation files of this network: address → content (`<id>\r\n<ifname>`).
     pub fn reservations(&self) -> BTreeMap<String, String> {
-        let dir = self.data.path().join(&self.name);
-        let Ok(read) = std::fs::read_dir(&dir) else {
-            return BTreeMap::new();
-        };
-        read.filter_map(Result::ok)
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .parse::<std::net::IpAddr>()
-                    .is_ok()
-            })
-            .map(|e| {
-                let content = std::fs::read_to_string(e.path()).unwrap_or_default();
-                (e.file_name().to_string_lossy().into_owned(), content)
-            })
-            .collect()
+        cni_blackbox::ipam::reservations(&self.data.path().join(&self.name))
     }
 
     /// Host veths (the pods' peers) in the host netns.
