@@ -23,6 +23,34 @@ pub fn check_cases<C: Debug>(cases: &[C], check: impl Fn(&C)) {
     );
 }
 
+/// Runs `f(0..n)` on `width` threads at once (each call typically starts one plugin
+/// process), so up to `width` calls overlap. Results come back in index order.
+pub fn parallel<T: Send>(n: usize, width: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: std::sync::Mutex<Vec<Option<T>>> =
+        std::sync::Mutex::new((0..n).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..width {
+            s.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= n {
+                        break;
+                    }
+                    let r = f(i);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every index ran"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

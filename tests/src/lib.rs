@@ -31,7 +31,7 @@ pub mod privilege;
 pub mod tempdir;
 
 pub use bins::{bin_dir, plugin_path, workspace_root};
-pub use cases::check_cases;
+pub use cases::{check_cases, parallel};
 pub use names::{unique_ifname, unique_name};
 pub use netns::Netns;
 pub use plugin::{Outcome, Plugin};

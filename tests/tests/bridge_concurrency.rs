@@ -7,7 +7,8 @@ mod bridge_support;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use bridge_support::{Net, parallel};
+use bridge_support::Net;
+use cni_blackbox::parallel;
 use cni_blackbox::{Netns, Outcome, require_root};
 use serde_json::json;
 

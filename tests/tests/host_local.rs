@@ -15,11 +15,10 @@ use std::io::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use cni_blackbox::{Outcome, TempDir, in_ci, unique_name, workspace_root};
+use cni_blackbox::{Outcome, TempDir, in_ci, parallel, unique_name, workspace_root};
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::{Value, json};
 
@@ -226,32 +225,6 @@ fn addresses(outcome: &Outcome) -> Vec<String> {
         .unwrap_or_else(|| panic!("no ips:\n{outcome}"))
         .iter()
         .map(|ip| ip["address"].as_str().unwrap_or_default().to_owned())
-        .collect()
-}
-
-/// Runs `f(0..n)` on `width` threads (each call starts one plugin process).
-fn parallel<T: Send>(n: usize, width: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..width {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= n {
-                        break;
-                    }
-                    let r = f(i);
-                    results.lock().expect("results")[i] = Some(r);
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .expect("results")
-        .into_iter()
-        .map(|r| r.expect("every index ran"))
         .collect()
 }
 

@@ -479,10 +479,23 @@ impl Locked<'_> {
         let owned = self.store.owned_by(&entries, id, ifname);
         let exact = owned.iter().any(|(_, o)| *o == Owner::Exact);
         let wanted = if exact { Owner::Exact } else { Owner::Legacy };
+        let names = owned
+            .iter()
+            .filter(|(_, o)| *o == wanted)
+            .map(|(entry, _)| entry.name.as_str());
+        self.release_each(names, Vec::new())
+    }
+
+    /// Releases every named reservation, keeping going past failures; `errors` already
+    /// met are reported with the new ones. Returns how many were released.
+    fn release_each<'n>(
+        &self,
+        names: impl IntoIterator<Item = &'n str>,
+        mut errors: Vec<Error>,
+    ) -> Result<usize> {
         let mut released = 0;
-        let mut errors = Vec::new();
-        for (entry, _) in owned.iter().filter(|(_, o)| *o == wanted) {
-            match self.release(&entry.name) {
+        for name in names {
+            match self.release(name) {
                 Ok(true) => released += 1,
                 Ok(false) => {}
                 Err(e) => errors.push(e),
@@ -511,8 +524,8 @@ impl Locked<'_> {
             .map(|a| (a.container_id.trim(), a.ifname.as_str()))
             .collect();
         let ids: HashSet<&str> = valid.iter().map(|a| a.container_id.trim()).collect();
-        let mut released = 0;
         let mut errors = Vec::new();
+        let mut stale = Vec::new();
         for entry in self.scan()? {
             let content = match self.read(&entry.name) {
                 Ok(Some(c)) => c,
@@ -527,20 +540,11 @@ impl Locked<'_> {
                 Some((id, ifname)) => pairs.contains(&(id, ifname)),
                 None => ids.contains(content),
             };
-            if keep {
-                continue;
-            }
-            match self.release(&entry.name) {
-                Ok(true) => released += 1,
-                Ok(false) => {}
-                Err(e) => errors.push(e),
+            if !keep {
+                stale.push(entry.name);
             }
         }
-        if errors.is_empty() {
-            Ok(released)
-        } else {
-            Err(Error::Many(errors))
-        }
+        self.release_each(stale.iter().map(String::as_str), errors)
     }
 }
 

@@ -8,8 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::{Netns, Outcome, Plugin, TempDir, in_ci, kernel, unique_ifname, unique_name};
@@ -378,31 +376,4 @@ pub fn vlan_filtering_supported() -> bool {
         "1",
     ]);
     out.status.success()
-}
-
-/// Runs `f(0..n)` on `width` threads at once (each call starts one plugin process), so
-/// up to `width` calls overlap. Results in index order.
-pub fn parallel<T: Send>(n: usize, width: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<T>>> = Mutex::new((0..n).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..width {
-            s.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    if i >= n {
-                        break;
-                    }
-                    let r = f(i);
-                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(r);
-                }
-            });
-        }
-    });
-    results
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .into_iter()
-        .map(|r| r.expect("every index ran"))
-        .collect()
 }
