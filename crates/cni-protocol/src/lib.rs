@@ -8,6 +8,7 @@ pub mod delegate;
 pub mod dispatch;
 pub mod env;
 pub mod error;
+pub mod failpoint;
 pub mod json;
 pub mod result;
 pub mod version;
