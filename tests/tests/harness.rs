@@ -75,9 +75,25 @@ fn kernel_readers_see_the_namespace_not_the_machine() {
     let addrs = kernel::addr_cidrs(&ns, "lo");
     assert!(addrs.contains(&"127.0.0.1/8".to_owned()), "{addrs:?}");
 
-    assert_eq!(kernel::sysctl(&ns, "net.ipv4.ip_forward"), "0");
-    ns.exec_ok(&["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"]);
-    assert_eq!(kernel::sysctl(&ns, "net/ipv4/ip_forward"), "1");
+    // A new namespace inherits IPv4 settings from the machine's own, whatever they are
+    // (forwarding is on on every container host): flip the namespace's value both ways
+    // and check that the machine's stays as it was.
+    let machine_forwarding = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+        .expect("the machine's ip_forward")
+        .trim()
+        .to_owned();
+    for value in ["0", "1", "0"] {
+        ns.exec_ok(&["sysctl", "-qw", &format!("net.ipv4.ip_forward={value}")]);
+        assert_eq!(kernel::sysctl(&ns, "net.ipv4.ip_forward"), value);
+        assert_eq!(kernel::sysctl(&ns, "net/ipv4/ip_forward"), value);
+    }
+    let after =
+        std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").expect("the machine's ip_forward");
+    assert_eq!(
+        after.trim(),
+        machine_forwarding,
+        "the machine's own sysctl changed"
+    );
     // Routes exist once lo is up (local table aside, main has none for lo): the reader
     // must return an array either way.
     assert!(kernel::routes(&ns).is_array());
