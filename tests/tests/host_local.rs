@@ -305,6 +305,31 @@ const V100: &str = r#"{
     ]
 }"#;
 
+/// 1.0.0 as the reference v1.1.1 prints it: struct order, `dns` always.
+const V100_DNS: &str = r#"{
+    "cniVersion": "VERSION",
+    "ips": [
+        {
+            "address": "10.9.0.2/24",
+            "gateway": "10.9.0.1"
+        },
+        {
+            "address": "fd00:9::2/64",
+            "gateway": "fd00:9::1"
+        }
+    ],
+    "routes": [
+        {
+            "dst": "0.0.0.0/0"
+        },
+        {
+            "dst": "fd00:1::/64",
+            "gw": "fd00:9::fe"
+        }
+    ],
+    "dns": {}
+}"#;
+
 #[test]
 fn dual_stack_add_in_every_result_shape_byte_exact() {
     let cases: [(Option<&str>, &str, &str); 8] = [
@@ -314,9 +339,10 @@ fn dual_stack_add_in_every_result_shape_byte_exact() {
         (Some("0.3.0"), V040, "0.3.0"),
         (Some("0.3.1"), V040, "0.3.1"),
         (Some("0.4.0"), V040, "0.4.0"),
-        (Some("1.0.0"), V100, "1.0.0"),
+        (Some("1.0.0"), V100_DNS, "1.0.0"),
         (Some("1.1.0"), V100, "1.1.0"),
     ];
+    let reference = reference();
     for (version, template, printed) in cases {
         let data = TempDir::new("hl-shape");
         let name = unique_name("hl");
@@ -328,6 +354,23 @@ fn dual_stack_add_in_every_result_shape_byte_exact() {
             template.replace("VERSION", printed),
             "{version:?}:\n{out}"
         );
+        // The same bytes as the reference prints for the same request, in every version
+        // it speaks (it stops at 1.0.0).
+        if let Some(reference) = reference.as_deref().filter(|_| printed != "1.1.0") {
+            let their_data = TempDir::new("hl-shape-ref");
+            let theirs = attach(
+                reference,
+                "ADD",
+                &dual_stack(&name, version, &their_data),
+                "ctr1",
+                "eth0",
+            );
+            theirs.assert_success();
+            assert_eq!(
+                out.stdout, theirs.stdout,
+                "{version:?}: ours vs the reference"
+            );
+        }
         // The reference's on-disk layout, byte for byte.
         let files = state(&data, &name);
         let expected: BTreeMap<String, Vec<u8>> = [

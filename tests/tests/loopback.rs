@@ -62,8 +62,8 @@ impl Setup {
     }
 }
 
-/// The ADD result for `version` in the key order the reference prints (struct order for
-/// 0.x, sorted for 1.x).
+/// The ADD result for `version` in the key order the reference prints (struct order up to
+/// 1.0.0, with `dns` always; sorted for 1.1.0, without an empty `dns`).
 fn expected_add(version: Option<&str>, sandbox: &str) -> Value {
     match version.unwrap_or("0.1.0") {
         v @ ("0.1.0" | "0.2.0") => json!({
@@ -78,6 +78,15 @@ fn expected_add(version: Option<&str>, sandbox: &str) -> Value {
             "ips": [
                 {"version": "4", "interface": 0, "address": "127.0.0.1/8"},
                 {"version": "6", "interface": 0, "address": "::1/128"}
+            ],
+            "dns": {}
+        }),
+        "1.0.0" => json!({
+            "cniVersion": "1.0.0",
+            "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00", "sandbox": sandbox}],
+            "ips": [
+                {"interface": 0, "address": "127.0.0.1/8"},
+                {"interface": 0, "address": "::1/128"}
             ],
             "dns": {}
         }),

@@ -125,12 +125,16 @@ impl CniResult {
         let value = match ResultFamily::of(version)? {
             ResultFamily::V020 => self.to_v020(version)?,
             ResultFamily::V040 => self.to_v040(version),
-            ResultFamily::V100 => sort_keys(self.to_v100(version)),
+            // The reference v1.1.1 (the newest to speak 1.0.0 only) prints 1.0.0 in struct
+            // order with `dns` always; references that speak 1.1.0 print through a generic
+            // map, so keys come out sorted and an empty `dns` is left out.
+            ResultFamily::V100 if version == "1.0.0" => self.to_v100(version, true),
+            ResultFamily::V100 => sort_keys(self.to_v100(version, false)),
         };
         Ok(to_pretty(&value))
     }
 
-    fn to_v100(&self, version: &str) -> Value {
+    fn to_v100(&self, version: &str, with_empty_dns: bool) -> Value {
         let mut obj = Map::new();
         obj.insert("cniVersion".into(), version.into());
         if !self.interfaces.is_empty() {
@@ -146,7 +150,7 @@ impl CniResult {
             );
         }
         insert_routes(&mut obj, &self.routes);
-        if !self.dns.is_empty() {
+        if with_empty_dns || !self.dns.is_empty() {
             obj.insert("dns".into(), dns_json(&self.dns));
         }
         Value::Object(obj)
@@ -546,9 +550,12 @@ mod tests {
         let v100 = HOST_LOCAL_040
             .replace("0.4.0", "1.0.0")
             .replace("            \"version\": \"4\",\n", "")
-            .replace("            \"version\": \"6\",\n", "")
-            .replace(",\n    \"dns\": {}", "");
+            .replace("            \"version\": \"6\",\n", "");
         assert_eq!(r.to_json("1.0.0").unwrap(), v100);
+        let v110 = v100
+            .replace("1.0.0", "1.1.0")
+            .replace(",\n    \"dns\": {}", "");
+        assert_eq!(r.to_json("1.1.0").unwrap(), v110);
     }
 
     const BRIDGE_110: &str = r#"{
