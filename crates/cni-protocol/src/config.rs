@@ -65,6 +65,7 @@ impl NetConf {
             ));
         }
         canonicalize_keys(&mut raw, COMMON_KEYS);
+        check_common_types(&raw)?;
         let text = |key: &str| {
             raw.get(key)
                 .and_then(Value::as_str)
@@ -158,12 +159,113 @@ impl NetConf {
     }
 
     /// Decodes the whole config into a plugin's own type, matching `known` keys at any
-    /// depth case-insensitively (as Go's decoder does). On failure the error is the
-    /// decoder's text; plugins add their own prefix.
+    /// depth case-insensitively and treating `null` members as absent (as Go's decoder
+    /// does). On failure the error names the offending key by its path
+    /// (`ipam.ranges[0][0].subnet: invalid type: ...`); plugins add their own prefix.
     pub fn decode<T: DeserializeOwned>(&self, known: &[&str]) -> Result<T, String> {
         let mut value = self.raw.clone();
         canonicalize_keys(&mut value, known);
-        serde_json::from_value(value).map_err(|e| e.to_string())
+        drop_null_members(&mut value);
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path == "." {
+                inner.to_string()
+            } else {
+                format!("{path}: {inner}")
+            }
+        })
+    }
+}
+
+/// The JSON type of a value in the words of Go's decoder errors.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Refuses common keys of the wrong JSON type (code 6, key named) instead of reading them
+/// as absent: `"cniVersion": 1` must not silently mean 0.1.0. `null` is absent, as in Go.
+fn check_common_types(raw: &Value) -> Result<(), CniError> {
+    let wrong = |path: &str, value: &Value, want: &str| {
+        let prefix = if path == "cniVersion" {
+            "decoding version from network config"
+        } else {
+            "error unmarshall network config"
+        };
+        Err(CniError::new(
+            ErrorCode::DECODING_FAILURE,
+            format!(
+                "{prefix}: json: cannot unmarshal {} into Go struct field .{path} of type {want}",
+                json_kind(value)
+            ),
+        ))
+    };
+    let member = |parent: &Value, key: &str| parent.get(key).filter(|v| !v.is_null()).cloned();
+    for key in ["cniVersion", "name", "type"] {
+        if let Some(v) = member(raw, key).filter(|v| !v.is_string()) {
+            return wrong(key, &v, "string");
+        }
+    }
+    for key in [
+        "ipam",
+        "dns",
+        "args",
+        "runtimeConfig",
+        "capabilities",
+        "prevResult",
+    ] {
+        if let Some(v) = member(raw, key).filter(|v| !v.is_object()) {
+            return wrong(key, &v, "object");
+        }
+    }
+    if let Some(mut ipam) = member(raw, "ipam") {
+        canonicalize_keys(&mut ipam, &["type"]);
+        if let Some(v) = member(&ipam, "type").filter(|v| !v.is_string()) {
+            return wrong("ipam.type", &v, "string");
+        }
+    }
+    if let Some(caps) = member(raw, "capabilities").and_then(|c| c.as_object().cloned()) {
+        for (name, v) in &caps {
+            if !v.is_boolean() && !v.is_null() {
+                return wrong(&format!("capabilities.{name}"), v, "bool");
+            }
+        }
+    }
+    if let Some(mut dns) = member(raw, "dns") {
+        canonicalize_keys(&mut dns, &["nameservers", "domain", "search", "options"]);
+        if let Some(v) = member(&dns, "domain").filter(|v| !v.is_string()) {
+            return wrong("dns.domain", &v, "string");
+        }
+        for key in ["nameservers", "search", "options"] {
+            let Some(v) = member(&dns, key) else { continue };
+            let strings = v
+                .as_array()
+                .is_some_and(|items| items.iter().all(Value::is_string));
+            if !strings {
+                return wrong(&format!("dns.{key}"), &v, "[]string");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Removes object members whose value is `null`, at every depth: Go's decoder leaves the
+/// field at its zero value for them, serde would refuse them for non-`Option` fields.
+fn drop_null_members(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            map.retain(|_, v| !v.is_null());
+            map.values_mut().for_each(drop_null_members);
+        }
+        Value::Array(items) => items.iter_mut().for_each(drop_null_members),
+        _ => {}
     }
 }
 
@@ -234,6 +336,82 @@ mod tests {
         assert_eq!(
             NetConf::parse(br#"{"name": "x/y"}"#).unwrap_err().details,
             "x/y"
+        );
+    }
+
+    #[test]
+    fn common_keys_of_the_wrong_type_are_refused_by_name() {
+        let cases: [(&str, &str); 9] = [
+            (
+                r#"{"cniVersion": 1, "name": "n"}"#,
+                "decoding version from network config: json: cannot unmarshal number into Go struct field .cniVersion of type string",
+            ),
+            (
+                r#"{"name": 5}"#,
+                "error unmarshall network config: json: cannot unmarshal number into Go struct field .name of type string",
+            ),
+            (r#"{"name": "n", "Type": true}"#, ".type of type string"),
+            (
+                r#"{"name": "n", "ipam": "host-local"}"#,
+                ".ipam of type object",
+            ),
+            (
+                r#"{"name": "n", "ipam": {"TYPE": 7}}"#,
+                ".ipam.type of type string",
+            ),
+            (
+                r#"{"name": "n", "dns": {"nameservers": "x"}}"#,
+                ".dns.nameservers of type []string",
+            ),
+            (
+                r#"{"name": "n", "dns": {"search": [1]}}"#,
+                ".dns.search of type []string",
+            ),
+            (
+                r#"{"name": "n", "capabilities": {"mac": "yes"}}"#,
+                ".capabilities.mac of type bool",
+            ),
+            (
+                r#"{"name": "n", "prevResult": []}"#,
+                "cannot unmarshal array into Go struct field .prevResult of type object",
+            ),
+        ];
+        for (input, msg) in cases {
+            let err = NetConf::parse(input.as_bytes()).unwrap_err();
+            assert_eq!(err.code, ErrorCode::DECODING_FAILURE, "{input}");
+            assert!(err.msg.contains(msg), "{input}: {}", err.msg);
+        }
+        let nulls = NetConf::parse(
+            br#"{"name": "n", "cniVersion": null, "ipam": null, "dns": {"domain": null}}"#,
+        )
+        .unwrap();
+        assert_eq!(nulls.cni_version, "0.1.0");
+    }
+
+    #[test]
+    fn decode_names_the_bad_key_and_ignores_nulls() {
+        #[derive(Debug, Deserialize)]
+        struct Conf {
+            #[serde(rename = "isGateway", default)]
+            _is_gateway: bool,
+            #[serde(default)]
+            _ipam: Option<Ipam>,
+        }
+        #[derive(Debug, Deserialize)]
+        struct Ipam {
+            #[serde(default)]
+            _ranges: Vec<Vec<String>>,
+        }
+        let null = NetConf::parse(br#"{"name": "n", "isGateway": null}"#).unwrap();
+        assert!(null.decode::<Conf>(&["isGateway"]).is_ok());
+        let bad = NetConf::parse(br#"{"name": "n", "ISGATEWAY": "yes"}"#).unwrap();
+        let err = bad.decode::<Conf>(&["isGateway"]).unwrap_err();
+        assert!(err.starts_with("isGateway: invalid type: string"), "{err}");
+        let nested = NetConf::parse(br#"{"name": "n", "_ipam": {"_ranges": [["a", 5]]}}"#).unwrap();
+        let err = nested.decode::<Conf>(&[]).unwrap_err();
+        assert!(
+            err.starts_with("_ipam._ranges[0][1]: invalid type"),
+            "{err}"
         );
     }
 

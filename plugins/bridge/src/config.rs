@@ -2,7 +2,7 @@
 //! and validation, and the container MAC from runtimeConfig, args or `CNI_ARGS`.
 
 use cni_linux::MacAddr;
-use cni_protocol::{CniArgs, CniError, Request};
+use cni_protocol::{CniArgs, CniError, ErrorCode, Request};
 use serde::Deserialize;
 
 /// Every key the bridge reads, for Go-style case-insensitive matching.
@@ -180,10 +180,12 @@ impl BridgeConf {
 
     /// Parses and validates the request's config and `CNI_ARGS`.
     pub fn load(req: &Request) -> Result<Self, CniError> {
-        let raw: RawConf = req
-            .config
-            .decode(KNOWN_KEYS)
-            .map_err(|e| CniError::internal(format!("failed to load netconf: {e}")))?;
+        let raw: RawConf = req.config.decode(KNOWN_KEYS).map_err(|e| {
+            CniError::new(
+                ErrorCode::DECODING_FAILURE,
+                format!("failed to load netconf: {e}"),
+            )
+        })?;
         let env_mac = CniArgs::parse(&req.args.args, &["MAC"])?
             .get("MAC")
             .map(str::to_string);

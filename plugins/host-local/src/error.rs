@@ -137,6 +137,7 @@ impl Error {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Args(e) => e.code,
+            Self::Decode(_) => ErrorCode::DECODING_FAILURE,
             Self::LockTimeout { .. } => ErrorCode::TRY_AGAIN_LATER,
             Self::Unavailable(_) => ErrorCode::PLUGIN_NOT_AVAILABLE,
             Self::Range { source, .. } => match **source {
