@@ -7,8 +7,10 @@ use crate::env::{CmdArgs, Command};
 use crate::error::{CniError, ErrorCode};
 use crate::result::CniResult;
 use crate::version::{CURRENT_VERSION, SUPPORTED_VERSIONS, Version, incompatible};
-use std::io::Read;
+use std::any::Any;
+use std::io::{Read, Write as _};
 use std::os::unix::fs::MetadataExt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::process::ExitCode;
 
 /// One invocation as a plugin handler sees it.
@@ -145,18 +147,31 @@ pub fn dispatch<P: Plugin + ?Sized>(
         config,
         stdin: bytes,
     };
-    let handled = match req.args.command {
+    // A panic in a handler is a bug, but the runtime still gets a whole error JSON in the
+    // config's version (the handler's own undo steps run as the panic unwinds through it).
+    let handled = catch_unwind(AssertUnwindSafe(|| match req.args.command {
         Command::Add => plugin.add(&req).and_then(|result| result.to_json(&version)),
         Command::Del => plugin.del(&req).map(|()| String::new()),
         Command::Check => plugin.check(&req).map(|()| String::new()),
         Command::Status => plugin.status(&req).map(|()| String::new()),
         Command::Gc => plugin.gc(&req).map(|()| String::new()),
-        Command::Version => unreachable!("answered before reading stdin"),
-    };
+        Command::Version => Ok(version_json()),
+    }))
+    .unwrap_or_else(|panic| Err(panic_error(panic.as_ref())));
     match handled {
         Ok(stdout) => Outcome::success(stdout),
         Err(err) => Outcome::failure(&err, &version),
     }
+}
+
+/// The code-999 error reported for a panic, with the panic's message.
+pub fn panic_error(payload: &(dyn Any + Send)) -> CniError {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string());
+    CniError::internal(format!("internal error: {text}"))
 }
 
 /// The `cniVersion` a config declares, for errors about a config that failed to parse.
@@ -222,22 +237,36 @@ fn check_netns(args: &CmdArgs) -> Result<(), CniError> {
 /// The `main` of a plugin binary: dispatches with the process environment and stdin,
 /// prints the outcome and returns the exit status.
 pub fn run<P: Plugin + ?Sized>(plugin: &P, about: &str) -> ExitCode {
-    install_panic_reporter();
+    #[cfg(panic = "abort")]
+    install_abort_reporter();
     let env = |name: &str| std::env::var(name).ok();
-    let outcome = dispatch(plugin, about, &env, &mut std::io::stdin().lock());
-    eprint!("{}", outcome.stderr);
-    print!("{}", outcome.stdout);
-    use std::io::Write;
-    let _ = std::io::stdout().flush();
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        dispatch(plugin, about, &env, &mut std::io::stdin().lock())
+    }))
+    .unwrap_or_else(|panic| Outcome::failure(&panic_error(panic.as_ref()), CURRENT_VERSION));
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr.write_all(outcome.stderr.as_bytes());
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_all(outcome.stdout.as_bytes())
+        .and_then(|()| stdout.flush());
+    if written.is_err() {
+        // The runtime closed our stdout; nothing more can be told to it.
+        return ExitCode::from(outcome.exit_code.max(1));
+    }
     ExitCode::from(outcome.exit_code)
 }
 
-/// A panic still answers the runtime with error JSON rather than only a stderr trace.
-fn install_panic_reporter() {
+/// In a build that aborts on panic nothing unwinds to the dispatcher, so the hook itself
+/// answers the runtime with a whole, flushed error JSON before the process dies.
+#[cfg(panic = "abort")]
+fn install_abort_reporter() {
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
-        let err = CniError::internal(format!("internal error: {info}"));
-        print!("{}", err.to_json(CURRENT_VERSION));
+        let err = panic_error(info.payload());
+        let mut stdout = std::io::stdout().lock();
+        let _ = stdout.write_all(err.to_json(CURRENT_VERSION).as_bytes());
+        let _ = stdout.flush();
         default_hook(info);
     }));
 }
@@ -257,6 +286,9 @@ mod tests {
 
     impl Plugin for Fake {
         fn add(&self, req: &Request) -> Result<CniResult, CniError> {
+            if req.config.name == "panic" {
+                panic!("handler bug");
+            }
             if req.config.name == "fail" {
                 return Err(CniError::internal("handler failed"));
             }
@@ -401,6 +433,19 @@ mod tests {
             );
             assert_eq!((ok.exit_code, ok.stdout.as_str()), (0, ""));
         }
+    }
+
+    #[test]
+    fn a_panicking_handler_answers_with_error_json_in_the_config_version() {
+        let out = run_with(
+            &attach_env("ADD"),
+            r#"{"cniVersion": "0.4.0", "name": "panic"}"#,
+        );
+        assert_eq!(out.exit_code, 1);
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert_eq!(v["code"], 999);
+        assert_eq!(v["msg"], "internal error: handler bug");
     }
 
     #[test]

@@ -144,7 +144,14 @@ mod tests {
             Trigger::parse("host-local:error@1").map(|t| t.action),
             Some(Action::Error)
         );
-        for bad in ["", "bridge", "bridge:kill", "bridge:kill@0", "bridge:stop@1", "b:kill@x"] {
+        for bad in [
+            "",
+            "bridge",
+            "bridge:kill",
+            "bridge:kill@0",
+            "bridge:stop@1",
+            "b:kill@x",
+        ] {
             assert_eq!(Trigger::parse(bad), None, "{bad}");
         }
     }

@@ -127,7 +127,7 @@ async fn add(
         result.ips = ipam.ips;
         result.routes = ipam.routes;
         result.dns = ipam.dns;
-        let gateways = gateway::apply(&mut result, conf);
+        let gateways = gateway::apply(&mut result, conf)?;
         configure_container(pod_ns, &pod, conf, ifname, container.index, &result).await?;
         if conf.is_gateway {
             setup_gateways(&host, conf, &bridge, &gateways, &mut result).await?;

@@ -3,7 +3,7 @@
 //! gateway addresses the bridge must carry.
 
 use crate::config::BridgeConf;
-use cni_protocol::{CniResult, Route};
+use cni_protocol::{CniError, CniResult, Route};
 use ipnetwork::IpNetwork;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -36,7 +36,8 @@ fn default_dst(v4: bool) -> IpNetwork {
 }
 
 /// Applies the rules to `result` in place and returns the bridge's gateway addresses.
-pub fn apply(result: &mut CniResult, conf: &BridgeConf) -> Gateways {
+/// An IPAM result whose gateway is not of its address's family is refused.
+pub fn apply(result: &mut CniResult, conf: &BridgeConf) -> Result<Gateways, CniError> {
     let mut gateways = Gateways::default();
     let mut default_route_found = [false, false];
     for i in 0..result.ips.len() {
@@ -57,8 +58,14 @@ pub fn apply(result: &mut CniResult, conf: &BridgeConf) -> Gateways {
             default_route_found[family] = true;
         }
         if let (true, Some(gw)) = (conf.is_gateway, gateway) {
-            let net =
-                IpNetwork::new(gw, address.prefix()).expect("gateway has the address's family");
+            let net = IpNetwork::new(gw, address.prefix())
+                .ok()
+                .filter(|_| gw.is_ipv4() == v4)
+                .ok_or_else(|| {
+                    CniError::internal(format!(
+                        "IPAM result: gateway {gw} is not of the family of address {address}"
+                    ))
+                })?;
             if v4 {
                 gateways.v4.push(net)
             } else {
@@ -66,7 +73,7 @@ pub fn apply(result: &mut CniResult, conf: &BridgeConf) -> Gateways {
             }
         }
     }
-    gateways
+    Ok(gateways)
 }
 
 #[cfg(test)]
@@ -117,7 +124,7 @@ mod tests {
             routes: vec![Route::new("192.168.0.0/16".parse().unwrap(), None)],
             ..CniResult::default()
         };
-        let gws = apply(&mut r, &conf(false, true));
+        let gws = apply(&mut r, &conf(false, true)).unwrap();
         let routes: Vec<String> = r
             .routes
             .iter()
@@ -142,7 +149,7 @@ mod tests {
             ips: vec![ip("10.1.2.9/16", None)],
             ..CniResult::default()
         };
-        let gws = apply(&mut r, &conf(true, false));
+        let gws = apply(&mut r, &conf(true, false)).unwrap();
         assert_eq!(r.ips[0].gateway, Some("10.1.0.1".parse().unwrap()));
         assert_eq!(gws.v4[0].to_string(), "10.1.0.1/16");
         assert!(r.routes.is_empty());
@@ -158,7 +165,7 @@ mod tests {
             )],
             ..CniResult::default()
         };
-        apply(&mut r, &conf(false, true));
+        apply(&mut r, &conf(false, true)).unwrap();
         assert_eq!(r.routes.len(), 1);
     }
 
@@ -168,8 +175,26 @@ mod tests {
             ips: vec![ip("10.1.0.2/24", None)],
             ..CniResult::default()
         };
-        let gws = apply(&mut r, &conf(false, false));
+        let gws = apply(&mut r, &conf(false, false)).unwrap();
         assert_eq!(r.ips[0].gateway, None);
         assert_eq!(gws, Gateways::default());
+    }
+
+    #[test]
+    fn gateway_of_the_other_family_is_an_error_not_a_panic() {
+        let mut r = CniResult {
+            ips: vec![ip("fd00:77::2/64", Some("10.77.0.1"))],
+            ..CniResult::default()
+        };
+        let err = apply(&mut r, &conf(true, false)).unwrap_err();
+        assert_eq!(
+            err.msg,
+            "IPAM result: gateway 10.77.0.1 is not of the family of address fd00:77::2/64"
+        );
+        let mut r = CniResult {
+            ips: vec![ip("10.77.0.2/24", Some("fd00:77::1"))],
+            ..CniResult::default()
+        };
+        assert!(apply(&mut r, &conf(false, true)).is_err());
     }
 }
