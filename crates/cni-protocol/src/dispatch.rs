@@ -5,6 +5,7 @@ use crate::config::NetConf;
 use crate::delegate;
 use crate::env::{CmdArgs, Command};
 use crate::error::{CniError, ErrorCode};
+use crate::log;
 use crate::result::CniResult;
 use crate::version::{CURRENT_VERSION, SUPPORTED_VERSIONS, Version, incompatible};
 use std::any::Any;
@@ -142,6 +143,9 @@ pub fn dispatch<P: Plugin + ?Sized>(
     if let Err(err) = prepared {
         return Outcome::failure(&err, &version);
     }
+    if let Some(settings) = log::Settings::resolve(&config.raw, env) {
+        log::start(settings, &program_name(), &args);
+    }
     let req = Request {
         args,
         config,
@@ -159,9 +163,33 @@ pub fn dispatch<P: Plugin + ?Sized>(
     }))
     .unwrap_or_else(|panic| Err(panic_error(panic.as_ref())));
     match handled {
-        Ok(stdout) => Outcome::success(stdout),
-        Err(err) => Outcome::failure(&err, &version),
+        Ok(stdout) => {
+            if req.args.command == Command::Add && log::enabled(log::Level::Info) {
+                log::info(&format!("result {}", compact(&stdout)));
+            }
+            log::finish(None);
+            Outcome::success(stdout)
+        }
+        Err(err) => {
+            log::finish(Some((err.code.0, &err.to_string())));
+            Outcome::failure(&err, &version)
+        }
     }
+}
+
+/// The name this binary was started as (`bridge`, `host-local`), for the log.
+fn program_name() -> String {
+    std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default()
+}
+
+/// Pretty-printed JSON on one line, for the log.
+fn compact(json: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(json)
+        .map_or_else(|_| json.to_string(), |v| v.to_string())
 }
 
 /// The code-999 error reported for a panic, with the panic's message.

@@ -1,6 +1,7 @@
 //! Failpoints: named steps at which a debug build can be made to die (SIGKILL) or fail,
 //! so tests can prove that a command interrupted or failing at any step leaves nothing
-//! behind once DEL or GC has run. Release builds compile [`hit`] to nothing.
+//! behind once DEL or GC has run. Every step is also a `debug` record of the operator's
+//! log; release builds keep only that.
 //!
 //! Driven by two environment variables, read once per process:
 //! - `CNI_RS_FAILPOINT_TRACE=<file>` appends the name of every failpoint passed to the file,
@@ -12,10 +13,12 @@
 
 use crate::error::CniError;
 
-/// Passes the failpoint `name` (`<scope>/<step>`): records it when tracing, then dies or
-/// returns an error if this is the configured hit. Always `Ok` in release builds.
+/// Passes the step `name` (`<scope>/<step>`): logs it (at `debug`, with the time since
+/// the previous step), records it when tracing, then dies or returns an error if this is
+/// the configured failpoint. Failpoints never trigger in release builds.
 #[inline]
 pub fn hit(name: &str) -> Result<(), CniError> {
+    crate::log::step(name);
     #[cfg(debug_assertions)]
     {
         armed::hit(name)

@@ -10,6 +10,7 @@ pub mod env;
 pub mod error;
 pub mod failpoint;
 pub mod json;
+pub mod log;
 pub mod result;
 pub mod version;
 
