@@ -8,6 +8,7 @@ pub mod config;
 mod del;
 pub mod gateway;
 
+use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
 use config::BridgeConf;
 
@@ -48,11 +49,15 @@ impl Plugin for Bridge {
             .map(|a| (a.container_id, a.ifname))
             .collect();
         let mut errors = Errors::default();
+        hit("bridge/gc/start")?;
         if conf.is_layer3() {
             errors.note(req.ipam(Command::Gc));
+            hit("bridge/gc/ipam")?;
         }
         errors.note(cni_firewall::masq::gc(&conf.network, &valid).map_err(firewall_error));
+        hit("bridge/gc/masq")?;
         errors.note(cni_firewall::macspoof::gc(&valid).map_err(firewall_error));
+        hit("bridge/gc/macspoof")?;
         errors.into_result()
     }
 }
