@@ -12,8 +12,9 @@
 //!
 //! Each step runs on its own network (host netns, bridge, IPAM directory, firewall
 //! tables), so steps run in parallel. Every step is run for one config per masquerade
-//! backend (dual-stack, `isDefaultGateway`, `ipMasq`, `macspoofchk`), in CI as well
-//! (about 27 ADD steps, a few plugin runs each; `cargo test -p cni-blackbox --test
+//! backend (dual-stack, `isDefaultGateway`, `ipMasq`, `macspoofchk`) and a layer-2 one
+//! (`macspoofchk`, hairpin, port isolation), in CI as well: 29 and 15 ADD steps, a few
+//! plugin runs each, about three minutes on two CPUs (`cargo test -p cni-blackbox --test
 //! bridge_failpoints`). The panic tests also need the dispatcher to turn a panic into
 //! an error document (exit code 1, the config's `cniVersion`).
 
@@ -30,10 +31,21 @@ const IFNAME: &str = "eth0";
 /// Not the newest version, so an error printed with the plugin's own version instead of
 /// the config's is caught. GC needs 1.1.0 and gets it in [`gc_conf`].
 const VERSION: &str = "1.0.0";
+const VARIANTS: [&str; 3] = ["iptables", "nftables", "layer2"];
 /// Steps in flight at once; each runs a handful of plugin and `ip`/`nft` processes.
 const WIDTH: usize = 3;
 
-fn conf(net: &Net, backend: &str) -> Value {
+/// The config of a variant: `iptables` or `nftables` (dual-stack with default gateways,
+/// masquerade on that backend and the spoof check), or `layer2` (no IPAM; spoof check,
+/// hairpin and port isolation).
+fn conf(net: &Net, variant: &str) -> Value {
+    if variant == "layer2" {
+        return net.conf(
+            VERSION,
+            &[],
+            &json!({"macspoofchk": true, "hairpinMode": true, "portIsolation": true}),
+        );
+    }
     net.conf(
         VERSION,
         &["10.77.0.0/24", "fd00:77::/64"],
@@ -41,7 +53,7 @@ fn conf(net: &Net, backend: &str) -> Value {
             "isGateway": true,
             "isDefaultGateway": true,
             "ipMasq": true,
-            "ipMasqBackend": backend,
+            "ipMasqBackend": variant,
             "macspoofchk": true,
         }),
     )
@@ -75,7 +87,7 @@ fn run(net: &Net, command: &str, conf: &Value, pod: &Netns, env: &[(&str, &str)]
 /// state the command needs (e.g. an ADD before DEL) on the given network and pod and
 /// returns the config to run `command` with.
 fn learn_steps(
-    backend: &str,
+    variant: &str,
     command: &str,
     prefix: &str,
     prepare: impl Fn(&Net, &Netns) -> Value,
@@ -107,7 +119,7 @@ fn learn_steps(
         "too few {command} failpoints traced: {steps:?}"
     );
     eprintln!(
-        "{backend} {command}: {} steps: {}",
+        "{variant} {command}: {} steps: {}",
         steps.len(),
         steps.join(" ")
     );
@@ -173,12 +185,12 @@ fn every_step(steps: &[String], case: impl Fn(usize, &str) + Sync) {
     );
 }
 
-fn add_killed_then_del(backend: &str) {
-    let steps = learn_steps(backend, "ADD", "bridge/add/", |net, _| conf(net, backend));
+fn add_killed_then_del(variant: &str) {
+    let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
         let net = Net::new();
         let pod = net.pod();
-        let conf = conf(&net, backend);
+        let conf = conf(&net, variant);
         let trigger = format!("bridge:kill@{n}");
         let out = run(&net, "ADD", &conf, &pod, &[("CNI_RS_FAILPOINT", &trigger)]);
         assert_killed(&out, step);
@@ -189,12 +201,12 @@ fn add_killed_then_del(backend: &str) {
     });
 }
 
-fn add_killed_then_gc(backend: &str) {
-    let steps = learn_steps(backend, "ADD", "bridge/add/", |net, _| conf(net, backend));
+fn add_killed_then_gc(variant: &str) {
+    let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
         let net = Net::new();
         let pod = net.pod();
-        let conf = conf(&net, backend);
+        let conf = conf(&net, variant);
         let trigger = format!("bridge:kill@{n}");
         let out = run(&net, "ADD", &conf, &pod, &[("CNI_RS_FAILPOINT", &trigger)]);
         assert_killed(&out, step);
@@ -210,12 +222,12 @@ fn add_killed_then_gc(backend: &str) {
     });
 }
 
-fn add_failing_rolls_back(backend: &str) {
-    let steps = learn_steps(backend, "ADD", "bridge/add/", |net, _| conf(net, backend));
+fn add_failing_rolls_back(variant: &str) {
+    let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
         let net = Net::new();
         let pod = net.pod();
-        let conf = conf(&net, backend);
+        let conf = conf(&net, variant);
         let trigger = format!("bridge:error@{n}");
         let out = run(&net, "ADD", &conf, &pod, &[("CNI_RS_FAILPOINT", &trigger)]);
         assert_eq!(out.code(), Some(1), "ADD failing at {step}:\n{out}");
@@ -229,12 +241,12 @@ fn add_failing_rolls_back(backend: &str) {
     });
 }
 
-fn add_panicking_rolls_back(backend: &str) {
-    let steps = learn_steps(backend, "ADD", "bridge/add/", |net, _| conf(net, backend));
+fn add_panicking_rolls_back(variant: &str) {
+    let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
         let net = Net::new();
         let pod = net.pod();
-        let conf = conf(&net, backend);
+        let conf = conf(&net, variant);
         let trigger = format!("bridge:panic@{n}");
         let out = run(&net, "ADD", &conf, &pod, &[("CNI_RS_FAILPOINT", &trigger)]);
         assert_clean(&net, &pod, &format!("ADD panicked at {step} (no DEL)"));
@@ -249,9 +261,9 @@ fn add_panicking_rolls_back(backend: &str) {
 }
 
 /// `command` (run after a clean ADD) killed at every step, then DEL.
-fn killed_after_add_then_del(backend: &str, command: &str, prefix: &str) {
+fn killed_after_add_then_del(variant: &str, command: &str, prefix: &str) {
     let prepare = |net: &Net, pod: &Netns| {
-        let conf = conf(net, backend);
+        let conf = conf(net, variant);
         let add = run(net, "ADD", &conf, pod, &[]);
         add.assert_success();
         match command {
@@ -260,7 +272,7 @@ fn killed_after_add_then_del(backend: &str, command: &str, prefix: &str) {
             _ => conf,
         }
     };
-    let steps = learn_steps(backend, command, prefix, prepare);
+    let steps = learn_steps(variant, command, prefix, prepare);
     every_step(&steps, |n, step| {
         let net = Net::new();
         let pod = net.pod();
@@ -344,8 +356,8 @@ fn add_panicking_at_every_step_leaves_nothing_nftables() {
 #[test]
 fn check_killed_at_every_step_then_del() {
     if require_root() {
-        for backend in ["iptables", "nftables"] {
-            killed_after_add_then_del(backend, "CHECK", "bridge/check/");
+        for variant in VARIANTS {
+            killed_after_add_then_del(variant, "CHECK", "bridge/check/");
         }
     }
 }
@@ -353,8 +365,8 @@ fn check_killed_at_every_step_then_del() {
 #[test]
 fn del_killed_at_every_step_then_del() {
     if require_root() {
-        for backend in ["iptables", "nftables"] {
-            killed_after_add_then_del(backend, "DEL", "bridge/del/");
+        for variant in VARIANTS {
+            killed_after_add_then_del(variant, "DEL", "bridge/del/");
         }
     }
 }
@@ -362,8 +374,24 @@ fn del_killed_at_every_step_then_del() {
 #[test]
 fn gc_killed_at_every_step_then_del() {
     if require_root() {
-        for backend in ["iptables", "nftables"] {
-            killed_after_add_then_del(backend, "GC", "bridge/gc/");
+        for variant in VARIANTS {
+            killed_after_add_then_del(variant, "GC", "bridge/gc/");
         }
+    }
+}
+
+#[test]
+fn layer2_add_killed_or_failing_at_every_step() {
+    if require_root() {
+        add_killed_then_del("layer2");
+        add_killed_then_gc("layer2");
+        add_failing_rolls_back("layer2");
+    }
+}
+
+#[test]
+fn add_panicking_at_every_step_leaves_nothing_layer2() {
+    if require_root() {
+        add_panicking_rolls_back("layer2");
     }
 }

@@ -1,6 +1,10 @@
 //! The bridge plugin: a Linux bridge on the host, a veth pair per container with one
 //! end on the bridge, addresses from an IPAM plugin, gateway addresses, masquerade,
 //! VLANs and the MAC spoof check — and all of it undone on failure or DEL.
+//!
+//! Every step of ADD, CHECK, DEL and GC passes a failpoint named
+//! `bridge/<command>/<step>` (`cni_protocol::failpoint`, live in debug builds only), so
+//! the black-box tests can kill or fail the plugin at each step in turn.
 
 mod add;
 mod check;
