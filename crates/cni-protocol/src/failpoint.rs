@@ -9,7 +9,8 @@
 //! - `CNI_RS_FAILPOINT=<scope>:<action>@<n>` triggers at the `n`-th (1-based) failpoint of
 //!   that scope passed by the process. The scope is the text of a failpoint's name before
 //!   its first `/` (the plugin's name, so a delegated IPAM plugin that inherits the variable
-//!   does not trigger on the caller's count); `action` is `kill` or `error`.
+//!   does not trigger on the caller's count); `action` is `kill`, `error` or `panic` (the
+//!   last proves that a panic mid-command still runs the command's undo steps).
 
 use crate::error::CniError;
 
@@ -36,6 +37,7 @@ pub fn hit(name: &str) -> Result<(), CniError> {
 enum Action {
     Kill,
     Error,
+    Panic,
 }
 
 /// A parsed `CNI_RS_FAILPOINT` value.
@@ -55,6 +57,7 @@ impl Trigger {
         let action = match action {
             "kill" => Action::Kill,
             "error" => Action::Error,
+            "panic" => Action::Panic,
             _ => return None,
         };
         let nth = nth.parse().ok().filter(|n| *n > 0)?;
@@ -125,6 +128,7 @@ mod armed {
                 std::process::abort()
             }
             Action::Error => Err(CniError::internal(format!("failpoint {name} triggered"))),
+            Action::Panic => panic!("failpoint {name} triggered"),
         }
     }
 }
@@ -146,6 +150,10 @@ mod tests {
         assert_eq!(
             Trigger::parse("host-local:error@1").map(|t| t.action),
             Some(Action::Error)
+        );
+        assert_eq!(
+            Trigger::parse("bridge:panic@2").map(|t| t.action),
+            Some(Action::Panic)
         );
         for bad in [
             "",

@@ -9,9 +9,11 @@ use cni_firewall::{macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
 };
+use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, CniResult, Command, Interface, Request};
 use ipnetwork::IpNetwork;
 use std::io::Read;
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::time::Duration;
 
 /// How many random host-side veth names to try before giving up on clashes.
@@ -36,7 +38,9 @@ enum Undo {
     Masq,
 }
 
-/// Runs ADD; on failure, undoes what this invocation created.
+/// Runs ADD; on failure, undoes what this invocation created. A panic midway (a bug:
+/// nothing reachable from input should panic) undoes it too, then carries on unwinding
+/// so the dispatcher reports it.
 pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
     if !conf.is_layer3() {
         // A layer-2 result has no address, which 0.1.0/0.2.0 cannot express: refuse
@@ -46,11 +50,26 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
     let pod_ns = open_netns(&req.args.netns)?;
     let rt = runtime()?;
     let mut undo = Vec::new();
-    let outcome = rt.block_on(add(req, conf, &pod_ns, &mut undo));
-    if outcome.is_err() {
-        rt.block_on(rollback(req, conf, &pod_ns, undo));
+    hit("bridge/add/start")?;
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        rt.block_on(add(req, conf, &pod_ns, &mut undo))
+    }));
+    match outcome {
+        Ok(Ok(result)) => Ok(result),
+        Ok(Err(e)) => {
+            rt.block_on(rollback(req, conf, &pod_ns, undo));
+            Err(e)
+        }
+        Err(panic) => {
+            // The runtime the panic unwound through is not trusted again.
+            drop(rt);
+            match runtime() {
+                Ok(rt) => rt.block_on(rollback(req, conf, &pod_ns, undo)),
+                Err(e) => eprintln!("bridge: cannot undo ADD after a panic: {e}"),
+            }
+            resume_unwind(panic)
+        }
     }
-    outcome
 }
 
 pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
@@ -79,10 +98,10 @@ async fn add(
         )));
     }
     let bridge = ensure_bridge(&host, conf).await?;
-    let host_veth = create_veth(&host, pod_ns, conf, bridge.index, ifname).await?;
-    undo.push(Undo::ContainerLink);
+    let host_veth = create_veth(&host, pod_ns, conf, bridge.index, ifname, undo).await?;
     setup_port(&host, conf, &host_veth, true).await?;
     pin_bridge_mac(&host, &bridge.name).await?;
+    hit("bridge/add/bridge-mac")?;
     let container = pod.require_link(ifname).await.map_err(linux_error)?;
     let container_mac = mac_text(&container);
     let mut result = CniResult {
@@ -109,6 +128,7 @@ async fn add(
     };
     if conf.macspoofchk {
         undo.push(Undo::MacSpoof);
+        hit("bridge/add/macspoof-before")?;
         macspoof::setup(
             &req.args.container_id,
             ifname,
@@ -116,11 +136,14 @@ async fn add(
             &container_mac,
         )
         .map_err(|e| CniError::internal(format!("failed to setup spoof-check: {e}")))?;
+        hit("bridge/add/macspoof-after")?;
     }
     if conf.is_layer3() {
         // Registered before the call: a failed IPAM ADD must still be followed by its DEL.
         undo.push(Undo::Ipam);
+        hit("bridge/add/ipam-before")?;
         let ipam = req.ipam_add()?;
+        hit("bridge/add/ipam-after")?;
         if ipam.ips.is_empty() {
             return Err(CniError::internal("IPAM plugin returned missing IP config"));
         }
@@ -135,6 +158,7 @@ async fn add(
         if conf.ip_masq {
             let backend = conf.masq_backend()?;
             undo.push(Undo::Masq);
+            hit("bridge/add/masq-before")?;
             let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
             masq::setup(
                 backend,
@@ -144,11 +168,13 @@ async fn add(
                 &nets,
             )
             .map_err(firewall_error)?;
+            hit("bridge/add/masq-after")?;
         }
     } else if !conf.disable_container_interface {
         pod.set_up(container.index).await.map_err(|e| {
             CniError::internal(format!("failed to set {ifname:?} up: {}", chain(&e)))
         })?;
+        hit("bridge/add/container-up")?;
     }
     if !conf.disable_container_interface {
         // A port that is not forwarding yet drops the pod's first packets (plugins#463).
@@ -157,6 +183,7 @@ async fn add(
             .map_err(|e| {
                 CniError::internal(format!("bridge port in error state: {}", chain(&e)))
             })?;
+        hit("bridge/add/port-forwarding")?;
     }
     // Joining the bridge can change both MACs; report what they are now.
     result.interfaces[1].mac = mac_text(
@@ -170,6 +197,7 @@ async fn add(
     if let Some(dns) = &conf.dns {
         result.dns = dns.clone();
     }
+    hit("bridge/add/done")?;
     Ok(result)
 }
 
@@ -241,6 +269,7 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
         }
         Err(e) => return Err(fail(format!("could not add {name:?}: {}", chain(&e)))),
     };
+    hit("bridge/add/bridge-created")?;
     let bridge = host
         .link_by_name(name)
         .await
@@ -256,14 +285,17 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
                 chain(&e)
             ))
         })?;
+        hit("bridge/add/bridge-promisc")?;
     }
     // Router advertisements must not configure the bridge; absent IPv6 is fine.
     let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    hit("bridge/add/bridge-sysctl")?;
     if !bridge.up {
         host.set_up(bridge.index)
             .await
             .map_err(|e| fail(format!("failed to set {name:?} up: {}", chain(&e))))?;
     }
+    hit("bridge/add/bridge-up")?;
     Ok(bridge)
 }
 
@@ -289,6 +321,7 @@ async fn create_veth(
     conf: &BridgeConf,
     bridge_index: u32,
     ifname: &str,
+    undo: &mut Vec<Undo>,
 ) -> Result<Link, CniError> {
     let mtu = (conf.mtu != 0).then_some(conf.mtu);
     for _ in 0..VETH_NAME_ATTEMPTS {
@@ -303,7 +336,12 @@ async fn create_veth(
             peer_mtu: mtu,
         };
         match host.create_veth(&pair).await {
-            Ok(()) => return host.require_link(&name).await.map_err(linux_error),
+            Ok(()) => {
+                // Registered at once: the pair exists from here on, whatever fails next.
+                undo.push(Undo::ContainerLink);
+                hit("bridge/add/veth-created")?;
+                return host.require_link(&name).await.map_err(linux_error);
+            }
             Err(e) if e.is_exists() => {
                 if host
                     .link_by_name(&name)
@@ -339,6 +377,7 @@ async fn setup_port(
 ) -> Result<(), CniError> {
     let name = port.name.as_str();
     let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    hit("bridge/add/port-sysctl")?;
     let hairpin = container_port && conf.hairpin_mode;
     host.set_port_hairpin(port.index, hairpin)
         .await
@@ -348,6 +387,7 @@ async fn setup_port(
                 chain(&e)
             ))
         })?;
+    hit("bridge/add/port-hairpin")?;
     if container_port {
         host.set_port_isolated(port.index, conf.port_isolation)
             .await
@@ -357,11 +397,13 @@ async fn setup_port(
                     chain(&e)
                 ))
             })?;
+        hit("bridge/add/port-isolation")?;
     }
     setup_vlans(host, conf, port).await?;
     host.set_up(port.index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {}", chain(&e))))
+        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {}", chain(&e))))?;
+    hit("bridge/add/port-up")
 }
 
 async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
@@ -378,6 +420,7 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
                         chain(&e),
                     ))
                 })?;
+            hit("bridge/add/port-vlan-removed")?;
         }
     }
     let tag_error = |e: cni_linux::Error| {
@@ -390,11 +433,13 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
         host.add_port_vlan(port.index, conf.vlan, true, true)
             .await
             .map_err(tag_error)?;
+        hit("bridge/add/port-vlan")?;
     }
     for vid in trunk {
         host.add_port_vlan(port.index, *vid, false, false)
             .await
             .map_err(tag_error)?;
+        hit("bridge/add/port-vlan-trunk")?;
     }
     if conf.vlan == 0 && !trunk.is_empty() {
         host.add_port_vlan(port.index, 1, true, true)
@@ -405,6 +450,7 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
                     chain(&e),
                 ))
             })?;
+        hit("bridge/add/port-vlan-native")?;
     }
     Ok(())
 }
@@ -422,6 +468,7 @@ async fn configure_container(
     pod_ns
         .run(|| container_sysctls(ifname, conf.enable_dad, has_v6))
         .map_err(linux_error)??;
+    hit("bridge/add/container-sysctls")?;
     for ip in result
         .ips
         .iter()
@@ -434,10 +481,12 @@ async fn configure_container(
                 chain(&e),
             ))
         })?;
+        hit("bridge/add/container-address")?;
     }
     pod.set_up(index)
         .await
         .map_err(|e| CniError::internal(format!("failed to set {ifname:?} UP: {}", chain(&e))))?;
+    hit("bridge/add/container-up")?;
     let family_gateway = |v4: bool| {
         result
             .ips
@@ -454,6 +503,7 @@ async fn configure_container(
                     chain(&e)
                 ))
             })?;
+        hit("bridge/add/container-settled")?;
     }
     let mut installed: Vec<KernelRoute> = Vec::new();
     for r in &result.routes {
@@ -482,6 +532,7 @@ async fn configure_container(
             ))
         })?;
         installed.push(route);
+        hit("bridge/add/container-route")?;
     }
     Ok(())
 }
@@ -549,10 +600,12 @@ async fn setup_gateways(
                     };
                     CniError::internal(format!("{what}: {}", e.msg))
                 })?;
+            hit("bridge/add/gateway-address")?;
         }
         sysctl::write(forwarding, "1").map_err(|e| {
             CniError::internal(format!("failed to enable forwarding: {}", chain(&e)))
         })?;
+        hit("bridge/add/gateway-forwarding")?;
     }
     Ok(())
 }
@@ -627,6 +680,7 @@ async fn ensure_vlan_gateway(
     };
     match host.create_veth(&pair).await {
         Ok(()) => {
+            hit("bridge/add/vlan-gateway-created")?;
             let port = host.require_link(&port_name).await.map_err(linux_error)?;
             setup_port(host, conf, &port, false).await?;
         }
@@ -640,5 +694,6 @@ async fn ensure_vlan_gateway(
         .map_err(|e| fail(chain(&e)))?;
     let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     host.set_up(link.index).await.map_err(|e| fail(chain(&e)))?;
+    hit("bridge/add/vlan-gateway-up")?;
     Ok(link)
 }

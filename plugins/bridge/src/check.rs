@@ -7,6 +7,7 @@ use crate::config::BridgeConf;
 use crate::{firewall_error, linux_error, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{Family, Link, Netlink};
+use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, CniResult, Command, Interface, Request, Route};
 use ipnetwork::IpNetwork;
 
@@ -17,8 +18,10 @@ fn fail(msg: String) -> CniError {
 /// Runs CHECK.
 pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let pod_ns = open_netns(&req.args.netns)?;
+    hit("bridge/check/start")?;
     if conf.is_layer3() {
         req.ipam(Command::Check)?;
+        hit("bridge/check/ipam")?;
     }
     let prev = req
         .config
@@ -63,8 +66,10 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
                 conf.bridge
             ))
         })?;
+        hit("bridge/check/links")?;
         check_addresses(&pod, ifname, container.index, prev).await?;
         check_routes(&pod, &prev.routes).await?;
+        hit("bridge/check/addresses")?;
         Ok(host_veth)
     })?;
     if conf.is_layer3() && conf.ip_masq {
@@ -77,11 +82,13 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
             &nets,
         )
         .map_err(firewall_error)?;
+        hit("bridge/check/masq")?;
     }
     if conf.macspoofchk {
         let mac = host_veth.1;
         macspoof::check(&req.args.container_id, ifname, &host_veth.0.name, &mac)
             .map_err(firewall_error)?;
+        hit("bridge/check/macspoof")?;
     }
     Ok(())
 }

@@ -7,23 +7,29 @@ use crate::config::BridgeConf;
 use crate::{Errors, chain, firewall_error, linux_error, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
+use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, Command, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
 pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     let mut errors = Errors::default();
+    hit("bridge/del/start")?;
     if !req.args.netns.is_empty() {
         errors.note(delete_container_link(&req.args.netns, ifname));
+        hit("bridge/del/link")?;
     }
     if conf.is_layer3() {
         errors.note(req.ipam(Command::Del));
+        hit("bridge/del/ipam")?;
     }
     if conf.macspoofchk {
         errors.note(macspoof::teardown(id, ifname).map_err(firewall_error));
+        hit("bridge/del/macspoof")?;
     }
     if conf.is_layer3() && conf.ip_masq {
         errors.note(masq::teardown(&conf.network, ifname, id).map_err(firewall_error));
+        hit("bridge/del/masq")?;
     }
     errors.into_result()
 }

@@ -1,6 +1,10 @@
 //! The bridge plugin: a Linux bridge on the host, a veth pair per container with one
 //! end on the bridge, addresses from an IPAM plugin, gateway addresses, masquerade,
 //! VLANs and the MAC spoof check — and all of it undone on failure or DEL.
+//!
+//! Every step of ADD, CHECK, DEL and GC passes a failpoint named
+//! `bridge/<command>/<step>` (`cni_protocol::failpoint`, live in debug builds only), so
+//! the black-box tests can kill or fail the plugin at each step in turn.
 
 mod add;
 mod check;
@@ -8,6 +12,7 @@ pub mod config;
 mod del;
 pub mod gateway;
 
+use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
 use config::BridgeConf;
 
@@ -48,11 +53,15 @@ impl Plugin for Bridge {
             .map(|a| (a.container_id, a.ifname))
             .collect();
         let mut errors = Errors::default();
+        hit("bridge/gc/start")?;
         if conf.is_layer3() {
             errors.note(req.ipam(Command::Gc));
+            hit("bridge/gc/ipam")?;
         }
         errors.note(cni_firewall::masq::gc(&conf.network, &valid).map_err(firewall_error));
+        hit("bridge/gc/masq")?;
         errors.note(cni_firewall::macspoof::gc(&valid).map_err(firewall_error));
+        hit("bridge/gc/macspoof")?;
         errors.into_result()
     }
 }
