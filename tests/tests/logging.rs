@@ -36,24 +36,44 @@ fn commands_steps_and_failures_are_logged_to_the_file_only() {
     let pod = net.pod();
     let add = net.run("ADD", &conf, CID, &pod, "eth0");
     add.assert_success();
-    assert!(add.json()["ips"].is_array(), "stdout is the result alone:\n{add}");
+    assert!(
+        add.json()["ips"].is_array(),
+        "stdout is the result alone:\n{add}"
+    );
     let after_add = lines(&file);
     let has = |lines: &[String], parts: &[&str]| {
-        lines
-            .iter()
-            .any(|l| parts.iter().all(|p| l.contains(p)))
+        lines.iter().any(|l| parts.iter().all(|p| l.contains(p)))
     };
     for parts in [
-        &["plugin=bridge", "cmd=ADD", "container=cnibb-logged", "ifname=eth0", "msg=ok", "duration_ms="][..],
-        &["plugin=host-local", "cmd=ADD", "container=cnibb-logged", "msg=ok"],
+        &[
+            "plugin=bridge",
+            "cmd=ADD",
+            "container=cnibb-logged",
+            "ifname=eth0",
+            "msg=ok",
+            "duration_ms=",
+        ][..],
+        &[
+            "plugin=host-local",
+            "cmd=ADD",
+            "container=cnibb-logged",
+            "msg=ok",
+        ],
         &["plugin=bridge", "level=info", "msg=result", "10.81.0.2/30"],
         &["plugin=bridge", "level=debug", "step=bridge/", "after_ms="],
         &["plugin=host-local", "level=debug", "step=host-local/"],
     ] {
-        assert!(has(&after_add, parts), "no line with {parts:?} in:\n{}", after_add.join("\n"));
+        assert!(
+            has(&after_add, parts),
+            "no line with {parts:?} in:\n{}",
+            after_add.join("\n")
+        );
     }
     for line in &after_add {
-        assert!(line.contains(" pid=") && line.ends_with(|c: char| c != ' '), "{line}");
+        assert!(
+            line.contains(" pid=") && line.ends_with(|c: char| c != ' '),
+            "{line}"
+        );
     }
 
     // The /30 has one free address left after the gateway: a second pod exhausts it.
@@ -62,12 +82,31 @@ fn commands_steps_and_failures_are_logged_to_the_file_only() {
     failed.assert_failure();
     let after_fail = lines(&file);
     assert!(
-        has(&after_fail, &["plugin=bridge", "level=error", "container=cnibb-logged-2", "msg=failed", "code=", "no IP addresses available"]),
+        has(
+            &after_fail,
+            &[
+                "plugin=bridge",
+                "level=error",
+                "container=cnibb-logged-2",
+                "msg=failed",
+                "code=",
+                "no IP addresses available"
+            ]
+        ),
         "failure not logged:\n{}",
         after_fail.join("\n")
     );
-    net.run("DEL", &conf, CID, &pod, "eth0").assert_success_silent();
-    assert!(has(&lines(&file), &["plugin=bridge", "cmd=DEL", "container=cnibb-logged", "msg=ok"]));
+    net.run("DEL", &conf, CID, &pod, "eth0")
+        .assert_success_silent();
+    assert!(has(
+        &lines(&file),
+        &[
+            "plugin=bridge",
+            "cmd=DEL",
+            "container=cnibb-logged",
+            "msg=ok"
+        ]
+    ));
     net.assert_nothing_left("after DEL");
 }
 
@@ -80,7 +119,11 @@ fn error_level_keeps_only_failures_and_the_environment_wins() {
     let logs = TempDir::new("cnibb-log");
     let config_file = logs.path().join("from-config.log");
     let env_file = logs.path().join("from-env.log");
-    let conf = net.conf("1.0.0", &[V4], &json!({"log": {"file": config_file, "level": "debug"}}));
+    let conf = net.conf(
+        "1.0.0",
+        &[V4],
+        &json!({"log": {"file": config_file, "level": "debug"}}),
+    );
     let pod = net.pod();
     net.plugin("ADD", &conf)
         .attachment(CID, &pod, "eth0")
@@ -89,7 +132,11 @@ fn error_level_keeps_only_failures_and_the_environment_wins() {
         .run()
         .assert_success();
     assert!(!config_file.exists(), "the environment's file wins");
-    assert_eq!(lines(&env_file), Vec::<String>::new(), "a success is not an error");
+    assert_eq!(
+        lines(&env_file),
+        Vec::<String>::new(),
+        "a success is not an error"
+    );
     let out = net
         .plugin("ADD", &conf)
         .attachment(CID, &pod, "eth0")
@@ -102,9 +149,16 @@ fn error_level_keeps_only_failures_and_the_environment_wins() {
         logged.iter().all(|l| l.contains("level=error")) && !logged.is_empty(),
         "{logged:?}"
     );
-    net.run("DEL", &conf, CID, &pod, "eth0").assert_success_silent();
+    net.run("DEL", &conf, CID, &pod, "eth0")
+        .assert_success_silent();
     let no_log = net.conf("1.0.0", &[V4], &json!({}));
     net.run("ADD", &no_log, CID, &pod, "eth0").assert_success();
-    net.run("DEL", &no_log, CID, &pod, "eth0").assert_success_silent();
-    assert_eq!(std::fs::read_dir(logs.path()).map(Iterator::count).unwrap_or(0), 1);
+    net.run("DEL", &no_log, CID, &pod, "eth0")
+        .assert_success_silent();
+    assert_eq!(
+        std::fs::read_dir(logs.path())
+            .map(Iterator::count)
+            .unwrap_or(0),
+        1
+    );
 }

@@ -10,6 +10,7 @@ use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
 };
 use cni_protocol::failpoint::hit;
+use cni_protocol::log;
 use cni_protocol::{CniError, CniResult, Command, Interface, Request};
 use ipnetwork::IpNetwork;
 use std::io::Read;
@@ -168,6 +169,9 @@ async fn add(
                 &nets,
             )
             .map_err(firewall_error)?;
+            log::info(&format!(
+                "added masquerade rules ({backend:?}) for {nets:?}"
+            ));
             hit("bridge/add/masq-after")?;
         }
     } else if !conf.disable_container_interface {
@@ -213,8 +217,12 @@ async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<U
             Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(firewall_error),
             Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
         };
-        if let Err(e) = outcome {
-            eprintln!("bridge: undoing {step:?} after a failed ADD: {e}");
+        match outcome {
+            Ok(()) => log::info(&format!("rolled back {step:?} after a failed ADD")),
+            Err(e) => {
+                log::info(&format!("failed to roll back {step:?}: {e}"));
+                eprintln!("bridge: undoing {step:?} after a failed ADD: {e}");
+            }
         }
     }
 }
@@ -339,6 +347,10 @@ async fn create_veth(
             Ok(()) => {
                 // Registered at once: the pair exists from here on, whatever fails next.
                 undo.push(Undo::ContainerLink);
+                log::info(&format!(
+                    "created veth {name} on bridge {} with peer {ifname} in the pod",
+                    conf.bridge
+                ));
                 hit("bridge/add/veth-created")?;
                 return host.require_link(&name).await.map_err(linux_error);
             }

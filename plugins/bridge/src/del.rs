@@ -8,6 +8,7 @@ use crate::{Errors, chain, firewall_error, linux_error, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
 use cni_protocol::failpoint::hit;
+use cni_protocol::log;
 use cni_protocol::{CniError, Command, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
@@ -16,22 +17,44 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let mut errors = Errors::default();
     hit("bridge/del/start")?;
     if !req.args.netns.is_empty() {
-        errors.note(delete_container_link(&req.args.netns, ifname));
+        note(
+            &mut errors,
+            delete_container_link(&req.args.netns, ifname),
+            || format!("deleted {ifname} in the pod (if it was there)"),
+        );
         hit("bridge/del/link")?;
     }
     if conf.is_layer3() {
-        errors.note(req.ipam(Command::Del));
+        note(&mut errors, req.ipam(Command::Del), || {
+            format!("released the addresses through {}", req.config.ipam_type)
+        });
         hit("bridge/del/ipam")?;
     }
     if conf.macspoofchk {
-        errors.note(macspoof::teardown(id, ifname).map_err(firewall_error));
+        note(
+            &mut errors,
+            macspoof::teardown(id, ifname).map_err(firewall_error),
+            || "removed the spoof-check rules".to_string(),
+        );
         hit("bridge/del/macspoof")?;
     }
     if conf.is_layer3() && conf.ip_masq {
-        errors.note(masq::teardown(&conf.network, ifname, id).map_err(firewall_error));
+        note(
+            &mut errors,
+            masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
+            || "removed the masquerade rules".to_string(),
+        );
         hit("bridge/del/masq")?;
     }
     errors.into_result()
+}
+
+/// Records one DEL step's outcome: logs what was removed, or keeps the error.
+fn note(errors: &mut Errors, outcome: Result<(), CniError>, done: impl FnOnce() -> String) {
+    if outcome.is_ok() {
+        log::info(&done());
+    }
+    errors.note(outcome);
 }
 
 fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
