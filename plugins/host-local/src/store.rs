@@ -19,6 +19,17 @@
 //!
 //! State files are opened with `O_NOFOLLOW`; the network directory must be a real
 //! directory, not a symlink, and the network name a single path component.
+//!
+//! Foreign objects in the directory are tolerated the way the reference tolerates them,
+//! and never followed or emptied: a symlink, FIFO, directory or file larger than
+//! [`MAX_STATE_FILE`] under an address's name is no reservation of anyone (DEL and GC
+//! leave it alone) and its address is not handed out (link(2) fails with `EEXIST`, as
+//! the reference's `O_EXCL` create does). A small regular file with unexpected content is
+//! a reservation of an unknown owner: skipped by ADD, released by GC. An unparsable or
+//! foreign `last_reserved_ip.N` only restarts round-robin order; a failure to replace it
+//! after a reservation is published is logged and does not fail the ADD. `lock` must be
+//! a regular file (not a symlink, FIFO or directory), or every command fails with an
+//! error naming it.
 
 use crate::error::{Error, Result};
 use crate::range::parse_ip;
@@ -42,6 +53,10 @@ pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 pub const LOCK_FILE: &str = "lock";
 /// Prefix of our temp files: a leading dot keeps them from parsing as an address.
 pub const TEMP_PREFIX: &str = ".cni-tmp.";
+
+/// Largest state file read: a reservation is `<container id>\r\n<ifname>`, far below
+/// this; anything bigger is a foreign file, and is not read into memory.
+pub const MAX_STATE_FILE: usize = 64 * 1024;
 
 /// The reference's separator between container id and ifname in a reservation.
 const LINE_BREAK: &str = "\r\n";
@@ -109,24 +124,32 @@ fn nofollow() -> i32 {
 /// Below this many reservations a scan reads them on one thread.
 const PARALLEL_SCAN_MIN: usize = 512;
 
-/// Reads a small state file; `path` is for messages.
-fn read_all(mut file: File, path: &Path) -> Result<String> {
+/// Reads a small state file; `path` is for messages. `None` when it is bigger than
+/// [`MAX_STATE_FILE`] or not a regular file's content (a directory).
+fn read_all(mut file: File, path: &Path) -> Result<Option<String>> {
     // Reservations are ~70 bytes: one read usually returns all of it, and a short read
     // of a regular file means end of file, which saves the second read(2).
     let mut buf = vec![0u8; 256];
     let mut len = 0;
     loop {
-        let n = file
-            .read(&mut buf[len..])
-            .map_err(|e| Error::io("read", path, e))?;
+        let n = match file.read(&mut buf[len..]) {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(nix::libc::EISDIR) => return Ok(None),
+            // A FIFO opened O_NONBLOCK with a writer that has not written yet.
+            Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(Error::io("read", path, e)),
+        };
         len += n;
+        if len > MAX_STATE_FILE {
+            return Ok(None);
+        }
         if n == 0 || len < buf.len() {
             break;
         }
-        buf.resize(buf.len() * 2, 0);
+        buf.resize((buf.len() * 2).min(MAX_STATE_FILE + 1), 0);
     }
     buf.truncate(len);
-    Ok(String::from_utf8_lossy(&buf).into_owned())
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
 fn remove_if_present(path: &Path) -> Result<bool> {
@@ -138,8 +161,9 @@ fn remove_if_present(path: &Path) -> Result<bool> {
 }
 
 /// Creates `path` exclusively (mode 0600) with `content`, replacing a stale leftover of
-/// the same name (only called under the lock, where every temp file is stale).
-fn write_new(path: &Path, content: &[u8]) -> Result<()> {
+/// the same name (only called under the lock, where every temp file is stale). A failed
+/// write leaves no file behind. Errors are bare: callers say what the file was for.
+fn write_new(path: &Path, content: &[u8]) -> std::io::Result<()> {
     let create = || {
         OpenOptions::new()
             .write(true)
@@ -150,15 +174,17 @@ fn write_new(path: &Path, content: &[u8]) -> Result<()> {
     };
     let mut file = match create() {
         Err(e) if e.kind() == ErrorKind::AlreadyExists => {
-            remove_if_present(path)?;
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() != ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
             create()
         }
         other => other,
-    }
-    .map_err(|e| Error::io("create", path, e))?;
+    }?;
     if let Err(e) = file.write_all(content) {
         let _ = std::fs::remove_file(path);
-        return Err(Error::io("write", path, e));
+        return Err(e);
     }
     Ok(())
 }
@@ -214,14 +240,36 @@ impl Store {
     /// once, and process exit ends it anyway.
     pub fn lock(&self, timeout: Duration) -> Result<Locked<'_>> {
         let path = self.dir.join(LOCK_FILE);
-        // The reference creates the lock O_RDONLY|O_CREAT with mode 0750.
-        let fd = nix::fcntl::open(
+        let foreign = |path: &Path| Error::UnsafePath {
+            path: path.to_path_buf(),
+            reason: "the lock must be a regular file (found a symlink, directory or other file)",
+        };
+        // The reference creates the lock O_RDONLY|O_CREAT with mode 0750. O_NONBLOCK
+        // keeps a FIFO planted as `lock` from blocking the open.
+        let fd = match nix::fcntl::open(
             &path,
-            OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            OFlag::O_RDONLY
+                | OFlag::O_CREAT
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_NONBLOCK
+                | OFlag::O_NOCTTY
+                | OFlag::O_CLOEXEC,
             Mode::from_bits_truncate(0o750),
-        )
-        .map_err(|e| Error::io("open", &path, e.into()))?;
+        ) {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ELOOP | nix::errno::Errno::EISDIR) => {
+                return Err(foreign(&path));
+            }
+            Err(e) => return Err(Error::io("open", &path, e.into())),
+        };
         let file = File::from(fd);
+        let is_file = file
+            .metadata()
+            .map_err(|e| Error::io("stat", &path, e))?
+            .is_file();
+        if !is_file {
+            return Err(foreign(&path));
+        }
         let busy = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(lock) => return Ok(self.locked(lock)),
             Err((file, nix::errno::Errno::EWOULDBLOCK)) => file,
@@ -294,12 +342,18 @@ impl Store {
     }
 
     /// Reads state file `name` of this directory without following a symlink;
-    /// `Ok(None)` when it does not exist.
+    /// `Ok(None)` when it does not exist or is a foreign object rather than a state file
+    /// (a symlink, directory or FIFO, or bigger than [`MAX_STATE_FILE`]).
     pub fn read(&self, name: &str) -> Result<Option<String>> {
-        let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        // O_NONBLOCK: opening a FIFO planted under this name must not wait for a writer.
+        let flags = OFlag::O_RDONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
         match nix::fcntl::openat(&self.dir_fd, name, flags, Mode::empty()) {
-            Ok(fd) => read_all(File::from(fd), &self.dir.join(name)).map(Some),
-            Err(nix::errno::Errno::ENOENT) => Ok(None),
+            Ok(fd) => read_all(File::from(fd), &self.dir.join(name)),
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ELOOP) => Ok(None),
             Err(e) => Err(Error::io("open", self.dir.join(name), e.into())),
         }
     }
@@ -347,7 +401,9 @@ impl Store {
     /// Checks that the directory accepts new files (STATUS): create and remove a temp.
     pub fn probe_writable(&self) -> Result<()> {
         let path = self.dir.join(temp_name("probe"));
-        write_new(&path, b"")?;
+        // One byte, not an empty file: a full file system still creates empty files but
+        // cannot take a reservation's content.
+        write_new(&path, b"\n").map_err(|e| Error::io("write in", &self.dir, e))?;
         remove_if_present(&path)?;
         Ok(())
     }
@@ -382,7 +438,7 @@ impl Locked<'_> {
         self.store.scan(true)
     }
 
-    /// The content of reservation `name`, `None` when it does not exist.
+    /// The content of reservation `name`, `None` when it does not exist or is foreign.
     pub fn read(&self, name: &str) -> Result<Option<String>> {
         self.store.read(name)
     }
@@ -399,7 +455,7 @@ impl Locked<'_> {
 
     /// Reserves `ip` for (id, ifname): links the whole temp reservation to `<ip>`.
     /// `Ok(false)` when the address is taken. On success records it as the last
-    /// reserved address of range set `set_index`.
+    /// reserved address of range set `set_index`. On error nothing is reserved.
     pub fn reserve(
         &mut self,
         ip: IpAddr,
@@ -408,18 +464,19 @@ impl Locked<'_> {
         set_index: usize,
     ) -> Result<bool> {
         let content = reservation_content(id, ifname);
+        let target = self.path(&ip.to_string());
         if self.temp.as_ref().is_none_or(|(_, c)| *c != content) {
             if let Some((old, _)) = self.temp.take() {
                 let _ = std::fs::remove_file(old);
             }
             let path = self.path(&temp_name("ip"));
-            write_new(&path, content.as_bytes())?;
+            write_new(&path, content.as_bytes())
+                .map_err(|e| Error::io("write reservation", &target, e))?;
             self.temp = Some((path, content));
         }
         let Some((temp, _)) = &self.temp else {
             unreachable!("temp reservation written above")
         };
-        let target = self.path(&ip.to_string());
         match std::fs::hard_link(temp, &target) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
@@ -430,15 +487,19 @@ impl Locked<'_> {
         if let Some((temp, _)) = self.temp.take() {
             let _ = std::fs::remove_file(temp);
         }
-        self.set_last_reserved(set_index, ip)?;
+        // The cursor only orders round-robin: failing to move it (a full file system, a
+        // directory planted under its name) costs that order, not the reservation.
+        if let Err(e) = self.set_last_reserved(set_index, ip) {
+            eprintln!("host-local: could not record the last reserved ip: {e}");
+        }
         Ok(true)
     }
 
     /// Replaces `last_reserved_ip.<set_index>` atomically.
     fn set_last_reserved(&self, set_index: usize, ip: IpAddr) -> Result<()> {
-        let temp = self.path(&temp_name("last"));
-        write_new(&temp, ip.to_string().as_bytes())?;
         let target = self.path(&format!("{LAST_RESERVED_PREFIX}{set_index}"));
+        let temp = self.path(&temp_name("last"));
+        write_new(&temp, ip.to_string().as_bytes()).map_err(|e| Error::io("write", &target, e))?;
         std::fs::rename(&temp, &target).map_err(|e| {
             let _ = std::fs::remove_file(&temp);
             Error::io("rename", &target, e)
@@ -746,7 +807,11 @@ pub(crate) mod tests {
             locked.scan().unwrap().is_empty(),
             "a symlink is no reservation"
         );
-        assert!(locked.read("10.0.0.2").is_err());
+        assert_eq!(
+            locked.read("10.0.0.2").unwrap(),
+            None,
+            "a symlink is not read"
+        );
         assert_eq!(locked.last_reserved(0), None);
         // Publishing replaces the cursor symlink itself, never writes through it.
         assert!(locked.reserve(ip("10.0.0.3"), "c", "eth0", 0).unwrap());
