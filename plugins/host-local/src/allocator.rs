@@ -70,6 +70,10 @@ pub fn allocate(
         rollback(store, &made);
         return Err(Error::Unfulfilled(pending));
     }
+    if let Err(e) = store.step("reserved") {
+        rollback(store, &made);
+        return Err(e);
+    }
     Ok(made)
 }
 

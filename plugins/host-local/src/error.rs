@@ -108,6 +108,9 @@ pub enum Error {
     /// STATUS: ADD cannot be served right now.
     #[error("{0}")]
     Unavailable(Box<Error>),
+    /// A failpoint told this step to fail (debug builds, tests only).
+    #[error(transparent)]
+    Injected(CniError),
     /// Several independent failures (DEL, GC keep going and report them together).
     #[error("{}", join_errors(.0))]
     Many(Vec<Error>),

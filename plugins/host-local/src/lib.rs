@@ -45,8 +45,9 @@ fn add(req: &Request) -> Result<CniResult, Error> {
         Some(path) => resolv::load(path)?,
         None => Dns::default(),
     };
-    let store = Store::open(&config.data_dir, &config.name)?;
+    let store = Store::open(&config.data_dir, &config.name)?.for_command("add");
     let mut locked = store.lock(config.lock_timeout)?;
+    locked.step("locked")?;
     let ips = allocator::allocate(
         &mut locked,
         &config.range_sets,
@@ -68,8 +69,9 @@ fn add(req: &Request) -> Result<CniResult, Error> {
 /// address per range set (no prevResult, a changed config, a repeated DEL).
 fn del(req: &Request) -> Result<(), Error> {
     let config = load(req)?;
-    let store = Store::open(&config.data_dir, &config.name)?;
+    let store = Store::open(&config.data_dir, &config.name)?.for_command("del");
     let locked = store.lock(config.lock_timeout)?;
+    locked.step("locked")?;
     let who = attachment(req);
     let mut released = 0;
     let mut errors = Vec::new();
@@ -111,7 +113,9 @@ fn check(req: &Request) -> Result<(), Error> {
 fn status(req: &Request) -> Result<(), Error> {
     let config = load(req)?;
     let unavailable = |e: Error| Error::Unavailable(Box::new(e));
-    let store = Store::open(&config.data_dir, &config.name).map_err(unavailable)?;
+    let store = Store::open(&config.data_dir, &config.name)
+        .map_err(unavailable)?
+        .for_command("status");
     store.probe_writable().map_err(unavailable)?;
     let entries = store.scan(false).map_err(unavailable)?;
     match allocator::first_exhausted(&config.range_sets, &entries) {
@@ -123,8 +127,9 @@ fn status(req: &Request) -> Result<(), Error> {
 fn gc(req: &Request) -> Result<(), Error> {
     let config = load(req)?;
     let valid = req.config.valid_attachments().map_err(Error::Args)?;
-    let store = Store::open(&config.data_dir, &config.name)?;
+    let store = Store::open(&config.data_dir, &config.name)?.for_command("gc");
     let locked = store.lock(config.lock_timeout)?;
+    locked.step("locked")?;
     locked.gc(&valid).map(|_| ())
 }
 

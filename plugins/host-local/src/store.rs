@@ -17,6 +17,10 @@
 //! `.cni-tmp.*`: they never parse as an address, and since they only exist while their
 //! creator holds the lock, any one seen under the lock is stale and is removed.
 //!
+//! Every step that changes the directory passes a failpoint named
+//! `host-local/<command>/<step>` ([`cni_protocol::failpoint`], debug builds only), so tests
+//! can kill or fail a command between any two of its file operations.
+//!
 //! State files are opened with `O_NOFOLLOW`; the network directory must be a real
 //! directory, not a symlink, and the network name a single path component.
 //!
@@ -74,6 +78,8 @@ fn temp_name(kind: &str) -> String {
 /// One network's state directory.
 #[derive(Debug)]
 pub struct Store {
+    /// The command being served (`add`, `del`, ...): names this store's failpoints.
+    command: &'static str,
     dir: PathBuf,
     /// The directory, opened without following a symlink; reservations are read relative
     /// to it (openat), which also saves a path walk per file in a 10,000-file scan.
@@ -223,7 +229,24 @@ impl Store {
             }
             Err(e) => return Err(Error::io("open", &dir, e.into())),
         };
-        Ok(Self { dir, dir_fd })
+        Ok(Self {
+            command: "store",
+            dir,
+            dir_fd,
+        })
+    }
+
+    /// Names the command this store serves, for its failpoints.
+    #[must_use]
+    pub fn for_command(mut self, command: &'static str) -> Self {
+        self.command = command;
+        self
+    }
+
+    /// Passes failpoint `host-local/<command>/<step>`.
+    pub fn step(&self, step: &str) -> Result<()> {
+        cni_protocol::failpoint::hit(&format!("host-local/{}/{step}", self.command))
+            .map_err(Error::Injected)
     }
 
     /// The network's state directory.
@@ -404,6 +427,7 @@ impl Store {
         // One byte, not an empty file: a full file system still creates empty files but
         // cannot take a reservation's content.
         write_new(&path, b"\n").map_err(|e| Error::io("write in", &self.dir, e))?;
+        self.step("probe-written")?;
         remove_if_present(&path)?;
         Ok(())
     }
@@ -473,6 +497,7 @@ impl Locked<'_> {
             write_new(&path, content.as_bytes())
                 .map_err(|e| Error::io("write reservation", &target, e))?;
             self.temp = Some((path, content));
+            self.store.step("temp-written")?;
         }
         let Some((temp, _)) = &self.temp else {
             unreachable!("temp reservation written above")
@@ -481,6 +506,12 @@ impl Locked<'_> {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
             Err(e) => return Err(Error::io("link", &target, e)),
+        }
+        if let Err(e) = self.store.step("linked") {
+            // Nothing half-done: the reservation goes again (the temp stays for reuse and
+            // goes with the lock).
+            let _ = std::fs::remove_file(&target);
+            return Err(e);
         }
         // One inode per reservation, like the reference's files: the temp name goes now
         // and the next reservation writes its own.
@@ -492,6 +523,10 @@ impl Locked<'_> {
         if let Err(e) = self.set_last_reserved(set_index, ip) {
             eprintln!("host-local: could not record the last reserved ip: {e}");
         }
+        if let Err(e) = self.store.step("cursor-moved") {
+            let _ = std::fs::remove_file(&target);
+            return Err(e);
+        }
         Ok(true)
     }
 
@@ -500,6 +535,10 @@ impl Locked<'_> {
         let target = self.path(&format!("{LAST_RESERVED_PREFIX}{set_index}"));
         let temp = self.path(&temp_name("last"));
         write_new(&temp, ip.to_string().as_bytes()).map_err(|e| Error::io("write", &target, e))?;
+        if let Err(e) = self.store.step("cursor-temp-written") {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
+        }
         std::fs::rename(&temp, &target).map_err(|e| {
             let _ = std::fs::remove_file(&temp);
             Error::io("rename", &target, e)
@@ -520,7 +559,16 @@ impl Locked<'_> {
 
     /// Removes reservation `name`; `Ok(false)` if it was already gone.
     pub fn release(&self, name: &str) -> Result<bool> {
-        remove_if_present(&self.path(name))
+        let removed = remove_if_present(&self.path(name))?;
+        if removed {
+            self.store.step("released")?;
+        }
+        Ok(removed)
+    }
+
+    /// Passes failpoint `host-local/<command>/<step>`.
+    pub fn step(&self, step: &str) -> Result<()> {
+        self.store.step(step)
     }
 
     /// Removes `<ip>` if (id, ifname) owns it, exactly or in legacy form.
