@@ -165,8 +165,18 @@ fn full_file_system_fails_add_cleanly_and_recovers() {
         names.iter().all(|n| !n.starts_with('.')),
         "temp files left: {names:?}"
     );
+    // STATUS answers 50 once not even one more byte fits (the failed ADD may have
+    // rolled back a page's worth: fill that first).
+    ns.sh("cat /dev/zero > \"$1/filler\" || true", &[data.path()]);
     let status = network_command_prefixed(&ns.prefix(), ours(), "STATUS", &config, &[]);
     assert_eq!(status.error_code(), Some(50), "{status}");
+    assert!(
+        status
+            .error_msg()
+            .is_some_and(|m| m.contains("No space left on device")),
+        "{status}"
+    );
+    ns.sh("rm \"$1/filler\"", &[data.path()]);
 
     // Fixed (space freed by a DEL, which needs none): the failed container's ADD works.
     let (freed, _) = &added[0];
@@ -246,6 +256,7 @@ fn foreign_and_corrupt_files_are_tolerated_like_the_reference() {
             "10.12.0.4",
             "10.12.0.5",
             "10.12.0.6",
+            "boot.json",
             "last_reserved_ip.0",
             "lock"
         ]

@@ -1,6 +1,9 @@
 //! Allocation: one address per range set, requested addresses first, otherwise
 //! round-robin from `last_reserved_ip.<set>` (reference `allocator.go` and `cmdAdd`).
 //!
+//! An attachment whose reservation was released as made before this boot (see
+//! [`crate::reboot`]) is first offered that same address again.
+//!
 //! What we add is a bounded search. The directory is read once under the lock; the
 //! addresses it holds are skipped without a system call, and a set whose reservations
 //! already fill it is reported exhausted without walking it. Since nothing else changes
@@ -144,6 +147,23 @@ fn take_next(
     let exhausted = || Error::Exhausted(set.to_string());
     if taken.len() as u128 >= set.capacity() {
         return Err(exhausted());
+    }
+    // An owner whose reservation was released as older than this boot gets the same
+    // address back while it is free (a re-ADD after a reboot); otherwise round-robin.
+    for ip in store.previous_addresses(who.id, who.ifname) {
+        let Some(range) = set.range_for(ip).copied() else {
+            continue;
+        };
+        if ip == range.gateway || taken.contains(&to_u128(ip)) {
+            continue;
+        }
+        if store.reserve(ip, who.id, who.ifname, index)? {
+            return Ok(IpConfig {
+                address: range.with_prefix(ip),
+                gateway: Some(range.gateway),
+                interface: None,
+            });
+        }
     }
     let mut surprises = 0;
     for (ip, range) in set.iter_from(store.last_reserved(index)) {

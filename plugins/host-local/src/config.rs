@@ -1,11 +1,14 @@
 //! host-local's configuration: the keys the reference reads (legacy single range,
 //! `ranges`, `routes`, `dataDir`, `resolvConf`, runtime `ipRanges`/`ips`, `args.cni.ips`,
 //! `CNI_ARGS` `IP=`), with its canonicalisation order, defaults and messages
-//! (reference `allocator.LoadIPAMConfig`), plus our one addition:
+//! (reference `allocator.LoadIPAMConfig`), plus our two additions:
 //!
 //! `ipam.lockTimeout` (number, seconds, fractions allowed, default 30): how long ADD,
 //! DEL, CHECK and GC wait for the network's lock before failing with code 11 ("try
 //! again later"); `0` means do not wait at all. The reference waits forever.
+//!
+//! `ipam.releaseOnReboot` (bool, default true): reservations made before the current
+//! boot are released ([`crate::reboot`]); off for a `dataDir` not on the node's own disk.
 
 use crate::error::{Error, Result};
 use crate::range::{RangeSet, RangeSpec, parse_ip};
@@ -38,6 +41,7 @@ pub const KNOWN_KEYS: &[&str] = &[
     "dataDir",
     "resolvConf",
     "lockTimeout",
+    "releaseOnReboot",
     "runtimeConfig",
     "ipRanges",
     "ips",
@@ -88,6 +92,8 @@ struct RawIpam {
     resolv_conf: Option<String>,
     #[serde(rename = "lockTimeout", default)]
     lock_timeout: Option<f64>,
+    #[serde(rename = "releaseOnReboot", default)]
+    release_on_reboot: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -137,6 +143,9 @@ pub struct IpamConfig {
     pub requested: Vec<IpAddr>,
     /// Bound on waiting for the network lock.
     pub lock_timeout: Duration,
+    /// `releaseOnReboot` (default true): reservations made before the current boot are
+    /// released (see [`crate::reboot`]).
+    pub release_on_reboot: bool,
 }
 
 /// A requested address: `ip` or `ip/prefix` (the prefix is ignored, as the reference's
@@ -269,6 +278,7 @@ impl IpamConfig {
                 .map(PathBuf::from),
             requested,
             lock_timeout,
+            release_on_reboot: ipam.release_on_reboot.unwrap_or(true),
         })
     }
 }

@@ -5,6 +5,7 @@
 //! - [`range`]: range and range-set math, the round-robin iterator.
 //! - [`store`]: the directory: lock, reserve, release, scan, cursor files, GC.
 //! - [`allocator`]: one address per range set, requested addresses, bounded search.
+//! - [`reboot`]: reservations made before the current boot are released.
 //! - [`resolv`]: `resolvConf` parsing.
 //!
 //! This file only wires the commands to them. ADD takes the network lock once for all
@@ -15,6 +16,7 @@ pub mod allocator;
 pub mod config;
 pub mod error;
 pub mod range;
+pub mod reboot;
 pub mod resolv;
 pub mod store;
 
@@ -48,6 +50,9 @@ fn add(req: &Request) -> Result<CniResult, Error> {
     let store = Store::open(&config.data_dir, &config.name)?.for_command("add");
     let mut locked = store.lock(config.lock_timeout)?;
     locked.step("locked")?;
+    if config.release_on_reboot {
+        reboot::prepare(&mut locked, false)?;
+    }
     let ips = allocator::allocate(
         &mut locked,
         &config.range_sets,
@@ -117,7 +122,11 @@ fn status(req: &Request) -> Result<(), Error> {
         .map_err(unavailable)?
         .for_command("status");
     store.probe_writable().map_err(unavailable)?;
-    let entries = store.scan(false).map_err(unavailable)?;
+    let mut entries = store.scan(false).map_err(unavailable)?;
+    if let Some(boot) = reboot::current_boot_id().filter(|_| config.release_on_reboot) {
+        let stale = reboot::stale_names(&store, &entries, &boot);
+        entries.retain(|e| !stale.contains(&e.name));
+    }
     match allocator::first_exhausted(&config.range_sets, &entries) {
         Some(set) => Err(unavailable(Error::Exhausted(set.to_string()))),
         None => Ok(()),
@@ -128,8 +137,11 @@ fn gc(req: &Request) -> Result<(), Error> {
     let config = load(req)?;
     let valid = req.config.valid_attachments().map_err(Error::Args)?;
     let store = Store::open(&config.data_dir, &config.name)?.for_command("gc");
-    let locked = store.lock(config.lock_timeout)?;
+    let mut locked = store.lock(config.lock_timeout)?;
     locked.step("locked")?;
+    if config.release_on_reboot {
+        reboot::prepare(&mut locked, true)?;
+    }
     locked.gc(&valid).map(|_| ())
 }
 

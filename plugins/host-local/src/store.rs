@@ -7,6 +7,7 @@
 //! <dataDir>/<network>/<ip>              "<container id>\r\n<ifname>", 0600
 //!                                       (legacy files hold only "<container id>")
 //! <dataDir>/<network>/last_reserved_ip.<set index>   "<ip>", 0600
+//! <dataDir>/<network>/boot.json         ours only: see [`crate::reboot`]
 //! ```
 //!
 //! Where we differ is crash safety. The reference creates `<ip>` with `O_EXCL` and then
@@ -40,7 +41,7 @@ use crate::range::parse_ip;
 use cni_protocol::Attachment;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::net::IpAddr;
@@ -169,7 +170,8 @@ fn remove_if_present(path: &Path) -> Result<bool> {
 /// Creates `path` exclusively (mode 0600) with `content`, replacing a stale leftover of
 /// the same name (only called under the lock, where every temp file is stale). A failed
 /// write leaves no file behind. Errors are bare: callers say what the file was for.
-fn write_new(path: &Path, content: &[u8]) -> std::io::Result<()> {
+/// Returns the file, still open, for [`crate::reboot::stamp_file`].
+fn write_new(path: &Path, content: &[u8]) -> std::io::Result<File> {
     let create = || {
         OpenOptions::new()
             .write(true)
@@ -192,7 +194,7 @@ fn write_new(path: &Path, content: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(path);
         return Err(e);
     }
-    Ok(())
+    Ok(file)
 }
 
 impl Store {
@@ -327,6 +329,8 @@ impl Store {
         Locked {
             store: self,
             temp: None,
+            boot: None,
+            previous: BTreeMap::new(),
             _lock: lock,
         }
     }
@@ -440,6 +444,12 @@ pub struct Locked<'a> {
     /// The whole reservation, written before it is published; kept across failed
     /// link attempts (taken addresses), removed once linked.
     temp: Option<(PathBuf, String)>,
+    /// The current boot id, stamped on every reservation made (see [`crate::reboot`]);
+    /// `None` when releasing on reboot is off or the boot id is unknown.
+    boot: Option<String>,
+    /// Reservations released because they were made before this boot: address file
+    /// name → owner, so their owners get the same address back.
+    previous: BTreeMap<String, String>,
     _lock: Flock<File>,
 }
 
@@ -455,6 +465,27 @@ impl Drop for Locked<'_> {
 impl Locked<'_> {
     fn path(&self, name: &str) -> PathBuf {
         self.store.dir.join(name)
+    }
+
+    /// The store this lock is held on.
+    pub fn store(&self) -> &Store {
+        self.store
+    }
+
+    /// Stamps reservations made from now on with boot id `boot`, and remembers the
+    /// owners of the reservations released as older than this boot.
+    pub fn set_boot(&mut self, boot: String, previous: BTreeMap<String, String>) {
+        self.boot = Some(boot);
+        self.previous = previous;
+    }
+
+    /// The addresses (id, ifname), or legacy id, held before this boot, in name order.
+    pub fn previous_addresses(&self, id: &str, ifname: &str) -> Vec<IpAddr> {
+        self.previous
+            .iter()
+            .filter(|(_, owner)| owner_of(owner, id, ifname) != Owner::Other)
+            .filter_map(|(name, _)| parse_ip(name))
+            .collect()
     }
 
     /// See [`Store::scan`]; stale temp files are cleaned.
@@ -494,8 +525,11 @@ impl Locked<'_> {
                 let _ = std::fs::remove_file(old);
             }
             let path = self.path(&temp_name("ip"));
-            write_new(&path, content.as_bytes())
+            let file = write_new(&path, content.as_bytes())
                 .map_err(|e| Error::io("write reservation", &target, e))?;
+            if let Some(boot) = &self.boot {
+                crate::reboot::stamp_file(&file, boot);
+            }
             self.temp = Some((path, content));
             self.store.step("temp-written")?;
         }
@@ -532,10 +566,17 @@ impl Locked<'_> {
 
     /// Replaces `last_reserved_ip.<set_index>` atomically.
     fn set_last_reserved(&self, set_index: usize, ip: IpAddr) -> Result<()> {
-        let target = self.path(&format!("{LAST_RESERVED_PREFIX}{set_index}"));
-        let temp = self.path(&temp_name("last"));
-        write_new(&temp, ip.to_string().as_bytes()).map_err(|e| Error::io("write", &target, e))?;
-        if let Err(e) = self.store.step("cursor-temp-written") {
+        let name = format!("{LAST_RESERVED_PREFIX}{set_index}");
+        self.replace(&name, ip.to_string().as_bytes(), "cursor-temp-written")
+    }
+
+    /// Replaces state file `name` with `content` atomically (temp file, rename), passing
+    /// failpoint `step` in between.
+    pub fn replace(&self, name: &str, content: &[u8], step: &str) -> Result<()> {
+        let target = self.path(name);
+        let temp = self.path(&temp_name("state"));
+        write_new(&temp, content).map_err(|e| Error::io("write", &target, e))?;
+        if let Err(e) = self.store.step(step) {
             let _ = std::fs::remove_file(&temp);
             return Err(e);
         }
