@@ -21,7 +21,8 @@
 //!   has no stamp.
 //! - **Marker** `boot.json` in the network directory: `{"bootID": <id>, "released":
 //!   {<address>: <owner>}}`, the boot during which the directory was last swept and what
-//!   that sweep released (at most [`MAX_REMEMBERED`] owners, so the file stays small).
+//!   that sweep released (at most [`MAX_REMEMBERED`] bytes of them, so the file stays
+//!   small; owners beyond that get a round-robin address on re-ADD).
 //!
 //! The **sweep** runs under the network lock on ADD (before an address is chosen) and on
 //! GC, once per boot: when the marker names another boot (or is missing), every
@@ -60,9 +61,9 @@ pub const STAMP: &str = "user.cni.boot_id";
 /// The marker file in the network directory (not an address, so the reference and every
 /// reader of reservations skip it).
 pub const MARKER: &str = "boot.json";
-/// At most this many released owners are remembered (about 100 bytes each), which keeps
-/// the marker far below the size of a state file we read.
-pub const MAX_REMEMBERED: usize = 256;
+/// At most this many bytes of released owners are remembered, which keeps the marker
+/// (read by every ADD) small and far below the largest state file we read.
+pub const MAX_REMEMBERED: usize = 16 * 1024;
 
 /// The current boot id, `None` if it cannot be read (then nothing is stamped or swept).
 pub fn current_boot_id() -> Option<String> {
@@ -150,6 +151,7 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
         return Ok(marker.released);
     }
     let mut released = BTreeMap::new();
+    let mut remembered = 0;
     let mut errors = Vec::new();
     for entry in locked.scan()? {
         let path = locked.store().dir().join(&entry.name);
@@ -158,8 +160,12 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
                 let owner = locked.read(&entry.name).ok().flatten();
                 match locked.release(&entry.name) {
                     Ok(_) => {
-                        if let Some(owner) = owner.filter(|_| released.len() < MAX_REMEMBERED) {
-                            released.insert(entry.name, owner.trim().to_owned());
+                        let owner = owner.map(|o| o.trim().to_owned()).unwrap_or_default();
+                        // Name, owner, quotes, colon, comma and the escaped \r\n.
+                        let size = entry.name.len() + owner.len() + 8;
+                        if !owner.is_empty() && remembered + size <= MAX_REMEMBERED {
+                            remembered += size;
+                            released.insert(entry.name, owner);
                         }
                     }
                     Err(e) => errors.push(e),
@@ -289,6 +295,29 @@ mod tests {
         let locked = store.lock(Duration::from_secs(1)).unwrap();
         assert_eq!(sweep(&locked, "C").unwrap().len(), 1);
         assert_eq!(names(&dir), ["boot.json", "last_reserved_ip.0", "lock"]);
+    }
+
+    #[test]
+    fn remembered_owners_are_bounded() {
+        let tmp = TempDir::new("bounded");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let mut locked = store.lock(Duration::from_secs(1)).unwrap();
+        locked.set_boot("A".into(), BTreeMap::new());
+        let long_id = "x".repeat(200);
+        for i in 0..300u32 {
+            let ip = std::net::IpAddr::from([10, 0, (i / 250) as u8, (i % 250) as u8 + 2]);
+            assert!(
+                locked
+                    .reserve(ip, &format!("{long_id}{i}"), "eth0", 0)
+                    .unwrap()
+            );
+        }
+        let released = sweep(&locked, "B").unwrap();
+        assert!(!released.is_empty() && released.len() < 300);
+        assert!(store.scan(false).unwrap().is_empty(), "all 300 released");
+        let size = std::fs::metadata(store.dir().join(MARKER)).unwrap().len();
+        assert!(size as usize <= MAX_REMEMBERED + 100, "{size}");
+        assert_eq!(marker(&store).unwrap().released, released);
     }
 
     #[test]
