@@ -152,6 +152,7 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
     }
     let mut released = BTreeMap::new();
     let mut remembered = 0;
+    let mut released_count = 0;
     let mut errors = Vec::new();
     for entry in locked.scan()? {
         let path = locked.store().dir().join(&entry.name);
@@ -160,6 +161,7 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
                 let owner = locked.read(&entry.name).ok().flatten();
                 match locked.release(&entry.name) {
                     Ok(_) => {
+                        released_count += 1;
                         let owner = owner.map(|o| o.trim().to_owned()).unwrap_or_default();
                         // Name, owner, quotes, colon, comma and the escaped \r\n.
                         let size = entry.name.len() + owner.len() + 8;
@@ -174,6 +176,11 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
             Stamp::None => stamp_path(&path, boot),
             Stamp::Boot(_) | Stamp::Unknown => {}
         }
+    }
+    if released_count > 0 {
+        cni_protocol::log::info(&format!(
+            "released {released_count} reservations made before boot {boot}"
+        ));
     }
     if !errors.is_empty() {
         return Err(Error::Many(errors));

@@ -556,6 +556,7 @@ impl Locked<'_> {
         // directory planted under its name) costs that order, not the reservation.
         if let Err(e) = self.set_last_reserved(set_index, ip) {
             eprintln!("host-local: could not record the last reserved ip: {e}");
+            cni_protocol::log::info(&format!("could not record the last reserved ip: {e}"));
         }
         if let Err(e) = self.store.step("cursor-moved") {
             let _ = std::fs::remove_file(&target);
