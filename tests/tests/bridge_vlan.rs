@@ -234,7 +234,8 @@ fn vlan_keys_set_exactly_the_port_vlans_and_del_leaves_nothing() {
 
 /// Two pods on VLAN 100 reach each other, two on VLAN 200 likewise, and nothing crosses
 /// between the two VLANs although all four share one bridge and one subnet. A trunk pod
-/// with VLAN 100 tagged reaches VLAN 100 through a VLAN interface of its own.
+/// with VLAN 100 tagged reaches VLAN 100 through a VLAN interface of its own, and not
+/// VLAN 200, which its trunk does not carry.
 #[test]
 fn traffic_stays_inside_its_vlan() {
     if !vlan_kernel() {
