@@ -1,0 +1,50 @@
+#!/bin/sh
+# Inside the stock-kernel guest booted by run-vlan-tier.sh (not meant to be run by hand):
+#   vlan-tier-guest.sh OUT CI=<value>
+# OUT holds the staged binaries (bin/{bridge,host-local,loopback}, bridge_vlan, netlink)
+# and is the only directory written back to the host: tests.log, boot-seconds, and rc
+# (the tests' exit status; its absence tells the host the guest died).
+set -u
+out=$1
+export CI="${2#CI=}"
+
+cut -d' ' -f1 /proc/uptime > "$out/boot-seconds"
+
+# Binaries read over 9p start far slower under emulation: run them from tmpfs.
+work=/run/cni-vlan-tier
+mkdir -p "$work" && cp -r "$out/bin" "$out/bridge_vlan" "$out/netlink" "$work/" || exit 1
+
+export CNI_BLACKBOX_BIN_DIR="$work/bin" CNI_RS_REQUIRE_VLAN=1 RUST_BACKTRACE=1
+
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+
+# Runs the tests of binary $1 whose names contain $2, one process per test, so that the
+# log shows each test's duration under emulation.
+run_tests() {
+    names=$("$work/$1" --list "$2" | sed -n 's/: test$//p')
+    if [ -z "$names" ]; then
+        echo "no test of $1 matches '$2'"
+        failed=$((failed + 1))
+        return
+    fi
+    for t in $names; do
+        t0=$(uptime_s)
+        if "$work/$1" --exact "$t" --test-threads=1; then
+            passed=$((passed + 1)); verdict=ok
+        else
+            failed=$((failed + 1)); verdict=FAILED
+        fi
+        echo "[guest] $1 $t: $verdict in $(echo "$(uptime_s) $t0" | awk '{printf "%.1f", $1 - $2}') s"
+    done
+}
+
+{
+    echo "kernel: $(uname -r)"
+    passed=0 failed=0
+    run_tests bridge_vlan ""
+    # The netlink crate's VLAN tests (in-process, cheap).
+    run_tests netlink vlan
+    echo "[guest] VLAN tier: $passed passed, $failed failed"
+    [ "$failed" -eq 0 ] && echo 0 > "$out/rc" || echo 1 > "$out/rc"
+} > "$out/tests.log" 2>&1
+exit "$(cat "$out/rc")"
