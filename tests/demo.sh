@@ -53,7 +53,7 @@ done
 # --- Scratch space, removed on exit ----------------------------------------------------
 tag=$$
 host=cnidemo-host-$tag
-pods=(cnidemo-pod1-$tag cnidemo-pod2-$tag)
+pods=("cnidemo-pod1-$tag" "cnidemo-pod2-$tag")
 work=$(mktemp -d "${TMPDIR:-/tmp}/cnidemo.XXXXXX")
 made_ns=()
 
@@ -138,10 +138,10 @@ pod2_v4=$(addr_of "${pods[1]}" 4)
 pod2_v6=$(addr_of "${pods[1]}" 6)
 
 ping_from() {
-    local pod=$1 target=$2 try
+    local pod=$1 target=$2
     printf '%s -> %s: ' "$pod" "$target"
     # A few attempts: a fresh IPv6 neighbour can take a moment to resolve.
-    for try in 1 2 3 4 5; do
+    for _ in 1 2 3 4 5; do
         if ip netns exec "$pod" ping -c 1 -W 2 "$target" >/dev/null 2>&1; then
             echo ok
             return 0
@@ -176,8 +176,12 @@ if ip -n "${pods[1]}" link show eth0 >/dev/null 2>&1; then
     die "GC left ${pods[1]}'s eth0"
 fi
 ip -n "${pods[0]}" link show eth0 >/dev/null || die "GC removed ${pods[0]}'s eth0"
+reserved=$(find "$work/ipam/demo" -type f ! -name lock ! -name 'last_reserved_ip.*' -printf '%f ')
+for a in "$pod2_v4" "$pod2_v6"; do
+    [[ " $reserved " != *" $a "* ]] || die "GC left the reservation of $a"
+done
 echo "${pods[1]}: eth0 gone, addresses released; ${pods[0]}: still attached"
-echo "IPAM reservations left: $(cd "$work/ipam/demo" && ls | grep -v -E '^(lock|last_reserved_ip\..*)$' | tr '\n' ' ')"
+echo "IPAM reservations left: $reserved"
 
 say "cnitool del demo /var/run/netns/${pods[0]}"
 cnitool del demo "/var/run/netns/${pods[0]}"
