@@ -2,7 +2,7 @@
 //!
 //! `cargo test` builds only what the test crate depends on, and the black-box crate must
 //! not depend on the plugins (it tests their binaries, not their libraries). So the first
-//! test that needs a binary runs `cargo build` for the three plugin packages, once per
+//! test that needs a binary runs `cargo build` for the plugin packages (and cnitool), once per
 //! test process. If that fails, each package is built on its own, so that the tests of
 //! the plugins that do compile still run (the others' tests fail with the compiler output). Cargo itself reports where it put the executables (JSON messages), which
 //! keeps `CARGO_TARGET_DIR` and `build.target-dir` settings working.
@@ -15,11 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Binary names (as `type` in a config) and the packages that build them.
-pub const PLUGINS: [(&str, &str); 3] = [
+/// Binary names (as `type` in a config) and the packages that build them; `cnitool` (the
+/// runtime-side tool, not a plugin) is built alongside so its tests find it in the same dir.
+pub const PLUGINS: [(&str, &str); 4] = [
     ("loopback", "cni-loopback"),
     ("host-local", "cni-host-local"),
     ("bridge", "cni-bridge"),
+    ("cnitool", "cnitool"),
 ];
 
 /// The workspace root (this crate lives in `<root>/tests`).

@@ -18,14 +18,14 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+mod libcni_support;
+
 use cni_blackbox::{
-    Netns, Outcome, TempDir, bin_dir, check_cases, kernel, require_root, unique_ifname,
-    unique_name, workspace_root,
+    Netns, Outcome, TempDir, bin_dir, check_cases, kernel, require_root, unique_ifname, unique_name,
 };
+use libcni_support::run_driver;
 use serde_json::{Value, json};
 
 /// The reference plugins (Debian containernetworking-plugins 1.1.1). It also holds Go
@@ -42,81 +42,8 @@ const K8S_ARGS: &str =
 const VERSIONS: [&str; 3] = ["0.3.1", "0.4.0", "1.0.0"];
 
 // ---------------------------------------------------------------------------------------
-// The driver
+// The driver (built and run by `libcni_support`)
 // ---------------------------------------------------------------------------------------
-
-/// The driver binary, built once per test process with `go build` (offline: GOPATH is
-/// Debian's /usr/share/gocode, no modules) into cargo's scratch dir for this test crate.
-fn driver() -> &'static Path {
-    static DRIVER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match DRIVER.get_or_init(build_driver) {
-        Ok(path) => path,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-fn build_driver() -> Result<PathBuf, String> {
-    let source = workspace_root().join("tests/interop/libcni-driver");
-    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let out = scratch.join("libcni-driver");
-    let gocache = scratch.join("go-build-cache");
-    let result = Command::new("go")
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg(".")
-        .current_dir(&source)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("HOME", scratch)
-        .env("GOPATH", "/usr/share/gocode")
-        .env("GO111MODULE", "off")
-        .env("GOFLAGS", "")
-        .env("GOENV", "off")
-        .env("GOCACHE", &gocache)
-        .env("CGO_ENABLED", "0")
-        .output()
-        .map_err(|e| {
-            format!("cannot run `go build` for the libcni driver ({e}); install golang-go and golang-github-appc-cni-dev (tests/run-all.sh does)")
-        })?;
-    if !result.status.success() {
-        return Err(format!(
-            "go build of {} failed ({}):\n{}",
-            source.display(),
-            result.status,
-            String::from_utf8_lossy(&result.stderr)
-        ));
-    }
-    Ok(out)
-}
-
-/// Runs the driver inside `host` (`ip netns exec <host> timeout 120 driver <args>`) with
-/// only PATH from our environment, like the plugin runner of the harness.
-fn run_driver(host: &Netns, args: &[String]) -> Outcome {
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", host.name(), "timeout", "120"])
-        .arg(driver())
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default());
-    let invocation = format!(
-        "ip netns exec {} {} {}",
-        host.name(),
-        driver().display(),
-        args.iter()
-            .map(|a| format!("'{a}'"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start {invocation}: {e}"));
-    Outcome {
-        status: out.status,
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        invocation,
-    }
-}
 
 /// CNI_PATH: ours first, then the reference plugins.
 fn cni_path() -> String {
