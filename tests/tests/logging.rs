@@ -149,8 +149,12 @@ fn error_level_keeps_only_failures_and_the_environment_wins() {
         logged.iter().all(|l| l.contains("level=error")) && !logged.is_empty(),
         "{logged:?}"
     );
-    net.run("DEL", &conf, CID, &pod, "eth0")
+    net.plugin("DEL", &conf)
+        .attachment(CID, &pod, "eth0")
+        .env("CNI_RS_LOG_FILE", env_file.to_str().expect("utf-8 path"))
+        .run()
         .assert_success_silent();
+    assert!(!config_file.exists(), "the environment's file wins");
     let no_log = net.conf("1.0.0", &[V4], &json!({}));
     net.run("ADD", &no_log, CID, &pod, "eth0").assert_success();
     net.run("DEL", &no_log, CID, &pod, "eth0")

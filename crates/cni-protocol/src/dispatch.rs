@@ -165,7 +165,7 @@ pub fn dispatch<P: Plugin + ?Sized>(
     match handled {
         Ok(stdout) => {
             if req.args.command == Command::Add && log::enabled(log::Level::Info) {
-                log::info(&format!("result {}", compact(&stdout)));
+                log::result(&compact(&stdout));
             }
             log::finish(None);
             Outcome::success(stdout)

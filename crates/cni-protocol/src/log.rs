@@ -126,6 +126,11 @@ pub fn info(message: &str) {
     record(Level::Info, message, "");
 }
 
+/// Logs a command's result (compact JSON) at `info`.
+pub fn result(json: &str) {
+    record(Level::Info, "result", &format!(" result={}", quote(json)));
+}
+
 /// Logs a step at `debug`, with the milliseconds since the previous step (or the start).
 pub fn step(name: &str) {
     let Some(logger) = LOGGER.get().filter(|_| enabled(Level::Debug)) else {
