@@ -248,11 +248,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             }
             if socket.exists() {
                 match Cri::connect(&socket).and_then(|cri| Ok((cri.status()?, cri))) {
-                    Ok(((true, _, _), cri)) => {
+                    Ok((status, cri)) if status.runtime_ready => {
                         self.cri = Some(cri);
                         return;
                     }
-                    Ok(((false, _, _), _)) => last = "RuntimeReady is false".to_owned(),
+                    Ok(_) => last = "RuntimeReady is false".to_owned(),
                     Err(e) => last = e,
                 }
             }
@@ -270,10 +270,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     pub fn restart(&mut self) {
         self.cri = None;
         if let Some(mut daemon) = self.daemon.take() {
-            let pid = daemon.id();
-            let _ = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status();
+            procs::signal(daemon.id(), nix::sys::signal::Signal::SIGTERM);
             let deadline = Instant::now() + Duration::from_secs(20);
             while matches!(daemon.try_wait(), Ok(None)) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(50));

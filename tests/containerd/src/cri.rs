@@ -30,6 +30,17 @@ pub struct Cri {
     client: RuntimeServiceClient<Channel>,
 }
 
+/// What `Status` says: kubelet starts pods only once both conditions are true.
+#[derive(Debug, Clone)]
+pub struct RuntimeStatus {
+    /// containerd and its runtime are up.
+    pub runtime_ready: bool,
+    /// A CNI config is loaded (false until the pod CIDR produced a conflist).
+    pub network_ready: bool,
+    /// Why the network is not ready, when it is not.
+    pub network_message: String,
+}
+
 /// What `PodSandboxStatus` (verbose) says about a sandbox's network.
 #[derive(Debug, Clone)]
 pub struct SandboxNet {
@@ -72,8 +83,8 @@ impl Cri {
         })
     }
 
-    /// `Status`: `(RuntimeReady, NetworkReady)` and the NetworkReady message.
-    pub fn status(&self) -> Result<(bool, bool, String), String> {
+    /// `Status`: the RuntimeReady and NetworkReady conditions.
+    pub fn status(&self) -> Result<RuntimeStatus, String> {
         let mut client = self.client.clone();
         let response = self
             .runtime
@@ -82,13 +93,12 @@ impl Cri {
             .into_inner();
         let conditions = response.status.map(|s| s.conditions).unwrap_or_default();
         let find = |kind: &str| conditions.iter().find(|c| c.r#type == kind);
-        let runtime_ready = find("RuntimeReady").is_some_and(|c| c.status);
         let network = find("NetworkReady");
-        Ok((
-            runtime_ready,
-            network.is_some_and(|c| c.status),
-            network.map(|c| c.message.clone()).unwrap_or_default(),
-        ))
+        Ok(RuntimeStatus {
+            runtime_ready: find("RuntimeReady").is_some_and(|c| c.status),
+            network_ready: network.is_some_and(|c| c.status),
+            network_message: network.map(|c| c.message.clone()).unwrap_or_default(),
+        })
     }
 
     /// `UpdateRuntimeConfig` with the node's pod CIDRs, comma separated as kubelet sends

@@ -55,11 +55,16 @@ pub fn alive(pid: u32) -> bool {
         .is_some_and(|state| state != "Z")
 }
 
+/// Sends `signal` to `pid`, ignoring "no such process".
+pub fn signal(pid: u32, signal: Signal) {
+    if let Ok(raw) = i32::try_from(pid) {
+        let _ = kill(Pid::from_raw(raw), signal);
+    }
+}
+
 /// SIGKILL to `pid`, ignoring "no such process".
 pub fn kill_pid(pid: u32) {
-    if let Ok(raw) = i32::try_from(pid) {
-        let _ = kill(Pid::from_raw(raw), Signal::SIGKILL);
-    }
+    signal(pid, Signal::SIGKILL);
 }
 
 /// Mount points of every cgroup hierarchy (v1 controllers and the v2 tree).

@@ -211,13 +211,14 @@ fn firewall_lines(node: &Containerd, needle: &str) -> Vec<String> {
 fn wait_network_ready(node: &Containerd) {
     let deadline = Instant::now() + SETTLE_LIMIT;
     loop {
-        let (_, ready, message) = node.cri().status().expect("Status");
-        if ready {
+        let status = node.cri().status().expect("Status");
+        if status.network_ready {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "NetworkReady still false: {message}\n{}",
+            "NetworkReady still false: {}\n{}",
+            status.network_message,
             node.log()
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -420,8 +421,8 @@ fn kubelet_flow_pods_get_dual_stack_addresses_reach_each_other_and_leave_nothing
         let node = Containerd::start(TEMPLATE);
 
         // Before kubelet sends the pod CIDR there is no conflist: network not ready.
-        let (runtime_ready, network_ready, _) = node.cri().status().expect("Status");
-        assert!(runtime_ready && !network_ready);
+        let status = node.cri().status().expect("Status");
+        assert!(status.runtime_ready && !status.network_ready, "{status:?}");
         assert!(node.rendered_conflist().is_none());
 
         node.cri()
@@ -438,6 +439,11 @@ fn kubelet_flow_pods_get_dual_stack_addresses_reach_each_other_and_leave_nothing
         let ranges = &conflist["plugins"][0]["ipam"]["ranges"];
         assert_eq!(ranges[0][0]["subnet"], cidrs[0], "{conflist}");
         assert_eq!(ranges[1][0]["subnet"], cidrs[1], "{conflist}");
+        assert_eq!(
+            conflist["plugins"][0]["ipam"]["routes"],
+            serde_json::json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]),
+            "{conflist}"
+        );
 
         let pods: Vec<Pod> = (0..PODS).map(|_| run_pod(&node)).collect();
         let refs: Vec<&Pod> = pods.iter().collect();
