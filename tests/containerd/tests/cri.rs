@@ -22,7 +22,8 @@ use cni_containerd_suite::{Containerd, NETWORK, ping_from};
 
 /// The template a node operator would install: our bridge with host-local over every
 /// range kubelet gives (one per family), default routes for each, masquerade on, and
-/// loopback chained as in containerd's own example. `@DATADIR@` is the fixture's.
+/// loopback chained after it (containerd then runs it with `CNI_IFNAME=eth0`).
+/// `@DATADIR@` and `@BRIDGE@` are filled in by the fixture.
 const TEMPLATE: &str = r#"{
   "cniVersion": "1.0.0",
   "name": "cnibb-k8s",
@@ -59,7 +60,8 @@ fn on_path(tool: &str) -> bool {
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
 }
 
-/// Root and every tool the suite runs; under CI=true a missing one is a failure.
+/// Root (without it the test skips, except under CI=true) and every tool the suite runs
+/// (a missing one fails the test, as in the Podman suite).
 #[track_caller]
 fn require_containerd() -> bool {
     if !require_root() {
@@ -93,8 +95,8 @@ fn require_containerd() -> bool {
     true
 }
 
-/// The machine's own state the suite must leave alone: the root netns's links and
-/// routes, and the machine's containerd and CNI state directories.
+/// The machine's own state the suite must leave alone: the root netns's links, addresses,
+/// routes and iptables rules, and the machine's containerd and CNI state directories.
 ///
 /// Other software (a developer's Podman, other test suites) may change the machine
 /// while we run, so the check after a test looks for what *we* could have leaked: our
@@ -103,15 +105,12 @@ fn require_containerd() -> bool {
 #[derive(Debug)]
 struct MachineState {
     containerd_dirs: BTreeMap<&'static str, Option<BTreeSet<String>>>,
+    /// containerd's default pod netns pins, `/run/netns/cni-<uuid>`.
+    cni_netns: BTreeSet<String>,
 }
 
 /// containerd's hard-coded and default state directories on the machine.
-const CONTAINERD_DIRS: [&str; 4] = [
-    "/run/containerd",
-    "/var/lib/containerd",
-    "/opt/containerd",
-    "/run/netns/cni",
-];
+const CONTAINERD_DIRS: [&str; 3] = ["/run/containerd", "/var/lib/containerd", "/opt/containerd"];
 
 fn listing(dir: &str) -> Option<BTreeSet<String>> {
     std::fs::read_dir(dir).ok().map(|entries| {
@@ -122,8 +121,17 @@ fn listing(dir: &str) -> Option<BTreeSet<String>> {
     })
 }
 
+/// `ip <args>` in the machine's netns (read only).
 fn root_netns(args: &[&str]) -> String {
     let out = Command::new("ip").args(args).output().expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Stdout of `program` run in the machine's netns (read only).
+fn command_output(program: &str) -> String {
+    let out = Command::new(program)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -133,6 +141,11 @@ impl MachineState {
             containerd_dirs: CONTAINERD_DIRS
                 .into_iter()
                 .map(|d| (d, listing(d)))
+                .collect(),
+            cni_netns: listing("/run/netns")
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|n| n.starts_with("cni-"))
                 .collect(),
         }
     }
@@ -145,6 +158,11 @@ impl MachineState {
             after.containerd_dirs, self.containerd_dirs,
             "containerd state on the machine changed"
         );
+        let new_netns: Vec<&String> = after.cni_netns.difference(&self.cni_netns).collect();
+        assert!(
+            new_netns.is_empty(),
+            "pod netns pinned on the machine: {new_netns:?}"
+        );
         let links = root_netns(&["-o", "link", "show"]);
         assert!(
             !links.contains(&format!(": {bridge}:")),
@@ -154,6 +172,8 @@ impl MachineState {
             root_netns(&["-o", "addr", "show"]),
             root_netns(&["route", "show", "table", "all"]),
             root_netns(&["-6", "route", "show", "table", "all"]),
+            command_output("iptables-save"),
+            command_output("ip6tables-save"),
         ]
         .concat();
         for cidr in cidrs {
