@@ -1,0 +1,230 @@
+//! A blocking CRI client over containerd's unix socket: the calls kubelet makes to set up
+//! and tear down pod networking, and nothing else.
+//!
+//! The `runtime.v1` types and the tonic client come from the `k8s-cri` crate. Each call
+//! runs to completion on a private current-thread tokio runtime, so tests stay plain
+//! synchronous code; every call has a deadline, so a wedged containerd fails the test
+//! instead of hanging it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
+    NetworkConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, RuntimeConfig, StatusRequest,
+    StopPodSandboxRequest, UpdateRuntimeConfigRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// Deadline of one CRI call (a sandbox start takes about 100 ms here).
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A connected CRI runtime-service client.
+#[derive(Debug)]
+pub struct Cri {
+    runtime: tokio::runtime::Runtime,
+    client: RuntimeServiceClient<Channel>,
+}
+
+/// What `Status` says: kubelet starts pods only once both conditions are true.
+#[derive(Debug, Clone)]
+pub struct RuntimeStatus {
+    /// containerd and its runtime are up.
+    pub runtime_ready: bool,
+    /// A CNI config is loaded (false until the pod CIDR produced a conflist).
+    pub network_ready: bool,
+    /// Why the network is not ready, when it is not.
+    pub network_message: String,
+}
+
+/// What `PodSandboxStatus` (verbose) says about a sandbox's network.
+#[derive(Debug, Clone)]
+pub struct SandboxNet {
+    /// `SANDBOX_READY` or `SANDBOX_NOTREADY`.
+    pub state: i32,
+    /// The primary pod IP, then the additional ones, as the CNI result gave them.
+    pub ips: Vec<String>,
+    /// The pid of the sandbox's init process (from the verbose `info` JSON); 0 when the
+    /// sandbox is not running.
+    pub pid: u32,
+}
+
+impl Cri {
+    /// Connects to the socket at `socket` (no request is sent yet).
+    pub fn connect(socket: &Path) -> Result<Self, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("tokio runtime: {e}"))?;
+        let path = socket.to_path_buf();
+        let channel = runtime
+            .block_on(async move {
+                // The URI is required by the API but unused: the connector dials the socket.
+                Endpoint::from_static("http://[::]:50051")
+                    .timeout(CALL_TIMEOUT)
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let path: PathBuf = path.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(
+                                tokio::net::UnixStream::connect(path).await?,
+                            ))
+                        }
+                    }))
+                    .await
+            })
+            .map_err(|e| format!("connect {}: {e}", socket.display()))?;
+        Ok(Self {
+            runtime,
+            client: RuntimeServiceClient::new(channel),
+        })
+    }
+
+    /// `Status`: the RuntimeReady and NetworkReady conditions.
+    pub fn status(&self) -> Result<RuntimeStatus, String> {
+        let mut client = self.client.clone();
+        let response = self
+            .runtime
+            .block_on(client.status(StatusRequest { verbose: false }))
+            .map_err(|s| format!("Status: {}", s.message()))?
+            .into_inner();
+        let conditions = response.status.map(|s| s.conditions).unwrap_or_default();
+        let find = |kind: &str| conditions.iter().find(|c| c.r#type == kind);
+        let network = find("NetworkReady");
+        Ok(RuntimeStatus {
+            runtime_ready: find("RuntimeReady").is_some_and(|c| c.status),
+            network_ready: network.is_some_and(|c| c.status),
+            network_message: network.map(|c| c.message.clone()).unwrap_or_default(),
+        })
+    }
+
+    /// `UpdateRuntimeConfig` with the node's pod CIDRs, comma separated as kubelet sends
+    /// them (`10.244.1.0/24,fd00:10:244:1::/64`).
+    pub fn update_pod_cidr(&self, pod_cidr: &str) -> Result<(), String> {
+        let mut client = self.client.clone();
+        let request = UpdateRuntimeConfigRequest {
+            runtime_config: Some(RuntimeConfig {
+                network_config: Some(NetworkConfig {
+                    pod_cidr: pod_cidr.to_owned(),
+                }),
+            }),
+        };
+        self.runtime
+            .block_on(client.update_runtime_config(request))
+            .map_err(|s| format!("UpdateRuntimeConfig: {}", s.message()))?;
+        Ok(())
+    }
+
+    /// `RunPodSandbox` for pod `name` in namespace `default`, its own network namespace,
+    /// its cgroup under `cgroup_parent` (cgroupfs). Returns the sandbox id, or the error
+    /// message containerd gave.
+    pub fn run_pod(&self, name: &str, uid: &str, cgroup_parent: &str) -> Result<String, String> {
+        let mut client = self.client.clone();
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.to_owned(),
+                uid: uid.to_owned(),
+                namespace: "default".to_owned(),
+                attempt: 0,
+            }),
+            hostname: name.to_owned(),
+            labels: HashMap::from([("app".to_owned(), "cnibb".to_owned())]),
+            linux: Some(LinuxPodSandboxConfig {
+                cgroup_parent: cgroup_parent.to_owned(),
+                security_context: Some(LinuxSandboxSecurityContext {
+                    namespace_options: Some(NamespaceOption {
+                        network: NamespaceMode::Pod.into(),
+                        pid: NamespaceMode::Container.into(),
+                        ipc: NamespaceMode::Pod.into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let request = RunPodSandboxRequest {
+            config: Some(config),
+            runtime_handler: String::new(),
+        };
+        let response = self
+            .runtime
+            .block_on(client.run_pod_sandbox(request))
+            .map_err(|s| s.message().to_owned())?;
+        Ok(response.into_inner().pod_sandbox_id)
+    }
+
+    /// `PodSandboxStatus` with `verbose = true`.
+    pub fn sandbox(&self, id: &str) -> Result<SandboxNet, String> {
+        let mut client = self.client.clone();
+        let request = PodSandboxStatusRequest {
+            pod_sandbox_id: id.to_owned(),
+            verbose: true,
+        };
+        let response = self
+            .runtime
+            .block_on(client.pod_sandbox_status(request))
+            .map_err(|s| format!("PodSandboxStatus {id}: {}", s.message()))?
+            .into_inner();
+        let status = response
+            .status
+            .ok_or_else(|| format!("PodSandboxStatus {id}: no status"))?;
+        let mut ips = Vec::new();
+        if let Some(network) = status.network {
+            if !network.ip.is_empty() {
+                ips.push(network.ip);
+            }
+            ips.extend(network.additional_ips.into_iter().map(|ip| ip.ip));
+        }
+        // containerd puts its view of the sandbox, pid included, in `info` as JSON.
+        let pid = response
+            .info
+            .get("info")
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+            .and_then(|info| info["pid"].as_u64())
+            .and_then(|pid| u32::try_from(pid).ok())
+            .unwrap_or(0);
+        Ok(SandboxNet {
+            state: status.state,
+            ips,
+            pid,
+        })
+    }
+
+    /// Ids of the sandboxes containerd knows, ready or not.
+    pub fn sandbox_ids(&self) -> Result<Vec<String>, String> {
+        let mut client = self.client.clone();
+        let response = self
+            .runtime
+            .block_on(client.list_pod_sandbox(k8s_cri::v1::ListPodSandboxRequest { filter: None }))
+            .map_err(|s| format!("ListPodSandbox: {}", s.message()))?
+            .into_inner();
+        Ok(response.items.into_iter().map(|s| s.id).collect())
+    }
+
+    /// `StopPodSandbox`: containerd runs CNI DEL with the pod's netns.
+    pub fn stop(&self, id: &str) -> Result<(), String> {
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: id.to_owned(),
+            }))
+            .map_err(|s| format!("StopPodSandbox {id}: {}", s.message()))?;
+        Ok(())
+    }
+
+    /// `RemovePodSandbox`: containerd runs CNI DEL again, without a netns.
+    pub fn remove(&self, id: &str) -> Result<(), String> {
+        let mut client = self.client.clone();
+        self.runtime
+            .block_on(client.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: id.to_owned(),
+            }))
+            .map_err(|s| format!("RemovePodSandbox {id}: {}", s.message()))?;
+        Ok(())
+    }
+}

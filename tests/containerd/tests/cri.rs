@@ -1,0 +1,618 @@
+//! Our plugins under containerd's CRI, driven the way kubelet drives it: the pod CIDR
+//! through `UpdateRuntimeConfig` (containerd renders the conflist from its
+//! `conf_template`), then `RunPodSandbox`, `PodSandboxStatus`, `StopPodSandbox` and
+//! `RemovePodSandbox`.
+//!
+//! Each test runs its own containerd ([`Containerd`]: throwaway host netns, private mount
+//! namespace, own root/state/socket, sandbox image built locally) and checks what a node
+//! operator would: addresses from the node's CIDR, pods reaching each other and the
+//! gateway over IPv4 and IPv6, nothing left (reservation, veth, masquerade rule, process,
+//! cgroup) after removal, a failed ADD that leaves nothing, pods that survive a
+//! containerd restart. Every test also checks that the machine's own netns, /run and
+//! /var/lib were not touched.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cni_blackbox::{require_root, unique_name};
+use cni_containerd_suite::{Containerd, NETWORK, ping_from};
+
+/// The template a node operator would install: our bridge with host-local over every
+/// range kubelet gives (one per family), default routes for each, masquerade on, and
+/// loopback chained after it (containerd then runs it with `CNI_IFNAME=eth0`).
+/// `@DATADIR@` and `@BRIDGE@` are filled in by the fixture.
+const TEMPLATE: &str = r#"{
+  "cniVersion": "1.0.0",
+  "name": "cnibb-k8s",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "@BRIDGE@",
+      "isGateway": true,
+      "ipMasq": true,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "@DATADIR@",
+        "ranges": [{{range $i, $r := .PodCIDRRanges}}{{if $i}}, {{end}}[{"subnet": "{{$r}}"}]{{end}}],
+        "routes": [{{range $i, $r := .Routes}}{{if $i}}, {{end}}{"dst": "{{$r}}"}{{end}}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+"#;
+
+/// Bound on a ping succeeding (IPv6 neighbour discovery, bridge port forwarding state).
+const PING_LIMIT: Duration = Duration::from_secs(15);
+/// Bound on containerd noticing a new conflist, and on shims exiting.
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+fn on_path(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()))
+}
+
+/// Root (without it the test skips, except under CI=true) and every tool the suite runs
+/// (a missing one fails the test, as in the Podman suite).
+#[track_caller]
+fn require_containerd() -> bool {
+    if !require_root() {
+        return false;
+    }
+    let missing: Vec<&str> = [
+        "containerd",
+        "containerd-shim-runc-v2",
+        "ctr",
+        "runc",
+        "podman",
+        "nsenter",
+        "unshare",
+        "ping",
+        "iptables-save",
+        "ip6tables-save",
+        "nft",
+    ]
+    .into_iter()
+    .filter(|tool| !on_path(tool))
+    .collect();
+    assert!(
+        missing.is_empty(),
+        "missing {missing:?}: tests/run-all.sh installs them \
+         (apt-get install containerd runc podman busybox-static util-linux iputils-ping iptables nftables)"
+    );
+    assert!(
+        Path::new("/bin/busybox").is_file(),
+        "/bin/busybox missing (apt-get install busybox-static)"
+    );
+    true
+}
+
+/// The machine's own state the suite must leave alone: the root netns's links, addresses,
+/// routes and iptables rules, and the machine's containerd and CNI state directories.
+///
+/// Other software (a developer's Podman, other test suites) may change the machine
+/// while we run, so the check after a test looks for what *we* could have leaked: our
+/// bridge or pod CIDRs in the root netns, containerd state outside our fixture, our
+/// network in the machine's /var/lib/cni.
+#[derive(Debug)]
+struct MachineState {
+    containerd_dirs: BTreeMap<&'static str, Option<BTreeSet<String>>>,
+    /// containerd's default pod netns pins, `/run/netns/cni-<uuid>`.
+    cni_netns: BTreeSet<String>,
+}
+
+/// containerd's hard-coded and default state directories on the machine.
+const CONTAINERD_DIRS: [&str; 3] = ["/run/containerd", "/var/lib/containerd", "/opt/containerd"];
+
+fn listing(dir: &str) -> Option<BTreeSet<String>> {
+    std::fs::read_dir(dir).ok().map(|entries| {
+        entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    })
+}
+
+/// `ip <args>` in the machine's netns (read only).
+fn root_netns(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Stdout of `program` run in the machine's netns (read only).
+fn command_output(program: &str) -> String {
+    let out = Command::new(program)
+        .output()
+        .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl MachineState {
+    fn now() -> Self {
+        Self {
+            containerd_dirs: CONTAINERD_DIRS
+                .into_iter()
+                .map(|d| (d, listing(d)))
+                .collect(),
+            cni_netns: listing("/run/netns")
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|n| n.starts_with("cni-"))
+                .collect(),
+        }
+    }
+
+    /// Panics if the machine holds anything of the node that used `bridge` and `cidrs`.
+    #[track_caller]
+    fn assert_untouched(&self, bridge: &str, cidrs: &[&str]) {
+        let after = Self::now();
+        assert_eq!(
+            after.containerd_dirs, self.containerd_dirs,
+            "containerd state on the machine changed"
+        );
+        let new_netns: Vec<&String> = after.cni_netns.difference(&self.cni_netns).collect();
+        assert!(
+            new_netns.is_empty(),
+            "pod netns pinned on the machine: {new_netns:?}"
+        );
+        let links = root_netns(&["-o", "link", "show"]);
+        assert!(
+            !links.contains(&format!(": {bridge}:")),
+            "our bridge {bridge} is in the machine's netns:\n{links}"
+        );
+        let state = [
+            root_netns(&["-o", "addr", "show"]),
+            root_netns(&["route", "show", "table", "all"]),
+            root_netns(&["-6", "route", "show", "table", "all"]),
+            command_output("iptables-save"),
+            command_output("ip6tables-save"),
+        ]
+        .concat();
+        for cidr in cidrs {
+            // The network part without trailing zeros: "10.244.1." or "fd00:10:244:1:".
+            let network = cidr.split('/').next().unwrap_or_default();
+            let prefix = if network.contains(':') {
+                format!("{}:", network.trim_end_matches(':'))
+            } else {
+                format!("{}.", network.trim_end_matches(".0"))
+            };
+            assert!(
+                !state.contains(&prefix),
+                "the machine's netns mentions {cidr}:\n{state}"
+            );
+        }
+        for sub in ["networks", "results"] {
+            let leaked: Vec<String> = listing(&format!("/var/lib/cni/{sub}"))
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|name| name.contains(NETWORK))
+                .collect();
+            assert!(
+                leaked.is_empty(),
+                "our network in /var/lib/cni/{sub}: {leaked:?}"
+            );
+        }
+    }
+}
+
+/// Firewall state of the host netns, all families and backends, as text.
+fn firewall(node: &Containerd) -> String {
+    let mut text = String::new();
+    for argv in [
+        &["iptables-save"][..],
+        &["ip6tables-save"][..],
+        &["nft", "list", "ruleset"][..],
+    ] {
+        let out = node.host().exec(argv);
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    text
+}
+
+/// Lines of the host netns's firewall mentioning `needle`.
+fn firewall_lines(node: &Containerd, needle: &str) -> Vec<String> {
+    firewall(node)
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains(needle))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits (bounded) for containerd to report NetworkReady after a conflist appeared.
+#[track_caller]
+fn wait_network_ready(node: &Containerd) {
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    loop {
+        let status = node.cri().status().expect("Status");
+        if status.network_ready {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "NetworkReady still false: {}\n{}",
+            status.network_message,
+            node.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A running pod as the tests see it.
+#[derive(Debug, Clone)]
+struct Pod {
+    name: String,
+    id: String,
+    v4: IpAddr,
+    v6: IpAddr,
+    pid: u32,
+}
+
+/// `RunPodSandbox`, then `PodSandboxStatus`: a ready sandbox with one IPv4 and one IPv6
+/// address (primary first, as kubelet reads them).
+#[track_caller]
+fn run_pod(node: &Containerd) -> Pod {
+    let name = unique_name("cnibb-pod");
+    let id = node
+        .cri()
+        .run_pod(&name, &unique_name("uid"), node.cgroup_parent())
+        .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", node.log()));
+    let status = node.cri().sandbox(&id).expect("PodSandboxStatus");
+    assert_eq!(status.state, 0, "sandbox {name} not ready: {status:?}");
+    assert!(status.pid > 0, "no sandbox pid: {status:?}");
+    let ips: Vec<IpAddr> = status
+        .ips
+        .iter()
+        .map(|ip| ip.parse().unwrap_or_else(|e| panic!("pod IP {ip:?}: {e}")))
+        .collect();
+    let [v4 @ IpAddr::V4(_), v6 @ IpAddr::V6(_)] = ips[..] else {
+        panic!("want [IPv4, IPv6] pod IPs, got {:?}", status.ips);
+    };
+    Pod {
+        name,
+        id,
+        v4,
+        v6,
+        pid: status.pid,
+    }
+}
+
+/// Whether `ip` is inside `cidr` (`a.b.c.d/n` or `x::/n`).
+fn contains(cidr: &str, ip: IpAddr) -> bool {
+    let Some((net, len)) = cidr.split_once('/') else {
+        return false;
+    };
+    let (Ok(net), Ok(len)) = (net.parse::<IpAddr>(), len.parse::<u32>()) else {
+        return false;
+    };
+    match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+            u32::from(n) & mask == u32::from(a) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => {
+            let mask = u128::MAX.checked_shl(128 - len).unwrap_or(0);
+            u128::from(n) & mask == u128::from(a) & mask
+        }
+        _ => false,
+    }
+}
+
+/// The `.1` / `::1` gateway of a pod CIDR.
+fn gateway(cidr: &str) -> IpAddr {
+    let net: IpAddr = cidr
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .parse()
+        .expect("cidr");
+    match net {
+        IpAddr::V4(n) => IpAddr::V4((u32::from(n) + 1).into()),
+        IpAddr::V6(n) => IpAddr::V6((u128::from(n) + 1).into()),
+    }
+}
+
+/// host-local's files for `pods`: each address names its sandbox and `eth0`.
+fn expected_reservations(pods: &[&Pod]) -> BTreeMap<String, String> {
+    pods.iter()
+        .flat_map(|p| {
+            [p.v4, p.v6]
+                .into_iter()
+                .map(|ip| (ip.to_string(), format!("{}\r\neth0", p.id)))
+        })
+        .collect()
+}
+
+/// Every pod pings every other pod and both gateways, over IPv4 and IPv6.
+#[track_caller]
+fn assert_all_reach(pods: &[&Pod], gateways: &[IpAddr]) {
+    for from in pods {
+        let targets = pods
+            .iter()
+            .filter(|to| to.id != from.id)
+            .flat_map(|to| [to.v4, to.v6])
+            .chain(gateways.iter().copied());
+        for to in targets {
+            if let Err(out) = ping_from(from.pid, &to.to_string(), PING_LIMIT) {
+                panic!(
+                    "{} ({}, {}) cannot ping {to}:\n{out}",
+                    from.name, from.v4, from.v6
+                );
+            }
+        }
+    }
+}
+
+/// The masquerade rules of `pod` exist (both families), so that their absence later
+/// means they were removed.
+#[track_caller]
+fn assert_masqueraded(node: &Containerd, pod: &Pod) {
+    for ip in [pod.v4, pod.v6] {
+        assert!(
+            !firewall_lines(node, &ip.to_string()).is_empty(),
+            "no masquerade rule for {ip}:\n{}",
+            firewall(node)
+        );
+    }
+}
+
+/// Stop and remove `gone` (two CNI DELs each), then check that nothing of them is left
+/// while the pods `kept` still have theirs.
+#[track_caller]
+fn remove_pods(node: &Containerd, gone: &[&Pod], kept: &[&Pod]) {
+    for pod in gone {
+        node.cri()
+            .stop(&pod.id)
+            .unwrap_or_else(|e| panic!("{e}\n{}", node.log()));
+    }
+    for pod in gone {
+        node.cri()
+            .remove(&pod.id)
+            .unwrap_or_else(|e| panic!("{e}\n{}", node.log()));
+    }
+    let mut ids = node.cri().sandbox_ids().expect("ListPodSandbox");
+    ids.sort();
+    let mut want: Vec<String> = kept.iter().map(|p| p.id.clone()).collect();
+    want.sort();
+    assert_eq!(ids, want, "sandboxes after removal");
+    assert_eq!(
+        node.reservations(),
+        expected_reservations(kept),
+        "host-local reservations after removal"
+    );
+    assert_eq!(
+        node.host_veths().len(),
+        kept.len(),
+        "veths after removal: {:?}",
+        node.host_veths()
+    );
+    for pod in gone {
+        for needle in [pod.id.clone(), pod.v4.to_string(), pod.v6.to_string()] {
+            let lines = firewall_lines(node, &needle);
+            assert!(
+                lines.is_empty(),
+                "firewall still mentions {needle}: {lines:#?}"
+            );
+        }
+    }
+    for pod in kept {
+        assert_masqueraded(node, pod);
+    }
+    // One sandbox process and one shim per pod that is left (shims exit on their own
+    // after the sandbox is removed: bounded wait).
+    assert_eq!(
+        node.sandbox_processes().len(),
+        kept.len(),
+        "sandbox processes after removal: {:?}",
+        node.sandbox_processes()
+    );
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    while node.shims().len() > kept.len() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        node.shims().len(),
+        kept.len(),
+        "shims after removal: {:?}",
+        node.shims()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn kubelet_flow_pods_get_dual_stack_addresses_reach_each_other_and_leave_nothing() {
+    if !require_containerd() {
+        return;
+    }
+    const PODS: usize = 3;
+    let cidrs = ["10.244.1.0/24", "fd00:10:244:1::/64"];
+    let machine = MachineState::now();
+    let bridge = {
+        let node = Containerd::start(TEMPLATE);
+
+        // Before kubelet sends the pod CIDR there is no conflist: network not ready.
+        let status = node.cri().status().expect("Status");
+        assert!(status.runtime_ready && !status.network_ready, "{status:?}");
+        assert!(node.rendered_conflist().is_none());
+
+        node.cri()
+            .update_pod_cidr(&cidrs.join(","))
+            .expect("UpdateRuntimeConfig");
+        wait_network_ready(&node);
+        let conflist = node
+            .rendered_conflist()
+            .expect("containerd wrote the conflist");
+        assert_eq!(conflist["name"], NETWORK);
+        assert_eq!(conflist["plugins"][0]["type"], "bridge");
+        assert_eq!(conflist["plugins"][0]["bridge"], node.bridge());
+        assert_eq!(conflist["plugins"][1]["type"], "loopback");
+        let ranges = &conflist["plugins"][0]["ipam"]["ranges"];
+        assert_eq!(ranges[0][0]["subnet"], cidrs[0], "{conflist}");
+        assert_eq!(ranges[1][0]["subnet"], cidrs[1], "{conflist}");
+        assert_eq!(
+            conflist["plugins"][0]["ipam"]["routes"],
+            serde_json::json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]),
+            "{conflist}"
+        );
+
+        let pods: Vec<Pod> = (0..PODS).map(|_| run_pod(&node)).collect();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        let addresses: BTreeSet<IpAddr> = pods.iter().flat_map(|p| [p.v4, p.v6]).collect();
+        assert_eq!(
+            addresses.len(),
+            2 * PODS,
+            "addresses not distinct: {pods:#?}"
+        );
+        for pod in &pods {
+            assert!(
+                contains(cidrs[0], pod.v4),
+                "{} outside {}",
+                pod.v4,
+                cidrs[0]
+            );
+            assert!(
+                contains(cidrs[1], pod.v6),
+                "{} outside {}",
+                pod.v6,
+                cidrs[1]
+            );
+            assert_ne!(pod.v4, gateway(cidrs[0]), "pod got the gateway address");
+            assert_masqueraded(&node, pod);
+        }
+        assert_eq!(node.reservations(), expected_reservations(&refs));
+        assert_eq!(node.host_veths().len(), PODS, "{:?}", node.host_veths());
+
+        assert_all_reach(&refs, &[gateway(cidrs[0]), gateway(cidrs[1])]);
+
+        // StopPodSandbox alone runs the DEL that frees addresses and the veth.
+        node.cri().stop(&pods[0].id).expect("StopPodSandbox");
+        assert_eq!(node.reservations(), expected_reservations(&refs[1..]));
+        assert_eq!(node.host_veths().len(), PODS - 1);
+
+        remove_pods(&node, &refs, &[]);
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &cidrs);
+}
+
+#[test]
+fn cni_add_failing_on_an_exhausted_range_fails_the_sandbox_and_leaves_nothing() {
+    if !require_containerd() {
+        return;
+    }
+    // host-local gives out .2-.6 of the /29 but only ::2 and ::3 of the /126: the third
+    // pod gets an IPv4 address and then fails on IPv6, which must give the IPv4 back.
+    let cidrs = ["10.244.3.0/29", "fd00:10:244:3::/126"];
+    let machine = MachineState::now();
+    let bridge = {
+        let node = Containerd::start(TEMPLATE);
+        node.cri()
+            .update_pod_cidr(&cidrs.join(","))
+            .expect("UpdateRuntimeConfig");
+        wait_network_ready(&node);
+        let first = run_pod(&node);
+        let second = run_pod(&node);
+        let before = (
+            node.reservations(),
+            node.host_veths(),
+            node.sandbox_processes(),
+        );
+
+        let error = node
+            .cri()
+            .run_pod(&unique_name("cnibb-pod"), "uid-full", node.cgroup_parent())
+            .expect_err("a pod beyond the range must not start");
+        assert!(
+            error.contains("no IP addresses available"),
+            "unexpected error: {error}"
+        );
+        assert_eq!(
+            node.reservations(),
+            before.0,
+            "the failed ADD kept an address"
+        );
+        assert_eq!(node.host_veths(), before.1, "the failed ADD left a veth");
+        assert_eq!(
+            node.sandbox_processes(),
+            before.2,
+            "the failed sandbox left a process"
+        );
+        let mut ids = node.cri().sandbox_ids().expect("ListPodSandbox");
+        ids.sort();
+        let mut want = vec![first.id.clone(), second.id.clone()];
+        want.sort();
+        assert_eq!(ids, want, "the failed sandbox is still listed");
+        // Only the two pods are masqueraded: no rule for an address of the failed one.
+        let masqueraded: BTreeSet<String> = firewall(&node)
+            .lines()
+            .filter(|l| l.starts_with("-A POSTROUTING") && l.contains(" -s "))
+            .filter_map(|l| l.split(" -s ").nth(1)?.split_whitespace().next())
+            .map(|s| s.split('/').next().unwrap_or_default().to_owned())
+            .collect();
+        let pods_ips: BTreeSet<String> = [first.v4, first.v6, second.v4, second.v6]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(masqueraded, pods_ips, "{}", firewall(&node));
+
+        // The range is usable again once a pod is gone: nothing of the failure blocks it.
+        remove_pods(&node, &[&first], &[&second]);
+        let third = run_pod(&node);
+        assert_all_reach(&[&second, &third], &[gateway(cidrs[0]), gateway(cidrs[1])]);
+        remove_pods(&node, &[&second, &third], &[]);
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &cidrs);
+}
+
+#[test]
+fn pods_stay_reachable_across_a_containerd_restart_and_are_removed_cleanly() {
+    if !require_containerd() {
+        return;
+    }
+    let cidrs = ["10.244.2.0/24", "fd00:10:244:2::/64"];
+    let machine = MachineState::now();
+    let bridge = {
+        let mut node = Containerd::start(TEMPLATE);
+        node.cri()
+            .update_pod_cidr(&cidrs.join(","))
+            .expect("UpdateRuntimeConfig");
+        wait_network_ready(&node);
+        let a = run_pod(&node);
+        let b = run_pod(&node);
+        let gateways = [gateway(cidrs[0]), gateway(cidrs[1])];
+        assert_all_reach(&[&a, &b], &gateways);
+        let reservations = node.reservations();
+
+        node.restart();
+        wait_network_ready(&node);
+        // containerd recovered the sandboxes with their addresses and processes.
+        for pod in [&a, &b] {
+            let status = node.cri().sandbox(&pod.id).expect("PodSandboxStatus");
+            assert_eq!(status.state, 0, "{} not ready after restart", pod.name);
+            assert_eq!(status.ips, [pod.v4.to_string(), pod.v6.to_string()]);
+            assert_eq!(status.pid, pod.pid);
+        }
+        assert_eq!(node.reservations(), reservations);
+        assert_all_reach(&[&a, &b], &gateways);
+
+        // A pod started by the new containerd joins the same bridge and range.
+        let c = run_pod(&node);
+        assert_eq!(node.reservations(), expected_reservations(&[&a, &b, &c]));
+        assert_all_reach(&[&a, &b, &c], &gateways);
+
+        remove_pods(&node, &[&a, &b, &c], &[]);
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &cidrs);
+}
