@@ -8,10 +8,12 @@
 # "<hash>  <file name>". DIR defaults to target/dist, PROFILE to release.
 #
 # The binaries are linked statically against glibc (-C target-feature=+crt-static on
-# x86_64-unknown-linux-gnu; --target keeps the flag away from build scripts and
-# proc-macros), so they run on any x86_64 Linux, in a FROM scratch image too. The script
-# fails unless ldd calls every binary "not a dynamic executable" and every binary's
-# about line names this version.
+# x86_64-unknown-linux-gnu; --target keeps the flags away from build scripts and
+# proc-macros), so they run on any x86_64 Linux, in a FROM scratch image too. They are
+# not position-independent (-C relocation-model=static), like the reference's Go
+# binaries: a static-pie would work too, but ldd calls it "statically linked" rather than
+# "not a dynamic executable". The script fails unless ldd calls every binary "not a
+# dynamic executable" and every binary's about line names this version.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -41,7 +43,7 @@ version=${pkgid##*[#@]}
 name="cni-plugins-rs-linux-amd64-v${version}.tgz"
 
 echo "==> building v${version} (${profile}, static, ${triple})"
-RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static" \
+RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
     cargo build --locked --profile "$profile" --target "$triple" \
     -p cni-bridge -p cni-host-local -p cni-loopback -p cni-installer
 

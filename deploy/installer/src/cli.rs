@@ -73,7 +73,7 @@ impl Default for Options {
 
 /// Parses the arguments after the program name.
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, InstallError> {
-    let usage = |m: String| InstallError::Usage(m);
+    let usage = InstallError::Usage;
     let mut options = Options::default();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {

@@ -163,37 +163,34 @@ pub fn run(options: &Options, out: &mut dyn Write) -> Result<(), InstallError> {
     create_dir(&options.dest)?;
     atomic::remove_stale_temps(&options.dest);
     for (name, target, bytes, stamp, action) in &binaries {
-        let what = match action {
+        let done = match action {
             Action::Unchanged => {
-                let _ = writeln!(out, "unchanged {} ({stamp})", target.display());
+                let _ = writeln!(out, "{}: unchanged, {stamp}", target.display());
                 continue;
             }
-            Action::Install => "installed".to_owned(),
-            Action::Replace(Existing::NotOurs) => {
-                "installed, replacing a binary that is not ours (e.g. the reference plugin)"
-                    .to_owned()
+            Action::Install => format!("installed {stamp}"),
+            Action::Replace(Existing::NotOurs) => format!(
+                "installed {stamp}, replacing a binary that is not cni-plugins-rs (e.g. the reference plugin)"
+            ),
+            Action::Replace(Existing::Ours(old)) if plan::is_downgrade(old, stamp) => {
+                format!("downgraded cni-plugins-rs {old} to {stamp}")
             }
             Action::Replace(Existing::Ours(old)) => {
-                let verb = if plan::is_downgrade(old, stamp) {
-                    "downgraded"
-                } else {
-                    "replaced"
-                };
-                format!("{verb} cni-plugins-rs {old} with")
+                format!("replaced cni-plugins-rs {old} with {stamp}")
             }
         };
         atomic::write(&options.dest, name, bytes, 0o755).map_err(|source| InstallError::Write {
             path: target.clone(),
             source,
         })?;
-        let _ = writeln!(out, "{what} {} ({stamp})", target.display());
+        let _ = writeln!(out, "{}: {done}", target.display());
     }
 
     if let Some(conflist) = conflist {
         create_dir(&options.conf_dir)?;
         let target = options.conf_dir.join(&conflist.file_name);
         if std::fs::read(&target).is_ok_and(|old| old == conflist.bytes) {
-            let _ = writeln!(out, "unchanged {}", target.display());
+            let _ = writeln!(out, "{}: unchanged", target.display());
         } else {
             atomic::remove_stale_temps(&options.conf_dir);
             atomic::write(
@@ -206,7 +203,7 @@ pub fn run(options: &Options, out: &mut dyn Write) -> Result<(), InstallError> {
                 path: target.clone(),
                 source,
             })?;
-            let _ = writeln!(out, "wrote {}", target.display());
+            let _ = writeln!(out, "{}: written", target.display());
         }
     }
 

@@ -107,7 +107,7 @@ fn fresh_install_then_second_run_changes_nothing() {
         );
         assert!(
             first.contains(&format!(
-                "installed {} (v{} (commit aaaaaaa))",
+                "{}: installed v{} (commit aaaaaaa)\n",
                 path.display(),
                 cni_build_stamp::VERSION
             )),
@@ -116,7 +116,7 @@ fn fresh_install_then_second_run_changes_nothing() {
     }
     let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
     let second = ok(&install(&src, &dest, &[]));
-    assert_eq!(second.matches("unchanged ").count(), 3, "{second}");
+    assert_eq!(second.matches(": unchanged, v").count(), 3, "{second}");
     let again: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
     assert_eq!(inodes, again, "an unchanged file was rewritten");
     let mut names: Vec<String> = fs::read_dir(&dest)
@@ -140,7 +140,8 @@ fn reference_and_unknown_binaries_are_replaced_other_files_kept() {
     fs::write(dest.join("portmap"), "reference portmap").unwrap();
     let out = ok(&install(&src, &dest.0, &[]));
     assert_eq!(
-        out.matches("replacing a binary that is not ours").count(),
+        out.matches("replacing a binary that is not cni-plugins-rs")
+            .count(),
         2,
         "{out}"
     );
@@ -184,7 +185,7 @@ fn a_newer_installed_version_is_not_downgraded_unless_allowed() {
 
     let allowed = ok(&install(&src, &dest.0, &["--allow-downgrade"]));
     assert!(
-        allowed.contains("downgraded cni-plugins-rs v99.0.0 (commit fffffff) with"),
+        allowed.contains("downgraded cni-plugins-rs v99.0.0 (commit fffffff) to v"),
         "{allowed}"
     );
     assert_eq!(
@@ -248,7 +249,10 @@ fn a_running_binary_is_replaced_and_keeps_running() {
         Some(9),
         "ended by our kill, not by the install: {status:?}"
     );
-    assert!(out.contains("replacing a binary that is not ours"), "{out}");
+    assert!(
+        out.contains("replacing a binary that is not cni-plugins-rs"),
+        "{out}"
+    );
     assert_eq!(
         fs::read(&target).unwrap(),
         fs::read(src.join("host-local")).unwrap()
@@ -276,7 +280,7 @@ fn conflist_is_written_checked_and_left_alone_when_identical() {
     let first = ok(&install(&src, &dest.0, &args));
     let written = conf_dir.join("10-pods.conflist");
     assert!(
-        first.contains(&format!("wrote {}", written.display())),
+        first.contains(&format!("{}: written\n", written.display())),
         "{first}"
     );
     assert_eq!(fs::read(&written).unwrap(), fs::read(&good).unwrap());
@@ -286,7 +290,7 @@ fn conflist_is_written_checked_and_left_alone_when_identical() {
     );
     let second = ok(&install(&src, &dest.0, &args));
     assert!(
-        second.contains(&format!("unchanged {}", written.display())),
+        second.contains(&format!("{}: unchanged\n", written.display())),
         "{second}"
     );
 
