@@ -76,6 +76,7 @@ for bin in "${bins[@]}"; do
 done
 
 stage=$(mktemp -d)
+chmod 0755 "$stage"
 trap 'rm -rf "$stage"' EXIT
 for bin in "${bins[@]}"; do
     install -m 0755 "$bin_dir/$bin" "$stage/$bin"

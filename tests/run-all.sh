@@ -16,11 +16,14 @@ step() { printf '\n==> %s\n' "$*"; }
 # firewall state; the reference Go plugins (containernetworking-plugins) and libcni
 # sources (golang-github-appc-cni-dev, with golang-go) for compatibility checks; podman,
 # runc and busybox-static for runtime-level tests; ca-certificates for cargo's downloads;
-# procps (kill) and util-linux (nsenter, unshare) for the Podman suite's private namespaces.
+# procps (kill) and util-linux (nsenter, unshare) for the Podman suite's private namespaces;
+# libc6-dev (glibc's static archives) and git (the commit stamp) for deploy/release.sh,
+# which the image/installer test runs.
 packages=(
     iproute2 iptables nftables iputils-ping procps util-linux
     containernetworking-plugins golang-go golang-github-appc-cni-dev
     podman runc busybox-static ca-certificates
+    libc6-dev git
 )
 missing=()
 for p in "${packages[@]}"; do
