@@ -19,11 +19,14 @@ step() { printf '\n==> %s\n' "$*"; }
 # procps (kill) and util-linux (nsenter, unshare) for the Podman suite's private namespaces;
 # containerd (with its runc shim) for the CRI suite, and protobuf-compiler (protoc) to
 # build that suite's CRI client (the k8s-cri crate compiles its protos at build time).
+# libc6-dev (glibc's static archives) and git (the commit stamp) for deploy/release.sh,
+# which the image/installer test runs.
 packages=(
     iproute2 iptables nftables iputils-ping procps util-linux
     containernetworking-plugins golang-go golang-github-appc-cni-dev
     podman runc busybox-static ca-certificates
     containerd protobuf-compiler
+    libc6-dev git
 )
 missing=()
 for p in "${packages[@]}"; do

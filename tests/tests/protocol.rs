@@ -141,6 +141,16 @@ fn no_command_prints_about_text_on_stderr() {
                 .contains(&format!("CNI protocol versions supported: {SUPPORTED}\n")),
             "{out}"
         );
+        // The about line: the reference's first words, then what we are and our commit.
+        let about = out.stderr.lines().next().unwrap_or_default();
+        let prefix = format!(
+            "CNI {PLUGIN} plugin v{} (cni-plugins-rs, commit ",
+            env!("CARGO_PKG_VERSION")
+        );
+        assert!(
+            about.starts_with(&prefix) && about.ends_with("; not the Go reference plugins)"),
+            "about line {about:?}, want {prefix:?}...\n{out}"
+        );
     });
 }
 

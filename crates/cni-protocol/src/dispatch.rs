@@ -299,11 +299,6 @@ fn install_abort_reporter() {
     }));
 }
 
-/// The about line printed when `CNI_COMMAND` is empty.
-pub fn about(plugin: &str, version: &str) -> String {
-    format!("CNI {plugin} plugin {version}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ pub mod version;
 
 pub use args::CniArgs;
 pub use config::{Attachment, NetConf};
-pub use dispatch::{Outcome, Plugin, Request, about, dispatch, run};
+pub use dispatch::{Outcome, Plugin, Request, dispatch, run};
 pub use env::{CmdArgs, Command};
 pub use error::{CniError, ErrorCode};
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};

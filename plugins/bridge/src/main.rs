@@ -1,6 +1,3 @@
 fn main() -> std::process::ExitCode {
-    cni_protocol::run(
-        &cni_bridge::Bridge,
-        &cni_protocol::about("bridge", env!("CARGO_PKG_VERSION")),
-    )
+    cni_protocol::run(&cni_bridge::Bridge, &cni_build_stamp::about("bridge"))
 }

@@ -3,6 +3,6 @@
 fn main() -> std::process::ExitCode {
     cni_protocol::run(
         &cni_host_local::HostLocal,
-        &cni_protocol::about("host-local", env!("CARGO_PKG_VERSION")),
+        &cni_build_stamp::about("host-local"),
     )
 }

@@ -1,0 +1,194 @@
+//! Replacing a file atomically: write a temp file in the target's directory, fsync it,
+//! set its mode, rename it over the target, fsync the directory.
+//!
+//! Why not copy in place: opening a running executable for writing fails with ETXTBSY
+//! ("Text file busy"), and truncating a config in place lets a reader see half of it.
+//! A rename swaps the directory entry in one step; a process running the old binary
+//! keeps its inode until it exits. The temp file is in the same directory because
+//! rename does not cross filesystems.
+
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Marks our temp files: `.<name>.cni-installer.<pid>.<nanos>.tmp`.
+const TEMP_TAG: &str = ".cni-installer.";
+
+/// Writes `contents` to `dir/name` with `mode`, atomically. On failure the target is
+/// untouched and the temp file removed.
+pub fn write(dir: &Path, name: &str, contents: &[u8], mode: u32) -> io::Result<()> {
+    let temp = temp_path(dir, name);
+    let result = write_then_rename(&temp, &dir.join(name), contents, mode).and_then(|()| {
+        // The rename is durable once the directory is.
+        File::open(dir)?.sync_all()
+    });
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result
+}
+
+fn write_then_rename(temp: &Path, target: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    // 0600 while incomplete: nobody runs or reads a half-written file.
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(temp)?;
+    file.write_all(contents)?;
+    file.set_permissions(Permissions::from_mode(mode))?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(temp, target)
+}
+
+/// A temp name unlikely to clash even between two containers that are both pid 1.
+fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    dir.join(format!(
+        ".{name}{TEMP_TAG}{}.{nanos}.tmp",
+        std::process::id()
+    ))
+}
+
+/// Whether `file_name` is one of our temp files.
+fn is_temp(file_name: &str) -> bool {
+    file_name.starts_with('.') && file_name.contains(TEMP_TAG) && file_name.ends_with(".tmp")
+}
+
+/// Removes temp files an earlier, killed run left in `dir`. Best effort: a leftover
+/// temp file is untidy, not harmful (libcni ignores dot files and non-plugin names).
+pub fn remove_stale_temps(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        if entry.file_name().to_str().is_some_and(is_temp) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    /// A fresh directory under the system temp dir, removed on drop.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(tag: &str) -> Self {
+            let nanos = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or_default();
+            let path = std::env::temp_dir().join(format!(
+                "cni-installer-test-{tag}-{}-{nanos}",
+                std::process::id()
+            ));
+            fs::create_dir(&path).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn writes_a_new_file_with_its_mode_and_no_temp_left() {
+        let dir = Dir::new("new");
+        write(&dir.0, "bridge", b"new", 0o755).unwrap();
+        assert_eq!(fs::read(dir.0.join("bridge")).unwrap(), b"new");
+        let mode = fs::metadata(dir.0.join("bridge")).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o755);
+        assert_eq!(names(&dir.0), ["bridge"]);
+    }
+
+    #[test]
+    fn replaces_by_rename_so_an_open_old_file_keeps_its_contents() {
+        let dir = Dir::new("replace");
+        let target = dir.0.join("10-net.conflist");
+        fs::write(&target, b"old").unwrap();
+        let old_inode = fs::metadata(&target).unwrap().ino();
+        // Like a running executable: the old inode stays readable after the swap.
+        let held = File::open(&target).unwrap();
+        write(&dir.0, "10-net.conflist", b"new contents", 0o644).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new contents");
+        assert_ne!(fs::metadata(&target).unwrap().ino(), old_inode);
+        assert_eq!(held.metadata().unwrap().ino(), old_inode);
+        assert_eq!(
+            io::read_to_string(held).unwrap(),
+            "old",
+            "the open file lost its contents"
+        );
+        assert_eq!(
+            fs::metadata(&target).unwrap().mode() & 0o7777,
+            0o644,
+            "mode of the new file"
+        );
+        assert_eq!(names(&dir.0), ["10-net.conflist"]);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_target_and_no_temp() {
+        let dir = Dir::new("fail");
+        // The target is a non-empty directory: rename cannot replace it.
+        fs::create_dir(dir.0.join("bridge")).unwrap();
+        fs::write(dir.0.join("bridge/keep"), b"x").unwrap();
+        assert!(write(&dir.0, "bridge", b"new", 0o755).is_err());
+        assert_eq!(names(&dir.0), ["bridge"]);
+        assert_eq!(fs::read(dir.0.join("bridge/keep")).unwrap(), b"x");
+        // A missing directory fails before anything is created.
+        assert!(write(&dir.0.join("missing"), "bridge", b"new", 0o755).is_err());
+    }
+
+    #[test]
+    fn stale_temps_are_removed_and_nothing_else() {
+        let dir = Dir::new("stale");
+        for name in [
+            ".bridge.cni-installer.1.123.tmp",
+            ".10-net.conflist.cni-installer.7.9.tmp",
+            "bridge",
+            ".hidden",
+            "x.cni-installer.1.2.tmp",
+            ".bridge.cni-installer.1.2.tmp.keep",
+        ] {
+            fs::write(dir.0.join(name), b"").unwrap();
+        }
+        remove_stale_temps(&dir.0);
+        assert_eq!(
+            names(&dir.0),
+            [
+                ".bridge.cni-installer.1.2.tmp.keep",
+                ".hidden",
+                "bridge",
+                "x.cni-installer.1.2.tmp"
+            ]
+        );
+        assert!(is_temp(
+            temp_path(Path::new("/d"), "host-local")
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+        ));
+    }
+}

@@ -1,0 +1,395 @@
+//! The installer binary against throwaway directories (no root needed): fresh install,
+//! idempotence, replacing the reference plugins, refusing a downgrade, replacing a
+//! binary that is running, the conflist, and the DaemonSet's sleep mode.
+//!
+//! The "plugins" installed are small shell scripts that carry a build stamp in a
+//! comment: the installer reads stamps from bytes and never runs what it installs.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const INSTALLER: &str = env!("CARGO_BIN_EXE_cni-installer");
+const PLUGINS: [&str; 3] = ["bridge", "host-local", "loopback"];
+
+/// A directory under the system temp dir, removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "cni-installer-it-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir(&path).unwrap();
+        Self(path)
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A stand-in plugin file with the stamp `v<version>`, commit `commit`.
+fn fake_plugin(name: &str, version: &str, commit: &str) -> String {
+    format!(
+        "#!/bin/sh\n# CNI {name} plugin v{version} (cni-plugins-rs, commit {commit}; not the Go reference plugins)\necho {name}\n"
+    )
+}
+
+/// A source dir of stand-ins with this build's version.
+fn source(commit: &str) -> Dir {
+    let dir = Dir::new("src");
+    for name in PLUGINS {
+        fs::write(
+            dir.join(name),
+            fake_plugin(name, cni_build_stamp::VERSION, commit),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+fn install(src: &Dir, dest: &Path, extra: &[&str]) -> Output {
+    Command::new(INSTALLER)
+        .arg("--source")
+        .arg(&src.0)
+        .arg("--dest")
+        .arg(dest)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[track_caller]
+fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "installer failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn inode(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().ino()
+}
+
+#[test]
+fn fresh_install_then_second_run_changes_nothing() {
+    let src = source("aaaaaaa");
+    let host = Dir::new("host");
+    let dest = host.join("opt/cni/bin");
+    let first = ok(&install(&src, &dest, &[]));
+    for name in PLUGINS {
+        let path = dest.join(name);
+        assert_eq!(fs::read(&path).unwrap(), fs::read(src.join(name)).unwrap());
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+            0o755
+        );
+        assert!(
+            first.contains(&format!(
+                "{}: installed v{} (commit aaaaaaa)\n",
+                path.display(),
+                cni_build_stamp::VERSION
+            )),
+            "{first}"
+        );
+    }
+    let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
+    let second = ok(&install(&src, &dest, &[]));
+    assert_eq!(second.matches(": unchanged, v").count(), 3, "{second}");
+    let again: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
+    assert_eq!(inodes, again, "an unchanged file was rewritten");
+    let mut names: Vec<String> = fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, PLUGINS, "no temp files or extras");
+}
+
+#[test]
+fn reference_and_unknown_binaries_are_replaced_other_files_kept() {
+    let src = source("aaaaaaa");
+    let dest = Dir::new("dest");
+    fs::write(
+        dest.join("bridge"),
+        "\x7fELF Go BuildID CNI bridge plugin v1.1.1",
+    )
+    .unwrap();
+    fs::write(dest.join("host-local"), "").unwrap();
+    fs::write(dest.join("portmap"), "reference portmap").unwrap();
+    let out = ok(&install(&src, &dest.0, &[]));
+    assert_eq!(
+        out.matches("replacing a binary that is not cni-plugins-rs")
+            .count(),
+        2,
+        "{out}"
+    );
+    for name in PLUGINS {
+        assert_eq!(
+            fs::read(dest.join(name)).unwrap(),
+            fs::read(src.join(name)).unwrap()
+        );
+    }
+    assert_eq!(
+        fs::read(dest.join("portmap")).unwrap(),
+        b"reference portmap"
+    );
+}
+
+#[test]
+fn a_newer_installed_version_is_not_downgraded_unless_allowed() {
+    let src = source("aaaaaaa");
+    let dest = Dir::new("dest");
+    let newer = fake_plugin("host-local", "99.0.0", "fffffff");
+    fs::write(dest.join("host-local"), &newer).unwrap();
+    fs::write(dest.join("bridge"), "reference").unwrap();
+
+    let refused = install(&src, &dest.0, &[]);
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let want = format!(
+        "cni-installer: error: refusing to downgrade: {} is cni-plugins-rs v99.0.0 (commit fffffff), \
+         newer than v{} (commit aaaaaaa); pass --allow-downgrade to install anyway; nothing was changed\n",
+        dest.join("host-local").display(),
+        cni_build_stamp::VERSION
+    );
+    assert_eq!(stderr, want);
+    // Nothing was changed, not even the files that would have been fine to replace.
+    assert_eq!(fs::read_to_string(dest.join("host-local")).unwrap(), newer);
+    assert_eq!(
+        fs::read_to_string(dest.join("bridge")).unwrap(),
+        "reference"
+    );
+    assert!(!dest.join("loopback").exists());
+
+    let allowed = ok(&install(&src, &dest.0, &["--allow-downgrade"]));
+    assert!(
+        allowed.contains("downgraded cni-plugins-rs v99.0.0 (commit fffffff) to v"),
+        "{allowed}"
+    );
+    assert_eq!(
+        fs::read(dest.join("host-local")).unwrap(),
+        fs::read(src.join("host-local")).unwrap()
+    );
+}
+
+#[test]
+fn an_older_or_same_version_of_ours_is_replaced() {
+    let src = source("bbbbbbb");
+    let dest = Dir::new("dest");
+    fs::write(
+        dest.join("bridge"),
+        fake_plugin("bridge", "0.0.0-alpha", "0000000"),
+    )
+    .unwrap();
+    fs::write(
+        dest.join("loopback"),
+        fake_plugin("loopback", cni_build_stamp::VERSION, "aaaaaaa"),
+    )
+    .unwrap();
+    let out = ok(&install(&src, &dest.0, &[]));
+    assert!(
+        out.contains("replaced cni-plugins-rs v0.0.0-alpha (commit 0000000) with"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!(
+            "replaced cni-plugins-rs v{} (commit aaaaaaa) with",
+            cni_build_stamp::VERSION
+        )),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_running_binary_is_replaced_and_keeps_running() {
+    let src = source("aaaaaaa");
+    let dest = Dir::new("dest");
+    // A real executable stands in for a plugin that is running: /bin/sleep.
+    let target = dest.join("host-local");
+    fs::copy("/bin/sleep", &target).unwrap();
+    let mut running = Command::new(&target).arg("600").spawn().unwrap();
+    // What a plain copy meets (the reason for the rename): ETXTBSY, "Text file busy".
+    let plain = fs::OpenOptions::new().write(true).open(&target);
+    assert_eq!(
+        plain.err().and_then(|e| e.raw_os_error()),
+        Some(nix::libc::ETXTBSY),
+        "the running file should refuse writers"
+    );
+
+    let out = install(&src, &dest.0, &[]);
+    let still_running = running.try_wait().unwrap().is_none();
+    let _ = running.kill();
+    let status = running.wait().unwrap();
+    let out = ok(&out);
+    assert!(still_running, "the running plugin died during the install");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "ended by our kill, not by the install: {status:?}"
+    );
+    assert!(
+        out.contains("replacing a binary that is not cni-plugins-rs"),
+        "{out}"
+    );
+    assert_eq!(
+        fs::read(&target).unwrap(),
+        fs::read(src.join("host-local")).unwrap()
+    );
+}
+
+#[test]
+fn conflist_is_written_checked_and_left_alone_when_identical() {
+    let src = source("aaaaaaa");
+    let dest = Dir::new("dest");
+    let conf_dir = Dir::new("netd");
+    let cfg = Dir::new("cfg");
+    let good = cfg.join("10-pods.conflist");
+    fs::write(
+        &good,
+        r#"{"cniVersion":"1.0.0","name":"pods","plugins":[{"type":"bridge"},{"type":"loopback"}]}"#,
+    )
+    .unwrap();
+    let args = [
+        "--conflist",
+        good.to_str().unwrap(),
+        "--conf-dir",
+        conf_dir.0.to_str().unwrap(),
+    ];
+    let first = ok(&install(&src, &dest.0, &args));
+    let written = conf_dir.join("10-pods.conflist");
+    assert!(
+        first.contains(&format!("{}: written\n", written.display())),
+        "{first}"
+    );
+    assert_eq!(fs::read(&written).unwrap(), fs::read(&good).unwrap());
+    assert_eq!(
+        fs::metadata(&written).unwrap().permissions().mode() & 0o7777,
+        0o644
+    );
+    let second = ok(&install(&src, &dest.0, &args));
+    assert!(
+        second.contains(&format!("{}: unchanged\n", written.display())),
+        "{second}"
+    );
+
+    // A broken config stops everything before any write.
+    let bad = cfg.join("20-bad.conflist");
+    fs::write(&bad, r#"{"name":"bad","plugins":[]}"#).unwrap();
+    let fresh = Dir::new("fresh");
+    let out = install(
+        &src,
+        &fresh.0,
+        &[
+            "--conflist",
+            bad.to_str().unwrap(),
+            "--conf-dir",
+            conf_dir.0.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "cni-installer: error: {}: \"plugins\" must be a non-empty list\n",
+            bad.display()
+        )
+    );
+    assert!(!conf_dir.join("20-bad.conflist").exists());
+    assert_eq!(
+        fs::read_dir(&fresh.0).unwrap().count(),
+        0,
+        "binaries written"
+    );
+}
+
+#[test]
+fn a_source_that_is_not_ours_is_refused() {
+    let src = source("aaaaaaa");
+    fs::write(src.join("loopback"), "\x7fELF reference loopback").unwrap();
+    let dest = Dir::new("dest");
+    let out = install(&src, &dest.0, &[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        format!(
+            "cni-installer: error: {} is not a cni-plugins-rs binary (it has no build stamp); not installing it\n",
+            src.join("loopback").display()
+        )
+    );
+    assert_eq!(fs::read_dir(&dest.0).unwrap().count(), 0);
+}
+
+#[test]
+fn sleep_forever_installs_then_exits_zero_on_sigterm() {
+    let src = source("aaaaaaa");
+    let dest = Dir::new("dest");
+    let mut child = Command::new(INSTALLER)
+        .arg("--source")
+        .arg(&src.0)
+        .arg("--dest")
+        .arg(&dest.0)
+        .arg("--sleep-forever")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // Blocks until the installer says it sleeps (or exits: then the lines end).
+    let seen: Vec<String> = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .take_while(|l| l != "installed; sleeping until SIGTERM")
+        .collect();
+    assert!(
+        dest.join("bridge").exists(),
+        "not installed before sleeping: {seen:?}"
+    );
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "exited instead of sleeping: {seen:?}"
+    );
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(status.success(), "{status:?}");
+    assert_eq!(rest, ["SIGTERM: exiting"]);
+}
+
+#[test]
+fn help_version_and_bad_arguments() {
+    let help = Command::new(INSTALLER).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    assert!(String::from_utf8_lossy(&help.stdout).starts_with("Usage: cni-installer [OPTIONS]"));
+    let version = Command::new(INSTALLER).arg("--version").output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout),
+        format!("cni-installer{}\n", cni_build_stamp::STAMP)
+    );
+    let bad = Command::new(INSTALLER).arg("--bogus").output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(
+        String::from_utf8_lossy(&bad.stderr),
+        "cni-installer: unknown argument \"--bogus\"\nTry 'cni-installer --help'.\n"
+    );
+}

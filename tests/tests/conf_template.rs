@@ -1,0 +1,202 @@
+//! The containerd `conf_template` we ship (`deploy/kubernetes/containerd-cni.conflist.tmpl`),
+//! rendered as containerd renders it (Go's text/template with `PodCIDR`, `PodCIDRRanges`,
+//! `Routes`; the renderer is `tests/interop/conf-template`), makes a pod the way
+//! containerd's libcni runs the list: our `bridge` (with `host-local`), then `loopback`
+//! with the bridge's result, in throwaway host and pod namespaces. Single- and dual-stack
+//! nodes. The rendered `dataDir` is pointed at a temp dir (the template leaves the
+//! default, /var/lib/cni/networks, which belongs to the machine).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use cni_blackbox::{Netns, Plugin, TempDir, kernel, require_root, unique_name, workspace_root};
+use serde_json::{Value, json};
+
+/// Builds the renderer once per test process (offline: standard library only).
+fn renderer() -> &'static Path {
+    static RENDERER: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let built = RENDERER.get_or_init(|| {
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let out = scratch.join("conf-template");
+        let result = Command::new("go")
+            .args(["build", "-o"])
+            .arg(&out)
+            .arg("main.go")
+            .current_dir(workspace_root().join("tests/interop/conf-template"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("HOME", scratch)
+            .env("GO111MODULE", "off")
+            .env("GOFLAGS", "")
+            .env("GOENV", "off")
+            .env("GOCACHE", scratch.join("go-build-cache"))
+            .env("CGO_ENABLED", "0")
+            .output()
+            .map_err(|e| {
+                format!("cannot run `go build` ({e}); install golang-go (tests/run-all.sh does)")
+            })?;
+        if result.status.success() {
+            Ok(out)
+        } else {
+            Err(format!(
+                "go build of the conf-template renderer failed: {}",
+                String::from_utf8_lossy(&result.stderr)
+            ))
+        }
+    });
+    match built {
+        Ok(path) => path,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The shipped template rendered for a node with `cidrs`.
+fn render(cidrs: &[&str]) -> Value {
+    let out = Command::new(renderer())
+        .arg(workspace_root().join("deploy/kubernetes/containerd-cni.conflist.tmpl"))
+        .args(cidrs)
+        .output()
+        .expect("run the renderer");
+    assert!(
+        out.status.success(),
+        "rendering failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "the rendered template is not JSON ({e}):\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+#[test]
+fn rendered_template_has_our_plugins_and_every_pod_cidr() {
+    // Rendering needs no root; only running the plugins does.
+    let dual = render(&["10.244.1.0/24", "fd00:10:244:1::/64"]);
+    let types: Vec<&str> = dual["plugins"]
+        .as_array()
+        .expect("plugins")
+        .iter()
+        .filter_map(|p| p["type"].as_str())
+        .collect();
+    assert_eq!(types, ["bridge", "loopback"]);
+    let ipam = &dual["plugins"][0]["ipam"];
+    assert_eq!(ipam["type"], "host-local");
+    assert_eq!(
+        ipam["ranges"],
+        json!([[{"subnet": "10.244.1.0/24"}], [{"subnet": "fd00:10:244:1::/64"}]])
+    );
+    assert_eq!(
+        ipam["routes"],
+        json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}])
+    );
+
+    let single = render(&["10.244.2.0/24"]);
+    assert_eq!(
+        single["plugins"][0]["ipam"]["ranges"],
+        json!([[{"subnet": "10.244.2.0/24"}]])
+    );
+    assert_eq!(
+        single["plugins"][0]["ipam"]["routes"],
+        json!([{"dst": "0.0.0.0/0"}])
+    );
+}
+
+#[test]
+fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
+    if !require_root() {
+        return;
+    }
+    let conflist = render(&["10.244.1.0/24", "fd00:10:244:1::/64"]);
+    let host = Netns::new("cnibb-tmpl-host");
+    let pod = Netns::new("cnibb-tmpl-pod");
+    let data = TempDir::new("cnibb-tmpl-data");
+    let id = unique_name("cnibb-tmpl");
+
+    // As libcni does: each plugin gets the list's name and cniVersion, the next one the
+    // previous result.
+    let plugin_conf = |index: usize, prev: Option<&Value>| {
+        let mut conf = conflist["plugins"][index].clone();
+        conf["name"] = conflist["name"].clone();
+        conf["cniVersion"] = conflist["cniVersion"].clone();
+        if conf["ipam"].is_object() {
+            conf["ipam"]["dataDir"] = json!(data.path_str());
+        }
+        if let Some(prev) = prev {
+            conf["prevResult"] = prev.clone();
+        }
+        conf
+    };
+    let bridge_conf = plugin_conf(0, None);
+    let added = Plugin::new("bridge", &host)
+        .command("ADD")
+        .attachment(&id, &pod, "eth0")
+        .config(&bridge_conf)
+        .run();
+    added.assert_success();
+    let result = added.json();
+    let loopback_conf = plugin_conf(1, Some(&result));
+    let chained = Plugin::new("loopback", &host)
+        .command("ADD")
+        .attachment(&id, &pod, "eth0")
+        .config(&loopback_conf)
+        .run();
+    chained.assert_success();
+    assert_eq!(
+        chained.json(),
+        result,
+        "loopback passes the bridge's result on"
+    );
+
+    let addrs = kernel::addr_cidrs(&pod, "eth0");
+    for want in ["10.244.1.2/24", "fd00:10:244:1::2/64"] {
+        assert!(addrs.iter().any(|a| a == want), "{want} not in {addrs:?}");
+    }
+    assert!(kernel::link_is_up(&pod, "lo"), "lo is down");
+    let default4 = kernel::routes(&pod);
+    assert!(
+        default4
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["dst"] == "default" && r["gateway"] == "10.244.1.1"),
+        "no IPv4 default route via the bridge: {default4}"
+    );
+    let default6 = kernel::routes6(&pod);
+    assert!(
+        default6
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["dst"] == "default" && r["gateway"] == "fd00:10:244:1::1"),
+        "no IPv6 default route via the bridge: {default6}"
+    );
+    let gateways = kernel::addr_cidrs(&host, "cni0");
+    for want in ["10.244.1.1/24", "fd00:10:244:1::1/64"] {
+        assert!(
+            gateways.iter().any(|g| g == want),
+            "{want} not on cni0: {gateways:?}"
+        );
+    }
+
+    // containerd deletes in reverse order, with the cached result.
+    for (name, conf) in [
+        ("loopback", &loopback_conf),
+        ("bridge", &plugin_conf(0, Some(&result))),
+    ] {
+        Plugin::new(name, &host)
+            .command("DEL")
+            .attachment(&id, &pod, "eth0")
+            .config(conf)
+            .run()
+            .assert_success_silent();
+    }
+    assert!(kernel::link(&pod, "eth0").is_none(), "eth0 left after DEL");
+    assert_eq!(
+        cni_blackbox::ipam::reservations(&data.path().join("k8s-pod-network")).len(),
+        0,
+        "reservations left after DEL"
+    );
+}
