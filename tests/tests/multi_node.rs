@@ -89,7 +89,8 @@ impl Node {
 struct Cluster {
     nodes: Vec<Node>,
     internet: Netns,
-    underlay: Netns,
+    /// Held so the underlay switch lives as long as the cluster.
+    _underlay: Netns,
     ip_masq: bool,
 }
 
@@ -191,7 +192,7 @@ impl Cluster {
         let mut cluster = Self {
             nodes,
             internet,
-            underlay,
+            _underlay: underlay,
             ip_masq,
         };
         for node in &mut cluster.nodes {
