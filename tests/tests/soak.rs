@@ -1,9 +1,10 @@
 //! Soak (issue 11, item 8): many ADD/DEL cycles of one pod slot (bridge + host-local,
 //! dual-stack, masquerade on), and afterwards nothing has grown: the same files in the
 //! network's state directory, the same links, addresses, routes, neighbours and bridge
-//! FDB entries in the host netns, the same iptables and nftables rules, the same
-//! conntrack count, nothing left in the pod, and no plugin process bigger than in the
-//! first tenth of the run (peak RSS of the test's children, a generous bound).
+//! FDB entries in the host netns, the same iptables and nftables rules, nothing left in
+//! the pod, and no plugin process bigger than in the first tenth of the run (peak RSS of
+//! the test's children, a generous bound). Conntrack entries are printed, not compared
+//! (see [`conntrack_entries`]).
 //!
 //! Cycles: `CNI_SOAK_CYCLES` (default 100, also under CI). The full soak is 5,000 cycles,
 //! run by `tests/bench/soak.sh`, which also prints the latency figures this test
@@ -48,7 +49,6 @@ struct Snapshot {
     bridge_fdb: usize,
     iptables: Vec<String>,
     nft: Vec<String>,
-    conntrack: Option<String>,
     pod_links: Vec<String>,
     pod_addrs: Vec<String>,
 }
@@ -122,17 +122,22 @@ fn snapshot(net: &Net, pod: &Netns) -> Snapshot {
         },
         iptables: lines(net.iptables()),
         nft: lines(net.nft()),
-        conntrack: {
-            let out = net
-                .host
-                .exec(&["cat", "/proc/sys/net/netfilter/nf_conntrack_count"]);
-            out.status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
-        },
         pod_links: names(&kernel::links(pod)),
         pod_addrs: all_addrs(pod),
     }
+}
+
+/// The host netns' conntrack entries (`/proc/net/nf_conntrack`, empty when the kernel
+/// has no conntrack procfs). Not part of [`Snapshot`]: the plugins make no conntrack
+/// state, but a pod's own packets while it lives (IPv6 router solicitations, MLD reports)
+/// can leave an entry in the host netns that only expires by timeout (30 s for ICMPv6),
+/// so the count at an instant says nothing about a leak. Printed for the record.
+fn conntrack_entries(host: &Netns) -> Vec<String> {
+    let out = host.exec(&["cat", "/proc/net/nf_conntrack"]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// Peak RSS (KiB) of any child process this test has waited for so far, the plugins
@@ -215,10 +220,11 @@ fn add_del_cycles_leave_nothing_behind() {
     let elapsed = started.elapsed();
     let rss_end = children_peak_rss_kib();
     let end = snapshot(&net, &pod);
+    let conntrack = conntrack_entries(&net.host);
 
     let _ = writeln!(
         std::io::stderr(),
-        "soak: {cycles} cycles in {:.1} s\n{}\n{}\npeak RSS of child processes: {rss_first_tenth} KiB after the first tenth, {rss_end} KiB at the end, last raised in cycle {rss_raised_at}\nstate at the end: {end:?}",
+        "soak: {cycles} cycles in {:.1} s\n{}\n{}\npeak RSS of child processes: {rss_first_tenth} KiB after the first tenth, {rss_end} KiB at the end, last raised in cycle {rss_raised_at}\nstate at the end: {end:?}\nconntrack entries in the host netns at the end: {conntrack:#?}",
         elapsed.as_secs_f64(),
         report("ADD", &add_times),
         report("DEL", &del_times),
