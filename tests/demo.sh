@@ -176,7 +176,7 @@ if ip -n "${pods[1]}" link show eth0 >/dev/null 2>&1; then
     die "GC left ${pods[1]}'s eth0"
 fi
 ip -n "${pods[0]}" link show eth0 >/dev/null || die "GC removed ${pods[0]}'s eth0"
-reserved=$(find "$work/ipam/demo" -type f ! -name lock ! -name 'last_reserved_ip.*' -printf '%f ')
+reserved=$(find "$work/ipam/demo" -type f ! -name lock ! -name 'last_reserved_ip.*' ! -name boot.json -printf '%f ')
 for a in "$pod2_v4" "$pod2_v6"; do
     [[ " $reserved " != *" $a "* ]] || die "GC left the reservation of $a"
 done
@@ -185,6 +185,6 @@ echo "IPAM reservations left: $reserved"
 
 say "cnitool del demo /var/run/netns/${pods[0]}"
 cnitool del demo "/var/run/netns/${pods[0]}"
-left=$(find "$CNI_CACHE_DIR/results" "$work/ipam/demo" -type f ! -name lock ! -name 'last_reserved_ip.*')
+left=$(find "$CNI_CACHE_DIR/results" "$work/ipam/demo" -type f ! -name lock ! -name 'last_reserved_ip.*' ! -name boot.json)
 [[ -z $left ]] || die "state left after DEL: $left"
 echo "no cache entry and no IP reservation left"
