@@ -36,6 +36,9 @@ fn cases(default: u32) -> Config {
         cases,
         // Shrinking a JSON tree can take long; a failing case is still reported whole.
         max_shrink_iters: 2048,
+        // Failures are reported with their minimal input; fixed ones become unit tests
+        // rather than regression files written into the source tree by CI.
+        failure_persistence: None,
         ..Config::default()
     }
 }
