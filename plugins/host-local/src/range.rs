@@ -166,6 +166,15 @@ impl Range {
             }
             range.end = end;
         }
+        // Only a rangeStart past the default rangeEnd (an IPv4 broadcast address) gets
+        // here. The reference accepts it, then hands out the broadcast address and walks
+        // on past the subnet; there is nothing to allocate, so refuse it.
+        if to_u128(range.start) > to_u128(range.end) {
+            return Err(Error::Invalid(format!(
+                "RangeStart {} is past the last usable address {} of network {subnet}",
+                range.start, range.end
+            )));
+        }
         Ok(range)
     }
 
@@ -511,6 +520,17 @@ mod tests {
         let c = RangeSet::canonicalize(&[spec("fd00::/64")]).unwrap();
         assert!(a.overlaps(&b) && b.overlaps(&a));
         assert!(!a.overlaps(&c));
+    }
+
+    /// Found by the property tests: start past end made `capacity` underflow.
+    #[test]
+    fn range_start_at_the_broadcast_is_refused() {
+        assert_eq!(
+            err(&spec_full("10.0.0.0/26", "10.0.0.63", "", "")),
+            "RangeStart 10.0.0.63 is past the last usable address 10.0.0.62 of network 10.0.0.0/26"
+        );
+        let last = Range::canonicalize(&spec_full("10.0.0.0/26", "10.0.0.62", "", "")).unwrap();
+        assert_eq!(last.capacity(), 1);
     }
 
     fn walk(set: &RangeSet, last: Option<&str>) -> Vec<String> {
