@@ -953,8 +953,8 @@ proptest! {
 
     /// Conversion between every pair of supported versions (A to B): printing in A and
     /// parsing gives what A's shape holds; printing that in B and parsing gives what both
-    /// shapes hold; within a family (0.1.0/0.2.0, 0.3.0/0.3.1/0.4.0, 1.0.0/1.1.0) the
-    /// text is identical but for `cniVersion`; and going up a family and back to A gives
+    /// shapes hold; within a family (0.1.0/0.2.0, 0.3.0/0.3.1/0.4.0) the text is
+    /// identical but for `cniVersion`; and going up a family and back to A gives
     /// A's text byte for byte.
     #[test]
     fn conversions_between_every_pair_of_versions(r in model_result()) {
@@ -982,7 +982,10 @@ proptest! {
                 };
                 let in_b = parse_text(&text_b);
                 prop_assert_eq!(&in_b, &project(&project(&r, a), b), "{} -> {}", a, b);
-                if fa == fb {
+                // 1.0.0 is printed as the reference v1.1.1 does (struct order, `dns`
+                // always) and 1.1.0 as newer references do (sorted, empty `dns` left
+                // out), so only the parsed values of that family must agree.
+                if fa == fb && fa != ResultFamily::V100 {
                     prop_assert_eq!(
                         text_b.replacen(&format!("\"cniVersion\": \"{b}\""), &format!("\"cniVersion\": \"{a}\""), 1),
                         text_a.clone(),
