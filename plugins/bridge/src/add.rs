@@ -3,8 +3,9 @@
 //! records how to undo it, and a failure undoes them in reverse before returning.
 
 use crate::config::BridgeConf;
+use crate::errors::{chain, firewall_error, linux_error};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
-use crate::{chain, firewall_error, linux_error, runtime};
+use crate::links::{delete_link, mac_text, open_netns, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
@@ -42,7 +43,7 @@ enum Undo {
 /// Runs ADD; on failure, undoes what this invocation created. A panic midway (a bug:
 /// nothing reachable from input should panic) undoes it too, then carries on unwinding
 /// so the dispatcher reports it.
-pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
+pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
     if !conf.is_layer3() {
         // A layer-2 result has no address, which 0.1.0/0.2.0 cannot express: refuse
         // before creating anything rather than after, as the reference does.
@@ -71,11 +72,6 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
             resume_unwind(panic)
         }
     }
-}
-
-pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
-    NetNs::open(path)
-        .map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {}", chain(&e))))
 }
 
 async fn add(
@@ -225,22 +221,6 @@ async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<U
             }
         }
     }
-}
-
-/// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.
-pub(crate) async fn delete_link(nl: &Netlink, ifname: &str) -> Result<(), CniError> {
-    match nl.delete_link_by_name(ifname).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(CniError::internal(format!(
-            "failed to delete {ifname:?}: {}",
-            chain(&e),
-        ))),
-    }
-}
-
-pub(crate) fn mac_text(link: &Link) -> String {
-    link.mac.map(|m| m.to_string()).unwrap_or_default()
 }
 
 /// Sets the bridge's MAC to its current value. An explicitly set MAC stops the bridge

@@ -2,9 +2,9 @@
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
 //! (beyond the reference) the masquerade and spoof-check rules.
 
-use crate::add::{mac_text, open_netns};
 use crate::config::BridgeConf;
-use crate::{firewall_error, linux_error, runtime};
+use crate::errors::{firewall_error, linux_error};
+use crate::links::{mac_text, open_netns, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{Family, Link, Netlink};
 use cni_protocol::failpoint::hit;
@@ -16,7 +16,7 @@ fn fail(msg: String) -> CniError {
 }
 
 /// Runs CHECK.
-pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
+pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let pod_ns = open_netns(&req.args.netns)?;
     hit("bridge/check/start")?;
     if conf.is_layer3() {

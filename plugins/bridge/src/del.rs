@@ -2,9 +2,9 @@
 //! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
 //! are found by the attachment's names, so they go even when the netns is gone.
 
-use crate::add::delete_link;
 use crate::config::BridgeConf;
-use crate::{Errors, chain, firewall_error, linux_error, runtime};
+use crate::errors::{Errors, chain, firewall_error, linux_error};
+use crate::links::{delete_link, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
 use cni_protocol::failpoint::hit;
@@ -12,7 +12,7 @@ use cni_protocol::log;
 use cni_protocol::{CniError, Command, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
-pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
+pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     let mut errors = Errors::default();
     hit("bridge/del/start")?;
