@@ -18,6 +18,6 @@ pub use args::CniArgs;
 pub use config::{Attachment, NetConf};
 pub use dispatch::{Outcome, Plugin, Request, about, dispatch, run};
 pub use env::{CmdArgs, Command};
-pub use error::{CniError, ErrorCode};
+pub use error::{CniError, Context, ErrorCode, Errors};
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use version::{CURRENT_VERSION, SUPPORTED_VERSIONS, Version};

@@ -2,17 +2,17 @@
 //! gateway addresses, masquerade. All-or-nothing: every step that creates something
 //! records how to undo it, and a failure undoes them in reverse before returning.
 
+use crate::common::{delete_link, fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
-use crate::errors::{chain, firewall_error, linux_error};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
-use crate::links::{delete_link, mac_text, open_netns, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
 };
+use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
-use cni_protocol::{CniError, CniResult, Command, Interface, Request};
+use cni_protocol::{CniError, CniResult, Command, Context, Interface, Request};
 use ipnetwork::IpNetwork;
 use std::io::Read;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -81,15 +81,15 @@ async fn add(
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult, CniError> {
     let ifname = req.args.ifname.as_str();
-    let host = Netlink::connect().map_err(linux_error)?;
-    let pod = Netlink::connect_in(pod_ns).map_err(linux_error)?;
+    let host = Netlink::connect().map_err(|e| internal(&e))?;
+    let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e))?;
     if pod
         .link_by_name(ifname)
         .await
-        .map_err(linux_error)?
+        .map_err(|e| internal(&e))?
         .is_some()
     {
-        return Err(CniError::internal(format!(
+        return Err(fail(format!(
             "container interface {ifname:?} already exists in {}",
             req.args.netns
         )));
@@ -99,7 +99,7 @@ async fn add(
     setup_port(&host, conf, &host_veth, true).await?;
     pin_bridge_mac(&host, &bridge.name).await?;
     hit("bridge/add/bridge-mac")?;
-    let container = pod.require_link(ifname).await.map_err(linux_error)?;
+    let container = pod.require_link(ifname).await.map_err(|e| internal(&e))?;
     let container_mac = mac_text(&container);
     let mut result = CniResult {
         cni_version: req.config.cni_version.clone(),
@@ -132,7 +132,7 @@ async fn add(
             &host_veth.name,
             &container_mac,
         )
-        .map_err(|e| CniError::internal(format!("failed to setup spoof-check: {e}")))?;
+        .context("failed to setup spoof-check")?;
         hit("bridge/add/macspoof-after")?;
     }
     if conf.is_layer3() {
@@ -164,25 +164,23 @@ async fn add(
                 &req.args.container_id,
                 &nets,
             )
-            .map_err(firewall_error)?;
+            .map_err(|e| internal(&e))?;
             log::info(&format!(
                 "added masquerade rules ({backend:?}) for {nets:?}"
             ));
             hit("bridge/add/masq-after")?;
         }
     } else if !conf.disable_container_interface {
-        pod.set_up(container.index).await.map_err(|e| {
-            CniError::internal(format!("failed to set {ifname:?} up: {}", chain(&e)))
-        })?;
+        pod.set_up(container.index)
+            .await
+            .with_context(|| format!("failed to set {ifname:?} up"))?;
         hit("bridge/add/container-up")?;
     }
     if !conf.disable_container_interface {
         // A port that is not forwarding yet drops the pod's first packets (plugins#463).
         host.wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
             .await
-            .map_err(|e| {
-                CniError::internal(format!("bridge port in error state: {}", chain(&e)))
-            })?;
+            .context("bridge port in error state")?;
         hit("bridge/add/port-forwarding")?;
     }
     // Joining the bridge can change both MACs; report what they are now.
@@ -190,10 +188,14 @@ async fn add(
         &host
             .require_link(&host_veth.name)
             .await
-            .map_err(linux_error)?,
+            .map_err(|e| internal(&e))?,
     );
-    result.interfaces[0].mac =
-        mac_text(&host.require_link(&bridge.name).await.map_err(linux_error)?);
+    result.interfaces[0].mac = mac_text(
+        &host
+            .require_link(&bridge.name)
+            .await
+            .map_err(|e| internal(&e))?,
+    );
     if let Some(dns) = &conf.dns {
         result.dns = dns.clone();
     }
@@ -207,11 +209,11 @@ async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<U
         let outcome = match step {
             Undo::ContainerLink => match Netlink::connect_in(pod_ns) {
                 Ok(pod) => delete_link(&pod, ifname).await,
-                Err(e) => Err(linux_error(e)),
+                Err(e) => Err(internal(&e)),
             },
             Undo::Ipam => req.ipam(Command::Del),
-            Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(firewall_error),
-            Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
+            Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
+            Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)),
         };
         match outcome {
             Ok(()) => log::info(&format!("rolled back {step:?} after a failed ADD")),
@@ -229,11 +231,11 @@ async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<U
 /// only; we do it in layer-2 mode too): pinned on an empty bridge, the kernel keeps
 /// a zero bridge id and leaves the bridge's state unknown.
 async fn pin_bridge_mac(host: &Netlink, name: &str) -> Result<(), CniError> {
-    let bridge = host.require_link(name).await.map_err(linux_error)?;
+    let bridge = host.require_link(name).await.map_err(|e| internal(&e))?;
     if let Some(mac) = bridge.mac {
-        host.set_mac(bridge.index, mac).await.map_err(|e| {
-            CniError::internal(format!("could not set bridge's mac: {}", chain(&e)))
-        })?;
+        host.set_mac(bridge.index, mac)
+            .await
+            .context("could not set bridge's mac")?;
     }
     Ok(())
 }
@@ -241,7 +243,8 @@ async fn pin_bridge_mac(host: &Netlink, name: &str) -> Result<(), CniError> {
 /// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
 async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniError> {
     let name = conf.bridge.as_str();
-    let fail = |e: String| CniError::internal(format!("failed to create bridge {name:?}: {e}"));
+    let context = format!("failed to create bridge {name:?}");
+    let refuse = |e: String| fail(format!("{context}: {e}"));
     let mtu = (conf.mtu != 0).then_some(conf.mtu);
     match host
         .create_bridge(name, mtu, conf.wants_vlan_filtering())
@@ -250,29 +253,30 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
         Err(e) if e.errno() == Some(EOPNOTSUPP) && conf.wants_vlan_filtering() => {
-            return Err(fail(format!(
+            return Err(refuse(format!(
                 "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
                 chain(&e),
             )));
         }
-        Err(e) => return Err(fail(format!("could not add {name:?}: {}", chain(&e)))),
+        Err(e) => {
+            return Err(e).with_context(|| format!("{context}: could not add {name:?}"));
+        }
     };
     hit("bridge/add/bridge-created")?;
     let bridge = host
         .link_by_name(name)
         .await
-        .map_err(|e| fail(format!("could not lookup {name:?}: {}", chain(&e))))?
-        .ok_or_else(|| fail(format!("could not lookup {name:?}: link not found")))?;
+        .with_context(|| format!("{context}: could not lookup {name:?}"))?
+        .ok_or_else(|| refuse(format!("could not lookup {name:?}: link not found")))?;
     if bridge.kind.as_deref() != Some("bridge") {
-        return Err(fail(format!("{name:?} already exists but is not a bridge")));
+        return Err(refuse(format!(
+            "{name:?} already exists but is not a bridge"
+        )));
     }
     if conf.promisc_mode && !bridge.promisc {
-        host.set_promisc(bridge.index, true).await.map_err(|e| {
-            fail(format!(
-                "could not set promiscuous mode on {name:?}: {}",
-                chain(&e)
-            ))
-        })?;
+        host.set_promisc(bridge.index, true)
+            .await
+            .with_context(|| format!("{context}: could not set promiscuous mode on {name:?}"))?;
         hit("bridge/add/bridge-promisc")?;
     }
     // Router advertisements must not configure the bridge; absent IPv6 is fine.
@@ -281,7 +285,7 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
     if !bridge.up {
         host.set_up(bridge.index)
             .await
-            .map_err(|e| fail(format!("failed to set {name:?} up: {}", chain(&e))))?;
+            .with_context(|| format!("{context}: failed to set {name:?} up"))?;
     }
     hit("bridge/add/bridge-up")?;
     Ok(bridge)
@@ -292,12 +296,7 @@ fn random_veth_name() -> Result<String, CniError> {
     let mut bytes = [0u8; 4];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| {
-            CniError::internal(format!(
-                "failed to generate random veth name: {}",
-                chain(&e)
-            ))
-        })?;
+        .context("failed to generate random veth name")?;
     Ok(format!("veth{:08x}", u32::from_be_bytes(bytes)))
 }
 
@@ -332,30 +331,25 @@ async fn create_veth(
                     conf.bridge
                 ));
                 hit("bridge/add/veth-created")?;
-                return host.require_link(&name).await.map_err(linux_error);
+                return host.require_link(&name).await.map_err(|e| internal(&e));
             }
             Err(e) if e.is_exists() => {
                 if host
                     .link_by_name(&name)
                     .await
-                    .map_err(linux_error)?
+                    .map_err(|e| internal(&e))?
                     .is_some()
                 {
                     continue;
                 }
-                return Err(CniError::internal(format!(
+                return Err(fail(format!(
                     "container veth name ({ifname:?}) peer provided ({name:?}) already exists"
                 )));
             }
-            Err(e) => {
-                return Err(CniError::internal(format!(
-                    "failed to make veth pair: {}",
-                    chain(&e)
-                )));
-            }
+            Err(e) => return Err(e).context("failed to make veth pair"),
         }
     }
-    Err(CniError::internal(format!(
+    Err(fail(format!(
         "failed to make veth pair: no free host-side name after {VETH_NAME_ATTEMPTS} attempts"
     )))
 }
@@ -373,28 +367,18 @@ async fn setup_port(
     let hairpin = container_port && conf.hairpin_mode;
     host.set_port_hairpin(port.index, hairpin)
         .await
-        .map_err(|e| {
-            CniError::internal(format!(
-                "failed to setup hairpin mode for {name}: {}",
-                chain(&e)
-            ))
-        })?;
+        .with_context(|| format!("failed to setup hairpin mode for {name}"))?;
     hit("bridge/add/port-hairpin")?;
     if container_port {
         host.set_port_isolated(port.index, conf.port_isolation)
             .await
-            .map_err(|e| {
-                CniError::internal(format!(
-                    "failed to set isolated on for {name}: {}",
-                    chain(&e)
-                ))
-            })?;
+            .with_context(|| format!("failed to set isolated on for {name}"))?;
         hit("bridge/add/port-isolation")?;
     }
     setup_vlans(host, conf, port).await?;
     host.set_up(port.index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {}", chain(&e))))?;
+        .with_context(|| format!("failed to set {name:?} up"))?;
     hit("bridge/add/port-up")
 }
 
@@ -402,45 +386,35 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
     let name = port.name.as_str();
     let trunk = conf.vlan_trunk.as_deref().unwrap_or_default();
     if conf.has_vlans() && !conf.preserve_default_vlan {
-        let existing = host.port_vlans(port.index).await.map_err(linux_error)?;
+        let existing = host
+            .port_vlans(port.index)
+            .await
+            .map_err(|e| internal(&e))?;
         for entry in existing {
             host.del_port_vlan(port.index, entry.vid)
                 .await
-                .map_err(|e| {
-                    CniError::internal(format!(
-                        "failed to remove default vlan on interface {name:?}: {}",
-                        chain(&e),
-                    ))
-                })?;
+                .with_context(|| format!("failed to remove default vlan on interface {name:?}"))?;
             hit("bridge/add/port-vlan-removed")?;
         }
     }
-    let tag_error = |e: cni_linux::Error| {
-        CniError::internal(format!(
-            "failed to setup vlan tag on interface {name:?}: {}",
-            chain(&e),
-        ))
-    };
+    let tag_context = || format!("failed to setup vlan tag on interface {name:?}");
     if conf.vlan != 0 {
         host.add_port_vlan(port.index, conf.vlan, true, true)
             .await
-            .map_err(tag_error)?;
+            .with_context(tag_context)?;
         hit("bridge/add/port-vlan")?;
     }
     for vid in trunk {
         host.add_port_vlan(port.index, *vid, false, false)
             .await
-            .map_err(tag_error)?;
+            .with_context(tag_context)?;
         hit("bridge/add/port-vlan-trunk")?;
     }
     if conf.vlan == 0 && !trunk.is_empty() {
         host.add_port_vlan(port.index, 1, true, true)
             .await
-            .map_err(|e| {
-                CniError::internal(format!(
-                    "failed to setup default native vlan tag on interface {name:?}: {}",
-                    chain(&e),
-                ))
+            .with_context(|| {
+                format!("failed to setup default native vlan tag on interface {name:?}")
             })?;
         hit("bridge/add/port-vlan-native")?;
     }
@@ -459,25 +433,21 @@ async fn configure_container(
     let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
     pod_ns
         .run(|| container_sysctls(ifname, conf.enable_dad, has_v6))
-        .map_err(linux_error)??;
+        .map_err(|e| internal(&e))??;
     hit("bridge/add/container-sysctls")?;
     for ip in result
         .ips
         .iter()
         .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
     {
-        pod.add_address(index, ip.address).await.map_err(|e| {
-            CniError::internal(format!(
-                "failed to add IP addr {} to {ifname:?}: {}",
-                ip.address,
-                chain(&e),
-            ))
-        })?;
+        pod.add_address(index, ip.address)
+            .await
+            .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
         hit("bridge/add/container-address")?;
     }
     pod.set_up(index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {ifname:?} UP: {}", chain(&e))))?;
+        .with_context(|| format!("failed to set {ifname:?} UP"))?;
     hit("bridge/add/container-up")?;
     let family_gateway = |v4: bool| {
         result
@@ -489,12 +459,7 @@ async fn configure_container(
     if family_gateway(false).is_some() {
         pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
             .await
-            .map_err(|e| {
-                CniError::internal(format!(
-                    "failed to settle addresses for {ifname:?}: {}",
-                    chain(&e)
-                ))
-            })?;
+            .with_context(|| format!("failed to settle addresses for {ifname:?}"))?;
         hit("bridge/add/container-settled")?;
     }
     let mut installed: Vec<KernelRoute> = Vec::new();
@@ -515,13 +480,9 @@ async fn configure_container(
         if installed.contains(&route) {
             continue;
         }
-        pod.add_route(&route).await.map_err(|e| {
+        pod.add_route(&route).await.with_context(|| {
             let via = gw.map_or_else(|| "<nil>".to_string(), |g| g.to_string());
-            CniError::internal(format!(
-                "failed to add route '{} via {via} dev {ifname}': {}",
-                r.dst,
-                chain(&e),
-            ))
+            format!("failed to add route '{} via {via} dev {ifname}'", r.dst)
         })?;
         installed.push(route);
         hit("bridge/add/container-route")?;
@@ -542,9 +503,8 @@ fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(),
     let _ = sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
     if has_v6 {
         for dev in ["lo", ifname] {
-            sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0").map_err(|e| {
-                CniError::internal(format!("failed to enable IPv6 on {dev:?}: {}", chain(&e)))
-            })?;
+            sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0")
+                .with_context(|| format!("failed to enable IPv6 on {dev:?}"))?;
         }
         // Keep addresses when the link goes down and up again.
         let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/keep_addr_on_down"), "1");
@@ -590,13 +550,11 @@ async fn setup_gateways(
                     } else {
                         "failed to set bridge addr"
                     };
-                    CniError::internal(format!("{what}: {}", e.msg))
+                    fail(format!("{what}: {}", e.msg))
                 })?;
             hit("bridge/add/gateway-address")?;
         }
-        sysctl::write(forwarding, "1").map_err(|e| {
-            CniError::internal(format!("failed to enable forwarding: {}", chain(&e)))
-        })?;
+        sysctl::write(forwarding, "1").context("failed to enable forwarding")?;
         hit("bridge/add/gateway-forwarding")?;
     }
     Ok(())
@@ -615,7 +573,7 @@ async fn ensure_addr(
     let existing = host
         .addresses(link.index, Some(family))
         .await
-        .map_err(linux_error)?;
+        .map_err(|e| internal(&e))?;
     if existing.iter().any(|a| a.ip == gw) {
         return Ok(());
     }
@@ -625,23 +583,20 @@ async fn ensure_addr(
             continue;
         }
         if !force {
-            return Err(CniError::internal(format!(
+            return Err(fail(format!(
                 "{name:?} already has an IP address different from {gw}"
             )));
         }
         host.del_address(link.index, a.ip)
             .await
-            .map_err(linux_error)?;
+            .map_err(|e| internal(&e))?;
     }
     match host.add_address(link.index, gw).await {
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
         Err(e) => {
-            return Err(CniError::internal(format!(
-                "could not add IP address {} to {name:?}: {}",
-                gw.ip(),
-                chain(&e),
-            )));
+            return Err(e)
+                .with_context(|| format!("could not add IP address {} to {name:?}", gw.ip()));
         }
     }
     Ok(())
@@ -655,8 +610,8 @@ async fn ensure_vlan_gateway(
     bridge: &Link,
 ) -> Result<Link, CniError> {
     let name = format!("{}.{}", conf.bridge, conf.vlan);
-    let fail = |e: String| CniError::internal(format!("failed to create vlan interface: {e}"));
-    if let Some(link) = host.link_by_name(&name).await.map_err(linux_error)? {
+    let context = "failed to create vlan interface";
+    if let Some(link) = host.link_by_name(&name).await.map_err(|e| internal(&e))? {
         return Ok(link);
     }
     let port_name = random_veth_name()?;
@@ -673,19 +628,19 @@ async fn ensure_vlan_gateway(
     match host.create_veth(&pair).await {
         Ok(()) => {
             hit("bridge/add/vlan-gateway-created")?;
-            let port = host.require_link(&port_name).await.map_err(linux_error)?;
+            let port = host
+                .require_link(&port_name)
+                .await
+                .map_err(|e| internal(&e))?;
             setup_port(host, conf, &port, false).await?;
         }
         // Another ADD of the same VLAN created it first.
         Err(e) if e.is_exists() => {}
-        Err(e) => return Err(fail(chain(&e))),
+        Err(e) => return Err(e).context(context),
     }
-    let link = host
-        .require_link(&name)
-        .await
-        .map_err(|e| fail(chain(&e)))?;
+    let link = host.require_link(&name).await.context(context)?;
     let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
-    host.set_up(link.index).await.map_err(|e| fail(chain(&e)))?;
+    host.set_up(link.index).await.context(context)?;
     hit("bridge/add/vlan-gateway-up")?;
     Ok(link)
 }

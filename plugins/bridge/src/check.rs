@@ -2,18 +2,14 @@
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
 //! (beyond the reference) the masquerade and spoof-check rules.
 
+use crate::common::{fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
-use crate::errors::{firewall_error, linux_error};
-use crate::links::{mac_text, open_netns, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{Family, Link, Netlink};
+use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, CniResult, Command, Interface, Request, Route};
 use ipnetwork::IpNetwork;
-
-fn fail(msg: String) -> CniError {
-    CniError::internal(msg)
-}
 
 /// Runs CHECK.
 pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
@@ -27,7 +23,7 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
         .config
         .prev_result
         .as_ref()
-        .ok_or_else(|| fail("Required prevResult missing".into()))?;
+        .ok_or_else(|| fail("Required prevResult missing"))?;
     let ifname = req.args.ifname.as_str();
     let find = |pred: &dyn Fn(&Interface) -> bool| {
         prev.interfaces
@@ -39,8 +35,8 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
     let bridge_entry = find(&|i| i.name == conf.bridge);
     let container_entry = find(&|i| i.name == ifname && i.sandbox == req.args.netns);
     let host_veth = runtime()?.block_on(async {
-        let host = Netlink::connect().map_err(linux_error)?;
-        let pod = Netlink::connect_in(&pod_ns).map_err(linux_error)?;
+        let host = Netlink::connect().map_err(|e| internal(&e))?;
+        let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
         let bridge = check_bridge(&host, &bridge_entry, conf).await?;
         if req.args.netns != container_entry.sandbox {
             return Err(fail(format!(
@@ -81,13 +77,13 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
             &req.args.container_id,
             &nets,
         )
-        .map_err(firewall_error)?;
+        .map_err(|e| internal(&e))?;
         hit("bridge/check/masq")?;
     }
     if conf.macspoofchk {
         let mac = host_veth.1;
         macspoof::check(&req.args.container_id, ifname, &host_veth.0.name, &mac)
-            .map_err(firewall_error)?;
+            .map_err(|e| internal(&e))?;
         hit("bridge/check/macspoof")?;
     }
     Ok(())
@@ -95,11 +91,11 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
 
 async fn lookup(nl: &Netlink, entry: &Interface) -> Result<Link, CniError> {
     if entry.name.is_empty() {
-        return Err(fail("Interface name missing ".into()));
+        return Err(fail("Interface name missing "));
     }
     nl.link_by_name(&entry.name)
         .await
-        .map_err(linux_error)?
+        .map_err(|e| internal(&e))?
         .ok_or_else(|| fail(format!("Interface name {} not found", entry.name)))
 }
 
@@ -188,7 +184,7 @@ async fn check_addresses(
     index: u32,
     prev: &CniResult,
 ) -> Result<(), CniError> {
-    let present = pod.addresses(index, None).await.map_err(linux_error)?;
+    let present = pod.addresses(index, None).await.map_err(|e| internal(&e))?;
     for ip in &prev.ips {
         if !present.iter().any(|a| a.ip == ip.address) {
             return Err(fail(format!(
@@ -199,7 +195,7 @@ async fn check_addresses(
         let subnet =
             IpNetwork::new(ip.address.network(), ip.address.prefix()).expect("valid prefix");
         let family = Family::of(ip.address.ip());
-        let routes = pod.routes(family, None).await.map_err(linux_error)?;
+        let routes = pod.routes(family, None).await.map_err(|e| internal(&e))?;
         if !routes.iter().any(|r| r.dst == subnet) {
             return Err(fail(format!(
                 "Failed to find route {subnet} for interface {ifname}"
@@ -215,7 +211,7 @@ async fn check_addresses(
 async fn check_routes(pod: &Netlink, routes: &[Route]) -> Result<(), CniError> {
     for route in routes {
         let family = Family::of(route.dst.ip());
-        let table = pod.routes(family, None).await.map_err(linux_error)?;
+        let table = pod.routes(family, None).await.map_err(|e| internal(&e))?;
         let is_default = route.dst.prefix() == 0;
         let found = table
             .iter()

@@ -2,14 +2,14 @@
 //! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
 //! are found by the attachment's names, so they go even when the netns is gone.
 
+use crate::common::{delete_link, runtime};
 use crate::config::BridgeConf;
-use crate::errors::{Errors, chain, firewall_error, linux_error};
-use crate::links::{delete_link, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
+use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
-use cni_protocol::{CniError, Command, Request};
+use cni_protocol::{CniError, Command, Context, Errors, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
 pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
@@ -33,7 +33,7 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     if conf.macspoofchk {
         note(
             &mut errors,
-            macspoof::teardown(id, ifname).map_err(firewall_error),
+            macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
             || "removed the spoof-check rules".to_string(),
         );
         hit("bridge/del/macspoof")?;
@@ -41,16 +41,20 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     if conf.is_layer3() && conf.ip_masq {
         note(
             &mut errors,
-            masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
+            masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)),
             || "removed the masquerade rules".to_string(),
         );
         hit("bridge/del/masq")?;
     }
-    errors.into_result()
+    errors.into_cni_result()
 }
 
 /// Records one DEL step's outcome: logs what was removed, or keeps the error.
-fn note(errors: &mut Errors, outcome: Result<(), CniError>, done: impl FnOnce() -> String) {
+fn note(
+    errors: &mut Errors<CniError>,
+    outcome: Result<(), CniError>,
+    done: impl FnOnce() -> String,
+) {
     if outcome.is_ok() {
         log::info(&done());
     }
@@ -61,12 +65,10 @@ fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
     let ns = match NetNs::open(netns) {
         // The runtime may delete the netns before DEL; the veth died with it.
         Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
-        other => other.map_err(|e| {
-            CniError::internal(format!("failed to open netns {netns:?}: {}", chain(&e)))
-        })?,
+        other => other.with_context(|| format!("failed to open netns {netns:?}"))?,
     };
     runtime()?.block_on(async {
-        let pod = Netlink::connect_in(&ns).map_err(linux_error)?;
+        let pod = Netlink::connect_in(&ns).map_err(|e| internal(&e))?;
         delete_link(&pod, ifname).await
     })
 }

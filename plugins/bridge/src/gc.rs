@@ -2,9 +2,9 @@
 //! attachments outside the valid list; keeps going past failures.
 
 use crate::config::BridgeConf;
-use crate::errors::{Errors, firewall_error};
+use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
-use cni_protocol::{CniError, Command, Request};
+use cni_protocol::{CniError, Command, Errors, Request};
 
 /// Runs GC, collecting every failure and reporting them together.
 pub fn collect_garbage(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
@@ -20,9 +20,9 @@ pub fn collect_garbage(req: &Request, conf: &BridgeConf) -> Result<(), CniError>
         errors.note(req.ipam(Command::Gc));
         hit("bridge/gc/ipam")?;
     }
-    errors.note(cni_firewall::masq::gc(&conf.network, &valid).map_err(firewall_error));
+    errors.note(cni_firewall::masq::gc(&conf.network, &valid).map_err(|e| internal(&e)));
     hit("bridge/gc/masq")?;
-    errors.note(cni_firewall::macspoof::gc(&valid).map_err(firewall_error));
+    errors.note(cni_firewall::macspoof::gc(&valid).map_err(|e| internal(&e)));
     hit("bridge/gc/macspoof")?;
-    errors.into_result()
+    errors.into_cni_result()
 }

@@ -8,12 +8,11 @@
 
 mod add;
 mod check;
+mod common;
 pub mod config;
 mod del;
-mod errors;
 pub mod gateway;
 mod gc;
-mod links;
 
 use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
 use config::BridgeConf;
