@@ -57,10 +57,10 @@ pub(crate) fn run(
         program: program.to_owned(),
         searched: FALLBACK_DIRS.join(":"),
     })?;
-    let spawn_err = |source| Error::Spawn {
+    let spawn_err = |cause| Error::Spawn {
         program: program.to_owned(),
         target: target.to_owned(),
-        source,
+        cause,
     };
     let mut child = Command::new(&path)
         .args(args)

@@ -194,11 +194,13 @@ impl Error {
         }
     }
 
-    /// Wraps an rtnetlink failure with a description of the request.
+    /// Wraps an rtnetlink failure with a description of the request. Only the
+    /// kernel's errno or the failure's text is kept: keeping `rtnetlink::Error`
+    /// itself would link the `Debug` code of every netlink message into each plugin.
     pub(crate) fn netlink(context: impl Into<String>, err: rtnetlink::Error) -> Self {
         let source = match err {
             rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
-            other => io::Error::other(other),
+            other => io::Error::other(other.to_string()),
         };
         Self::Netlink {
             context: context.into(),
