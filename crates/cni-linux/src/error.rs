@@ -148,12 +148,6 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A MAC address string did not parse (wording of Go's net.ParseMAC).
-    #[error("address {value}: invalid MAC address")]
-    InvalidMac {
-        /// The rejected text.
-        value: String,
-    },
 }
 
 impl Error {
@@ -176,6 +170,12 @@ impl Error {
     /// True when the kernel answered EEXIST (link, address or route already there).
     pub fn is_exists(&self) -> bool {
         self.errno() == Some(Errno::EEXIST as i32)
+    }
+
+    /// True when the kernel answered EOPNOTSUPP (e.g. a bridge with VLAN filtering on
+    /// a kernel built without it).
+    pub fn is_unsupported(&self) -> bool {
+        self.errno() == Some(Errno::EOPNOTSUPP as i32)
     }
 
     /// True when a link, address or route the request named does not exist.
@@ -226,6 +226,12 @@ mod tests {
         assert!(e.is_exists());
         assert!(!e.is_not_found());
         assert_eq!(e.errno(), Some(17));
+    }
+
+    #[test]
+    fn eopnotsupp_is_unsupported() {
+        assert!(kernel(Errno::EOPNOTSUPP).is_unsupported());
+        assert!(!kernel(Errno::EEXIST).is_unsupported());
     }
 
     #[test]

@@ -32,8 +32,8 @@ pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
 /// How often to retry an exec that fails with "text file busy" (a binary being replaced).
 const TEXT_BUSY_RETRIES: u32 = 5;
 
-/// Linux `ETXTBSY`.
-const ETXTBSY: i32 = 26;
+/// Linux `ETXTBSY`: the delegate's file is still open for writing (being installed).
+const ETXTBSY: i32 = nix::errno::Errno::ETXTBSY as i32;
 
 /// Runs `plugin` for `command` with the config on stdin; our environment is inherited
 /// with `CNI_COMMAND` replaced, and its stderr goes to ours. Returns its stdout, or the

@@ -9,8 +9,10 @@ pub mod dispatch;
 pub mod env;
 pub mod error;
 pub mod failpoint;
+pub mod ip;
 pub mod json;
 pub mod log;
+pub mod mac;
 pub mod result;
 pub mod version;
 
@@ -19,5 +21,6 @@ pub use config::{Attachment, NetConf};
 pub use dispatch::{Outcome, Plugin, Request, about, dispatch, run};
 pub use env::{CmdArgs, Command};
 pub use error::{CniError, Context, ErrorCode, Errors};
+pub use mac::MacAddr;
 pub use result::{CniResult, Dns, Interface, IpConfig, Route};
 pub use version::{CURRENT_VERSION, SUPPORTED_VERSIONS, Version};

@@ -377,7 +377,7 @@ fn as_text<'a>(value: Option<&'a Value>, key: &str) -> Result<&'a str, String> {
 
 fn parse_net(value: Option<&Value>, key: &str) -> Result<IpNetwork, String> {
     let text = as_text(value, key)?;
-    crate::config::parse_cidr(text).ok_or_else(|| format!("invalid {key} {text:?}"))
+    crate::ip::parse_cidr(text).ok_or_else(|| format!("invalid {key} {text:?}"))
 }
 
 fn parse_opt_ip(value: Option<&Value>, key: &str) -> Result<Option<IpAddr>, String> {

@@ -21,9 +21,6 @@ use std::time::Duration;
 /// How many random host-side veth names to try before giving up on clashes.
 const VETH_NAME_ATTEMPTS: usize = 10;
 
-/// Linux `EOPNOTSUPP`, the answer of kernels built without bridge VLAN filtering.
-const EOPNOTSUPP: i32 = 95;
-
 /// How long IPv6 addresses may stay tentative (the reference's limit).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -100,7 +97,6 @@ async fn add(
     pin_bridge_mac(&host, &bridge.name).await?;
     hit("bridge/add/bridge-mac")?;
     let container = pod.require_link(ifname).await.map_err(|e| internal(&e))?;
-    let container_mac = mac_text(&container);
     let mut result = CniResult {
         cni_version: req.config.cni_version.clone(),
         interfaces: vec![
@@ -116,7 +112,7 @@ async fn add(
             },
             Interface {
                 name: ifname.to_string(),
-                mac: container_mac.clone(),
+                mac: mac_text(&container),
                 sandbox: req.args.netns.clone(),
                 ..Interface::default()
             },
@@ -130,7 +126,7 @@ async fn add(
             &req.args.container_id,
             ifname,
             &host_veth.name,
-            &container_mac,
+            container.mac,
         )
         .context("failed to setup spoof-check")?;
         hit("bridge/add/macspoof-after")?;
@@ -153,7 +149,7 @@ async fn add(
             setup_gateways(&host, conf, &bridge, &gateways, &mut result).await?;
         }
         if conf.ip_masq {
-            let backend = conf.masq_backend()?;
+            let backend = conf.masq_backend();
             undo.push(Undo::Masq);
             hit("bridge/add/masq-before")?;
             let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
@@ -252,7 +248,8 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
     {
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
-        Err(e) if e.errno() == Some(EOPNOTSUPP) && conf.wants_vlan_filtering() => {
+        // The answer of kernels built without bridge VLAN filtering.
+        Err(e) if e.is_unsupported() && conf.wants_vlan_filtering() => {
             return Err(refuse(format!(
                 "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
                 chain(&e),

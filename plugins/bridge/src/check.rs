@@ -5,9 +5,10 @@
 use crate::common::{fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
 use cni_firewall::{macspoof, masq};
-use cni_linux::{Family, Link, Netlink};
+use cni_linux::{Family, Link, MacAddr, Netlink};
 use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
+use cni_protocol::ip::subnet_of;
 use cni_protocol::{CniError, CniResult, Command, Interface, Request, Route};
 use ipnetwork::IpNetwork;
 
@@ -71,7 +72,7 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
     if conf.is_layer3() && conf.ip_masq {
         let nets: Vec<IpNetwork> = prev.ips.iter().map(|ip| ip.address).collect();
         masq::check(
-            conf.masq_backend()?,
+            conf.masq_backend(),
             &conf.network,
             ifname,
             &req.args.container_id,
@@ -81,9 +82,14 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
         hit("bridge/check/masq")?;
     }
     if conf.macspoofchk {
-        let mac = host_veth.1;
-        macspoof::check(&req.args.container_id, ifname, &host_veth.0.name, &mac)
-            .map_err(|e| internal(&e))?;
+        let (host_veth, container_mac) = host_veth;
+        macspoof::check(
+            &req.args.container_id,
+            ifname,
+            &host_veth.name,
+            container_mac,
+        )
+        .map_err(|e| internal(&e))?;
         hit("bridge/check/macspoof")?;
     }
     Ok(())
@@ -157,7 +163,7 @@ async fn check_host_veth(
     entry: &Interface,
     bridge: &Link,
     container: &Link,
-) -> Result<Option<(Link, String)>, CniError> {
+) -> Result<Option<(Link, Option<MacAddr>)>, CniError> {
     if !entry.sandbox.is_empty() {
         return Ok(None);
     }
@@ -175,7 +181,7 @@ async fn check_host_veth(
             entry.name, entry.mac
         )));
     }
-    Ok(Some((link, mac_text(container))))
+    Ok(Some((link, container.mac)))
 }
 
 async fn check_addresses(
@@ -192,8 +198,7 @@ async fn check_addresses(
                 ip.address
             )));
         }
-        let subnet =
-            IpNetwork::new(ip.address.network(), ip.address.prefix()).expect("valid prefix");
+        let subnet = subnet_of(ip.address);
         let family = Family::of(ip.address.ip());
         let routes = pod.routes(family, None).await.map_err(|e| internal(&e))?;
         if !routes.iter().any(|r| r.dst == subnet) {
