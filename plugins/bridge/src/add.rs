@@ -5,6 +5,7 @@
 use crate::common::{delete_link, fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
+use crate::links::Links;
 use cni_firewall::{macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
@@ -51,19 +52,23 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
     let mut undo = Vec::new();
     hit("bridge/add/start")?;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        rt.block_on(add(req, conf, &pod_ns, &mut undo))
+        rt.block_on(async {
+            let host = Netlink::connect().map_err(|e| internal(&e))?;
+            let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
+            add(req, conf, &pod_ns, &host, &pod, &mut undo).await
+        })
     }));
     match outcome {
         Ok(Ok(result)) => Ok(result),
         Ok(Err(e)) => {
-            rt.block_on(rollback(req, conf, &pod_ns, undo));
+            rt.block_on(rollback_in(req, conf, &pod_ns, undo));
             Err(e)
         }
         Err(panic) => {
             // The runtime the panic unwound through is not trusted again.
             drop(rt);
             match runtime() {
-                Ok(rt) => rt.block_on(rollback(req, conf, &pod_ns, undo)),
+                Ok(rt) => rt.block_on(rollback_in(req, conf, &pod_ns, undo)),
                 Err(e) => eprintln!("bridge: cannot undo ADD after a panic: {e}"),
             }
             resume_unwind(panic)
@@ -71,15 +76,23 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
     }
 }
 
+/// Undoes `steps` in `pod_ns`, on a new netlink connection.
+async fn rollback_in(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
+    let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e));
+    rollback(req, conf, pod.as_ref(), steps).await;
+}
+
+/// The steps of ADD, on `host` and `pod` (the netns `pod_ns`). Everything it creates
+/// that a failure must undo is pushed on `undo` first.
 async fn add(
     req: &Request,
     conf: &BridgeConf,
     pod_ns: &NetNs,
+    host: &impl Links,
+    pod: &impl Links,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult, CniError> {
     let ifname = req.args.ifname.as_str();
-    let host = Netlink::connect().map_err(|e| internal(&e))?;
-    let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e))?;
     if pod
         .link_by_name(ifname)
         .await
@@ -91,10 +104,10 @@ async fn add(
             req.args.netns
         )));
     }
-    let bridge = ensure_bridge(&host, conf).await?;
-    let host_veth = create_veth(&host, pod_ns, conf, bridge.index, ifname, undo).await?;
-    setup_port(&host, conf, &host_veth, true).await?;
-    pin_bridge_mac(&host, &bridge.name).await?;
+    let bridge = ensure_bridge(host, conf).await?;
+    let host_veth = create_veth(host, pod_ns, conf, bridge.index, ifname, undo).await?;
+    setup_port(host, conf, &host_veth, true).await?;
+    pin_bridge_mac(host, &bridge.name).await?;
     hit("bridge/add/bridge-mac")?;
     let container = pod.require_link(ifname).await.map_err(|e| internal(&e))?;
     let mut result = CniResult {
@@ -144,9 +157,9 @@ async fn add(
         result.routes = ipam.routes;
         result.dns = ipam.dns;
         let gateways = gateway::apply(&mut result, conf)?;
-        configure_container(pod_ns, &pod, conf, ifname, container.index, &result).await?;
+        configure_container(pod_ns, pod, conf, ifname, container.index, &result).await?;
         if conf.is_gateway {
-            setup_gateways(&host, conf, &bridge, &gateways, &mut result).await?;
+            setup_gateways(host, conf, &bridge, &gateways, &mut result).await?;
         }
         if conf.ip_masq {
             let backend = conf.masq_backend();
@@ -199,13 +212,20 @@ async fn add(
     Ok(result)
 }
 
-async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
+/// Undoes `steps` in reverse, logging what could not be undone. `pod` is the
+/// connection to the pod's netns, if one could be made.
+async fn rollback(
+    req: &Request,
+    conf: &BridgeConf,
+    pod: Result<&impl Links, &CniError>,
+    steps: Vec<Undo>,
+) {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     for step in steps.into_iter().rev() {
         let outcome = match step {
-            Undo::ContainerLink => match Netlink::connect_in(pod_ns) {
-                Ok(pod) => delete_link(&pod, ifname).await,
-                Err(e) => Err(internal(&e)),
+            Undo::ContainerLink => match pod {
+                Ok(pod) => delete_link(pod, ifname).await,
+                Err(e) => Err(e.clone()),
             },
             Undo::Ipam => req.ipam(Command::Del),
             Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
@@ -226,7 +246,7 @@ async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<U
 /// conntrack. Done once a port is attached (the reference does it in gateway mode
 /// only; we do it in layer-2 mode too): pinned on an empty bridge, the kernel keeps
 /// a zero bridge id and leaves the bridge's state unknown.
-async fn pin_bridge_mac(host: &Netlink, name: &str) -> Result<(), CniError> {
+async fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<(), CniError> {
     let bridge = host.require_link(name).await.map_err(|e| internal(&e))?;
     if let Some(mac) = bridge.mac {
         host.set_mac(bridge.index, mac)
@@ -237,7 +257,7 @@ async fn pin_bridge_mac(host: &Netlink, name: &str) -> Result<(), CniError> {
 }
 
 /// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
-async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniError> {
+async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, CniError> {
     let name = conf.bridge.as_str();
     let context = format!("failed to create bridge {name:?}");
     let refuse = |e: String| fail(format!("{context}: {e}"));
@@ -277,7 +297,7 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
         hit("bridge/add/bridge-promisc")?;
     }
     // Router advertisements must not configure the bridge; absent IPv6 is fine.
-    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     hit("bridge/add/bridge-sysctl")?;
     if !bridge.up {
         host.set_up(bridge.index)
@@ -300,7 +320,7 @@ fn random_veth_name() -> Result<String, CniError> {
 /// Creates the pair in one request: host end on the bridge, container end in the pod
 /// under its final name. Retries only on a clash of the random host-side name.
 async fn create_veth(
-    host: &Netlink,
+    host: &impl Links,
     pod_ns: &NetNs,
     conf: &BridgeConf,
     bridge_index: u32,
@@ -353,13 +373,13 @@ async fn create_veth(
 
 /// Bridge-port settings of a host-side veth: sysctls, hairpin, isolation, VLANs, up.
 async fn setup_port(
-    host: &Netlink,
+    host: &impl Links,
     conf: &BridgeConf,
     port: &Link,
     container_port: bool,
 ) -> Result<(), CniError> {
     let name = port.name.as_str();
-    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     hit("bridge/add/port-sysctl")?;
     let hairpin = container_port && conf.hairpin_mode;
     host.set_port_hairpin(port.index, hairpin)
@@ -379,7 +399,7 @@ async fn setup_port(
     hit("bridge/add/port-up")
 }
 
-async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
+async fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
     let name = port.name.as_str();
     let trunk = conf.vlan_trunk.as_deref().unwrap_or_default();
     if conf.has_vlans() && !conf.preserve_default_vlan {
@@ -421,7 +441,7 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
 /// Sysctls, addresses, link up, DAD settling and routes inside the container.
 async fn configure_container(
     pod_ns: &NetNs,
-    pod: &Netlink,
+    pod: &impl Links,
     conf: &BridgeConf,
     ifname: &str,
     index: u32,
@@ -512,7 +532,7 @@ fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(),
 /// Puts the gateway addresses on the bridge (or the VLAN gateway interface) and
 /// turns on forwarding for each family that has one.
 async fn setup_gateways(
-    host: &Netlink,
+    host: &impl Links,
     conf: &BridgeConf,
     bridge: &Link,
     gateways: &Gateways,
@@ -551,7 +571,8 @@ async fn setup_gateways(
                 })?;
             hit("bridge/add/gateway-address")?;
         }
-        sysctl::write(forwarding, "1").context("failed to enable forwarding")?;
+        host.write_sysctl(forwarding, "1")
+            .context("failed to enable forwarding")?;
         hit("bridge/add/gateway-forwarding")?;
     }
     Ok(())
@@ -560,7 +581,7 @@ async fn setup_gateways(
 /// The reference's `ensureAddr`: keep an identical address, refuse (or with
 /// `forceAddress` replace) a conflicting one, tolerate a concurrent identical add.
 async fn ensure_addr(
-    host: &Netlink,
+    host: &impl Links,
     link: &Link,
     gw: IpNetwork,
     force: bool,
@@ -602,7 +623,7 @@ async fn ensure_addr(
 /// The `<bridge>.<vlan>` gateway interface: one end of a host-local veth pair whose
 /// other end is a bridge port in the VLAN. Shared by all pods of the VLAN.
 async fn ensure_vlan_gateway(
-    host: &Netlink,
+    host: &impl Links,
     conf: &BridgeConf,
     bridge: &Link,
 ) -> Result<Link, CniError> {
@@ -636,8 +657,254 @@ async fn ensure_vlan_gateway(
         Err(e) => return Err(e).context(context),
     }
     let link = host.require_link(&name).await.context(context)?;
-    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     host.set_up(link.index).await.context(context)?;
     hit("bridge/add/vlan-gateway-up")?;
     Ok(link)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Fake, Namespace, link};
+
+    const BRIDGE: &str = "br-unit";
+
+    fn request(json: &str) -> Request {
+        let config = cni_protocol::NetConf::parse(json.as_bytes()).unwrap();
+        Request {
+            args: cni_protocol::CmdArgs {
+                command: Command::Add,
+                container_id: "ctr-unit".into(),
+                netns: "/proc/self/ns/net".into(),
+                ifname: "eth0".into(),
+                args: String::new(),
+                path: vec![],
+                netns_override: false,
+            },
+            config,
+            stdin: json.as_bytes().to_vec(),
+        }
+    }
+
+    /// A world whose host already has the bridge, up, as an earlier ADD left it.
+    fn world(conf: &BridgeConf) -> (Fake, Fake) {
+        let (host, pod) = Fake::pair();
+        let index = host.next_index();
+        host.with_world(|w| {
+            let mut bridge = link(index, BRIDGE, "bridge");
+            bridge.up = true;
+            bridge.promisc = conf.promisc_mode;
+            bridge.vlan_filtering = Some(conf.wants_vlan_filtering());
+            w.host.links.insert(index, bridge);
+            w.host
+                .sysctls
+                .insert(format!("net/ipv6/conf/{BRIDGE}/accept_ra"), "0".into());
+        });
+        (host, pod)
+    }
+
+    /// ADD against the fake, undone on failure as `add_attachment` does.
+    fn run_add(
+        req: &Request,
+        conf: &BridgeConf,
+        host: &Fake,
+        pod: &Fake,
+    ) -> Result<CniResult, CniError> {
+        // Only handed to the fake, which never enters it.
+        let pod_ns = NetNs::open("/proc/self/ns/net").unwrap();
+        let rt = cni_linux::runtime().unwrap();
+        rt.block_on(async {
+            let mut undo = Vec::new();
+            match add(req, conf, &pod_ns, host, pod, &mut undo).await {
+                Ok(result) => Ok(result),
+                Err(e) => {
+                    rollback(req, conf, Ok(pod), undo).await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    const LAYER2_CONFIGS: [&str; 3] = [
+        r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge", "bridge": "br-unit",
+            "vlan": 100, "vlanTrunk": [{"id": 200}, {"minID": 300, "maxID": 301}],
+            "hairpinMode": true}"#,
+        r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge", "bridge": "br-unit",
+            "promiscMode": true, "portIsolation": true, "mtu": 1400}"#,
+        r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge", "bridge": "br-unit",
+            "vlanTrunk": [{"id": 7}], "runtimeConfig": {"mac": "02:00:00:00:00:42"}}"#,
+    ];
+
+    #[test]
+    fn a_failure_at_each_step_of_add_leaves_the_namespaces_as_they_were() {
+        for json in LAYER2_CONFIGS {
+            let req = request(json);
+            let conf = BridgeConf::load(&req).unwrap();
+            let (host, pod) = world(&conf);
+            host.fail_at(None);
+            run_add(&req, &conf, &host, &pod).unwrap();
+            let steps = host.log().len();
+            let mut failed_adds = 0;
+            for n in 0..steps {
+                let (host, pod) = world(&conf);
+                let before = host.snapshot();
+                host.fail_at(Some(n));
+                let outcome = run_add(&req, &conf, &host, &pod);
+                let log = host.log();
+                let failed = log.iter().find(|c| c.starts_with('!')).unwrap();
+                match outcome {
+                    Err(e) => {
+                        failed_adds += 1;
+                        assert_eq!(host.snapshot(), before, "{json}: failure at {failed}: {e}");
+                        // The kernel's answer and errno reach the user.
+                        assert!(
+                            e.msg.contains("Operation not permitted (os error 1)"),
+                            "{failed}: {e}"
+                        );
+                    }
+                    // Only the best-effort accept_ra writes may fail without failing ADD.
+                    Ok(_) => assert_eq!(failed, "!host:write_sysctl", "{json}: {log:?}"),
+                }
+            }
+            assert!(
+                failed_adds >= 10,
+                "{json}: only {failed_adds} of {steps} steps"
+            );
+        }
+    }
+
+    #[test]
+    fn layer2_add_makes_the_port_and_container_link_it_reports() {
+        let req = request(LAYER2_CONFIGS[0]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world(&conf);
+        let result = run_add(&req, &conf, &host, &pod).unwrap();
+        let (host_ns, pod_ns): (Namespace, Namespace) = host.snapshot();
+        let bridge = host_ns.links.values().find(|l| l.name == BRIDGE).unwrap();
+        let port = host_ns
+            .links
+            .values()
+            .find(|l| l.kind.as_deref() == Some("veth"))
+            .unwrap();
+        let container = pod_ns.links.values().find(|l| l.name == "eth0").unwrap();
+        assert_eq!(port.controller, Some(bridge.index));
+        assert_eq!(port.peer_index, Some(container.index));
+        assert!(port.up && container.up);
+        assert_eq!(port.bridge_port.map(|p| p.hairpin), Some(true));
+        let vids: Vec<(u16, bool, bool)> = host_ns.vlans[&port.index]
+            .iter()
+            .map(|v| (v.vid, v.pvid, v.untagged))
+            .collect();
+        // The default VLAN 1 is gone; the access VLAN is native, the trunk tagged.
+        assert_eq!(
+            vids,
+            [
+                (100, true, true),
+                (200, false, false),
+                (300, false, false),
+                (301, false, false)
+            ]
+        );
+        let names: Vec<&str> = result.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, [BRIDGE, port.name.as_str(), "eth0"]);
+        assert_eq!(result.interfaces[2].sandbox, "/proc/self/ns/net");
+        assert_eq!(result.interfaces[2].mac, container.mac.unwrap().to_string());
+        assert!(result.ips.is_empty());
+    }
+
+    #[test]
+    fn add_steps_run_in_order() {
+        let req = request(LAYER2_CONFIGS[1]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world(&conf);
+        host.fail_at(None);
+        run_add(&req, &conf, &host, &pod).unwrap();
+        assert_eq!(
+            host.log(),
+            [
+                "pod:link_by_name",
+                "host:create_bridge",
+                "host:link_by_name",
+                "host:write_sysctl",
+                "host:create_veth",
+                "host:require_link",
+                "host:write_sysctl",
+                "host:set_port_hairpin",
+                "host:set_port_isolated",
+                "host:set_up",
+                "host:require_link",
+                "host:set_mac",
+                "pod:require_link",
+                "pod:set_up",
+                "host:wait_oper_up",
+                "host:require_link",
+                "host:require_link",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_existing_container_interface_is_refused_and_kept() {
+        let req = request(LAYER2_CONFIGS[1]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world(&conf);
+        let index = host.next_index();
+        host.with_world(|w| w.pod.links.insert(index, link(index, "eth0", "dummy")));
+        let before = host.snapshot();
+        let e = run_add(&req, &conf, &host, &pod).unwrap_err();
+        assert!(
+            e.msg
+                .contains("container interface \"eth0\" already exists"),
+            "{e}"
+        );
+        assert_eq!(host.snapshot(), before);
+    }
+
+    #[test]
+    fn a_name_taken_on_the_host_by_something_else_than_a_bridge_is_refused() {
+        let req = request(LAYER2_CONFIGS[1]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = Fake::pair();
+        let index = host.next_index();
+        host.with_world(|w| w.host.links.insert(index, link(index, BRIDGE, "dummy")));
+        let before = host.snapshot();
+        let e = run_add(&req, &conf, &host, &pod).unwrap_err();
+        assert_eq!(
+            e.msg,
+            "failed to create bridge \"br-unit\": \"br-unit\" already exists but is not a bridge"
+        );
+        assert_eq!(host.snapshot(), before);
+    }
+
+    #[test]
+    fn gateway_address_is_kept_refused_or_forced_like_the_reference() {
+        let (host, _) = Fake::pair();
+        let bridge = link(1, BRIDGE, "bridge");
+        host.with_world(|w| w.host.links.insert(1, bridge.clone()));
+        let gw: IpNetwork = "10.9.0.1/24".parse().unwrap();
+        let other: IpNetwork = "10.8.0.1/24".parse().unwrap();
+        let on_bridge =
+            || -> Vec<IpNetwork> { host.snapshot().0.addresses.iter().map(|a| a.ip).collect() };
+        cni_linux::runtime().unwrap().block_on(async {
+            ensure_addr(&host, &bridge, gw, false).await.unwrap();
+            // A second ADD of the same network keeps it.
+            ensure_addr(&host, &bridge, gw, false).await.unwrap();
+            assert_eq!(on_bridge(), [gw]);
+            let e = ensure_addr(&host, &bridge, other, false).await.unwrap_err();
+            assert_eq!(
+                e.msg,
+                "\"br-unit\" already has an IP address different from 10.8.0.1/24"
+            );
+            assert_eq!(on_bridge(), [gw]);
+            ensure_addr(&host, &bridge, other, true).await.unwrap();
+            assert_eq!(on_bridge(), [other]);
+            // IPv6 gateways of other subnets live side by side.
+            let v6a: IpNetwork = "fd00:1::1/64".parse().unwrap();
+            let v6b: IpNetwork = "fd00:2::1/64".parse().unwrap();
+            ensure_addr(&host, &bridge, v6a, false).await.unwrap();
+            ensure_addr(&host, &bridge, v6b, false).await.unwrap();
+            assert_eq!(on_bridge(), [other, v6a, v6b]);
+        });
+    }
 }

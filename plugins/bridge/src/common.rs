@@ -2,7 +2,8 @@
 //! link's MAC as text, the netlink runtime, and the error of a failed step that
 //! has no underlying cause.
 
-use cni_linux::{Link, NetNs, Netlink};
+use crate::links::Links;
+use cni_linux::{Link, NetNs};
 use cni_protocol::{CniError, Context};
 
 pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
@@ -10,7 +11,7 @@ pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
 }
 
 /// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.
-pub(crate) async fn delete_link(nl: &Netlink, ifname: &str) -> Result<(), CniError> {
+pub(crate) async fn delete_link(nl: &impl Links, ifname: &str) -> Result<(), CniError> {
     match nl.delete_link_by_name(ifname).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),

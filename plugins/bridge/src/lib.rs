@@ -11,8 +11,11 @@ mod check;
 mod common;
 pub mod config;
 mod del;
+#[cfg(test)]
+mod fake;
 pub mod gateway;
 mod gc;
+mod links;
 
 use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
 use config::BridgeConf;
