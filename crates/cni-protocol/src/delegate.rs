@@ -4,7 +4,6 @@
 use crate::env::Command;
 use crate::error::CniError;
 use crate::result::CniResult;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -40,7 +39,7 @@ const ETXTBSY: i32 = nix::errno::Errno::ETXTBSY as i32;
 /// error it printed.
 pub fn exec_plugin(command: Command, plugin: &Path, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
     let mut attempt = 0;
-    let mut child = loop {
+    let child = loop {
         let spawned = std::process::Command::new(plugin)
             .env("CNI_COMMAND", command.as_str())
             .stdin(Stdio::piped())
@@ -61,12 +60,9 @@ pub fn exec_plugin(command: Command, plugin: &Path, stdin: &[u8]) -> Result<Vec<
             Ok(child) => break child,
         }
     };
-    if let Some(mut pipe) = child.stdin.take() {
-        // A plugin may exit without reading all of stdin; its answer is what counts.
-        let _ = pipe.write_all(stdin);
-    }
-    let output = child
-        .wait_with_output()
+    // A plugin may exit without reading all of stdin; its answer is what counts.
+    let (output, _written) = crate::process::wait_feeding(child, stdin);
+    let output = output
         .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
     if output.status.success() {
         return Ok(output.stdout);

@@ -13,6 +13,7 @@ pub mod ip;
 pub mod json;
 pub mod log;
 pub mod mac;
+pub mod process;
 pub mod result;
 pub mod version;
 

@@ -460,7 +460,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// The host-local dual-stack result of the spec notes' appendix.
+    /// A dual-stack host-local result as the reference plugin prints it.
     fn host_local_result() -> CniResult {
         CniResult {
             cni_version: "1.1.0".into(),
