@@ -5,6 +5,26 @@
 use ipnetwork::IpNetwork;
 use std::net::IpAddr;
 
+/// An IP address family: the one definition the netlink layer (to filter dumps)
+/// and the firewall (iptables or ip6tables) share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+impl Family {
+    /// Both families, IPv4 first.
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    /// The family of an address.
+    pub fn of(ip: IpAddr) -> Self {
+        if ip.is_ipv4() { Self::V4 } else { Self::V6 }
+    }
+}
+
 /// Go's `To4()`: an IPv4-mapped IPv6 address is IPv4. The reference canonicalises
 /// addresses this way, so `::ffff:10.0.0.5` and `10.0.0.5` are the same address.
 pub fn canonical_ip(ip: IpAddr) -> IpAddr {

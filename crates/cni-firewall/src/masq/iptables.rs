@@ -13,6 +13,8 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
+pub(crate) use cni_protocol::ip::Family;
+
 use crate::error::{Error, Result};
 use crate::exec;
 use crate::masq::nftables::subnet;
@@ -24,22 +26,18 @@ use crate::naming::{
 /// not block every pod start on the node forever.
 const RESTORE_ARGS: &[&str] = &["--noflush", "--wait=30"];
 
-/// iptables (IPv4) or ip6tables (IPv6).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Family {
-    V4,
-    V6,
+/// What each family means here: iptables (IPv4) or ip6tables (IPv6).
+pub(crate) trait Tables {
+    /// The tool's name, used in messages.
+    fn name(self) -> &'static str;
+    fn save_program(self) -> &'static str;
+    fn restore_program(self) -> &'static str;
+    fn multicast(self) -> &'static str;
+    fn host_prefix(self) -> u8;
 }
 
-impl Family {
-    pub(crate) const ALL: [Family; 2] = [Family::V4, Family::V6];
-
-    fn of(ip: &IpNetwork) -> Family {
-        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
-    }
-
-    /// The tool's name, used in messages.
-    pub(crate) fn name(self) -> &'static str {
+impl Tables for Family {
+    fn name(self) -> &'static str {
         match self {
             Family::V4 => "iptables",
             Family::V6 => "ip6tables",
@@ -287,7 +285,10 @@ pub(crate) fn setup_input(
     ips: &[IpNetwork],
     current: &NatTable,
 ) -> Option<String> {
-    let ips: Vec<&IpNetwork> = ips.iter().filter(|ip| Family::of(ip) == family).collect();
+    let ips: Vec<&IpNetwork> = ips
+        .iter()
+        .filter(|ip| Family::of(ip.ip()) == family)
+        .collect();
     if ips.is_empty() {
         return None;
     }
@@ -401,7 +402,10 @@ pub(crate) fn missing(
     current: &NatTable,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    let ips: Vec<&IpNetwork> = ips.iter().filter(|ip| Family::of(ip) == family).collect();
+    let ips: Vec<&IpNetwork> = ips
+        .iter()
+        .filter(|ip| Family::of(ip.ip()) == family)
+        .collect();
     if ips.is_empty() {
         return out;
     }
@@ -453,7 +457,7 @@ pub(crate) fn setup(network: &str, container_id: &str, ips: &[IpNetwork]) -> Res
     let comment = iptables_comment(network, container_id);
     let families: Vec<Family> = Family::ALL
         .into_iter()
-        .filter(|family| ips.iter().any(|ip| Family::of(ip) == *family))
+        .filter(|family| ips.iter().any(|ip| Family::of(ip.ip()) == *family))
         .collect();
     Error::collect(
         per_family(&families, |family| {
@@ -514,7 +518,7 @@ pub(crate) fn check(network: &str, container_id: &str, ips: &[IpNetwork]) -> Res
     let comment = iptables_comment(network, container_id);
     let mut errors = Vec::new();
     for family in Family::ALL {
-        if !ips.iter().any(|ip| Family::of(ip) == family) {
+        if !ips.iter().any(|ip| Family::of(ip.ip()) == family) {
             continue;
         }
         let current = save(family)?;
