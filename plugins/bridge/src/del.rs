@@ -16,12 +16,10 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     let mut errors = Errors::default();
     hit("bridge/del/start")?;
-    if !req.args.netns.is_empty() {
-        note(
-            &mut errors,
-            delete_container_link(&req.args.netns, ifname),
-            || format!("deleted {ifname} in the pod (if it was there)"),
-        );
+    if let Some(netns) = req.args.netns_path() {
+        note(&mut errors, delete_container_link(netns, ifname), || {
+            format!("deleted {ifname} in the pod (if it was there)")
+        });
         hit("bridge/del/link")?;
     }
     if conf.is_layer3() {

@@ -37,10 +37,10 @@ impl Plugin for Loopback {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        if req.args.netns.is_empty() {
+        let Some(netns) = req.args.netns_path() else {
             return Ok(());
-        }
-        let ns = match NetNs::open(&req.args.netns) {
+        };
+        let ns = match NetNs::open(netns) {
             Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
             other => other.map_err(linux_error)?,
         };
