@@ -19,3 +19,5 @@ pub use netlink::{
     VlanEntry, runtime,
 };
 pub use netns::NetNs;
+/// The errno type behind [`Error::errno`], to name errnos rather than write numbers.
+pub use nix::errno::Errno;

@@ -6,11 +6,10 @@
 
 use crate::links::Links;
 use cni_linux::{
-    Address, BridgePort, Error, Family, Link, MacAddr, OperState, Result, Route, VethPair,
+    Address, BridgePort, Errno, Error, Family, Link, MacAddr, OperState, Result, Route, VethPair,
     VlanEntry,
 };
 use ipnetwork::IpNetwork;
-use nix::errno::Errno;
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
