@@ -52,7 +52,7 @@ mod tests {
 
     #[test]
     fn go_pretty_matches_marshal_indent_output() {
-        // Text as printed by the reference loopback plugin (spec notes §8), key order kept.
+        // Text as printed by the reference loopback plugin, key order kept.
         let value = json!({
             "code": 4,
             "msg": "a <b> & c",

@@ -1,4 +1,4 @@
-//! Harness for the black-box tests (tier 3 in `DESIGN.md`).
+//! Harness for the black-box tests, which run the built plugins as a runtime would.
 //!
 //! The tests in `tests/tests/` treat the plugins as the runtime does: they run the built
 //! binaries with `CNI_*` environment variables and a JSON config on stdin, inside a

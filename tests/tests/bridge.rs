@@ -1,4 +1,4 @@
-//! The bridge plugin as a black box (spec notes §2): every config key, checked in the
+//! The bridge plugin as a black box: every config key, checked in the
 //! kernel state it leaves (links, bridge ports, addresses, routes, sysctls, iptables and
 //! nftables rules) inside the test's own host and pod namespaces; connectivity between
 //! pods; all-or-nothing ADD; idempotent DEL with or without the netns; CHECK, STATUS, GC.

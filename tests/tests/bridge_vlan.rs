@@ -1,5 +1,5 @@
-//! The bridge plugin's VLAN keys (`vlan`, `vlanTrunk`, `preserveDefaultVlan`, spec notes
-//! §2.1 and step 7 of §2.2) on a kernel with bridge VLAN filtering: the VLANs each host
+//! The bridge plugin's VLAN keys (`vlan`, `vlanTrunk`, `preserveDefaultVlan`, as the
+//! reference plugin applies them to the host port) on a kernel with bridge VLAN filtering: the VLANs each host
 //! port ends up in (`bridge -j vlan show`), frames that stay inside their VLAN (pods on one
 //! VLAN reach each other, pods on another VLAN of the same bridge do not, a trunk carries
 //! its tagged VLAN), the `<bridge>.<vlan>` gateway interface, and DEL leaving nothing.

@@ -867,7 +867,7 @@ fn attachment_facts(path: &str, version: &str) -> Value {
     facts
 }
 
-/// Our bridge leaves the kernel in the state the reference does (spec notes §2): same
+/// Our bridge leaves the kernel in the state the reference does: same
 /// link states, queue lengths, bridge id and sysctls, after the same libcni ADD.
 #[test]
 fn kernel_state_after_add_matches_the_reference() {

@@ -1,4 +1,4 @@
-//! The loopback plugin as a black box (spec notes §4): ADD brings `lo` up in the pod and
+//! The loopback plugin as a black box: ADD brings `lo` up in the pod and
 //! prints the result in the shape of the requested version, DEL brings it down and
 //! succeeds whatever is left of the pod, CHECK reports a down `lo`, STATUS and GC succeed.
 //!

@@ -1,5 +1,6 @@
 //! The CNI protocol as every plugin binary must speak it: environment variables, command
-//! dispatch, version gates, config validation and the error JSON (spec notes §1.2–§1.7).
+//! dispatch, version gates, config validation and the error JSON (CNI spec, sections
+//! "Execution Protocol" and "Error").
 //!
 //! All three plugins share one dispatcher; these tests drive it through `loopback`, the
 //! plugin with the fewest side effects. Every call runs in a fresh "host" namespace with a
@@ -82,7 +83,7 @@ fn version_prints_the_exact_reference_line() {
             stdin: "",
         },
         Case {
-            // What libcni's version probe sends (spec notes §1.5.5).
+            // What libcni's version probe sends.
             label: "libcni probe",
             env: &[
                 ("CNI_CONTAINERID", ""),

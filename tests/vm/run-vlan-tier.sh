@@ -13,7 +13,7 @@
 # CNI_RS_REQUIRE_VLAN=1 in the guest makes a kernel without VLAN filtering a failure.
 # Exit status: the tests' (0 = all passed); 1 for a setup or guest failure.
 #
-# Measured facts behind the choices (shared/reference/stock-kernel-vm.md): boot takes
+# Measured facts behind the choices: boot takes
 # 25-40 s, process starts are 20-60x slower than native, so binaries are copied into the
 # guest's tmpfs and the tests run one at a time; vng's output is piped through `cat`
 # (QEMU reopens stdout/stderr, a redirect to a file scrambles them).

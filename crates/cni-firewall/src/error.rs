@@ -30,15 +30,16 @@ pub enum Error {
     },
 
     /// The program could not be started or talked to.
-    #[error("failed to run {program} ({target}): {source}")]
+    #[error("failed to run {program} ({target}): {cause}")]
     Spawn {
         /// Program name.
         program: String,
         /// What the program was working on, e.g. `table nat chain POSTROUTING`.
         target: String,
-        /// The I/O error from spawning, feeding stdin or waiting.
-        #[source]
-        source: io::Error,
+        /// The I/O error from spawning, feeding stdin or waiting. Printed in the
+        /// message and not kept as a `source`, so a printer of the cause chain
+        /// (`cni_protocol::error::chain`) does not print it twice.
+        cause: io::Error,
     },
 
     /// The program ran and reported failure.
@@ -94,20 +95,17 @@ pub enum Error {
 }
 
 impl Error {
-    /// Folds a list of errors into one, or `Ok` when the list is empty.
+    /// Folds a list of errors into one, or `Ok` when the list is empty; nested
+    /// lists are flattened.
     pub(crate) fn collect(errors: Vec<Error>) -> Result<()> {
-        let mut errors: Vec<Error> = errors
+        let flat: Vec<Error> = errors
             .into_iter()
             .flat_map(|e| match e {
                 Error::Multiple(inner) => inner,
                 e => vec![e],
             })
             .collect();
-        match errors.len() {
-            0 => Ok(()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::Multiple(errors)),
-        }
+        cni_protocol::Errors::from(flat).into_result(Error::Multiple)
     }
 }
 

@@ -5,7 +5,6 @@
 //! shell. The child inherits the calling *thread's* network namespace, which
 //! is what lets callers (and the tests) act on a namespace they entered.
 
-use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -57,12 +56,12 @@ pub(crate) fn run(
         program: program.to_owned(),
         searched: FALLBACK_DIRS.join(":"),
     })?;
-    let spawn_err = |source| Error::Spawn {
+    let spawn_err = |cause| Error::Spawn {
         program: program.to_owned(),
         target: target.to_owned(),
-        source,
+        cause,
     };
-    let mut child = Command::new(&path)
+    let child = Command::new(&path)
         .args(args)
         // Error texts are matched ("No such file or directory"); keep them
         // untranslated.
@@ -77,18 +76,7 @@ pub(crate) fn run(
         .spawn()
         .map_err(spawn_err)?;
 
-    // Feed stdin from a second thread: a child that writes a lot before it
-    // has read everything would otherwise deadlock against us.
-    let output = std::thread::scope(|scope| {
-        let writer = child.stdin.take().map(|mut pipe| {
-            let bytes = stdin.unwrap_or_default();
-            scope.spawn(move || pipe.write_all(bytes))
-        });
-        let output = child.wait_with_output();
-        let written = writer.map_or(Ok(()), |w| w.join().unwrap_or(Ok(())));
-        (output, written)
-    });
-    let (output, written) = output;
+    let (output, written) = cni_protocol::process::wait_feeding(child, stdin.unwrap_or_default());
     let output = output.map_err(spawn_err)?;
     if !output.status.success() {
         return Err(Error::Command {

@@ -15,6 +15,7 @@
 
 use std::collections::HashSet;
 
+use cni_protocol::MacAddr;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
@@ -61,22 +62,40 @@ fn drop_expr() -> Value {
     json!([{"drop": null}])
 }
 
-/// Canonical lower-case `aa:bb:cc:dd:ee:ff`; anything else is refused
-/// rather than handed to nft.
-pub(crate) fn normalize_mac(mac: &str) -> Result<String> {
-    let parts: Vec<&str> = mac.split(':').collect();
-    let ok = parts.len() == 6
-        && parts
-            .iter()
-            .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()));
-    if !ok {
-        return Err(Error::InvalidInput {
-            what: "container MAC",
-            value: mac.into(),
-            reason: "expected six colon-separated hex octets",
-        });
+/// A container MAC as [`setup`] and [`check`] take it: already parsed (what the
+/// bridge passes), or text, parsed with the suite's one MAC parser ([`MacAddr`]) and
+/// refused rather than handed to nft when it is not a MAC. nft gets the canonical
+/// lower-case `aa:bb:cc:dd:ee:ff` either way.
+pub trait ContainerMac {
+    /// The parsed MAC.
+    fn container_mac(self) -> Result<MacAddr>;
+}
+
+impl ContainerMac for MacAddr {
+    fn container_mac(self) -> Result<MacAddr> {
+        Ok(self)
     }
-    Ok(mac.to_ascii_lowercase())
+}
+
+/// A link's MAC as netlink reports it; a link without one cannot be checked.
+impl ContainerMac for Option<MacAddr> {
+    fn container_mac(self) -> Result<MacAddr> {
+        self.ok_or(Error::InvalidInput {
+            what: "container MAC",
+            value: String::new(),
+            reason: "the container interface has no MAC",
+        })
+    }
+}
+
+impl ContainerMac for &str {
+    fn container_mac(self) -> Result<MacAddr> {
+        self.parse().map_err(|_| Error::InvalidInput {
+            what: "container MAC",
+            value: self.into(),
+            reason: "expected a MAC address such as 02:42:ac:11:00:02",
+        })
+    }
 }
 
 fn check_name(what: &'static str, value: &str) -> Result<()> {
@@ -284,11 +303,16 @@ fn list_table() -> Result<Option<Listing>> {
 
 /// Installs the spoof check for an attachment: frames from `host_veth` must
 /// carry `container_mac` as source. Repeating it replaces the old rules.
-pub fn setup(container_id: &str, ifname: &str, host_veth: &str, container_mac: &str) -> Result<()> {
+pub fn setup(
+    container_id: &str,
+    ifname: &str,
+    host_veth: &str,
+    container_mac: impl ContainerMac,
+) -> Result<()> {
     check_name("container id", container_id)?;
     check_name("interface name", ifname)?;
     check_name("host interface name", host_veth)?;
-    let mac = normalize_mac(container_mac)?;
+    let mac = container_mac.container_mac()?.to_string();
     let comment = macspoof_comment(container_id, ifname);
     let iface = macspoof_iface_chain(container_id, ifname);
     // A stale handle can vanish between listing and applying (a concurrent
@@ -322,8 +346,13 @@ pub fn teardown(container_id: &str, ifname: &str) -> Result<()> {
 
 /// Verifies [`setup`] with the same arguments is in effect; the error names
 /// every missing rule.
-pub fn check(container_id: &str, ifname: &str, host_veth: &str, container_mac: &str) -> Result<()> {
-    let mac = normalize_mac(container_mac)?;
+pub fn check(
+    container_id: &str,
+    ifname: &str,
+    host_veth: &str,
+    container_mac: impl ContainerMac,
+) -> Result<()> {
+    let mac = container_mac.container_mac()?.to_string();
     let listing = list_table()?.ok_or_else(|| Error::Missing {
         backend: "nftables",
         target: "bridge ruleset".into(),
@@ -463,18 +492,17 @@ mod tests {
 
     #[test]
     fn mac_is_validated_and_normalised() {
-        assert_eq!(
-            normalize_mac("02:42:AC:11:00:02").unwrap(),
-            "02:42:ac:11:00:02"
-        );
+        let mac = "02:42:AC:11:00:02".container_mac().unwrap();
+        assert_eq!(mac.to_string(), "02:42:ac:11:00:02");
+        // Go's other spellings of the same MAC are the same MAC.
+        assert_eq!("02-42-ac-11-00-02".container_mac().unwrap(), mac);
         for bad in [
             "",
             "02:42:ac:11:00",
             "02:42:ac:11:00:0g",
             "2:42:ac:11:00:02",
-            "02-42-ac-11-00-02",
         ] {
-            assert!(normalize_mac(bad).is_err(), "{bad}");
+            assert!(bad.container_mac().is_err(), "{bad}");
         }
     }
 

@@ -212,7 +212,7 @@ mod tests {
 
     #[test]
     fn iptables_chain_matches_reference() {
-        // Observed from the reference bridge plugin (notes §8).
+        // Observed from the reference bridge plugin.
         assert_eq!(
             iptables_chain_name("mynet", "ctrA"),
             "CNI-f55d1ff5e9696738bd206b7d"
@@ -247,7 +247,7 @@ mod tests {
 
     #[test]
     fn nft_comment_matches_reference() {
-        // Observed from the reference bridge plugin v1.6.0 (notes §8).
+        // Observed from the reference bridge plugin v1.6.0.
         assert_eq!(nft_network_hash("nftnet"), "e47d63df51ce7720");
         assert_eq!(
             nft_instance_hash("nftnet", "eth1", "ctrG"),

@@ -78,7 +78,7 @@ fn iptables_setup_check_teardown() {
         let addrs = ips(&["10.77.0.2/24", "fd00:77::2/64"]);
         masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
 
-        // Byte for byte what the reference leaves (notes §2.6).
+        // Byte for byte what the reference bridge plugin leaves.
         let v4 = vec![
             format!(":{CHAIN_A} - [0:0]"),
             format!(

@@ -148,12 +148,6 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// A MAC address string did not parse (wording of Go's net.ParseMAC).
-    #[error("address {value}: invalid MAC address")]
-    InvalidMac {
-        /// The rejected text.
-        value: String,
-    },
 }
 
 impl Error {
@@ -178,6 +172,12 @@ impl Error {
         self.errno() == Some(Errno::EEXIST as i32)
     }
 
+    /// True when the kernel answered EOPNOTSUPP (e.g. a bridge with VLAN filtering on
+    /// a kernel built without it).
+    pub fn is_unsupported(&self) -> bool {
+        self.errno() == Some(Errno::EOPNOTSUPP as i32)
+    }
+
     /// True when a link, address or route the request named does not exist.
     ///
     /// Covers `LinkNotFound` and the kernel's ENODEV (link), ENOENT, ESRCH
@@ -194,11 +194,13 @@ impl Error {
         }
     }
 
-    /// Wraps an rtnetlink failure with a description of the request.
+    /// Wraps an rtnetlink failure with a description of the request. Only the
+    /// kernel's errno or the failure's text is kept: keeping `rtnetlink::Error`
+    /// itself would link the `Debug` code of every netlink message into each plugin.
     pub(crate) fn netlink(context: impl Into<String>, err: rtnetlink::Error) -> Self {
         let source = match err {
             rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
-            other => io::Error::other(other),
+            other => io::Error::other(other.to_string()),
         };
         Self::Netlink {
             context: context.into(),
@@ -224,6 +226,12 @@ mod tests {
         assert!(e.is_exists());
         assert!(!e.is_not_found());
         assert_eq!(e.errno(), Some(17));
+    }
+
+    #[test]
+    fn eopnotsupp_is_unsupported() {
+        assert!(kernel(Errno::EOPNOTSUPP).is_unsupported());
+        assert!(!kernel(Errno::EEXIST).is_unsupported());
     }
 
     #[test]

@@ -8,15 +8,16 @@
 //! ([`NetNs::run`]).
 
 pub mod error;
-pub mod mac;
 pub mod netlink;
 pub mod netns;
 pub mod sysctl;
 
+pub use cni_protocol::mac::{self, MacAddr};
 pub use error::{Error, Result};
-pub use mac::MacAddr;
 pub use netlink::{
     Address, BridgePort, Family, Link, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
     VlanEntry, runtime,
 };
 pub use netns::NetNs;
+/// The errno type behind [`Error::errno`], to name errnos rather than write numbers.
+pub use nix::errno::Errno;

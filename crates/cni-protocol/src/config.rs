@@ -4,7 +4,6 @@
 use crate::env::is_valid_identifier;
 use crate::error::{CniError, ErrorCode};
 use crate::result::CniResult;
-use ipnetwork::IpNetwork;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 
@@ -295,20 +294,7 @@ pub fn canonicalize_keys(value: &mut Value, known: &[&str]) {
     }
 }
 
-/// Parses `ip/prefix` keeping host bits (like Go's `ParseCIDR` + IP); an IPv4-mapped IPv6
-/// address becomes IPv4, as Go does.
-pub fn parse_cidr(text: &str) -> Option<IpNetwork> {
-    let (ip, prefix) = text.split_once('/')?;
-    let ip: std::net::IpAddr = ip.parse().ok()?;
-    let prefix: u8 = prefix.parse().ok()?;
-    match ip {
-        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) if prefix >= 96 => IpNetwork::new(v4.into(), prefix - 96).ok(),
-            _ => IpNetwork::new(ip, prefix).ok(),
-        },
-        v4 => IpNetwork::new(v4, prefix).ok(),
-    }
-}
+pub use crate::ip::parse_cidr;
 
 #[cfg(test)]
 mod tests {

@@ -4,10 +4,8 @@
 use crate::env::Command;
 use crate::error::CniError;
 use crate::result::CniResult;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
 
 /// Finds plugin `name` in the `CNI_PATH` directories: the first regular file of that name.
 pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
@@ -29,44 +27,21 @@ pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
         })
 }
 
-/// How often to retry an exec that fails with "text file busy" (a binary being replaced).
-const TEXT_BUSY_RETRIES: u32 = 5;
-
-/// Linux `ETXTBSY`.
-const ETXTBSY: i32 = 26;
-
 /// Runs `plugin` for `command` with the config on stdin; our environment is inherited
 /// with `CNI_COMMAND` replaced, and its stderr goes to ours. Returns its stdout, or the
 /// error it printed.
 pub fn exec_plugin(command: Command, plugin: &Path, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
-    let mut attempt = 0;
-    let mut child = loop {
-        let spawned = std::process::Command::new(plugin)
+    let child = crate::process::spawn_retrying(
+        std::process::Command::new(plugin)
             .env("CNI_COMMAND", command.as_str())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn();
-        match spawned {
-            Err(e) if e.raw_os_error() == Some(ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {
-                attempt += 1;
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            Err(e) => {
-                return Err(CniError::internal(format!(
-                    "failed to run {}: {e}",
-                    plugin.display()
-                )));
-            }
-            Ok(child) => break child,
-        }
-    };
-    if let Some(mut pipe) = child.stdin.take() {
-        // A plugin may exit without reading all of stdin; its answer is what counts.
-        let _ = pipe.write_all(stdin);
-    }
-    let output = child
-        .wait_with_output()
+            .stderr(Stdio::inherit()),
+    )
+    .map_err(|e| CniError::internal(format!("failed to run {}: {e}", plugin.display())))?;
+    // A plugin may exit without reading all of stdin; its answer is what counts.
+    let (output, _written) = crate::process::wait_feeding(child, stdin);
+    let output = output
         .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
     if output.status.success() {
         return Ok(output.stdout);

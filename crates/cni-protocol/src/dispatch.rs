@@ -244,12 +244,15 @@ fn check_version(command: Command, config_version: &str) -> Result<(), CniError>
 /// Refuses to work on the plugin's own netns (a recycled `/proc/<pid>/ns/net` once made
 /// loopback take down the host's `lo`). Done before any work, unlike the reference.
 fn check_netns(args: &CmdArgs) -> Result<(), CniError> {
-    if args.netns.is_empty() || args.netns_override || !args.command.targets_attachment() {
+    let Some(netns) = args.netns_path() else {
+        return Ok(());
+    };
+    if args.netns_override || !args.command.targets_attachment() {
         return Ok(());
     }
     let ours = std::fs::metadata("/proc/thread-self/ns/net")
         .or_else(|_| std::fs::metadata("/proc/self/ns/net"));
-    let (Ok(ours), Ok(theirs)) = (ours, std::fs::metadata(&args.netns)) else {
+    let (Ok(ours), Ok(theirs)) = (ours, std::fs::metadata(netns)) else {
         // Unopenable paths are the handler's business (DEL treats them as gone).
         return Ok(());
     };

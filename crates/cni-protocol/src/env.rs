@@ -141,6 +141,12 @@ impl CmdArgs {
         }
         Ok(args)
     }
+
+    /// The container's netns path; `None` when `CNI_NETNS` is unset or empty, which
+    /// DEL (and commands that target no attachment) must accept.
+    pub fn netns_path(&self) -> Option<&str> {
+        Some(self.netns.as_str()).filter(|p| !p.is_empty())
+    }
 }
 
 /// The reference's rule for container ids and network names: `^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$`.
@@ -213,6 +219,17 @@ mod tests {
         ("CNI_IFNAME", "eth0"),
         ("CNI_PATH", "/opt/cni/bin:/usr/lib/cni"),
     ];
+
+    #[test]
+    fn an_unset_or_empty_netns_is_absent() {
+        let full = CmdArgs::from_env(Command::Del, env(&FULL)).unwrap();
+        assert_eq!(full.netns_path(), Some("/var/run/netns/x"));
+        let without = [FULL[0], ("CNI_NETNS", ""), FULL[2], FULL[3]];
+        let del = CmdArgs::from_env(Command::Del, env(&without)).unwrap();
+        assert_eq!(del.netns_path(), None);
+        let del = CmdArgs::from_env(Command::Del, env(&[FULL[0], FULL[2], FULL[3]])).unwrap();
+        assert_eq!(del.netns_path(), None);
+    }
 
     #[test]
     fn commands_parse() {

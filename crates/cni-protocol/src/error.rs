@@ -1,5 +1,7 @@
 //! The CNI error: a numeric code, a short message and optional details, printed
-//! as the spec's error JSON on stdout by the dispatcher.
+//! as the spec's error JSON on stdout by the dispatcher. Also the suite's one idiom
+//! for adding context to a library's error ([`Context`]) and its one collector of
+//! the failures of best-effort work such as DEL and GC ([`Errors`]).
 
 use std::fmt;
 
@@ -120,9 +122,155 @@ impl CniError {
     }
 }
 
+/// `e` followed by its causes, `: `-separated. The Linux layer keeps the kernel's
+/// answer (`File exists (os error 17)`, ...) as the error's source, so printing only
+/// the top level would tell the user what failed but never why, nor the errno.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
+/// Adds context to a failed step: the error becomes a code-999 [`CniError`] whose
+/// message is `context: ` followed by the error and all its causes ([`chain`]), so
+/// the kernel's answer and errno stay in the text the user sees.
+pub trait Context<T> {
+    /// The error, as a CNI error, with `context` before it.
+    fn context(self, context: impl fmt::Display) -> Result<T, CniError>;
+
+    /// Like [`Context::context`], building the context only on failure.
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T, CniError>;
+}
+
+impl<T, E: std::error::Error> Context<T> for Result<T, E> {
+    fn context(self, context: impl fmt::Display) -> Result<T, CniError> {
+        self.map_err(|e| CniError::internal(format!("{context}: {}", chain(&e))))
+    }
+
+    fn with_context<C: fmt::Display>(self, context: impl FnOnce() -> C) -> Result<T, CniError> {
+        self.map_err(|e| CniError::internal(format!("{}: {}", context(), chain(&e))))
+    }
+}
+
+/// A library error as a code-999 CNI error, with its causes (and so its errno).
+pub fn internal(e: &dyn std::error::Error) -> CniError {
+    CniError::internal(chain(e))
+}
+
+/// The failures of best-effort work (DEL, GC, rollback, teardown), which keeps
+/// going past a failed step and reports every failure at the end.
+#[derive(Debug)]
+pub struct Errors<E>(Vec<E>);
+
+impl<E> Default for Errors<E> {
+    fn default() -> Self {
+        Self(Vec::new())
+    }
+}
+
+impl<E> Errors<E> {
+    /// Keeps the error of `result`, if any.
+    pub fn note<T>(&mut self, result: Result<T, E>) {
+        if let Err(e) = result {
+            self.0.push(e);
+        }
+    }
+
+    /// Keeps `error`.
+    pub fn push(&mut self, error: E) {
+        self.0.push(error);
+    }
+
+    /// True when nothing failed so far.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `Ok` when nothing failed, the error itself when one step failed (so it keeps
+    /// its code: a delegate's error passes through unchanged), else `many` of them.
+    pub fn into_result(self, many: impl FnOnce(Vec<E>) -> E) -> Result<(), E> {
+        let mut errors = self.0;
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(many(errors)),
+        }
+    }
+
+    /// `Ok` when nothing failed, else `all(errors)` even for a single error.
+    pub fn into_result_all(self, all: impl FnOnce(Vec<E>) -> E) -> Result<(), E> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(all(self.0))
+        }
+    }
+}
+
+impl<E> From<Vec<E>> for Errors<E> {
+    fn from(errors: Vec<E>) -> Self {
+        Self(errors)
+    }
+}
+
+impl Errors<CniError> {
+    /// Several CNI errors as one code-999 error, their texts `; `-separated.
+    pub fn into_cni_result(self) -> Result<(), CniError> {
+        self.into_result(|errors| {
+            let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            CniError::internal(text.join("; "))
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to add link")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn context_keeps_the_cause_chain_and_errno() {
+        let failed: Result<(), Outer> = Err(Outer(std::io::Error::from_raw_os_error(17)));
+        let e = failed.context("could not add \"cni0\"").unwrap_err();
+        assert_eq!(e.code, ErrorCode::INTERNAL);
+        assert_eq!(
+            e.msg,
+            "could not add \"cni0\": failed to add link: File exists (os error 17)"
+        );
+        let lazy: Result<(), Outer> = Err(Outer(std::io::Error::from_raw_os_error(95)));
+        let e = lazy.with_context(|| "vlan").unwrap_err();
+        assert_eq!(
+            e.msg,
+            "vlan: failed to add link: Operation not supported (os error 95)"
+        );
+    }
+
+    #[test]
+    fn errors_pass_one_through_and_join_many() {
+        assert_eq!(Errors::<CniError>::default().into_cni_result(), Ok(()));
+        let mut one = Errors::default();
+        one.note(Ok::<(), CniError>(()));
+        one.note(Err::<(), _>(CniError::new(ErrorCode(11), "busy")));
+        assert_eq!(one.into_cni_result().unwrap_err().code, ErrorCode(11));
+        let mut two = Errors::default();
+        two.push(CniError::new(ErrorCode(11), "busy"));
+        two.push(CniError::internal("gone"));
+        let e = two.into_cni_result().unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (ErrorCode::INTERNAL, "busy; gone")
+        );
+        let all = Errors::from(vec![1]).into_result_all(|v| v.len() * 10);
+        assert_eq!(all, Err(10));
+    }
 
     #[test]
     fn error_json_matches_reference_layout_plus_version() {

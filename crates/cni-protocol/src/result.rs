@@ -377,7 +377,7 @@ fn as_text<'a>(value: Option<&'a Value>, key: &str) -> Result<&'a str, String> {
 
 fn parse_net(value: Option<&Value>, key: &str) -> Result<IpNetwork, String> {
     let text = as_text(value, key)?;
-    crate::config::parse_cidr(text).ok_or_else(|| format!("invalid {key} {text:?}"))
+    crate::ip::parse_cidr(text).ok_or_else(|| format!("invalid {key} {text:?}"))
 }
 
 fn parse_opt_ip(value: Option<&Value>, key: &str) -> Result<Option<IpAddr>, String> {
@@ -460,7 +460,7 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// The host-local dual-stack result of the spec notes' appendix.
+    /// A dual-stack host-local result as the reference plugin prints it.
     fn host_local_result() -> CniResult {
         CniResult {
             cni_version: "1.1.0".into(),

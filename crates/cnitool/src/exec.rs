@@ -5,10 +5,9 @@
 use cni_protocol::delegate::find_plugin;
 use cni_protocol::{CniError, CniResult, Command, ErrorCode};
 use serde_json::Value;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
 
 /// The `CNI_*` variables of one call.
 #[derive(Debug, Clone, Default)]
@@ -64,12 +63,6 @@ impl PluginPath {
     }
 }
 
-/// How often an exec that fails with "text file busy" (a binary being replaced) is retried.
-const TEXT_BUSY_RETRIES: u32 = 5;
-
-/// Linux `ETXTBSY`.
-const ETXTBSY: i32 = 26;
-
 /// Runs `plugin` for `command` with `stdin`; returns its stdout, or the error it reported
 /// (its error JSON; else a message built from its stderr and exit status, as libcni does).
 pub fn exec_plugin(
@@ -84,9 +77,8 @@ pub fn exec_plugin(
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    let mut attempt = 0;
-    let mut child = loop {
-        let spawned = std::process::Command::new(plugin)
+    let child = cni_protocol::process::spawn_retrying(
+        std::process::Command::new(plugin)
             .env("CNI_COMMAND", command.as_str())
             .env("CNI_CONTAINERID", args.container_id)
             .env("CNI_NETNS", args.netns)
@@ -95,49 +87,16 @@ pub fn exec_plugin(
             .env("CNI_PATH", path.joined())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn();
-        match spawned {
-            Err(e) if e.raw_os_error() == Some(ETXTBSY) && attempt < TEXT_BUSY_RETRIES => {
-                attempt += 1;
-                std::thread::sleep(Duration::from_secs(1));
-            }
-            Err(e) => {
-                return Err(CniError::internal(format!(
-                    "failed to run {}: {e}",
-                    plugin.display()
-                )));
-            }
-            Ok(child) => break child,
-        }
-    };
-    // Feed stdin and drain stderr on their own threads so that neither a plugin that
-    // does not read its stdin nor one that writes much to stderr can block us.
-    let input = stdin.to_vec();
-    let mut pipe_in = child.stdin.take();
-    let writer = std::thread::spawn(move || {
-        if let Some(pipe) = pipe_in.as_mut() {
-            // A plugin may exit without reading all of stdin; its answer is what counts.
-            let _ = pipe.write_all(&input);
-        }
-    });
-    let mut pipe_err = child.stderr.take();
-    let err_reader = std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(pipe) = pipe_err.as_mut() {
-            let _ = pipe.read_to_end(&mut buf);
-        }
-        buf
-    });
-    let mut stdout = Vec::new();
-    if let Some(mut pipe) = child.stdout.take() {
-        let _ = pipe.read_to_end(&mut stdout);
-    }
-    let status = child
-        .wait()
+            .stderr(Stdio::piped()),
+    )
+    .map_err(|e| CniError::internal(format!("failed to run {}: {e}", plugin.display())))?;
+    // Stdin is fed, and stdout and stderr drained, concurrently, so that neither a
+    // plugin that does not read its stdin nor one that writes much to stderr can block
+    // us. A plugin may exit without reading all of stdin; its answer is what counts.
+    let (output, _written) = cni_protocol::process::wait_feeding(child, stdin);
+    let output = output
         .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
-    let _ = writer.join();
-    let stderr = err_reader.join().unwrap_or_default();
+    let (status, stdout, stderr) = (output.status, output.stdout, output.stderr);
     if status.success() {
         // libcni passes a successful plugin's stderr on to its own.
         let _ = std::io::stderr().write_all(&stderr);

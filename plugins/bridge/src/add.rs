@@ -2,16 +2,18 @@
 //! gateway addresses, masquerade. All-or-nothing: every step that creates something
 //! records how to undo it, and a failure undoes them in reverse before returning.
 
+use crate::common::{delete_link, fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
-use crate::{chain, firewall_error, linux_error, runtime};
+use crate::links::Links;
 use cni_firewall::{macspoof, masq};
 use cni_linux::{
     Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
 };
+use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
-use cni_protocol::{CniError, CniResult, Command, Interface, Request};
+use cni_protocol::{CniError, CniResult, Command, Context, Interface, Request};
 use ipnetwork::IpNetwork;
 use std::io::Read;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -19,9 +21,6 @@ use std::time::Duration;
 
 /// How many random host-side veth names to try before giving up on clashes.
 const VETH_NAME_ATTEMPTS: usize = 10;
-
-/// Linux `EOPNOTSUPP`, the answer of kernels built without bridge VLAN filtering.
-const EOPNOTSUPP: i32 = 95;
 
 /// How long IPv6 addresses may stay tentative (the reference's limit).
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -42,7 +41,7 @@ enum Undo {
 /// Runs ADD; on failure, undoes what this invocation created. A panic midway (a bug:
 /// nothing reachable from input should panic) undoes it too, then carries on unwinding
 /// so the dispatcher reports it.
-pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
+pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
     if !conf.is_layer3() {
         // A layer-2 result has no address, which 0.1.0/0.2.0 cannot express: refuse
         // before creating anything rather than after, as the reference does.
@@ -53,19 +52,23 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
     let mut undo = Vec::new();
     hit("bridge/add/start")?;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        rt.block_on(add(req, conf, &pod_ns, &mut undo))
+        rt.block_on(async {
+            let host = Netlink::connect().map_err(|e| internal(&e))?;
+            let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
+            add(req, conf, &pod_ns, &host, &pod, &mut undo).await
+        })
     }));
     match outcome {
         Ok(Ok(result)) => Ok(result),
         Ok(Err(e)) => {
-            rt.block_on(rollback(req, conf, &pod_ns, undo));
+            rt.block_on(rollback_in(req, conf, &pod_ns, undo));
             Err(e)
         }
         Err(panic) => {
             // The runtime the panic unwound through is not trusted again.
             drop(rt);
             match runtime() {
-                Ok(rt) => rt.block_on(rollback(req, conf, &pod_ns, undo)),
+                Ok(rt) => rt.block_on(rollback_in(req, conf, &pod_ns, undo)),
                 Err(e) => eprintln!("bridge: cannot undo ADD after a panic: {e}"),
             }
             resume_unwind(panic)
@@ -73,38 +76,40 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<CniResult, CniError> {
     }
 }
 
-pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
-    NetNs::open(path)
-        .map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {}", chain(&e))))
+/// Undoes `steps` in `pod_ns`, on a new netlink connection.
+async fn rollback_in(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
+    let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e));
+    rollback(req, conf, pod.as_ref(), steps).await;
 }
 
+/// The steps of ADD, on `host` and `pod` (the netns `pod_ns`). Everything it creates
+/// that a failure must undo is pushed on `undo` first.
 async fn add(
     req: &Request,
     conf: &BridgeConf,
     pod_ns: &NetNs,
+    host: &impl Links,
+    pod: &impl Links,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult, CniError> {
     let ifname = req.args.ifname.as_str();
-    let host = Netlink::connect().map_err(linux_error)?;
-    let pod = Netlink::connect_in(pod_ns).map_err(linux_error)?;
     if pod
         .link_by_name(ifname)
         .await
-        .map_err(linux_error)?
+        .map_err(|e| internal(&e))?
         .is_some()
     {
-        return Err(CniError::internal(format!(
+        return Err(fail(format!(
             "container interface {ifname:?} already exists in {}",
             req.args.netns
         )));
     }
-    let bridge = ensure_bridge(&host, conf).await?;
-    let host_veth = create_veth(&host, pod_ns, conf, bridge.index, ifname, undo).await?;
-    setup_port(&host, conf, &host_veth, true).await?;
-    pin_bridge_mac(&host, &bridge.name).await?;
+    let bridge = ensure_bridge(host, conf).await?;
+    let host_veth = create_veth(host, pod_ns, conf, bridge.index, ifname, undo).await?;
+    setup_port(host, conf, &host_veth, true).await?;
+    pin_bridge_mac(host, &bridge.name).await?;
     hit("bridge/add/bridge-mac")?;
-    let container = pod.require_link(ifname).await.map_err(linux_error)?;
-    let container_mac = mac_text(&container);
+    let container = pod.require_link(ifname).await.map_err(|e| internal(&e))?;
     let mut result = CniResult {
         cni_version: req.config.cni_version.clone(),
         interfaces: vec![
@@ -120,7 +125,7 @@ async fn add(
             },
             Interface {
                 name: ifname.to_string(),
-                mac: container_mac.clone(),
+                mac: mac_text(&container),
                 sandbox: req.args.netns.clone(),
                 ..Interface::default()
             },
@@ -134,9 +139,9 @@ async fn add(
             &req.args.container_id,
             ifname,
             &host_veth.name,
-            &container_mac,
+            container.mac,
         )
-        .map_err(|e| CniError::internal(format!("failed to setup spoof-check: {e}")))?;
+        .context("failed to setup spoof-check")?;
         hit("bridge/add/macspoof-after")?;
     }
     if conf.is_layer3() {
@@ -152,12 +157,12 @@ async fn add(
         result.routes = ipam.routes;
         result.dns = ipam.dns;
         let gateways = gateway::apply(&mut result, conf)?;
-        configure_container(pod_ns, &pod, conf, ifname, container.index, &result).await?;
+        configure_container(pod_ns, pod, conf, ifname, container.index, &result).await?;
         if conf.is_gateway {
-            setup_gateways(&host, conf, &bridge, &gateways, &mut result).await?;
+            setup_gateways(host, conf, &bridge, &gateways, &mut result).await?;
         }
         if conf.ip_masq {
-            let backend = conf.masq_backend()?;
+            let backend = conf.masq_backend();
             undo.push(Undo::Masq);
             hit("bridge/add/masq-before")?;
             let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
@@ -168,25 +173,23 @@ async fn add(
                 &req.args.container_id,
                 &nets,
             )
-            .map_err(firewall_error)?;
+            .map_err(|e| internal(&e))?;
             log::info(&format!(
                 "added masquerade rules ({backend:?}) for {nets:?}"
             ));
             hit("bridge/add/masq-after")?;
         }
     } else if !conf.disable_container_interface {
-        pod.set_up(container.index).await.map_err(|e| {
-            CniError::internal(format!("failed to set {ifname:?} up: {}", chain(&e)))
-        })?;
+        pod.set_up(container.index)
+            .await
+            .with_context(|| format!("failed to set {ifname:?} up"))?;
         hit("bridge/add/container-up")?;
     }
     if !conf.disable_container_interface {
         // A port that is not forwarding yet drops the pod's first packets (plugins#463).
         host.wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
             .await
-            .map_err(|e| {
-                CniError::internal(format!("bridge port in error state: {}", chain(&e)))
-            })?;
+            .context("bridge port in error state")?;
         hit("bridge/add/port-forwarding")?;
     }
     // Joining the bridge can change both MACs; report what they are now.
@@ -194,10 +197,14 @@ async fn add(
         &host
             .require_link(&host_veth.name)
             .await
-            .map_err(linux_error)?,
+            .map_err(|e| internal(&e))?,
     );
-    result.interfaces[0].mac =
-        mac_text(&host.require_link(&bridge.name).await.map_err(linux_error)?);
+    result.interfaces[0].mac = mac_text(
+        &host
+            .require_link(&bridge.name)
+            .await
+            .map_err(|e| internal(&e))?,
+    );
     if let Some(dns) = &conf.dns {
         result.dns = dns.clone();
     }
@@ -205,17 +212,24 @@ async fn add(
     Ok(result)
 }
 
-async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
+/// Undoes `steps` in reverse, logging what could not be undone. `pod` is the
+/// connection to the pod's netns, if one could be made.
+async fn rollback(
+    req: &Request,
+    conf: &BridgeConf,
+    pod: Result<&impl Links, &CniError>,
+    steps: Vec<Undo>,
+) {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     for step in steps.into_iter().rev() {
         let outcome = match step {
-            Undo::ContainerLink => match Netlink::connect_in(pod_ns) {
-                Ok(pod) => delete_link(&pod, ifname).await,
-                Err(e) => Err(linux_error(e)),
+            Undo::ContainerLink => match pod {
+                Ok(pod) => delete_link(pod, ifname).await,
+                Err(e) => Err(e.clone()),
             },
             Undo::Ipam => req.ipam(Command::Del),
-            Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(firewall_error),
-            Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
+            Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
+            Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)),
         };
         match outcome {
             Ok(()) => log::info(&format!("rolled back {step:?} after a failed ADD")),
@@ -227,41 +241,26 @@ async fn rollback(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<U
     }
 }
 
-/// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.
-pub(crate) async fn delete_link(nl: &Netlink, ifname: &str) -> Result<(), CniError> {
-    match nl.delete_link_by_name(ifname).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(CniError::internal(format!(
-            "failed to delete {ifname:?}: {}",
-            chain(&e),
-        ))),
-    }
-}
-
-pub(crate) fn mac_text(link: &Link) -> String {
-    link.mac.map(|m| m.to_string()).unwrap_or_default()
-}
-
 /// Sets the bridge's MAC to its current value. An explicitly set MAC stops the bridge
 /// adopting its lowest port's MAC as ports come and go, which churns ARP caches and
 /// conntrack. Done once a port is attached (the reference does it in gateway mode
 /// only; we do it in layer-2 mode too): pinned on an empty bridge, the kernel keeps
 /// a zero bridge id and leaves the bridge's state unknown.
-async fn pin_bridge_mac(host: &Netlink, name: &str) -> Result<(), CniError> {
-    let bridge = host.require_link(name).await.map_err(linux_error)?;
+async fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<(), CniError> {
+    let bridge = host.require_link(name).await.map_err(|e| internal(&e))?;
     if let Some(mac) = bridge.mac {
-        host.set_mac(bridge.index, mac).await.map_err(|e| {
-            CniError::internal(format!("could not set bridge's mac: {}", chain(&e)))
-        })?;
+        host.set_mac(bridge.index, mac)
+            .await
+            .context("could not set bridge's mac")?;
     }
     Ok(())
 }
 
 /// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
-async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniError> {
+async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, CniError> {
     let name = conf.bridge.as_str();
-    let fail = |e: String| CniError::internal(format!("failed to create bridge {name:?}: {e}"));
+    let context = format!("failed to create bridge {name:?}");
+    let refuse = |e: String| fail(format!("{context}: {e}"));
     let mtu = (conf.mtu != 0).then_some(conf.mtu);
     match host
         .create_bridge(name, mtu, conf.wants_vlan_filtering())
@@ -269,39 +268,41 @@ async fn ensure_bridge(host: &Netlink, conf: &BridgeConf) -> Result<Link, CniErr
     {
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
-        Err(e) if e.errno() == Some(EOPNOTSUPP) && conf.wants_vlan_filtering() => {
-            return Err(fail(format!(
+        // The answer of kernels built without bridge VLAN filtering.
+        Err(e) if e.is_unsupported() && conf.wants_vlan_filtering() => {
+            return Err(refuse(format!(
                 "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
                 chain(&e),
             )));
         }
-        Err(e) => return Err(fail(format!("could not add {name:?}: {}", chain(&e)))),
+        Err(e) => {
+            return Err(e).with_context(|| format!("{context}: could not add {name:?}"));
+        }
     };
     hit("bridge/add/bridge-created")?;
     let bridge = host
         .link_by_name(name)
         .await
-        .map_err(|e| fail(format!("could not lookup {name:?}: {}", chain(&e))))?
-        .ok_or_else(|| fail(format!("could not lookup {name:?}: link not found")))?;
+        .with_context(|| format!("{context}: could not lookup {name:?}"))?
+        .ok_or_else(|| refuse(format!("could not lookup {name:?}: link not found")))?;
     if bridge.kind.as_deref() != Some("bridge") {
-        return Err(fail(format!("{name:?} already exists but is not a bridge")));
+        return Err(refuse(format!(
+            "{name:?} already exists but is not a bridge"
+        )));
     }
     if conf.promisc_mode && !bridge.promisc {
-        host.set_promisc(bridge.index, true).await.map_err(|e| {
-            fail(format!(
-                "could not set promiscuous mode on {name:?}: {}",
-                chain(&e)
-            ))
-        })?;
+        host.set_promisc(bridge.index, true)
+            .await
+            .with_context(|| format!("{context}: could not set promiscuous mode on {name:?}"))?;
         hit("bridge/add/bridge-promisc")?;
     }
     // Router advertisements must not configure the bridge; absent IPv6 is fine.
-    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     hit("bridge/add/bridge-sysctl")?;
     if !bridge.up {
         host.set_up(bridge.index)
             .await
-            .map_err(|e| fail(format!("failed to set {name:?} up: {}", chain(&e))))?;
+            .with_context(|| format!("{context}: failed to set {name:?} up"))?;
     }
     hit("bridge/add/bridge-up")?;
     Ok(bridge)
@@ -312,19 +313,14 @@ fn random_veth_name() -> Result<String, CniError> {
     let mut bytes = [0u8; 4];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| {
-            CniError::internal(format!(
-                "failed to generate random veth name: {}",
-                chain(&e)
-            ))
-        })?;
+        .context("failed to generate random veth name")?;
     Ok(format!("veth{:08x}", u32::from_be_bytes(bytes)))
 }
 
 /// Creates the pair in one request: host end on the bridge, container end in the pod
 /// under its final name. Retries only on a clash of the random host-side name.
 async fn create_veth(
-    host: &Netlink,
+    host: &impl Links,
     pod_ns: &NetNs,
     conf: &BridgeConf,
     bridge_index: u32,
@@ -352,115 +348,90 @@ async fn create_veth(
                     conf.bridge
                 ));
                 hit("bridge/add/veth-created")?;
-                return host.require_link(&name).await.map_err(linux_error);
+                return host.require_link(&name).await.map_err(|e| internal(&e));
             }
             Err(e) if e.is_exists() => {
                 if host
                     .link_by_name(&name)
                     .await
-                    .map_err(linux_error)?
+                    .map_err(|e| internal(&e))?
                     .is_some()
                 {
                     continue;
                 }
-                return Err(CniError::internal(format!(
+                return Err(fail(format!(
                     "container veth name ({ifname:?}) peer provided ({name:?}) already exists"
                 )));
             }
-            Err(e) => {
-                return Err(CniError::internal(format!(
-                    "failed to make veth pair: {}",
-                    chain(&e)
-                )));
-            }
+            Err(e) => return Err(e).context("failed to make veth pair"),
         }
     }
-    Err(CniError::internal(format!(
+    Err(fail(format!(
         "failed to make veth pair: no free host-side name after {VETH_NAME_ATTEMPTS} attempts"
     )))
 }
 
 /// Bridge-port settings of a host-side veth: sysctls, hairpin, isolation, VLANs, up.
 async fn setup_port(
-    host: &Netlink,
+    host: &impl Links,
     conf: &BridgeConf,
     port: &Link,
     container_port: bool,
 ) -> Result<(), CniError> {
     let name = port.name.as_str();
-    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     hit("bridge/add/port-sysctl")?;
     let hairpin = container_port && conf.hairpin_mode;
     host.set_port_hairpin(port.index, hairpin)
         .await
-        .map_err(|e| {
-            CniError::internal(format!(
-                "failed to setup hairpin mode for {name}: {}",
-                chain(&e)
-            ))
-        })?;
+        .with_context(|| format!("failed to setup hairpin mode for {name}"))?;
     hit("bridge/add/port-hairpin")?;
     if container_port {
         host.set_port_isolated(port.index, conf.port_isolation)
             .await
-            .map_err(|e| {
-                CniError::internal(format!(
-                    "failed to set isolated on for {name}: {}",
-                    chain(&e)
-                ))
-            })?;
+            .with_context(|| format!("failed to set isolated on for {name}"))?;
         hit("bridge/add/port-isolation")?;
     }
     setup_vlans(host, conf, port).await?;
     host.set_up(port.index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {name:?} up: {}", chain(&e))))?;
+        .with_context(|| format!("failed to set {name:?} up"))?;
     hit("bridge/add/port-up")
 }
 
-async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
+async fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
     let name = port.name.as_str();
     let trunk = conf.vlan_trunk.as_deref().unwrap_or_default();
     if conf.has_vlans() && !conf.preserve_default_vlan {
-        let existing = host.port_vlans(port.index).await.map_err(linux_error)?;
+        let existing = host
+            .port_vlans(port.index)
+            .await
+            .map_err(|e| internal(&e))?;
         for entry in existing {
             host.del_port_vlan(port.index, entry.vid)
                 .await
-                .map_err(|e| {
-                    CniError::internal(format!(
-                        "failed to remove default vlan on interface {name:?}: {}",
-                        chain(&e),
-                    ))
-                })?;
+                .with_context(|| format!("failed to remove default vlan on interface {name:?}"))?;
             hit("bridge/add/port-vlan-removed")?;
         }
     }
-    let tag_error = |e: cni_linux::Error| {
-        CniError::internal(format!(
-            "failed to setup vlan tag on interface {name:?}: {}",
-            chain(&e),
-        ))
-    };
+    let tag_context = || format!("failed to setup vlan tag on interface {name:?}");
     if conf.vlan != 0 {
         host.add_port_vlan(port.index, conf.vlan, true, true)
             .await
-            .map_err(tag_error)?;
+            .with_context(tag_context)?;
         hit("bridge/add/port-vlan")?;
     }
     for vid in trunk {
         host.add_port_vlan(port.index, *vid, false, false)
             .await
-            .map_err(tag_error)?;
+            .with_context(tag_context)?;
         hit("bridge/add/port-vlan-trunk")?;
     }
     if conf.vlan == 0 && !trunk.is_empty() {
         host.add_port_vlan(port.index, 1, true, true)
             .await
-            .map_err(|e| {
-                CniError::internal(format!(
-                    "failed to setup default native vlan tag on interface {name:?}: {}",
-                    chain(&e),
-                ))
+            .with_context(|| {
+                format!("failed to setup default native vlan tag on interface {name:?}")
             })?;
         hit("bridge/add/port-vlan-native")?;
     }
@@ -470,7 +441,7 @@ async fn setup_vlans(host: &Netlink, conf: &BridgeConf, port: &Link) -> Result<(
 /// Sysctls, addresses, link up, DAD settling and routes inside the container.
 async fn configure_container(
     pod_ns: &NetNs,
-    pod: &Netlink,
+    pod: &impl Links,
     conf: &BridgeConf,
     ifname: &str,
     index: u32,
@@ -479,25 +450,21 @@ async fn configure_container(
     let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
     pod_ns
         .run(|| container_sysctls(ifname, conf.enable_dad, has_v6))
-        .map_err(linux_error)??;
+        .map_err(|e| internal(&e))??;
     hit("bridge/add/container-sysctls")?;
     for ip in result
         .ips
         .iter()
         .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
     {
-        pod.add_address(index, ip.address).await.map_err(|e| {
-            CniError::internal(format!(
-                "failed to add IP addr {} to {ifname:?}: {}",
-                ip.address,
-                chain(&e),
-            ))
-        })?;
+        pod.add_address(index, ip.address)
+            .await
+            .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
         hit("bridge/add/container-address")?;
     }
     pod.set_up(index)
         .await
-        .map_err(|e| CniError::internal(format!("failed to set {ifname:?} UP: {}", chain(&e))))?;
+        .with_context(|| format!("failed to set {ifname:?} UP"))?;
     hit("bridge/add/container-up")?;
     let family_gateway = |v4: bool| {
         result
@@ -509,12 +476,7 @@ async fn configure_container(
     if family_gateway(false).is_some() {
         pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
             .await
-            .map_err(|e| {
-                CniError::internal(format!(
-                    "failed to settle addresses for {ifname:?}: {}",
-                    chain(&e)
-                ))
-            })?;
+            .with_context(|| format!("failed to settle addresses for {ifname:?}"))?;
         hit("bridge/add/container-settled")?;
     }
     let mut installed: Vec<KernelRoute> = Vec::new();
@@ -535,13 +497,9 @@ async fn configure_container(
         if installed.contains(&route) {
             continue;
         }
-        pod.add_route(&route).await.map_err(|e| {
+        pod.add_route(&route).await.with_context(|| {
             let via = gw.map_or_else(|| "<nil>".to_string(), |g| g.to_string());
-            CniError::internal(format!(
-                "failed to add route '{} via {via} dev {ifname}': {}",
-                r.dst,
-                chain(&e),
-            ))
+            format!("failed to add route '{} via {via} dev {ifname}'", r.dst)
         })?;
         installed.push(route);
         hit("bridge/add/container-route")?;
@@ -562,9 +520,8 @@ fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(),
     let _ = sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
     if has_v6 {
         for dev in ["lo", ifname] {
-            sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0").map_err(|e| {
-                CniError::internal(format!("failed to enable IPv6 on {dev:?}: {}", chain(&e)))
-            })?;
+            sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0")
+                .with_context(|| format!("failed to enable IPv6 on {dev:?}"))?;
         }
         // Keep addresses when the link goes down and up again.
         let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/keep_addr_on_down"), "1");
@@ -575,7 +532,7 @@ fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(),
 /// Puts the gateway addresses on the bridge (or the VLAN gateway interface) and
 /// turns on forwarding for each family that has one.
 async fn setup_gateways(
-    host: &Netlink,
+    host: &impl Links,
     conf: &BridgeConf,
     bridge: &Link,
     gateways: &Gateways,
@@ -610,13 +567,12 @@ async fn setup_gateways(
                     } else {
                         "failed to set bridge addr"
                     };
-                    CniError::internal(format!("{what}: {}", e.msg))
+                    fail(format!("{what}: {}", e.msg))
                 })?;
             hit("bridge/add/gateway-address")?;
         }
-        sysctl::write(forwarding, "1").map_err(|e| {
-            CniError::internal(format!("failed to enable forwarding: {}", chain(&e)))
-        })?;
+        host.write_sysctl(forwarding, "1")
+            .context("failed to enable forwarding")?;
         hit("bridge/add/gateway-forwarding")?;
     }
     Ok(())
@@ -625,7 +581,7 @@ async fn setup_gateways(
 /// The reference's `ensureAddr`: keep an identical address, refuse (or with
 /// `forceAddress` replace) a conflicting one, tolerate a concurrent identical add.
 async fn ensure_addr(
-    host: &Netlink,
+    host: &impl Links,
     link: &Link,
     gw: IpNetwork,
     force: bool,
@@ -635,7 +591,7 @@ async fn ensure_addr(
     let existing = host
         .addresses(link.index, Some(family))
         .await
-        .map_err(linux_error)?;
+        .map_err(|e| internal(&e))?;
     if existing.iter().any(|a| a.ip == gw) {
         return Ok(());
     }
@@ -645,23 +601,20 @@ async fn ensure_addr(
             continue;
         }
         if !force {
-            return Err(CniError::internal(format!(
+            return Err(fail(format!(
                 "{name:?} already has an IP address different from {gw}"
             )));
         }
         host.del_address(link.index, a.ip)
             .await
-            .map_err(linux_error)?;
+            .map_err(|e| internal(&e))?;
     }
     match host.add_address(link.index, gw).await {
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
         Err(e) => {
-            return Err(CniError::internal(format!(
-                "could not add IP address {} to {name:?}: {}",
-                gw.ip(),
-                chain(&e),
-            )));
+            return Err(e)
+                .with_context(|| format!("could not add IP address {} to {name:?}", gw.ip()));
         }
     }
     Ok(())
@@ -670,13 +623,13 @@ async fn ensure_addr(
 /// The `<bridge>.<vlan>` gateway interface: one end of a host-local veth pair whose
 /// other end is a bridge port in the VLAN. Shared by all pods of the VLAN.
 async fn ensure_vlan_gateway(
-    host: &Netlink,
+    host: &impl Links,
     conf: &BridgeConf,
     bridge: &Link,
 ) -> Result<Link, CniError> {
     let name = format!("{}.{}", conf.bridge, conf.vlan);
-    let fail = |e: String| CniError::internal(format!("failed to create vlan interface: {e}"));
-    if let Some(link) = host.link_by_name(&name).await.map_err(linux_error)? {
+    let context = "failed to create vlan interface";
+    if let Some(link) = host.link_by_name(&name).await.map_err(|e| internal(&e))? {
         return Ok(link);
     }
     let port_name = random_veth_name()?;
@@ -693,19 +646,265 @@ async fn ensure_vlan_gateway(
     match host.create_veth(&pair).await {
         Ok(()) => {
             hit("bridge/add/vlan-gateway-created")?;
-            let port = host.require_link(&port_name).await.map_err(linux_error)?;
+            let port = host
+                .require_link(&port_name)
+                .await
+                .map_err(|e| internal(&e))?;
             setup_port(host, conf, &port, false).await?;
         }
         // Another ADD of the same VLAN created it first.
         Err(e) if e.is_exists() => {}
-        Err(e) => return Err(fail(chain(&e))),
+        Err(e) => return Err(e).context(context),
     }
-    let link = host
-        .require_link(&name)
-        .await
-        .map_err(|e| fail(chain(&e)))?;
-    let _ = sysctl::write(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
-    host.set_up(link.index).await.map_err(|e| fail(chain(&e)))?;
+    let link = host.require_link(&name).await.context(context)?;
+    let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
+    host.set_up(link.index).await.context(context)?;
     hit("bridge/add/vlan-gateway-up")?;
     Ok(link)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Fake, Namespace, link};
+
+    const BRIDGE: &str = "br-unit";
+
+    fn request(json: &str) -> Request {
+        let config = cni_protocol::NetConf::parse(json.as_bytes()).unwrap();
+        Request {
+            args: cni_protocol::CmdArgs {
+                command: Command::Add,
+                container_id: "ctr-unit".into(),
+                netns: "/proc/self/ns/net".into(),
+                ifname: "eth0".into(),
+                args: String::new(),
+                path: vec![],
+                netns_override: false,
+            },
+            config,
+            stdin: json.as_bytes().to_vec(),
+        }
+    }
+
+    /// A world whose host already has the bridge, up, as an earlier ADD left it.
+    fn world(conf: &BridgeConf) -> (Fake, Fake) {
+        let (host, pod) = Fake::pair();
+        let index = host.next_index();
+        host.with_world(|w| {
+            let mut bridge = link(index, BRIDGE, "bridge");
+            bridge.up = true;
+            bridge.promisc = conf.promisc_mode;
+            bridge.vlan_filtering = Some(conf.wants_vlan_filtering());
+            w.host.links.insert(index, bridge);
+            w.host
+                .sysctls
+                .insert(format!("net/ipv6/conf/{BRIDGE}/accept_ra"), "0".into());
+        });
+        (host, pod)
+    }
+
+    /// ADD against the fake, undone on failure as `add_attachment` does.
+    fn run_add(
+        req: &Request,
+        conf: &BridgeConf,
+        host: &Fake,
+        pod: &Fake,
+    ) -> Result<CniResult, CniError> {
+        // Only handed to the fake, which never enters it.
+        let pod_ns = NetNs::open("/proc/self/ns/net").unwrap();
+        let rt = cni_linux::runtime().unwrap();
+        rt.block_on(async {
+            let mut undo = Vec::new();
+            match add(req, conf, &pod_ns, host, pod, &mut undo).await {
+                Ok(result) => Ok(result),
+                Err(e) => {
+                    rollback(req, conf, Ok(pod), undo).await;
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    const LAYER2_CONFIGS: [&str; 3] = [
+        r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge", "bridge": "br-unit",
+            "vlan": 100, "vlanTrunk": [{"id": 200}, {"minID": 300, "maxID": 301}],
+            "hairpinMode": true}"#,
+        r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge", "bridge": "br-unit",
+            "promiscMode": true, "portIsolation": true, "mtu": 1400}"#,
+        r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge", "bridge": "br-unit",
+            "vlanTrunk": [{"id": 7}], "runtimeConfig": {"mac": "02:00:00:00:00:42"}}"#,
+    ];
+
+    #[test]
+    fn a_failure_at_each_step_of_add_leaves_the_namespaces_as_they_were() {
+        for json in LAYER2_CONFIGS {
+            let req = request(json);
+            let conf = BridgeConf::load(&req).unwrap();
+            let (host, pod) = world(&conf);
+            host.fail_at(None);
+            run_add(&req, &conf, &host, &pod).unwrap();
+            let steps = host.log().len();
+            let mut failed_adds = 0;
+            for n in 0..steps {
+                let (host, pod) = world(&conf);
+                let before = host.snapshot();
+                host.fail_at(Some(n));
+                let outcome = run_add(&req, &conf, &host, &pod);
+                let log = host.log();
+                let failed = log.iter().find(|c| c.starts_with('!')).unwrap();
+                match outcome {
+                    Err(e) => {
+                        failed_adds += 1;
+                        assert_eq!(host.snapshot(), before, "{json}: failure at {failed}: {e}");
+                        // The kernel's answer and errno reach the user.
+                        assert!(
+                            e.msg.contains("Operation not permitted (os error 1)"),
+                            "{failed}: {e}"
+                        );
+                    }
+                    // Only the best-effort accept_ra writes may fail without failing ADD.
+                    Ok(_) => assert_eq!(failed, "!host:write_sysctl", "{json}: {log:?}"),
+                }
+            }
+            assert!(
+                failed_adds >= 10,
+                "{json}: only {failed_adds} of {steps} steps"
+            );
+        }
+    }
+
+    #[test]
+    fn layer2_add_makes_the_port_and_container_link_it_reports() {
+        let req = request(LAYER2_CONFIGS[0]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world(&conf);
+        let result = run_add(&req, &conf, &host, &pod).unwrap();
+        let (host_ns, pod_ns): (Namespace, Namespace) = host.snapshot();
+        let bridge = host_ns.links.values().find(|l| l.name == BRIDGE).unwrap();
+        let port = host_ns
+            .links
+            .values()
+            .find(|l| l.kind.as_deref() == Some("veth"))
+            .unwrap();
+        let container = pod_ns.links.values().find(|l| l.name == "eth0").unwrap();
+        assert_eq!(port.controller, Some(bridge.index));
+        assert_eq!(port.peer_index, Some(container.index));
+        assert!(port.up && container.up);
+        assert_eq!(port.bridge_port.map(|p| p.hairpin), Some(true));
+        let vids: Vec<(u16, bool, bool)> = host_ns.vlans[&port.index]
+            .iter()
+            .map(|v| (v.vid, v.pvid, v.untagged))
+            .collect();
+        // The default VLAN 1 is gone; the access VLAN is native, the trunk tagged.
+        assert_eq!(
+            vids,
+            [
+                (100, true, true),
+                (200, false, false),
+                (300, false, false),
+                (301, false, false)
+            ]
+        );
+        let names: Vec<&str> = result.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, [BRIDGE, port.name.as_str(), "eth0"]);
+        assert_eq!(result.interfaces[2].sandbox, "/proc/self/ns/net");
+        assert_eq!(result.interfaces[2].mac, container.mac.unwrap().to_string());
+        assert!(result.ips.is_empty());
+    }
+
+    #[test]
+    fn add_steps_run_in_order() {
+        let req = request(LAYER2_CONFIGS[1]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world(&conf);
+        host.fail_at(None);
+        run_add(&req, &conf, &host, &pod).unwrap();
+        assert_eq!(
+            host.log(),
+            [
+                "pod:link_by_name",
+                "host:create_bridge",
+                "host:link_by_name",
+                "host:write_sysctl",
+                "host:create_veth",
+                "host:require_link",
+                "host:write_sysctl",
+                "host:set_port_hairpin",
+                "host:set_port_isolated",
+                "host:set_up",
+                "host:require_link",
+                "host:set_mac",
+                "pod:require_link",
+                "pod:set_up",
+                "host:wait_oper_up",
+                "host:require_link",
+                "host:require_link",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_existing_container_interface_is_refused_and_kept() {
+        let req = request(LAYER2_CONFIGS[1]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world(&conf);
+        let index = host.next_index();
+        host.with_world(|w| w.pod.links.insert(index, link(index, "eth0", "dummy")));
+        let before = host.snapshot();
+        let e = run_add(&req, &conf, &host, &pod).unwrap_err();
+        assert!(
+            e.msg
+                .contains("container interface \"eth0\" already exists"),
+            "{e}"
+        );
+        assert_eq!(host.snapshot(), before);
+    }
+
+    #[test]
+    fn a_name_taken_on_the_host_by_something_else_than_a_bridge_is_refused() {
+        let req = request(LAYER2_CONFIGS[1]);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = Fake::pair();
+        let index = host.next_index();
+        host.with_world(|w| w.host.links.insert(index, link(index, BRIDGE, "dummy")));
+        let before = host.snapshot();
+        let e = run_add(&req, &conf, &host, &pod).unwrap_err();
+        assert_eq!(
+            e.msg,
+            "failed to create bridge \"br-unit\": \"br-unit\" already exists but is not a bridge"
+        );
+        assert_eq!(host.snapshot(), before);
+    }
+
+    #[test]
+    fn gateway_address_is_kept_refused_or_forced_like_the_reference() {
+        let (host, _) = Fake::pair();
+        let bridge = link(1, BRIDGE, "bridge");
+        host.with_world(|w| w.host.links.insert(1, bridge.clone()));
+        let gw: IpNetwork = "10.9.0.1/24".parse().unwrap();
+        let other: IpNetwork = "10.8.0.1/24".parse().unwrap();
+        let on_bridge =
+            || -> Vec<IpNetwork> { host.snapshot().0.addresses.iter().map(|a| a.ip).collect() };
+        cni_linux::runtime().unwrap().block_on(async {
+            ensure_addr(&host, &bridge, gw, false).await.unwrap();
+            // A second ADD of the same network keeps it.
+            ensure_addr(&host, &bridge, gw, false).await.unwrap();
+            assert_eq!(on_bridge(), [gw]);
+            let e = ensure_addr(&host, &bridge, other, false).await.unwrap_err();
+            assert_eq!(
+                e.msg,
+                "\"br-unit\" already has an IP address different from 10.8.0.1/24"
+            );
+            assert_eq!(on_bridge(), [gw]);
+            ensure_addr(&host, &bridge, other, true).await.unwrap();
+            assert_eq!(on_bridge(), [other]);
+            // IPv6 gateways of other subnets live side by side.
+            let v6a: IpNetwork = "fd00:1::1/64".parse().unwrap();
+            let v6b: IpNetwork = "fd00:2::1/64".parse().unwrap();
+            ensure_addr(&host, &bridge, v6a, false).await.unwrap();
+            ensure_addr(&host, &bridge, v6b, false).await.unwrap();
+            assert_eq!(on_bridge(), [other, v6a, v6b]);
+        });
+    }
 }

@@ -2,21 +2,19 @@
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
 //! (beyond the reference) the masquerade and spoof-check rules.
 
-use crate::add::{mac_text, open_netns};
+use crate::common::{fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
-use crate::{firewall_error, linux_error, runtime};
+use crate::links::Links;
 use cni_firewall::{macspoof, masq};
-use cni_linux::{Family, Link, Netlink};
+use cni_linux::{Family, Link, MacAddr, Netlink};
+use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
+use cni_protocol::ip::subnet_of;
 use cni_protocol::{CniError, CniResult, Command, Interface, Request, Route};
 use ipnetwork::IpNetwork;
 
-fn fail(msg: String) -> CniError {
-    CniError::internal(msg)
-}
-
 /// Runs CHECK.
-pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
+pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let pod_ns = open_netns(&req.args.netns)?;
     hit("bridge/check/start")?;
     if conf.is_layer3() {
@@ -27,7 +25,7 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
         .config
         .prev_result
         .as_ref()
-        .ok_or_else(|| fail("Required prevResult missing".into()))?;
+        .ok_or_else(|| fail("Required prevResult missing"))?;
     let ifname = req.args.ifname.as_str();
     let find = |pred: &dyn Fn(&Interface) -> bool| {
         prev.interfaces
@@ -39,8 +37,8 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let bridge_entry = find(&|i| i.name == conf.bridge);
     let container_entry = find(&|i| i.name == ifname && i.sandbox == req.args.netns);
     let host_veth = runtime()?.block_on(async {
-        let host = Netlink::connect().map_err(linux_error)?;
-        let pod = Netlink::connect_in(&pod_ns).map_err(linux_error)?;
+        let host = Netlink::connect().map_err(|e| internal(&e))?;
+        let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
         let bridge = check_bridge(&host, &bridge_entry, conf).await?;
         if req.args.netns != container_entry.sandbox {
             return Err(fail(format!(
@@ -75,36 +73,41 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     if conf.is_layer3() && conf.ip_masq {
         let nets: Vec<IpNetwork> = prev.ips.iter().map(|ip| ip.address).collect();
         masq::check(
-            conf.masq_backend()?,
+            conf.masq_backend(),
             &conf.network,
             ifname,
             &req.args.container_id,
             &nets,
         )
-        .map_err(firewall_error)?;
+        .map_err(|e| internal(&e))?;
         hit("bridge/check/masq")?;
     }
     if conf.macspoofchk {
-        let mac = host_veth.1;
-        macspoof::check(&req.args.container_id, ifname, &host_veth.0.name, &mac)
-            .map_err(firewall_error)?;
+        let (host_veth, container_mac) = host_veth;
+        macspoof::check(
+            &req.args.container_id,
+            ifname,
+            &host_veth.name,
+            container_mac,
+        )
+        .map_err(|e| internal(&e))?;
         hit("bridge/check/macspoof")?;
     }
     Ok(())
 }
 
-async fn lookup(nl: &Netlink, entry: &Interface) -> Result<Link, CniError> {
+async fn lookup(nl: &impl Links, entry: &Interface) -> Result<Link, CniError> {
     if entry.name.is_empty() {
-        return Err(fail("Interface name missing ".into()));
+        return Err(fail("Interface name missing "));
     }
     nl.link_by_name(&entry.name)
         .await
-        .map_err(linux_error)?
+        .map_err(|e| internal(&e))?
         .ok_or_else(|| fail(format!("Interface name {} not found", entry.name)))
 }
 
 async fn check_bridge(
-    host: &Netlink,
+    host: &impl Links,
     entry: &Interface,
     conf: &BridgeConf,
 ) -> Result<Link, CniError> {
@@ -136,7 +139,7 @@ async fn check_bridge(
     Ok(link)
 }
 
-async fn check_container(pod: &Netlink, entry: &Interface) -> Result<Link, CniError> {
+async fn check_container(pod: &impl Links, entry: &Interface) -> Result<Link, CniError> {
     let link = lookup(pod, entry).await?;
     if link.kind.as_deref() != Some("veth") {
         return Err(fail(format!(
@@ -157,11 +160,11 @@ async fn check_container(pod: &Netlink, entry: &Interface) -> Result<Link, CniEr
 /// The host veth paired with the container interface and on the bridge, with its
 /// container-side MAC for the spoof check; `None` when `entry` is some other interface.
 async fn check_host_veth(
-    host: &Netlink,
+    host: &impl Links,
     entry: &Interface,
     bridge: &Link,
     container: &Link,
-) -> Result<Option<(Link, String)>, CniError> {
+) -> Result<Option<(Link, Option<MacAddr>)>, CniError> {
     if !entry.sandbox.is_empty() {
         return Ok(None);
     }
@@ -179,16 +182,16 @@ async fn check_host_veth(
             entry.name, entry.mac
         )));
     }
-    Ok(Some((link, mac_text(container))))
+    Ok(Some((link, container.mac)))
 }
 
 async fn check_addresses(
-    pod: &Netlink,
+    pod: &impl Links,
     ifname: &str,
     index: u32,
     prev: &CniResult,
 ) -> Result<(), CniError> {
-    let present = pod.addresses(index, None).await.map_err(linux_error)?;
+    let present = pod.addresses(index, None).await.map_err(|e| internal(&e))?;
     for ip in &prev.ips {
         if !present.iter().any(|a| a.ip == ip.address) {
             return Err(fail(format!(
@@ -196,10 +199,9 @@ async fn check_addresses(
                 ip.address
             )));
         }
-        let subnet =
-            IpNetwork::new(ip.address.network(), ip.address.prefix()).expect("valid prefix");
+        let subnet = subnet_of(ip.address);
         let family = Family::of(ip.address.ip());
-        let routes = pod.routes(family, None).await.map_err(linux_error)?;
+        let routes = pod.routes(family, None).await.map_err(|e| internal(&e))?;
         if !routes.iter().any(|r| r.dst == subnet) {
             return Err(fail(format!(
                 "Failed to find route {subnet} for interface {ifname}"
@@ -212,10 +214,10 @@ async fn check_addresses(
 /// Every prevResult route must be in the routing table. A default route matches any
 /// default route (later plugins may change its gateway); a route without a gateway
 /// matches whichever gateway ADD filled in.
-async fn check_routes(pod: &Netlink, routes: &[Route]) -> Result<(), CniError> {
+async fn check_routes(pod: &impl Links, routes: &[Route]) -> Result<(), CniError> {
     for route in routes {
         let family = Family::of(route.dst.ip());
-        let table = pod.routes(family, None).await.map_err(linux_error)?;
+        let table = pod.routes(family, None).await.map_err(|e| internal(&e))?;
         let is_default = route.dst.prefix() == 0;
         let found = table
             .iter()
@@ -231,4 +233,180 @@ async fn check_routes(pod: &Netlink, routes: &[Route]) -> Result<(), CniError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fake::{Fake, link};
+    use cni_linux::{Address, Route as KernelRoute};
+    use cni_protocol::IpConfig;
+
+    fn block_on<T>(f: impl Future<Output = T>) -> T {
+        cni_linux::runtime().unwrap().block_on(f)
+    }
+
+    fn conf(promisc: bool) -> BridgeConf {
+        let json = format!(
+            r#"{{"cniVersion": "1.0.0", "name": "unit", "type": "bridge",
+                "bridge": "br-unit", "promiscMode": {promisc}}}"#
+        );
+        let config = cni_protocol::NetConf::parse(json.as_bytes()).unwrap();
+        let req = Request {
+            args: cni_protocol::CmdArgs {
+                command: Command::Check,
+                container_id: "c".into(),
+                netns: String::new(),
+                ifname: "eth0".into(),
+                args: String::new(),
+                path: vec![],
+                netns_override: false,
+            },
+            config,
+            stdin: json.into_bytes(),
+        };
+        BridgeConf::load(&req).unwrap()
+    }
+
+    fn entry(link: &Link, sandbox: &str) -> Interface {
+        Interface {
+            name: link.name.clone(),
+            mac: link.mac.map(|m| m.to_string()).unwrap_or_default(),
+            sandbox: sandbox.into(),
+            ..Interface::default()
+        }
+    }
+
+    /// Host: bridge 1, veth 2 on it; pod: eth0 3 paired with 2, and a stray veth 4.
+    fn world() -> (Fake, Fake, [Link; 4]) {
+        let (host, pod) = Fake::pair();
+        let bridge = link(1, "br-unit", "bridge");
+        let mut port = link(2, "veth0001", "veth");
+        port.controller = Some(1);
+        port.peer_index = Some(3);
+        let mut eth0 = link(3, "eth0", "veth");
+        eth0.peer_index = Some(2);
+        let stray = link(4, "veth0002", "veth");
+        host.with_world(|w| {
+            for l in [&bridge, &port, &stray] {
+                w.host.links.insert(l.index, l.clone());
+            }
+            w.pod.links.insert(3, eth0.clone());
+        });
+        (host, pod, [bridge, port, eth0, stray])
+    }
+
+    #[test]
+    fn bridge_verdicts() {
+        let (host, _, [bridge, port, ..]) = world();
+        block_on(async {
+            assert!(
+                check_bridge(&host, &entry(&bridge, ""), &conf(false))
+                    .await
+                    .is_ok()
+            );
+            let e = check_bridge(&host, &entry(&bridge, ""), &conf(true)).await;
+            assert_eq!(
+                e.unwrap_err().msg,
+                "Bridge interface br-unit configured Promisc Mode true doesn't match current state: false "
+            );
+            let e = check_bridge(&host, &entry(&port, ""), &conf(false)).await;
+            assert_eq!(
+                e.unwrap_err().msg,
+                "Interface veth0001 does not have link type of bridge"
+            );
+            let mut wrong_mac = entry(&bridge, "");
+            wrong_mac.mac = "02:00:00:00:00:99".into();
+            let e = check_bridge(&host, &wrong_mac, &conf(false)).await;
+            assert_eq!(
+                e.unwrap_err().msg,
+                "Bridge interface br-unit Mac doesn't match: 02:00:00:00:00:99"
+            );
+            let gone = Interface {
+                name: "br-gone".into(),
+                ..Interface::default()
+            };
+            let e = check_bridge(&host, &gone, &conf(false)).await;
+            assert_eq!(e.unwrap_err().msg, "Interface name br-gone not found");
+        });
+    }
+
+    #[test]
+    fn the_host_veth_is_the_container_links_peer_on_the_bridge() {
+        let (host, _, [bridge, port, eth0, stray]) = world();
+        block_on(async {
+            let found = check_host_veth(&host, &entry(&port, ""), &bridge, &eth0).await;
+            let (veth, container_mac) = found.unwrap().unwrap();
+            assert_eq!((veth.index, container_mac), (2, eth0.mac));
+            let other = check_host_veth(&host, &entry(&stray, ""), &bridge, &eth0).await;
+            assert_eq!(other.unwrap(), None);
+            let in_pod = check_host_veth(&host, &entry(&port, "/x"), &bridge, &eth0).await;
+            assert_eq!(in_pod.unwrap(), None);
+            let mut wrong_mac = entry(&port, "");
+            wrong_mac.mac = "02:00:00:00:00:99".into();
+            let e = check_host_veth(&host, &wrong_mac, &bridge, &eth0).await;
+            assert_eq!(
+                e.unwrap_err().msg,
+                "Interface veth0001 Mac doesn't match: 02:00:00:00:00:99 not found"
+            );
+        });
+    }
+
+    #[test]
+    fn addresses_need_the_address_and_its_subnet_route() {
+        let (_, pod, _) = world();
+        let prev = CniResult {
+            ips: vec![IpConfig {
+                address: "10.9.0.5/24".parse().unwrap(),
+                gateway: None,
+                interface: Some(2),
+            }],
+            ..CniResult::default()
+        };
+        block_on(async {
+            let e = check_addresses(&pod, "eth0", 3, &prev).await.unwrap_err();
+            assert_eq!(e.msg, "Failed to match addr 10.9.0.5/24 on interface eth0");
+            pod.with_world(|w| {
+                w.pod.addresses.push(Address {
+                    ip: "10.9.0.5/24".parse().unwrap(),
+                    index: 3,
+                    scope: 0,
+                    flags: 0,
+                });
+            });
+            let e = check_addresses(&pod, "eth0", 3, &prev).await.unwrap_err();
+            assert_eq!(e.msg, "Failed to find route 10.9.0.0/24 for interface eth0");
+            let subnet = KernelRoute {
+                oif: Some(3),
+                ..KernelRoute::new("10.9.0.0/24".parse().unwrap())
+            };
+            pod.with_world(|w| w.pod.routes.push(subnet));
+            check_addresses(&pod, "eth0", 3, &prev).await.unwrap();
+        });
+    }
+
+    #[test]
+    fn routes_match_by_destination_and_gateway() {
+        let (_, pod, _) = world();
+        let default = KernelRoute {
+            gw: Some("10.9.0.1".parse().unwrap()),
+            oif: Some(3),
+            ..KernelRoute::new("0.0.0.0/0".parse().unwrap())
+        };
+        pod.with_world(|w| w.pod.routes.push(default));
+        let route = |dst: &str, gw: Option<&str>| {
+            cni_protocol::Route::new(dst.parse().unwrap(), gw.map(|g| g.parse().unwrap()))
+        };
+        block_on(async {
+            // Any default route will do: later plugins may change its gateway.
+            check_routes(&pod, &[route("0.0.0.0/0", Some("10.9.0.254"))])
+                .await
+                .unwrap();
+            let e = check_routes(&pod, &[route("10.20.0.0/16", None)]).await;
+            assert_eq!(
+                e.unwrap_err().msg,
+                "Expected Route {Dst:10.20.0.0/16 GW:<nil>} not found in routing table"
+            );
+        });
+    }
 }

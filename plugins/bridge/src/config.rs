@@ -126,8 +126,8 @@ pub struct BridgeConf {
     pub force_address: bool,
     /// Masquerade container traffic leaving its subnet.
     pub ip_masq: bool,
-    /// `ipMasqBackend` as given.
-    pub ip_masq_backend: Option<String>,
+    /// `ipMasqBackend`, parsed; `None` when absent.
+    pub ip_masq_backend: Option<cni_firewall::Backend>,
     /// MTU for a new bridge and both veth ends; 0 = kernel default.
     pub mtu: u32,
     /// Hairpin on the host port.
@@ -172,10 +172,11 @@ impl BridgeConf {
         self.vlan != 0 || self.vlan_trunk.is_some()
     }
 
-    /// The masquerade backend: `ipMasqBackend` when set, else the reference's default.
-    pub fn masq_backend(&self) -> Result<cni_firewall::Backend, CniError> {
-        cni_firewall::Backend::from_config(self.ip_masq_backend.as_deref())
-            .map_err(|e| CniError::internal(e.to_string()))
+    /// The masquerade backend: `ipMasqBackend` when set, else the reference's default
+    /// (detected now, from the tools that work on this host).
+    pub fn masq_backend(&self) -> cni_firewall::Backend {
+        self.ip_masq_backend
+            .unwrap_or_else(cni_firewall::Backend::detect)
     }
 
     /// Parses and validates the request's config and `CNI_ARGS`.
@@ -244,11 +245,12 @@ impl BridgeConf {
                 options: d.options.unwrap_or_default(),
             })
         });
-        if let Some(backend) = &raw.ip_masq_backend {
-            backend
-                .parse::<cni_firewall::Backend>()
-                .map_err(|e| CniError::internal(e.to_string()))?;
-        }
+        let ip_masq_backend = raw
+            .ip_masq_backend
+            .as_deref()
+            .map(str::parse::<cni_firewall::Backend>)
+            .transpose()
+            .map_err(|e| CniError::internal(e.to_string()))?;
         Ok(Self {
             network: network.to_string(),
             bridge: if raw.bridge.is_empty() {
@@ -260,7 +262,7 @@ impl BridgeConf {
             is_default_gateway: raw.is_default_gateway,
             force_address: raw.force_address,
             ip_masq: raw.ip_masq,
-            ip_masq_backend: raw.ip_masq_backend,
+            ip_masq_backend,
             mtu,
             hairpin_mode: raw.hairpin_mode,
             promisc_mode: raw.promisc_mode,

@@ -2,26 +2,24 @@
 //! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
 //! are found by the attachment's names, so they go even when the netns is gone.
 
-use crate::add::delete_link;
+use crate::common::{delete_link, runtime};
 use crate::config::BridgeConf;
-use crate::{Errors, chain, firewall_error, linux_error, runtime};
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
+use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
-use cni_protocol::{CniError, Command, Request};
+use cni_protocol::{CniError, Command, Context, Errors, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
-pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
+pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     let mut errors = Errors::default();
     hit("bridge/del/start")?;
-    if !req.args.netns.is_empty() {
-        note(
-            &mut errors,
-            delete_container_link(&req.args.netns, ifname),
-            || format!("deleted {ifname} in the pod (if it was there)"),
-        );
+    if let Some(netns) = req.args.netns_path() {
+        note(&mut errors, delete_container_link(netns, ifname), || {
+            format!("deleted {ifname} in the pod (if it was there)")
+        });
         hit("bridge/del/link")?;
     }
     if conf.is_layer3() {
@@ -33,7 +31,7 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     if conf.macspoofchk {
         note(
             &mut errors,
-            macspoof::teardown(id, ifname).map_err(firewall_error),
+            macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
             || "removed the spoof-check rules".to_string(),
         );
         hit("bridge/del/macspoof")?;
@@ -41,16 +39,20 @@ pub fn run(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     if conf.is_layer3() && conf.ip_masq {
         note(
             &mut errors,
-            masq::teardown(&conf.network, ifname, id).map_err(firewall_error),
+            masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)),
             || "removed the masquerade rules".to_string(),
         );
         hit("bridge/del/masq")?;
     }
-    errors.into_result()
+    errors.into_cni_result()
 }
 
 /// Records one DEL step's outcome: logs what was removed, or keeps the error.
-fn note(errors: &mut Errors, outcome: Result<(), CniError>, done: impl FnOnce() -> String) {
+fn note(
+    errors: &mut Errors<CniError>,
+    outcome: Result<(), CniError>,
+    done: impl FnOnce() -> String,
+) {
     if outcome.is_ok() {
         log::info(&done());
     }
@@ -61,12 +63,10 @@ fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
     let ns = match NetNs::open(netns) {
         // The runtime may delete the netns before DEL; the veth died with it.
         Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
-        other => other.map_err(|e| {
-            CniError::internal(format!("failed to open netns {netns:?}: {}", chain(&e)))
-        })?,
+        other => other.with_context(|| format!("failed to open netns {netns:?}"))?,
     };
     runtime()?.block_on(async {
-        let pod = Netlink::connect_in(&ns).map_err(linux_error)?;
+        let pod = Netlink::connect_in(&ns).map_err(|e| internal(&e))?;
         delete_link(&pod, ifname).await
     })
 }

@@ -24,7 +24,7 @@ use crate::allocator::Attachment;
 use crate::config::IpamConfig;
 use crate::error::Error;
 use crate::store::Store;
-use cni_protocol::{CniError, CniResult, Dns, Plugin, Request};
+use cni_protocol::{CniError, CniResult, Dns, Errors, Plugin, Request};
 
 /// The plugin.
 #[derive(Debug, Clone, Copy, Default)]
@@ -79,7 +79,7 @@ fn del(req: &Request) -> Result<(), Error> {
     locked.step("locked")?;
     let who = attachment(req);
     let mut released = 0;
-    let mut errors = Vec::new();
+    let mut errors = Errors::default();
     if let Some(prev) = &req.config.prev_result {
         for ip in &prev.ips {
             match locked.release_if_owned(range::canonical_ip(ip.address.ip()), who.id, who.ifname)
@@ -95,11 +95,7 @@ fn del(req: &Request) -> Result<(), Error> {
             errors.push(e);
         }
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Many(errors))
-    }
+    errors.into_result_all(Error::Many)
 }
 
 fn check(req: &Request) -> Result<(), Error> {

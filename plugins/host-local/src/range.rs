@@ -26,19 +26,9 @@ pub fn from_u128(n: u128, v4: bool) -> IpAddr {
     }
 }
 
-/// Go's `To4()`: an IPv4-mapped IPv6 address is IPv4. The reference canonicalises every
-/// address this way, so `::ffff:10.0.0.5` and `10.0.0.5` are the same reservation.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
-}
-
-/// Parses an address the way Go's `net.ParseIP` + `To4` does.
-pub fn parse_ip(text: &str) -> Option<IpAddr> {
-    text.parse().ok().map(canonical_ip)
-}
+// Go's `To4()` and `net.ParseIP`: `::ffff:10.0.0.5` and `10.0.0.5` are the same
+// reservation.
+pub use cni_protocol::ip::{canonical_ip, parse_ip};
 
 /// One canonicalised range: every field is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,17 +75,8 @@ fn parse_subnet(text: Option<&String>) -> Result<(IpAddr, u8, bool)> {
         // The zero `types.IPNet`: canonicalizeIP fails on a nil IP.
         return Err(Error::Invalid("IP <nil> not v4 nor v6".into()));
     };
-    let bad = || Error::Invalid(format!("invalid CIDR address: {text}"));
-    let (ip, prefix) = text.split_once('/').ok_or_else(bad)?;
-    let ip: IpAddr = ip.parse().map_err(|_| bad())?;
-    if prefix.is_empty() || !prefix.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    let prefix: u8 = prefix.parse().map_err(|_| bad())?;
-    let max = if ip.is_ipv4() { 32 } else { 128 };
-    if prefix > max {
-        return Err(bad());
-    }
+    let (ip, prefix) = cni_protocol::ip::parse_cidr_text(text)
+        .ok_or_else(|| Error::Invalid(format!("invalid CIDR address: {text}")))?;
     let mapped = matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some());
     Ok((canonical_ip(ip), prefix, mapped))
 }

@@ -49,6 +49,7 @@
 
 use crate::error::{Error, Result};
 use crate::store::{Entry, Locked, Store};
+use cni_protocol::Errors;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashSet};
 use std::fs::File;
@@ -153,7 +154,7 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
     let mut released = BTreeMap::new();
     let mut remembered = 0;
     let mut released_count = 0;
-    let mut errors = Vec::new();
+    let mut errors = Errors::default();
     for entry in locked.scan()? {
         let path = locked.store().dir().join(&entry.name);
         match stamp_of(&path) {
@@ -182,9 +183,7 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
             "released {released_count} reservations made before boot {boot}"
         ));
     }
-    if !errors.is_empty() {
-        return Err(Error::Many(errors));
-    }
+    errors.into_result_all(Error::Many)?;
     let marker = Marker {
         boot_id: boot.to_owned(),
         released,

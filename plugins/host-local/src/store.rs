@@ -38,7 +38,7 @@
 
 use crate::error::{Error, Result};
 use crate::range::parse_ip;
-use cni_protocol::Attachment;
+use cni_protocol::{Attachment, Errors};
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::stat::Mode;
 use std::collections::{BTreeMap, HashSet};
@@ -634,7 +634,7 @@ impl Locked<'_> {
             .iter()
             .filter(|(_, o)| *o == wanted)
             .map(|(entry, _)| entry.name.as_str());
-        self.release_each(names, Vec::new())
+        self.release_each(names, Errors::default())
     }
 
     /// Releases every named reservation, keeping going past failures; `errors` already
@@ -642,7 +642,7 @@ impl Locked<'_> {
     fn release_each<'n>(
         &self,
         names: impl IntoIterator<Item = &'n str>,
-        mut errors: Vec<Error>,
+        mut errors: Errors<Error>,
     ) -> Result<usize> {
         let mut released = 0;
         for name in names {
@@ -652,11 +652,7 @@ impl Locked<'_> {
                 Err(e) => errors.push(e),
             }
         }
-        if errors.is_empty() {
-            Ok(released)
-        } else {
-            Err(Error::Many(errors))
-        }
+        errors.into_result_all(Error::Many).map(|()| released)
     }
 
     /// Whether (id, ifname), or legacy id, owns any reservation (reference `FindByID`).
@@ -675,7 +671,7 @@ impl Locked<'_> {
             .map(|a| (a.container_id.trim(), a.ifname.as_str()))
             .collect();
         let ids: HashSet<&str> = valid.iter().map(|a| a.container_id.trim()).collect();
-        let mut errors = Vec::new();
+        let mut errors = Errors::default();
         let mut stale = Vec::new();
         for entry in self.scan()? {
             let content = match self.read(&entry.name) {

@@ -3,7 +3,7 @@
 
 use cni_linux::netlink::{Family, Link, Netlink, runtime};
 use cni_linux::netns::NetNs;
-use cni_protocol::{CniError, CniResult, Interface, IpConfig, Plugin, Request};
+use cni_protocol::{CniError, CniResult, Context, Interface, IpConfig, Plugin, Request};
 
 /// The loopback plugin.
 #[derive(Debug, Clone, Copy, Default)]
@@ -37,10 +37,10 @@ impl Plugin for Loopback {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        if req.args.netns.is_empty() {
+        let Some(netns) = req.args.netns_path() else {
             return Ok(());
-        }
-        let ns = match NetNs::open(&req.args.netns) {
+        };
+        let ns = match NetNs::open(netns) {
             Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
             other => other.map_err(linux_error)?,
         };
@@ -61,12 +61,13 @@ impl Plugin for Loopback {
     }
 }
 
+/// A Linux-layer error with its causes, so the kernel's errno reaches the user.
 fn linux_error(e: cni_linux::Error) -> CniError {
-    CniError::internal(e.to_string())
+    cni_protocol::error::internal(&e)
 }
 
 fn open_netns(path: &str) -> Result<NetNs, CniError> {
-    NetNs::open(path).map_err(|e| CniError::internal(format!("failed to open netns {path:?}: {e}")))
+    NetNs::open(path).with_context(|| format!("failed to open netns {path:?}"))
 }
 
 /// Runs `work` with a netlink connection inside `ns`, on a current-thread runtime.
@@ -75,7 +76,7 @@ where
     F: FnOnce(Netlink) -> Fut,
     Fut: Future<Output = Result<T, CniError>>,
 {
-    let rt = runtime().map_err(|e| CniError::internal(format!("failed to start runtime: {e}")))?;
+    let rt = runtime().context("failed to start runtime")?;
     rt.block_on(async {
         let nl = Netlink::connect_in(ns).map_err(linux_error)?;
         work(nl).await

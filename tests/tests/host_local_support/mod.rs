@@ -220,7 +220,7 @@ pub fn net(name: &str, version: Option<&str>, data: &TempDir, mut ipam: Value) -
     config
 }
 
-/// The spec notes' appendix config: 10.9.0.0/24 + fd00:9::/64 with two routes.
+/// A dual-stack config: 10.9.0.0/24 + fd00:9::/64 with two routes.
 pub fn dual_stack(name: &str, version: Option<&str>, data: &TempDir) -> Value {
     let conf = load_conf("host-local-dualstack.json");
     net(name, version, data, conf["ipam"].clone())

@@ -28,20 +28,7 @@ pub use veth::VethPair;
 pub use wait::OPER_UP_DELAYS;
 
 /// An IP address family, used to filter dumps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Family {
-    /// IPv4.
-    V4,
-    /// IPv6.
-    V6,
-}
-
-impl Family {
-    /// The family of an address.
-    pub fn of(ip: std::net::IpAddr) -> Self {
-        if ip.is_ipv4() { Self::V4 } else { Self::V6 }
-    }
-}
+pub use cni_protocol::ip::Family;
 
 /// Builds the runtime the netlink calls expect: current-thread, IO and timers on.
 pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {

@@ -1,10 +1,17 @@
 //! Ethernet MAC addresses as the CNI result prints them (`aa:bb:cc:dd:ee:ff`,
-//! lowercase) and as configs supply them.
+//! lowercase) and as configs supply them: the suite's one MAC type and parser,
+//! shared by the netlink layer, the firewall and the plugins.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::Error;
+/// A MAC address string did not parse (wording of Go's net.ParseMAC).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("address {value}: invalid MAC address")]
+pub struct InvalidMac {
+    /// The rejected text.
+    pub value: String,
+}
 
 /// A 6-byte Ethernet hardware address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,12 +43,12 @@ impl fmt::Display for MacAddr {
 }
 
 impl FromStr for MacAddr {
-    type Err = Error;
+    type Err = InvalidMac;
 
     /// Accepts the 6-byte forms of Go's `net.ParseMAC`: `aa:bb:cc:dd:ee:ff`,
     /// `aa-bb-cc-dd-ee-ff` and `aabb.ccdd.eeff`.
-    fn from_str(s: &str) -> Result<Self, Error> {
-        parse(s).ok_or_else(|| Error::InvalidMac {
+    fn from_str(s: &str) -> Result<Self, InvalidMac> {
+        parse(s).ok_or_else(|| InvalidMac {
             value: s.to_owned(),
         })
     }

@@ -1,0 +1,35 @@
+//! Helpers shared by ADD, CHECK and DEL: opening the netns, deleting a link, a
+//! link's MAC as text, the netlink runtime, and the error of a failed step that
+//! has no underlying cause.
+
+use crate::links::Links;
+use cni_linux::{Link, NetNs};
+use cni_protocol::{CniError, Context};
+
+pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
+    NetNs::open(path).with_context(|| format!("failed to open netns {path:?}"))
+}
+
+/// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.
+pub(crate) async fn delete_link(nl: &impl Links, ifname: &str) -> Result<(), CniError> {
+    match nl.delete_link_by_name(ifname).await {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("failed to delete {ifname:?}")),
+    }
+}
+
+pub(crate) fn mac_text(link: &Link) -> String {
+    link.mac.map(|m| m.to_string()).unwrap_or_default()
+}
+
+/// Starts the current-thread runtime the netlink calls run on.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
+    cni_linux::runtime().context("failed to start runtime")
+}
+
+/// A code-999 error for a failed step that has no underlying error to add context
+/// to (that case is [`cni_protocol::Context`]).
+pub(crate) fn fail(msg: impl Into<String>) -> CniError {
+    CniError::internal(msg)
+}
