@@ -11,7 +11,7 @@ setns(2) on the calling thread only, so the plugin process is started directly (
 Everything created is removed on exit, also on an error or a signal.
 
 Timing is wall time from the fork to the reaped exit, process start and the IPAM delegate
-included. Peak RSS is measured in separate calls under GNU time (%M): the driver's own
+included, and the CPU time of the process tree (see `timed`). Peak RSS is measured in separate calls under GNU time (%M): the driver's own
 ru_maxrss would be wrong: a child forked from the driver reports the driver's (Python's) memory as
 its high-water mark at exec; GNU time is small, so what it reports is the plugin's.
 For a bridge call that figure is the larger of bridge and its IPAM child (wait4 reports
@@ -95,7 +95,12 @@ def cleanup():
 
 
 def timed(argv, env=None, stdin=b""):
-    """Runs argv in the calling thread's netns; returns (ok, ms, stdout)."""
+    """Runs argv in the calling thread's netns; returns (ok, (wall ms, CPU ms), stdout).
+
+    CPU time is user + system of the process and the children it reaped (the IPAM
+    delegate, iptables-restore, nft): unlike wall time it barely moves with the machine's
+    load, but it misses kernel work done outside the process (a veth's deletion finishes
+    in kernel workers)."""
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter_ns()
         p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -103,7 +108,7 @@ def timed(argv, env=None, stdin=b""):
         p.stdin.write(stdin)
         p.stdin.close()
         out = p.stdout.read()
-        _, status = os.waitpid(p.pid, 0)
+        _, status, ru = os.wait4(p.pid, 0)
         t1 = time.perf_counter_ns()
         p.returncode = os.waitstatus_to_exitcode(status)
         p.stdout.close()
@@ -111,7 +116,7 @@ def timed(argv, env=None, stdin=b""):
         if not ok:
             err.seek(0)
             out = out + b" | stderr: " + err.read()[-400:]
-    return ok, (t1 - t0) / 1e6, out
+    return ok, ((t1 - t0) / 1e6, (ru.ru_utime + ru.ru_stime) * 1e3), out
 
 
 class Plugins:
@@ -179,7 +184,7 @@ class Floor:
         if not ok1:
             return ok1, ms1, out1
         ok2, ms2, out2 = timed(["ip", "-n", pod, "-batch", "-"], None, pod_cmds)
-        return ok2, ms1 + ms2, out2
+        return ok2, (ms1[0] + ms2[0], ms1[1] + ms2[1]), out2
 
     def delete(self, i):
         return timed(["ip", "link", "del", f"fv{i}"])
@@ -371,12 +376,14 @@ def summarize(scn, suite, samples, errors, rows, raw, ops=("ADD", "CHECK", "DEL"
         ms = [x[2] for x in samples if x[0] == op]
         for x in samples:
             if x[0] == op:
-                raw.append((scn, suite, op, x[1], round(x[2], 3)))
+                raw.append((scn, suite, op, x[1], round(x[2][0], 3), round(x[2][1], 3)))
         if not ms:
             continue
+        wall, cpu = [m[0] for m in ms], [m[1] for m in ms]
         rows.append({"scenario": scn, "op": op, "suite": suite, "n": len(ms),
-                     "p50_ms": round(pct(ms, 50), 2), "p99_ms": round(pct(ms, 99), 2),
-                     "mean_ms": round(sum(ms) / len(ms), 2),
+                     "p50_ms": round(pct(wall, 50), 2), "p99_ms": round(pct(wall, 99), 2),
+                     "mean_ms": round(sum(wall) / len(wall), 2),
+                     "cpu_p50_ms": round(pct(cpu, 50), 2),
                      "errors": 0})
     if errors:
         rows.append(error_row(scn, suite, errors))
@@ -386,7 +393,7 @@ def error_row(scn, suite, errors):
     for e in errors[:3]:
         log(f"  {scn}/{suite} error: {e}")
     return {"scenario": scn, "op": "errors", "suite": suite, "n": len(errors),
-            "p50_ms": "", "p99_ms": "", "mean_ms": "",
+            "p50_ms": "", "p99_ms": "", "mean_ms": "", "cpu_p50_ms": "",
             "errors": len(errors)}
 
 
@@ -406,16 +413,20 @@ def print_tables(rows, conc_rows, size_rows, meta):
         return r[field] if r else None
 
     print(f"\n{meta}\n")
+    print("Wall ms per call (p50, p99) and CPU ms of the process tree (p50):\n")
     print("| scenario | op | ours p50 | ours p99 | ref p50 | ref p99 | floor p50 | floor p99 "
-          "| ours/ref p50 | ours/floor p50 |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| ours/ref p50 | ours/floor p50 | CPU ours | CPU ref | CPU floor |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     fmt = lambda v: "-" if v is None else f"{v:.2f}"
     for scn, op in keys:
         o50, o99 = cell(scn, op, "ours", "p50_ms"), cell(scn, op, "ours", "p99_ms")
         r50, r99 = cell(scn, op, "ref", "p50_ms"), cell(scn, op, "ref", "p99_ms")
         f50, f99 = cell(scn, op, "floor", "p50_ms"), cell(scn, op, "floor", "p99_ms")
         print(f"| {scn} | {op} | {fmt(o50)} | {fmt(o99)} | {fmt(r50)} | {fmt(r99)} "
-              f"| {fmt(f50)} | {fmt(f99)} | {ratio(o50, r50)} | {ratio(o50, f50)} |")
+              f"| {fmt(f50)} | {fmt(f99)} | {ratio(o50, r50)} | {ratio(o50, f50)} "
+              f"| {fmt(cell(scn, op, 'ours', 'cpu_p50_ms'))} "
+              f"| {fmt(cell(scn, op, 'ref', 'cpu_p50_ms'))} "
+              f"| {fmt(cell(scn, op, 'floor', 'cpu_p50_ms'))} |")
     errs = [r for r in rows if r["op"] == "errors"]
     for r in errs:
         print(f"\nerrors: {r['scenario']}/{r['suite']}: {r['n']}")
@@ -509,6 +520,8 @@ def main():
         rounds, per_round, scale_pods, window, conc_pods, width = 1, 3, 12, 4, 16, 4
     else:
         rounds, per_round, scale_pods, window, conc_pods, width = 3, 15, 250, 50, 200, 16
+    rounds = int(os.environ.get("BENCH_ROUNDS", rounds))
+    per_round = int(os.environ.get("BENCH_PODS", per_round))
     load0 = os.getloadavg()
     started = time.time()
     rows, raw, conc_rows, size_rows = [], [], [], []
@@ -542,7 +555,7 @@ def main():
     write_csv(os.path.join(a.out, "sizes.csv"), size_rows)
     with open(os.path.join(a.out, "samples.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["scenario", "suite", "op", "pod", "ms"])
+        w.writerow(["scenario", "suite", "op", "pod", "ms", "cpu_ms"])
         w.writerows(raw)
     with open(os.path.join(a.out, "machine.txt"), "w") as f:
         f.write(meta + "\n")

@@ -9,7 +9,8 @@
 #
 # Environment: BENCH_OUT (default target/bench: summary.csv, samples.csv,
 # concurrent.csv, sizes.csv, machine.txt, bench.png), REFERENCE_DIR (default
-# /usr/lib/cni), BENCH_OURS_DIR (default: build and use target/release).
+# /usr/lib/cni), BENCH_OURS_DIR (default: build and use target/release), BENCH_ROUNDS and
+# BENCH_PODS (rounds per scenario, pods per suite and round: default 3 and 15).
 # Everything runs in throwaway network namespaces (never the machine's own), removed on
 # exit. Prints Markdown tables; see README "Performance". Nothing here asserts on time.
 set -euo pipefail
@@ -20,8 +21,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 REFERENCE_DIR=${REFERENCE_DIR:-/usr/lib/cni}
 
 # iproute2 (ip -batch, netns), iptables/nftables (masquerade backends), the reference
-# plugins, and Debian's matplotlib for the chart (run with Debian's python3).
-packages=(iproute2 iptables nftables containernetworking-plugins python3 python3-matplotlib)
+# plugins, GNU time (peak RSS) and Debian's matplotlib for the chart (run with Debian's
+# python3, whatever python3 comes first in PATH).
+packages=(iproute2 iptables nftables containernetworking-plugins time python3 python3-matplotlib)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -48,7 +50,7 @@ out=${BENCH_OUT:-target/bench}
 mkdir -p "$out"
 
 # Backstop for the driver's own cleanup: every namespace it creates starts with this tag.
-export BENCH_TAG=cb$$
+export BENCH_TAG=${BENCH_TAG:-cb$$}
 cleanup() {
     for ns in $(ip netns list | awk '{print $1}' | grep "^${BENCH_TAG}-" || true); do
         ip netns delete "$ns" 2>/dev/null || true
