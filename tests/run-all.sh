@@ -21,12 +21,14 @@ step() { printf '\n==> %s\n' "$*"; }
 # build that suite's CRI client (the k8s-cri crate compiles its protos at build time).
 # libc6-dev (glibc's static archives) and git (the commit stamp) for deploy/release.sh,
 # which the image/installer test runs.
+# python3-matplotlib and time (GNU time) for the benchmark's smoke test (tests/bench/run.sh).
 packages=(
     iproute2 iptables nftables iputils-ping procps util-linux
     containernetworking-plugins golang-go golang-github-appc-cni-dev
     podman runc busybox-static ca-certificates
     containerd protobuf-compiler
     libc6-dev git
+    python3-matplotlib time
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,589 @@
+#!/usr/bin/python3
+"""Benchmark driver: bridge + host-local, ours against the reference and the kernel floor.
+
+Started by tests/bench/run.sh (which builds our release binaries and installs what this
+needs); see the README's "Performance" section for what it measures and how to read it.
+
+Every plugin call runs in a throwaway "host" network namespace per suite and scenario,
+with one throwaway pod namespace per pod; the driver enters the host namespace with
+setns(2) on the calling thread only, so the plugin process is started directly (no
+`ip netns exec` in the measured time) and the machine's own namespace is never changed.
+Everything created is removed on exit, also on an error or a signal.
+
+Timing is wall time from the fork to the reaped exit, process start and the IPAM delegate
+included, and the CPU time of the process tree (see `timed`). Peak RSS is measured in separate calls under GNU time (%M): the driver's own
+ru_maxrss would be wrong: a child forked from the driver reports the driver's (Python's) memory as
+its high-water mark at exec; GNU time is small, so what it reports is the plugin's.
+For a bridge call that figure is the larger of bridge and its IPAM child (wait4 reports
+the maximum over the process and the children it reaped). Nothing asserts on time.
+"""
+
+import argparse
+import concurrent.futures
+import csv
+import ctypes
+import json
+import math
+import os
+import platform
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+CLONE_NEWNET = 0x40000000
+LIBC = ctypes.CDLL(None, use_errno=True)
+TAG = os.environ.get("BENCH_TAG") or f"cb{os.getpid()}"
+BRIDGE = "cbr0"
+SUBNET4, GW4, PREFIX4 = "10.123.0.0/16", "10.123.0.1", 16
+SUBNET6, GW6, PREFIX6 = "fd00:123::/64", "fd00:123::1", 64
+ENV_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+NAMESPACES = []  # every netns created, deleted on exit
+ROOT_NS = os.open("/proc/self/ns/net", os.O_RDONLY)
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- namespaces ----------------------------------------------------------------------
+
+
+def enter(ns):
+    """Moves the calling thread into netns `ns` (a name under /run/netns, or None = back)."""
+    fd = ROOT_NS if ns is None else os.open(f"/run/netns/{ns}", os.O_RDONLY)
+    try:
+        if LIBC.setns(fd, CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"setns {ns}: {os.strerror(err)}")
+    finally:
+        if ns is not None:
+            os.close(fd)
+
+
+def sh(argv, stdin=None):
+    """Runs a setup/teardown command (not timed); fails loudly."""
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip() or r.stdout.strip()}")
+    return r.stdout
+
+
+def ns_add(name):
+    # Created from the root netns thread: `ip netns add` unshares a fresh one regardless.
+    sh(["ip", "netns", "add", name])
+    NAMESPACES.append(name)
+    sh(["ip", "-n", name, "link", "set", "lo", "up"])
+
+
+def ns_del(names):
+    for name in names:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        if name in NAMESPACES:
+            NAMESPACES.remove(name)
+
+
+def cleanup():
+    enter(None)
+    ns_del(list(NAMESPACES))
+
+
+# --- one timed process ---------------------------------------------------------------
+
+
+def timed(argv, env=None, stdin=b""):
+    """Runs argv in the calling thread's netns; returns (ok, (wall ms, CPU ms), stdout).
+
+    CPU time is user + system of the process and the children it reaped (the IPAM
+    delegate, iptables-restore, nft): unlike wall time it barely moves with the machine's
+    load, but it misses kernel work done outside the process (a veth's deletion finishes
+    in kernel workers)."""
+    with tempfile.TemporaryFile() as err:
+        t0 = time.perf_counter_ns()
+        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=err, env=env)
+        try:
+            p.stdin.write(stdin)
+            p.stdin.close()
+        except BrokenPipeError:
+            pass  # exited without reading its config: its status and output say why
+        out = p.stdout.read()
+        _, status, ru = os.wait4(p.pid, 0)
+        t1 = time.perf_counter_ns()
+        p.returncode = os.waitstatus_to_exitcode(status)
+        p.stdout.close()
+        ok = p.returncode == 0
+        if not ok:
+            err.seek(0)
+            out = out + b" | stderr: " + err.read()[-400:]
+    return ok, ((t1 - t0) / 1e6, (ru.ru_utime + ru.ru_stime) * 1e3), out
+
+
+class Plugins:
+    """A suite of plugin binaries (ours or the reference)."""
+
+    def __init__(self, name, bindir):
+        self.name, self.bindir = name, bindir
+
+    def call(self, binary, command, cid, pod, conf, ifname="eth0", rss_file=None):
+        env = {"PATH": ENV_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
+               "CNI_NETNS": f"/run/netns/{pod}", "CNI_IFNAME": ifname,
+               "CNI_PATH": self.bindir}
+        argv = [os.path.join(self.bindir, binary)]
+        if rss_file:
+            argv = ["/usr/bin/time", "-f", "%M", "-o", rss_file] + argv
+        return timed(argv, env, json.dumps(conf).encode())
+
+
+# --- scenarios -----------------------------------------------------------------------
+
+
+def net_conf(scn, suite, data):
+    ranges = [[{"subnet": SUBNET4}]]
+    if scn["dual"]:
+        ranges.append([{"subnet": SUBNET6}])
+    slug = "".join(c if c.isalnum() else "-" for c in scn["name"])
+    conf = {"cniVersion": "1.0.0", "name": f"bench-{slug}-{suite}", "type": "bridge",
+            "bridge": BRIDGE, "isDefaultGateway": True,
+            "ipam": {"type": "host-local", "dataDir": data, "ranges": ranges}}
+    if scn["masq"]:
+        conf["ipMasq"] = True
+        conf["ipMasqBackend"] = scn["masq"]
+    return conf
+
+
+def pod_ip4(i):
+    n = i + 2
+    return f"10.123.{n // 256}.{n % 256}"
+
+
+class Floor:
+    """The kernel floor: the same links, addresses and routes made with `ip -batch`."""
+
+    name = "floor"
+
+    def setup(self, host, dual):
+        enter(host)
+        try:
+            sh(["ip", "-batch", "-"], f"link add {BRIDGE} type bridge\n"
+               f"addr add {GW4}/{PREFIX4} dev {BRIDGE}\n"
+               + (f"addr add {GW6}/{PREFIX6} dev {BRIDGE} nodad\n" if dual else "")
+               + f"link set {BRIDGE} up\n")
+        finally:
+            enter(None)
+
+    def add(self, i, pod, dual):
+        host_cmds = (f"link add fv{i} type veth peer name eth0 netns {pod}\n"
+                     f"link set fv{i} master {BRIDGE} up\n").encode()
+        pod_cmds = (f"addr add {pod_ip4(i)}/{PREFIX4} dev eth0\n"
+                    + (f"addr add fd00:123::{i + 2:x}/{PREFIX6} dev eth0 nodad\n" if dual else "")
+                    + "link set eth0 up\n"
+                    + f"route add default via {GW4} dev eth0\n"
+                    + (f"route add ::/0 via {GW6} dev eth0\n" if dual else "")).encode()
+        ok1, ms1, out1 = timed(["ip", "-batch", "-"], None, host_cmds)
+        if not ok1:
+            return ok1, ms1, out1
+        ok2, ms2, out2 = timed(["ip", "-n", pod, "-batch", "-"], None, pod_cmds)
+        return ok2, (ms1[0] + ms2[0], ms1[1] + ms2[1]), out2
+
+    def delete(self, i):
+        return timed(["ip", "link", "del", f"fv{i}"])
+
+
+def run_pods(suite, host, scn, conf, first, count, samples, errors, check=True):
+    """ADD all pods, then CHECK all, then DEL all; appends (op, index, ms)."""
+    pods = [f"{TAG}-{suite.name[:2]}{i}" for i in range(first, first + count)]
+    for p in pods:
+        ns_add(p)
+    results = {}
+    enter(host)
+    try:
+        for i, p in zip(range(first, first + count), pods):
+            if isinstance(suite, Floor):
+                ok, ms, out = suite.add(i, p, scn["dual"])
+            else:
+                ok, ms, out = suite.call("bridge", "ADD", f"ctr{i}", p, conf)
+                if ok:
+                    results[i] = json.loads(out)
+            record("ADD", i, ok, ms, out, samples, errors)
+        if check and not isinstance(suite, Floor):
+            for i, p in zip(range(first, first + count), pods):
+                if i in results:
+                    c = dict(conf, prevResult=results[i])
+                    ok, ms, out = suite.call("bridge", "CHECK", f"ctr{i}", p, c)
+                    record("CHECK", i, ok, ms, out, samples, errors)
+        for i, p in zip(range(first, first + count), pods):
+            if isinstance(suite, Floor):
+                ok, ms, out = suite.delete(i)
+            else:
+                c = dict(conf, prevResult=results[i]) if i in results else conf
+                ok, ms, out = suite.call("bridge", "DEL", f"ctr{i}", p, c)
+            record("DEL", i, ok, ms, out, samples, errors)
+    finally:
+        enter(None)
+        ns_del(pods)
+
+
+def record(op, i, ok, ms, out, samples, errors):
+    if ok:
+        samples.append((op, i, ms))
+    else:
+        errors.append(f"{op} pod {i}: {out.decode(errors='replace').strip()[:500]}")
+
+
+def scenario_host(suite, scn, data_root):
+    host = f"{TAG}-{suite.name[:2]}h"
+    ns_add(host)
+    data = tempfile.mkdtemp(dir=data_root)
+    conf = net_conf(scn, suite.name, data)
+    if isinstance(suite, Floor):
+        suite.setup(host, scn["dual"])
+    return host, conf
+
+
+def run_sequential(scn, suites, rounds, per_round, data_root, rows, raw):
+    """Per-op latency, suites alternating round by round (order rotated each round)."""
+    state = {}
+    for s in suites:
+        host, conf = scenario_host(s, scn, data_root)
+        # Warm-up pod (not recorded): creates the bridge and the masquerade chains,
+        # pulls the binaries into the page cache.
+        run_pods(s, host, scn, conf, 0, 1, [], [])
+        state[s.name] = (host, conf, [], [])
+    for r in range(rounds):
+        order = suites[r % len(suites):] + suites[:r % len(suites)]
+        for s in order:
+            host, conf, samples, errors = state[s.name]
+            run_pods(s, host, scn, conf, 1 + r * per_round, per_round, samples, errors)
+    for s in suites:
+        host, conf, samples, errors = state[s.name]
+        ns_del([host])
+        summarize(scn["name"], s.name, samples, errors, rows, raw)
+
+
+def run_scale(scn, suites, pods, data_root, rows, raw, window):
+    """Many pods on one bridge: ADD all sequentially, compare the first and last window."""
+    for s in suites:
+        host, conf = scenario_host(s, scn, data_root)
+        samples, errors = [], []
+        run_pods(s, host, scn, conf, 0, pods, samples, errors, check=False)
+        ns_del([host])
+        adds = sorted((x for x in samples if x[0] == "ADD"), key=lambda x: x[1])
+        dels = sorted((x for x in samples if x[0] == "DEL"), key=lambda x: x[1])
+        for label, part in (("ADD first", adds[:window]), ("ADD last", adds[-window:]),
+                            ("DEL first", dels[:window]), ("DEL last", dels[-window:])):
+            summarize(scn["name"], s.name, [(label, x[1], x[2]) for x in part],
+                      [], rows, raw, ops=(label,))
+        if errors:
+            rows.append(error_row(scn["name"], s.name, errors))
+
+
+def run_concurrent(scn, suites, pods, width, data_root, conc_rows):
+    """pods ADDs `width` at a time, then as many DELs; wall time, errors, duplicates."""
+    for s in suites:
+        host, conf = scenario_host(s, scn, data_root)
+        names = [f"{TAG}-{s.name[:2]}c{i}" for i in range(pods)]
+        for n in names:
+            ns_add(n)
+        results, errors = {}, []
+
+        def one(i, command):
+            c = dict(conf, prevResult=results[i]) if command == "DEL" and i in results else conf
+            ok, ms, out = s.call("bridge", command, f"conc{i}", names[i], c)
+            return i, ok, out
+
+        walls = {}
+        for command in ("ADD", "DEL"):
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(
+                    max_workers=width, initializer=enter, initargs=(host,)) as pool:
+                for i, ok, out in pool.map(lambda i: one(i, command), range(pods)):
+                    if not ok:
+                        errors.append(f"{command} pod {i}: {out.decode(errors='replace')[:300]}")
+                    elif command == "ADD":
+                        results[i] = json.loads(out)
+            walls[command] = time.perf_counter() - t0
+        addrs = [ip["address"] for r in results.values() for ip in r.get("ips", [])]
+        dups = len(addrs) - len(set(addrs))
+        leftover = sh(["ip", "-n", host, "-o", "link", "show", "type", "veth"]).strip()
+        ns_del(names + [host])
+        conc_rows.append({"suite": s.name, "pods": pods, "width": width,
+                          "add_wall_s": round(walls["ADD"], 3),
+                          "del_wall_s": round(walls["DEL"], 3),
+                          "errors": len(errors), "duplicates": dups,
+                          "veths_left": len(leftover.splitlines()) if leftover else 0})
+        for e in errors[:3]:
+            log(f"  {s.name} concurrent error: {e}")
+
+
+def run_rss_sizes(suites, reps, data_root, size_rows):
+    """Each binary's size, and its peak RSS over ADD, CHECK and DEL (under GNU time)."""
+    scn = {"name": "rss", "dual": True, "masq": "iptables"}
+    rss_file = os.path.join(data_root, "rss")
+    for s in suites:
+        host, conf = scenario_host(s, scn, data_root)
+        conf = dict(conf, ipMasqBackend="iptables")
+        ipam = {"cniVersion": "1.0.0", "name": conf["name"] + "-ipam", "ipam": conf["ipam"]}
+        lo = {"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}
+        pods = [f"{TAG}-{s.name[:2]}r{i}" for i in range(reps)]
+        for p in pods:
+            ns_add(p)
+        peaks, failed = {"bridge": 0, "host-local": 0, "loopback": 0}, []
+
+        def measure(binary, command, cid, pod, c, ifname="eth0"):
+            ok, _, out = s.call(binary, command, cid, pod, c, ifname, rss_file)
+            if not ok:
+                failed.append(f"{binary} {command}: {out.decode(errors='replace')[:300]}")
+                return None
+            with open(rss_file) as f:
+                peaks[binary] = max(peaks[binary], int(f.read().split()[-1]))
+            return json.loads(out) if out.strip() else None
+
+        enter(host)
+        try:
+            for i, pod in enumerate(pods):
+                for binary, c, ifname in (("bridge", conf, "eth0"), ("host-local", ipam, "eth1"),
+                                          ("loopback", lo, "lo")):
+                    cid = f"rss{i}"
+                    res = measure(binary, "ADD", cid, pod, c, ifname)
+                    withprev = dict(c, prevResult=res) if res else c
+                    measure(binary, "CHECK", cid, pod, withprev, ifname)
+                    measure(binary, "DEL", cid, pod, withprev, ifname)
+        finally:
+            enter(None)
+            ns_del(pods + [host])
+        for e in failed[:3]:
+            log(f"  {s.name} rss error: {e}")
+        for b in ("bridge", "host-local", "loopback"):
+            path = os.path.join(s.bindir, b)
+            size_rows.append({"suite": s.name, "binary": b, "bytes": os.path.getsize(path),
+                              "peak_rss_kib": peaks[b],
+                              "errors": sum(f.startswith(b + " ") for f in failed)})
+
+
+# --- statistics and output -----------------------------------------------------------
+
+
+def pct(values, p):
+    v = sorted(values)
+    if not v:
+        return float("nan")
+    k = max(0, min(len(v) - 1, math.ceil(p / 100 * len(v)) - 1))  # nearest rank
+    return v[k]
+
+
+def summarize(scn, suite, samples, errors, rows, raw, ops=("ADD", "CHECK", "DEL")):
+    for op in ops:
+        ms = [x[2] for x in samples if x[0] == op]
+        for x in samples:
+            if x[0] == op:
+                raw.append((scn, suite, op, x[1], round(x[2][0], 3), round(x[2][1], 3)))
+        if not ms:
+            continue
+        wall, cpu = [m[0] for m in ms], [m[1] for m in ms]
+        rows.append({"scenario": scn, "op": op, "suite": suite, "n": len(ms),
+                     "p50_ms": round(pct(wall, 50), 2), "p99_ms": round(pct(wall, 99), 2),
+                     "mean_ms": round(sum(wall) / len(wall), 2),
+                     "cpu_p50_ms": round(pct(cpu, 50), 2),
+                     "errors": 0})
+    if errors:
+        rows.append(error_row(scn, suite, errors))
+
+
+def error_row(scn, suite, errors):
+    for e in errors[:3]:
+        log(f"  {scn}/{suite} error: {e}")
+    return {"scenario": scn, "op": "errors", "suite": suite, "n": len(errors),
+            "p50_ms": "", "p99_ms": "", "mean_ms": "", "cpu_p50_ms": "",
+            "errors": len(errors)}
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) and b > 0 else "-"
+
+
+def print_tables(rows, conc_rows, size_rows, meta):
+    get = {(r["scenario"], r["op"], r["suite"]): r for r in rows}
+    keys = []
+    for r in rows:
+        if r["op"] != "errors" and (r["scenario"], r["op"]) not in keys:
+            keys.append((r["scenario"], r["op"]))
+
+    def cell(scn, op, suite, field):
+        r = get.get((scn, op, suite))
+        return r[field] if r else None
+
+    print(f"\n{meta}\n")
+    print("Wall ms per call (p50, p99) and CPU ms of the process tree (p50):\n")
+    print("| scenario | op | ours p50 | ours p99 | ref p50 | ref p99 | floor p50 | floor p99 "
+          "| ours/ref p50 | ours/floor p50 | CPU ours | CPU ref | CPU floor |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+    for scn, op in keys:
+        o50, o99 = cell(scn, op, "ours", "p50_ms"), cell(scn, op, "ours", "p99_ms")
+        r50, r99 = cell(scn, op, "ref", "p50_ms"), cell(scn, op, "ref", "p99_ms")
+        f50, f99 = cell(scn, op, "floor", "p50_ms"), cell(scn, op, "floor", "p99_ms")
+        print(f"| {scn} | {op} | {fmt(o50)} | {fmt(o99)} | {fmt(r50)} | {fmt(r99)} "
+              f"| {fmt(f50)} | {fmt(f99)} | {ratio(o50, r50)} | {ratio(o50, f50)} "
+              f"| {fmt(cell(scn, op, 'ours', 'cpu_p50_ms'))} "
+              f"| {fmt(cell(scn, op, 'ref', 'cpu_p50_ms'))} "
+              f"| {fmt(cell(scn, op, 'floor', 'cpu_p50_ms'))} |")
+    errs = [r for r in rows if r["op"] == "errors"]
+    for r in errs:
+        print(f"\nerrors: {r['scenario']}/{r['suite']}: {r['n']}")
+    if conc_rows:
+        print("\n| concurrent | pods | at a time | ADD wall s | DEL wall s | errors "
+              "| duplicate addresses | veths left |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for c in conc_rows:
+            print(f"| {c['suite']} | {c['pods']} | {c['width']} | {c['add_wall_s']:.2f} "
+                  f"| {c['del_wall_s']:.2f} | {c['errors']} | {c['duplicates']} "
+                  f"| {c['veths_left']} |")
+        o = next((c for c in conc_rows if c["suite"] == "ours"), None)
+        f = next((c for c in conc_rows if c["suite"] == "ref"), None)
+        if o and f:
+            print(f"\nconcurrent ADD wall ours/ref: {ratio(o['add_wall_s'], f['add_wall_s'])}, "
+                  f"DEL wall ours/ref: {ratio(o['del_wall_s'], f['del_wall_s'])}")
+    print("\n| suite | binary | size KiB | peak RSS KiB |")
+    print("|---|---|---:|---:|")
+    for s in size_rows:
+        note = " (bridge or its IPAM child)" if s["binary"] == "bridge" else ""
+        print(f"| {s['suite']} | {s['binary']} | {s['bytes'] / 1024:.0f} "
+              f"| {s['peak_rss_kib']}{note} |")
+
+
+def chart(rows, path, meta):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = []
+    for r in rows:
+        if r["op"] != "errors" and (r["scenario"], r["op"]) not in keys:
+            keys.append((r["scenario"], r["op"]))
+    get = {(r["scenario"], r["op"], r["suite"]): r for r in rows if r["op"] != "errors"}
+    suites = [("ours", "#1f77b4"), ("ref", "#ff7f0e"), ("floor", "#7f7f7f")]
+    fig, (wall_ax, cpu_ax) = plt.subplots(2, 1, figsize=(12, 6.5), dpi=80, sharex=True)
+    width = 0.27
+    top = 0.0
+    for k, (suite, color) in enumerate(suites):
+        xs, p50, p99, cpu = [], [], [], []
+        for j, (scn, op) in enumerate(keys):
+            r = get.get((scn, op, suite))
+            if r:
+                xs.append(j + (k - 1) * width)
+                p50.append(r["p50_ms"])
+                p99.append(r["p99_ms"])
+                cpu.append(r["cpu_p50_ms"])
+        top = max([top] + p50)
+        wall_ax.bar(xs, p50, width, color=color, label=suite)
+        wall_ax.plot(xs, p99, "_", color="black", markersize=6)
+        cpu_ax.bar(xs, cpu, width, color=color, label=suite)
+    # p99 marks above the axis would squash the p50 bars; they are in the table and CSV.
+    wall_ax.set_ylim(0, top * 1.8)
+    wall_ax.set_ylabel("wall ms (bar p50, dash p99)")
+    cpu_ax.set_ylabel("CPU ms of the process tree, p50")
+    cpu_ax.set_xticks(range(len(keys)))
+    cpu_ax.set_xticklabels([f"{s.replace(' ', chr(10))}\n{o}" for s, o in keys], fontsize=7)
+    wall_ax.set_title(meta, fontsize=8)
+    wall_ax.legend(fontsize=8)
+    for ax in (wall_ax, cpu_ax):
+        ax.grid(axis="y", linewidth=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_csv(path, rows):
+    if not rows:
+        return
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def machine():
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ours", required=True)
+    ap.add_argument("--ref", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: sys.exit(130))
+    os.makedirs(a.out, exist_ok=True)
+    data_root = tempfile.mkdtemp(prefix="cni-bench-")
+    ours, ref, floor = Plugins("ours", a.ours), Plugins("ref", a.ref), Floor()
+    if a.quick:
+        rounds, per_round, scale_pods, window, conc_pods, width = 1, 3, 12, 4, 16, 4
+    else:
+        rounds, per_round, scale_pods, window, conc_pods, width = 3, 15, 250, 50, 200, 16
+    rounds = int(os.environ.get("BENCH_ROUNDS", rounds))
+    per_round = int(os.environ.get("BENCH_PODS", per_round))
+    load0 = os.getloadavg()
+    started = time.time()
+    rows, raw, conc_rows, size_rows = [], [], [], []
+    try:
+        scenarios = [
+            ({"name": "ipv4", "dual": False, "masq": None}, [ours, ref, floor]),
+            ({"name": "dual-stack", "dual": True, "masq": None}, [ours, ref, floor]),
+            ({"name": "ipMasq iptables", "dual": False, "masq": "iptables"}, [ours, ref, floor]),
+            # The reference (1.1.1) has no nftables backend: ours only.
+            ({"name": "ipMasq nftables", "dual": False, "masq": "nftables"}, [ours, floor]),
+        ]
+        for scn, suites in scenarios:
+            log(f"== {scn['name']}: {rounds} rounds x {per_round} pods per suite")
+            run_sequential(scn, suites, rounds, per_round, data_root, rows, raw)
+        scn = {"name": f"{scale_pods} pods ipMasq", "dual": False, "masq": "iptables"}
+        log(f"== {scn['name']} (first {window} vs last {window})")
+        run_scale(scn, [ours, ref, floor], scale_pods, data_root, rows, raw, window)
+        scn = {"name": "concurrent", "dual": False, "masq": "iptables"}
+        log(f"== {conc_pods} pods {width} at a time (ipMasq iptables)")
+        run_concurrent(scn, [ours, ref], conc_pods, width, data_root, conc_rows)
+        log("== binary sizes and peak RSS")
+        run_rss_sizes([ours, ref], 1 if a.quick else 5, data_root, size_rows)
+    finally:
+        cleanup()
+        shutil.rmtree(data_root, ignore_errors=True)
+    load1 = os.getloadavg()
+    meta = (f"{machine()}; load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; "
+            f"{time.time() - started:.0f} s; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    write_csv(os.path.join(a.out, "summary.csv"), rows)
+    write_csv(os.path.join(a.out, "concurrent.csv"), conc_rows)
+    write_csv(os.path.join(a.out, "sizes.csv"), size_rows)
+    with open(os.path.join(a.out, "samples.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "suite", "op", "pod", "ms", "cpu_ms"])
+        w.writerows(raw)
+    with open(os.path.join(a.out, "machine.txt"), "w") as f:
+        f.write(meta + "\n")
+    print_tables(rows, conc_rows, size_rows, meta)
+    chart(rows, os.path.join(a.out, "bench.png"), meta)
+    print(f"\nCSV and chart in {a.out}")
+    failed = (sum(r["errors"] for r in rows) + sum(c["errors"] for c in conc_rows)
+              + sum(r["errors"] for r in size_rows))
+    if failed:
+        log(f"error: {failed} plugin calls failed (see above); their times are left out")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        cleanup()
+        sys.exit(130)

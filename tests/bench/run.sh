@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Benchmark: bridge + host-local ADD, CHECK and DEL, ours (release build) against the
+# reference plugins (/usr/lib/cni, Debian containernetworking-plugins) and the kernel
+# floor (the same links, addresses and routes made with `ip -batch`; DEL = a bare
+# `ip link del` of the veth), suites alternating in one run. Run as root:
+#
+#   tests/bench/run.sh                   # full run, a few minutes on 2 CPUs
+#   BENCH_QUICK=1 tests/bench/run.sh     # smoke check: a handful of pods per cell
+#
+# Environment: BENCH_OUT (default target/bench: summary.csv, samples.csv,
+# concurrent.csv, sizes.csv, machine.txt, bench.png), REFERENCE_DIR (default
+# /usr/lib/cni), BENCH_OURS_DIR (default: build and use target/release), BENCH_ROUNDS and
+# BENCH_PODS (rounds per scenario, pods per suite and round: default 3 and 15).
+# Everything runs in throwaway network namespaces (never the machine's own), removed on
+# exit. Prints Markdown tables; see README "Performance". Nothing here asserts on time.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+
+[[ $(id -u) -eq 0 ]] || { echo "error: run as root (network namespaces)" >&2; exit 1; }
+REFERENCE_DIR=${REFERENCE_DIR:-/usr/lib/cni}
+
+# iproute2 (ip -batch, netns), iptables/nftables (masquerade backends), the reference
+# plugins, GNU time (peak RSS) and Debian's matplotlib for the chart (run with Debian's
+# python3, whatever python3 comes first in PATH).
+packages=(iproute2 iptables nftables containernetworking-plugins time python3 python3-matplotlib)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "==> apt-get install ${missing[*]}" >&2
+    apt-get -o DPkg::Lock::Timeout=900 update -q >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q \
+        --no-install-recommends "${missing[@]}" >&2
+fi
+[[ -x $REFERENCE_DIR/bridge ]] || { echo "error: no reference bridge in $REFERENCE_DIR" >&2; exit 1; }
+
+if [[ -z ${BENCH_OURS_DIR:-} ]]; then
+    if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
+        # shellcheck source=/dev/null
+        . "${HOME:-/root}/.cargo/env"
+    fi
+    echo "==> cargo build --release" >&2
+    cargo build --release -q -p cni-bridge -p cni-host-local -p cni-loopback
+    BENCH_OURS_DIR=$(cargo metadata --format-version 1 --no-deps \
+        | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
+fi
+out=${BENCH_OUT:-target/bench}
+mkdir -p "$out"
+
+# Backstop for the driver's own cleanup: every namespace it creates starts with this tag.
+export BENCH_TAG=${BENCH_TAG:-cb$$}
+cleanup() {
+    for ns in $(ip netns list | awk '{print $1}' | grep "^${BENCH_TAG}-" || true); do
+        ip netns delete "$ns" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+quick=()
+[[ -n ${BENCH_QUICK:-} && ${BENCH_QUICK} != 0 ]] && quick=(--quick)
+/usr/bin/python3 tests/bench/bench.py --ours "$BENCH_OURS_DIR" --ref "$REFERENCE_DIR" \
+    --out "$out" "${quick[@]}"

@@ -1,0 +1,128 @@
+//! The benchmark (`tests/bench/run.sh`) in its quick mode, once: it must finish, write its
+//! CSV files and chart with every suite and scenario in them, see no failed plugin call,
+//! and leave no namespace or temporary file behind. No assertion on time: timing belongs
+//! to the benchmark's own output.
+//!
+//! It runs on the debug binaries the harness builds (`BENCH_OURS_DIR`), so CI does not
+//! pay for a release build; `TMPDIR` and the namespace tag are this test's own, so
+//! "nothing left" is checked exactly.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use cni_blackbox::{TempDir, bin_dir, require_root, unique_name, workspace_root};
+
+fn netns_names(prefix: &str) -> BTreeSet<String> {
+    let out = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ip netns list: {e}"));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Rows of a CSV file the driver wrote (plain comma-separated, no quoted commas in it).
+fn csv_rows(path: &std::path::Path) -> Vec<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn quick_benchmark_completes_and_writes_its_csv() {
+    if !require_root() {
+        return;
+    }
+    let bins = bin_dir();
+    let tmp = TempDir::new("cnibb-bench-tmp");
+    let out_dir = TempDir::new("cnibb-bench-out");
+    // Short: the driver prefixes every pod netns with the tag and a suite and pod number.
+    let tag = unique_name("cbs").replace('-', "");
+    let script = workspace_root().join("tests/bench/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("BENCH_QUICK", "1")
+        .env("BENCH_OURS_DIR", bins)
+        .env("BENCH_OUT", out_dir.path())
+        .env("BENCH_TAG", &tag)
+        .env("TMPDIR", tmp.path())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{stderr}",
+        script.display(),
+        out.status
+    );
+    assert!(
+        stdout.contains("| scenario | op | ours p50"),
+        "no table:\n{stdout}"
+    );
+
+    let summary = csv_rows(&out_dir.path().join("summary.csv"));
+    assert_eq!(
+        summary.first().map(|h| h[..3].join(",")),
+        Some("scenario,op,suite".to_owned()),
+        "{summary:?}"
+    );
+    let errors: Vec<_> = summary.iter().filter(|r| r[1] == "errors").collect();
+    assert!(
+        errors.is_empty(),
+        "failed plugin calls: {errors:?}\n{stderr}"
+    );
+    for (scenario, suites) in [
+        ("ipv4", &["ours", "ref", "floor"][..]),
+        ("dual-stack", &["ours", "ref", "floor"]),
+        ("ipMasq iptables", &["ours", "ref", "floor"]),
+        ("ipMasq nftables", &["ours", "floor"]),
+    ] {
+        for suite in suites {
+            for op in ["ADD", "DEL"] {
+                assert!(
+                    summary
+                        .iter()
+                        .any(|r| r[0] == scenario && r[1] == op && r[2] == *suite),
+                    "no {scenario}/{op}/{suite} row in {summary:?}"
+                );
+            }
+        }
+        assert!(
+            summary
+                .iter()
+                .any(|r| r[0] == scenario && r[1] == "CHECK" && r[2] == "ours"),
+            "no {scenario}/CHECK/ours row"
+        );
+    }
+
+    let concurrent = csv_rows(&out_dir.path().join("concurrent.csv"));
+    assert_eq!(concurrent.len(), 3, "header + ours + ref: {concurrent:?}");
+    for row in &concurrent[1..] {
+        // suite,pods,width,add_wall_s,del_wall_s,errors,duplicates,veths_left
+        assert_eq!(&row[5..], ["0", "0", "0"], "concurrent run: {row:?}");
+    }
+    let sizes = csv_rows(&out_dir.path().join("sizes.csv"));
+    assert_eq!(sizes.len(), 7, "header + 3 binaries x 2 suites: {sizes:?}");
+    for row in &sizes[1..] {
+        // suite,binary,bytes,peak_rss_kib,errors
+        assert_eq!(row[4], "0", "a call under GNU time failed: {row:?}");
+        assert!(row[3].parse::<u64>().is_ok_and(|k| k > 0), "{row:?}");
+    }
+    let png = std::fs::metadata(out_dir.path().join("bench.png"))
+        .unwrap_or_else(|e| panic!("no chart: {e}"));
+    assert!(png.len() > 1000, "chart of {} bytes", png.len());
+
+    let left = netns_names(&tag);
+    assert!(left.is_empty(), "namespaces left: {left:?}");
+    let files: Vec<_> = std::fs::read_dir(tmp.path())
+        .map(|d| d.filter_map(Result::ok).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(files.is_empty(), "temporary files left: {files:?}");
+}
