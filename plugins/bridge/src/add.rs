@@ -4,16 +4,14 @@
 
 use crate::common::{delete_link, fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
+use crate::effects::{Effects, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
-use cni_firewall::{macspoof, masq};
-use cni_linux::{
-    Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair, sysctl,
-};
+use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
 use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
-use cni_protocol::{CniError, CniResult, Command, Context, Interface, Request};
+use cni_protocol::{CniError, CniResult, Context, Interface, Request};
 use ipnetwork::IpNetwork;
 use std::io::Read;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
@@ -55,7 +53,7 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
         rt.block_on(async {
             let host = Netlink::connect().map_err(|e| internal(&e))?;
             let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
-            add(req, conf, &pod_ns, &host, &pod, &mut undo).await
+            add(req, conf, &pod_ns, &host, &pod, &System, &mut undo).await
         })
     }));
     match outcome {
@@ -79,7 +77,7 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
 /// Undoes `steps` in `pod_ns`, on a new netlink connection.
 async fn rollback_in(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
     let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e));
-    rollback(req, conf, pod.as_ref(), steps).await;
+    rollback(req, conf, pod.as_ref(), &System, steps).await;
 }
 
 /// The steps of ADD, on `host` and `pod` (the netns `pod_ns`). Everything it creates
@@ -90,6 +88,7 @@ async fn add(
     pod_ns: &NetNs,
     host: &impl Links,
     pod: &impl Links,
+    fx: &impl Effects,
     undo: &mut Vec<Undo>,
 ) -> Result<CniResult, CniError> {
     let ifname = req.args.ifname.as_str();
@@ -135,20 +134,19 @@ async fn add(
     if conf.macspoofchk {
         undo.push(Undo::MacSpoof);
         hit("bridge/add/macspoof-before")?;
-        macspoof::setup(
+        fx.macspoof_setup(
             &req.args.container_id,
             ifname,
             &host_veth.name,
             container.mac,
-        )
-        .context("failed to setup spoof-check")?;
+        )?;
         hit("bridge/add/macspoof-after")?;
     }
     if conf.is_layer3() {
         // Registered before the call: a failed IPAM ADD must still be followed by its DEL.
         undo.push(Undo::Ipam);
         hit("bridge/add/ipam-before")?;
-        let ipam = req.ipam_add()?;
+        let ipam = fx.ipam_add(req)?;
         hit("bridge/add/ipam-after")?;
         if ipam.ips.is_empty() {
             return Err(CniError::internal("IPAM plugin returned missing IP config"));
@@ -157,7 +155,7 @@ async fn add(
         result.routes = ipam.routes;
         result.dns = ipam.dns;
         let gateways = gateway::apply(&mut result, conf)?;
-        configure_container(pod_ns, pod, conf, ifname, container.index, &result).await?;
+        configure_container(pod_ns, pod, fx, conf, ifname, container.index, &result).await?;
         if conf.is_gateway {
             setup_gateways(host, conf, &bridge, &gateways, &mut result).await?;
         }
@@ -166,14 +164,13 @@ async fn add(
             undo.push(Undo::Masq);
             hit("bridge/add/masq-before")?;
             let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
-            masq::setup(
+            fx.masq_setup(
                 backend,
                 &conf.network,
                 ifname,
                 &req.args.container_id,
                 &nets,
-            )
-            .map_err(|e| internal(&e))?;
+            )?;
             log::info(&format!(
                 "added masquerade rules ({backend:?}) for {nets:?}"
             ));
@@ -218,6 +215,7 @@ async fn rollback(
     req: &Request,
     conf: &BridgeConf,
     pod: Result<&impl Links, &CniError>,
+    fx: &impl Effects,
     steps: Vec<Undo>,
 ) {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
@@ -227,9 +225,9 @@ async fn rollback(
                 Ok(pod) => delete_link(pod, ifname).await,
                 Err(e) => Err(e.clone()),
             },
-            Undo::Ipam => req.ipam(Command::Del),
-            Undo::MacSpoof => macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
-            Undo::Masq => masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)),
+            Undo::Ipam => fx.ipam_del(req),
+            Undo::MacSpoof => fx.macspoof_teardown(id, ifname),
+            Undo::Masq => fx.masq_teardown(&conf.network, ifname, id),
         };
         match outcome {
             Ok(()) => log::info(&format!("rolled back {step:?} after a failed ADD")),
@@ -442,15 +440,14 @@ async fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Resul
 async fn configure_container(
     pod_ns: &NetNs,
     pod: &impl Links,
+    fx: &impl Effects,
     conf: &BridgeConf,
     ifname: &str,
     index: u32,
     result: &CniResult,
 ) -> Result<(), CniError> {
     let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
-    pod_ns
-        .run(|| container_sysctls(ifname, conf.enable_dad, has_v6))
-        .map_err(|e| internal(&e))??;
+    fx.container_sysctls(pod_ns, ifname, conf.enable_dad, has_v6)?;
     hit("bridge/add/container-sysctls")?;
     for ip in result
         .ips
@@ -503,28 +500,6 @@ async fn configure_container(
         })?;
         installed.push(route);
         hit("bridge/add/container-route")?;
-    }
-    Ok(())
-}
-
-/// Runs on a thread inside the pod netns: per-interface sysctls resolve there.
-fn container_sysctls(ifname: &str, enable_dad: bool, has_v6: bool) -> Result<(), CniError> {
-    // DAD makes pods wait 1-2 s for addresses nobody else can own on a fresh veth.
-    if enable_dad {
-        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/enhanced_dad"), "1");
-        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "1");
-    } else {
-        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
-    }
-    // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.
-    let _ = sysctl::write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
-    if has_v6 {
-        for dev in ["lo", ifname] {
-            sysctl::write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0")
-                .with_context(|| format!("failed to enable IPv6 on {dev:?}"))?;
-        }
-        // Keep addresses when the link goes down and up again.
-        let _ = sysctl::write(&format!("net/ipv6/conf/{ifname}/keep_addr_on_down"), "1");
     }
     Ok(())
 }
@@ -674,7 +649,7 @@ mod tests {
         let config = cni_protocol::NetConf::parse(json.as_bytes()).unwrap();
         Request {
             args: cni_protocol::CmdArgs {
-                command: Command::Add,
+                command: cni_protocol::Command::Add,
                 container_id: "ctr-unit".into(),
                 netns: "/proc/self/ns/net".into(),
                 ifname: "eth0".into(),
@@ -716,10 +691,10 @@ mod tests {
         let rt = cni_linux::runtime().unwrap();
         rt.block_on(async {
             let mut undo = Vec::new();
-            match add(req, conf, &pod_ns, host, pod, &mut undo).await {
+            match add(req, conf, &pod_ns, host, pod, host, &mut undo).await {
                 Ok(result) => Ok(result),
                 Err(e) => {
-                    rollback(req, conf, Ok(pod), undo).await;
+                    rollback(req, conf, Ok(pod), host, undo).await;
                     Err(e)
                 }
             }
@@ -906,5 +881,245 @@ mod tests {
             ensure_addr(&host, &bridge, v6b, false).await.unwrap();
             assert_eq!(on_bridge(), [other, v6a, v6b]);
         });
+    }
+
+    /// Dual-stack layer 3 with every external effect ADD has: IPAM, the gateway on
+    /// the bridge, forwarding, default routes, masquerade and the spoof check.
+    const LAYER3: &str = r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge",
+        "bridge": "br-unit", "isGateway": true, "isDefaultGateway": true,
+        "ipMasq": true, "ipMasqBackend": "nftables", "macspoofchk": true,
+        "ipam": {"type": "host-local",
+                 "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]]}}"#;
+
+    fn net(text: &str) -> IpNetwork {
+        text.parse().unwrap()
+    }
+
+    fn ip(text: &str) -> std::net::IpAddr {
+        text.parse().unwrap()
+    }
+
+    /// What host-local hands out first for [`LAYER3`]'s ranges.
+    fn host_local_result() -> CniResult {
+        let ip = |address: &str, gateway: &str| cni_protocol::IpConfig {
+            address: net(address),
+            gateway: Some(ip(gateway)),
+            interface: None,
+        };
+        CniResult {
+            cni_version: "1.0.0".into(),
+            ips: vec![ip("10.77.0.2/24", "10.77.0.1"), ip("fd77::2/64", "fd77::1")],
+            ..CniResult::default()
+        }
+    }
+
+    /// The layer-3 world: the bridge exists (see [`world`]), the pod has `lo` with IPv6
+    /// on as a new netns has, and IPAM has addresses to give. With `earlier_add`, the
+    /// bridge also has the gateway addresses and forwarding is on, as an earlier ADD of
+    /// this network leaves them: those are shared by every attachment, so a failed ADD
+    /// leaves them (as the reference does), and only then is "as before" exact.
+    fn world_l3(conf: &BridgeConf, earlier_add: bool) -> (Fake, Fake) {
+        let (host, pod) = world(conf);
+        let lo = host.next_index();
+        host.with_world(|w| {
+            w.ipam = Some(host_local_result());
+            w.pod.links.insert(lo, link(lo, "lo", "loopback"));
+            w.pod
+                .sysctls
+                .insert("net/ipv6/conf/lo/disable_ipv6".into(), "0".into());
+            if earlier_add {
+                let bridge = w.host.links.values().find(|l| l.name == BRIDGE).unwrap();
+                for gw in ["10.77.0.1/24", "fd77::1/64"] {
+                    w.host.addresses.push(cni_linux::Address {
+                        ip: net(gw),
+                        index: bridge.index,
+                        scope: 0,
+                        flags: 0,
+                    });
+                }
+                for forwarding in ["net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"] {
+                    w.host.sysctls.insert(forwarding.into(), "1".into());
+                }
+            }
+        });
+        (host, pod)
+    }
+
+    #[test]
+    fn a_failure_at_each_step_of_a_layer3_add_leaves_no_link_address_reservation_or_rule() {
+        let req = request(LAYER3);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world_l3(&conf, true);
+        host.fail_at(None);
+        run_add(&req, &conf, &host, &pod).unwrap();
+        let calls = host.log();
+        for effect in [
+            "host:macspoof_setup",
+            "host:ipam_add",
+            "host:masq_setup",
+            "pod:write_sysctl",
+            "pod:add_address",
+            "pod:add_route",
+            "host:write_sysctl",
+        ] {
+            assert!(calls.iter().any(|c| c == effect), "{effect}: {calls:?}");
+        }
+        let mut failed_adds = 0;
+        for (n, call) in calls.iter().enumerate() {
+            let (host, pod) = world_l3(&conf, true);
+            let before = host.snapshot();
+            host.fail_at(Some(n));
+            let outcome = run_add(&req, &conf, &host, &pod);
+            let log = host.log();
+            let failed = log.iter().find(|c| c.starts_with('!')).unwrap();
+            assert_eq!(&failed[1..], call, "the same calls up to the failure");
+            match outcome {
+                Err(e) => {
+                    failed_adds += 1;
+                    assert_eq!(host.snapshot(), before, "failure at {failed}: {e}");
+                    let (_, step) = failed.split_once(':').unwrap();
+                    assert!(
+                        e.msg.contains(&format!("injected failure: {step}"))
+                            && e.msg.contains("Operation not permitted (os error 1)"),
+                        "{failed}: {e}"
+                    );
+                }
+                // Only the best-effort sysctl writes may fail without failing ADD.
+                Ok(_) => assert!(failed.ends_with(":write_sysctl"), "{log:?}"),
+            }
+        }
+        // All but the five best-effort sysctl writes (accept_ra of the bridge and the
+        // port; accept_dad, arp_notify and keep_addr_on_down in the pod).
+        assert_eq!(failed_adds, calls.len() - 5, "{calls:?}");
+    }
+
+    #[test]
+    fn a_failed_layer3_add_on_a_new_network_leaves_only_the_shared_gateway() {
+        let req = request(LAYER3);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world_l3(&conf, false);
+        host.fail_at(None);
+        run_add(&req, &conf, &host, &pod).unwrap();
+        let calls = host.log().len();
+        for n in 0..calls {
+            let (host, pod) = world_l3(&conf, false);
+            let (host_before, pod_before) = host.snapshot();
+            host.fail_at(Some(n));
+            if run_add(&req, &conf, &host, &pod).is_ok() {
+                continue;
+            }
+            let (host_after, pod_after) = host.snapshot();
+            assert_eq!(pod_after, pod_before, "{:?}", host.log());
+            assert_eq!(host_after.links, host_before.links);
+            assert_eq!(host_after.vlans, host_before.vlans);
+            assert_eq!(host_after.routes, host_before.routes);
+            assert!(host_after.reservations.is_empty() && host_after.rules.is_empty());
+            // What may stay is what every attachment of the network shares.
+            for a in &host_after.addresses {
+                assert!(
+                    [net("10.77.0.1/24"), net("fd77::1/64")].contains(&a.ip),
+                    "{a:?}"
+                );
+            }
+            for (key, value) in &host_after.sysctls {
+                if host_before.sysctls.get(key) != Some(value) {
+                    assert!(key.contains("forward") && value == "1", "{key}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn layer3_add_records_what_the_reference_would() {
+        let req = request(LAYER3);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world_l3(&conf, false);
+        let result = run_add(&req, &conf, &host, &pod).unwrap();
+        let (host_ns, pod_ns) = host.snapshot();
+        let bridge = host_ns.links.values().find(|l| l.name == BRIDGE).unwrap();
+        let port = host_ns
+            .links
+            .values()
+            .find(|l| l.kind.as_deref() == Some("veth"))
+            .unwrap();
+        let eth0 = pod_ns.links.values().find(|l| l.name == "eth0").unwrap();
+
+        // The result: three interfaces, both addresses on the container's, and a
+        // default route per family via the gateway.
+        let names: Vec<&str> = result.interfaces.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, [BRIDGE, port.name.as_str(), "eth0"]);
+        assert_eq!(result.interfaces[0].mac, bridge.mac.unwrap().to_string());
+        assert_eq!(result.interfaces[2].mac, eth0.mac.unwrap().to_string());
+        let ips: Vec<(IpNetwork, Option<std::net::IpAddr>, Option<usize>)> = result
+            .ips
+            .iter()
+            .map(|i| (i.address, i.gateway, i.interface))
+            .collect();
+        assert_eq!(
+            ips,
+            [
+                (net("10.77.0.2/24"), Some(ip("10.77.0.1")), Some(2)),
+                (net("fd77::2/64"), Some(ip("fd77::1")), Some(2)),
+            ]
+        );
+        assert_eq!(
+            result.routes,
+            [
+                cni_protocol::Route::new(net("0.0.0.0/0"), Some(ip("10.77.0.1"))),
+                cni_protocol::Route::new(net("::/0"), Some(ip("fd77::1"))),
+            ]
+        );
+
+        // The host: the gateways on the bridge, forwarding on, the reservation and
+        // the rules of this attachment.
+        let on = |ns: &Namespace, index: u32| -> Vec<IpNetwork> {
+            ns.addresses
+                .iter()
+                .filter(|a| a.index == index)
+                .map(|a| a.ip)
+                .collect()
+        };
+        assert_eq!(
+            on(&host_ns, bridge.index),
+            [net("10.77.0.1/24"), net("fd77::1/64")]
+        );
+        assert!(on(&host_ns, port.index).is_empty());
+        assert_eq!(host_ns.sysctls["net/ipv4/ip_forward"], "1");
+        assert_eq!(host_ns.sysctls["net/ipv6/conf/all/forwarding"], "1");
+        assert_eq!(
+            host_ns.reservations["ctr-unit"],
+            [net("10.77.0.2/24"), net("fd77::2/64")]
+        );
+        let mac = eth0.mac.unwrap();
+        let rules: Vec<&str> = host_ns.rules.iter().map(String::as_str).collect();
+        assert_eq!(
+            rules,
+            [
+                "macspoof ctr-unit eth0 iif ".to_string()
+                    + &port.name
+                    + &format!(" ether saddr != {mac} drop"),
+                "masq ctr-unit eth0 unit Nftables saddr 10.77.0.2 masquerade".into(),
+                "masq ctr-unit eth0 unit Nftables saddr fd77::2 masquerade".into(),
+            ]
+        );
+
+        // The pod: both addresses on eth0, up, IPv6 on, and the default routes.
+        assert!(eth0.up && port.up);
+        assert_eq!(
+            on(&pod_ns, eth0.index),
+            [net("10.77.0.2/24"), net("fd77::2/64")]
+        );
+        assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/disable_ipv6"], "0");
+        assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/accept_dad"], "0");
+        assert_eq!(pod_ns.sysctls["net/ipv4/conf/eth0/arp_notify"], "1");
+        let routes: Vec<(IpNetwork, Option<std::net::IpAddr>, Option<u32>)> =
+            pod_ns.routes.iter().map(|r| (r.dst, r.gw, r.oif)).collect();
+        assert_eq!(
+            routes,
+            [
+                (net("0.0.0.0/0"), Some(ip("10.77.0.1")), Some(eth0.index)),
+                (net("::/0"), Some(ip("fd77::1")), Some(eth0.index)),
+            ]
+        );
     }
 }

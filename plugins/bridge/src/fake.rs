@@ -1,17 +1,22 @@
-//! An in-memory [`Links`] for unit tests: a host and a pod namespace with links,
-//! addresses, routes, port VLANs and per-link sysctls, behaving like the kernel where
+//! An in-memory [`Links`] and [`Effects`] for unit tests: a host and a pod namespace
+//! with links, addresses, routes, port VLANs and per-link sysctls, the host's IPAM
+//! reservations and firewall rules, behaving like the kernel where
 //! the bridge depends on it (EEXIST for a taken name, a veth's peer going with it,
 //! a link's sysctls and addresses going with the link). Any one call can be made to
 //! fail, to test what ADD leaves behind after a failure at each step.
 
+use crate::effects::{self, Effects};
 use crate::links::Links;
+use cni_firewall::Backend;
 use cni_linux::{
-    Address, BridgePort, Errno, Error, Family, Link, MacAddr, OperState, Result, Route, VethPair,
-    VlanEntry,
+    Address, BridgePort, Errno, Error, Family, Link, MacAddr, NetNs, OperState, Result, Route,
+    VethPair, VlanEntry,
 };
+use cni_protocol::error::internal;
+use cni_protocol::{CniError, CniResult, Request};
 use ipnetwork::IpNetwork;
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -23,6 +28,10 @@ pub(crate) struct Namespace {
     pub routes: Vec<Route>,
     pub vlans: BTreeMap<u32, Vec<VlanEntry>>,
     pub sysctls: BTreeMap<String, String>,
+    /// IPAM's addresses by container id (the IPAM store lives on the host).
+    pub reservations: BTreeMap<String, Vec<IpNetwork>>,
+    /// Firewall rules, one line each, starting with the attachment they belong to.
+    pub rules: BTreeSet<String>,
 }
 
 impl Namespace {
@@ -47,6 +56,8 @@ impl Namespace {
 pub(crate) struct World {
     pub host: Namespace,
     pub pod: Namespace,
+    /// What the fake IPAM plugin hands out on ADD; `None` makes IPAM fail.
+    pub ipam: Option<CniResult>,
     next_index: u32,
 }
 
@@ -427,5 +438,120 @@ impl Links for Fake {
             ns.sysctls.insert(name.to_string(), value.to_string());
             Ok(())
         })
+    }
+}
+
+impl Fake {
+    /// Counts an effect and fails it like [`Fake::step`], as the plugin sees it.
+    fn effect(&self, what: &str) -> std::result::Result<(), CniError> {
+        self.step(what).map_err(|e| internal(&e))
+    }
+
+    fn host<T>(&self, f: impl FnOnce(&mut Namespace) -> T) -> T {
+        f(&mut self.shared.world.borrow_mut().host)
+    }
+}
+
+/// The rules of one attachment start with `{kind} {container_id} {ifname} `.
+fn rule_prefix(kind: &str, container_id: &str, ifname: &str) -> String {
+    format!("{kind} {container_id} {ifname} ")
+}
+
+impl Effects for Fake {
+    fn ipam_add(&self, req: &Request) -> std::result::Result<CniResult, CniError> {
+        self.effect("ipam_add")?;
+        let result = self
+            .shared
+            .world
+            .borrow()
+            .ipam
+            .clone()
+            .ok_or_else(|| CniError::internal("no addresses left"))?;
+        let ips = result.ips.iter().map(|ip| ip.address).collect();
+        self.host(|ns| ns.reservations.insert(req.args.container_id.clone(), ips));
+        Ok(result)
+    }
+
+    fn ipam_del(&self, req: &Request) -> std::result::Result<(), CniError> {
+        self.effect("ipam_del")?;
+        self.host(|ns| ns.reservations.remove(&req.args.container_id));
+        Ok(())
+    }
+
+    fn macspoof_setup(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_veth: &str,
+        container_mac: Option<MacAddr>,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("macspoof_setup")?;
+        let mac = container_mac.ok_or_else(|| CniError::internal("no container MAC"))?;
+        let prefix = rule_prefix("macspoof", container_id, ifname);
+        self.host(|ns| {
+            ns.rules.retain(|r| !r.starts_with(&prefix));
+            ns.rules
+                .insert(format!("{prefix}iif {host_veth} ether saddr != {mac} drop"));
+        });
+        Ok(())
+    }
+
+    fn macspoof_teardown(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("macspoof_teardown")?;
+        let prefix = rule_prefix("macspoof", container_id, ifname);
+        self.host(|ns| ns.rules.retain(|r| !r.starts_with(&prefix)));
+        Ok(())
+    }
+
+    fn masq_setup(
+        &self,
+        backend: Backend,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+        nets: &[IpNetwork],
+    ) -> std::result::Result<(), CniError> {
+        self.effect("masq_setup")?;
+        let prefix = rule_prefix("masq", container_id, ifname);
+        self.host(|ns| {
+            for net in nets {
+                ns.rules.insert(format!(
+                    "{prefix}{network} {backend:?} saddr {} masquerade",
+                    net.ip()
+                ));
+            }
+        });
+        Ok(())
+    }
+
+    fn masq_teardown(
+        &self,
+        _network: &str,
+        ifname: &str,
+        container_id: &str,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("masq_teardown")?;
+        let prefix = rule_prefix("masq", container_id, ifname);
+        self.host(|ns| ns.rules.retain(|r| !r.starts_with(&prefix)));
+        Ok(())
+    }
+
+    /// The real sequence of writes, each a call on the pod's namespace.
+    fn container_sysctls(
+        &self,
+        _pod_ns: &NetNs,
+        ifname: &str,
+        enable_dad: bool,
+        has_v6: bool,
+    ) -> std::result::Result<(), CniError> {
+        let pod = Fake {
+            shared: Rc::clone(&self.shared),
+            pod: true,
+        };
+        effects::container_sysctls(|n, v| pod.write_sysctl(n, v), ifname, enable_dad, has_v6)
     }
 }

@@ -11,6 +11,7 @@ mod check;
 mod common;
 pub mod config;
 mod del;
+mod effects;
 #[cfg(test)]
 mod fake;
 pub mod gateway;

@@ -1,0 +1,138 @@
+//! The effects of ADD outside netlink, behind a small trait: the IPAM delegate, the
+//! masquerade and MAC spoof-check rules, and the container's sysctls. [`System`] is
+//! the real implementation (an exec of the IPAM plugin, of iptables-restore/nft, and
+//! sysctl writes on a thread inside the pod's netns); the unit tests use the fake in
+//! `fake.rs`, so a failure at each of these steps can be tested without root.
+
+use cni_firewall::{Backend, macspoof, masq};
+use cni_linux::{MacAddr, NetNs, sysctl};
+use cni_protocol::error::internal;
+use cni_protocol::{CniError, CniResult, Command, Context, Request};
+use ipnetwork::IpNetwork;
+
+/// What ADD does besides links, addresses and routes.
+pub(crate) trait Effects {
+    /// Runs the IPAM plugin's ADD.
+    fn ipam_add(&self, req: &Request) -> Result<CniResult, CniError>;
+    /// Runs the IPAM plugin's DEL.
+    fn ipam_del(&self, req: &Request) -> Result<(), CniError>;
+    fn macspoof_setup(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_veth: &str,
+        container_mac: Option<MacAddr>,
+    ) -> Result<(), CniError>;
+    fn macspoof_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError>;
+    fn masq_setup(
+        &self,
+        backend: Backend,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+        nets: &[IpNetwork],
+    ) -> Result<(), CniError>;
+    fn masq_teardown(
+        &self,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+    ) -> Result<(), CniError>;
+    /// The per-interface sysctls of the container end, written inside `pod_ns`.
+    fn container_sysctls(
+        &self,
+        pod_ns: &NetNs,
+        ifname: &str,
+        enable_dad: bool,
+        has_v6: bool,
+    ) -> Result<(), CniError>;
+}
+
+/// The real effects: the IPAM binary, the firewall tools, the kernel's sysctls.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct System;
+
+impl Effects for System {
+    fn ipam_add(&self, req: &Request) -> Result<CniResult, CniError> {
+        req.ipam_add()
+    }
+
+    fn ipam_del(&self, req: &Request) -> Result<(), CniError> {
+        req.ipam(Command::Del)
+    }
+
+    fn macspoof_setup(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_veth: &str,
+        container_mac: Option<MacAddr>,
+    ) -> Result<(), CniError> {
+        macspoof::setup(container_id, ifname, host_veth, container_mac)
+            .context("failed to setup spoof-check")
+    }
+
+    fn macspoof_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError> {
+        macspoof::teardown(container_id, ifname).map_err(|e| internal(&e))
+    }
+
+    fn masq_setup(
+        &self,
+        backend: Backend,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+        nets: &[IpNetwork],
+    ) -> Result<(), CniError> {
+        masq::setup(backend, network, ifname, container_id, nets).map_err(|e| internal(&e))
+    }
+
+    fn masq_teardown(
+        &self,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+    ) -> Result<(), CniError> {
+        masq::teardown(network, ifname, container_id).map_err(|e| internal(&e))
+    }
+
+    fn container_sysctls(
+        &self,
+        pod_ns: &NetNs,
+        ifname: &str,
+        enable_dad: bool,
+        has_v6: bool,
+    ) -> Result<(), CniError> {
+        pod_ns
+            .run(|| container_sysctls(sysctl::write, ifname, enable_dad, has_v6))
+            .map_err(|e| internal(&e))?
+    }
+}
+
+/// The container end's sysctls, each written with `write`. The real `write` runs on a
+/// thread inside the pod netns: per-interface sysctls resolve there.
+pub(crate) fn container_sysctls(
+    write: impl Fn(&str, &str) -> cni_linux::Result<()>,
+    ifname: &str,
+    enable_dad: bool,
+    has_v6: bool,
+) -> Result<(), CniError> {
+    // DAD makes pods wait 1-2 s for addresses nobody else can own on a fresh veth.
+    if enable_dad {
+        let _ = write(&format!("net/ipv6/conf/{ifname}/enhanced_dad"), "1");
+        let _ = write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "1");
+    } else {
+        let _ = write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
+    }
+    // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.
+    let _ = write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
+    if has_v6 {
+        for dev in ["lo", ifname] {
+            write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0")
+                .with_context(|| format!("failed to enable IPv6 on {dev:?}"))?;
+        }
+        // Keep addresses when the link goes down and up again.
+        let _ = write(&format!("net/ipv6/conf/{ifname}/keep_addr_on_down"), "1");
+    }
+    Ok(())
+}
