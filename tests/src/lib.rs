@@ -27,6 +27,7 @@ pub mod kernel;
 pub mod names;
 pub mod netns;
 pub mod plugin;
+pub mod podman;
 pub mod privilege;
 pub mod tempdir;
 

@@ -22,12 +22,15 @@
 //! cgroupfs). Drop removes containers, stray processes, new cgroup dirs and the temp dirs.
 
 use std::fs::{self, File};
-use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cni_blackbox::{Netns, Plugin, TempDir, require_root, unique_name, workspace_root};
+use cni_blackbox::podman::{
+    children_of, cmdline, eventually, hard_limits, missing_cgroup_dirs, pids, require_podman,
+    spawn_holder, warn, write,
+};
+use cni_blackbox::{Netns, Plugin, TempDir, unique_name, workspace_root};
 use nix::fcntl::{Flock, FlockArg};
 use serde_json::json;
 
@@ -36,20 +39,12 @@ const PLUGINS: [&str; 3] = ["bridge", "host-local", "loopback"];
 /// The reference Go plugins (Debian's containernetworking-plugins).
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 /// Cgroup dirs the cgroupfs manager creates; removed at the end if they were not there.
-const CGROUP_PARENTS: [&str; 2] = ["libpod_parent/conmon", "libpod_parent"];
 
 #[test]
 fn release_image_installs_onto_a_node_while_a_plugin_runs() {
-    if !require_root() {
+    if !require_podman() {
         return;
     }
-    assert!(
-        Command::new("podman")
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success()),
-        "podman is not installed; tests/run-all.sh installs it (apt-get install podman runc)"
-    );
 
     // 1. The release.
     let release = Release::build();
@@ -544,7 +539,7 @@ impl Podman {
         for dir in ["graph", "run", "tmp", "net.d", "varlib"] {
             fs::create_dir(root.path().join(dir)).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
         }
-        let holder = spawn_holder(&root.path().join("varlib"));
+        let holder = spawn_holder(&root.path().join("varlib"), "cnibb-img-run");
         let podman = Self {
             holder,
             host,
@@ -673,129 +668,5 @@ impl Drop for Podman {
             // Fails (harmlessly) while something still uses it.
             let _ = fs::remove_dir(dir);
         }
-    }
-}
-
-fn warn(message: &str) {
-    let _ = writeln!(std::io::stderr(), "warning: {message}");
-}
-
-fn write(path: &Path, text: &str) {
-    fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
-}
-
-/// Starts `sleep infinity` in a new mount namespace (propagation slave: nothing mounted
-/// in it reaches the machine) where /var/lib is `varlib` and /run is an empty tmpfs.
-/// Returns once the mounts are in place.
-fn spawn_holder(varlib: &Path) -> Child {
-    let mut child = Command::new("unshare")
-        .args(["--mount", "--propagation", "slave", "--", "sh", "-c"])
-        .arg(
-            "mount --bind \"$1\" /var/lib && \
-             mount -t tmpfs -o mode=0755,size=64m cnibb-img-run /run && \
-             echo ready && exec sleep infinity",
-        )
-        .arg("sh")
-        .arg(varlib)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run unshare (util-linux)");
-    let mut line = String::new();
-    if let Some(stdout) = child.stdout.take() {
-        let _ = BufReader::new(stdout).read_line(&mut line);
-    }
-    if line.trim() != "ready" {
-        let _ = child.kill();
-        let out = child.wait_with_output().ok();
-        panic!(
-            "private mount namespace not set up: {:?}",
-            out.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
-        );
-    }
-    child
-}
-
-/// Hard limits of open files and processes, which podman's default ulimits must not
-/// exceed.
-fn hard_limits() -> (u64, u64) {
-    let text = fs::read_to_string("/proc/self/limits").unwrap_or_default();
-    let hard = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l[name.len()..].split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(u64::MAX)
-    };
-    (hard("Max open files"), hard("Max processes"))
-}
-
-/// Cgroup dirs of [`CGROUP_PARENTS`] (in every v1 controller, or the v2 root) that do
-/// not exist yet.
-fn missing_cgroup_dirs() -> Vec<PathBuf> {
-    let base = Path::new("/sys/fs/cgroup");
-    let mut roots = vec![base.to_path_buf()];
-    if let Ok(entries) = fs::read_dir(base) {
-        roots.extend(entries.filter_map(Result::ok).map(|e| e.path()));
-    }
-    roots
-        .iter()
-        .flat_map(|root| CGROUP_PARENTS.iter().map(move |p| root.join(p)))
-        .filter(|p| !p.exists())
-        .collect()
-}
-
-fn pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .filter_map(Result::ok)
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Every descendant of `parents`.
-fn children_of(parents: &[u32]) -> Vec<u32> {
-    let mut found: Vec<u32> = Vec::new();
-    let mut frontier: Vec<u32> = parents.to_vec();
-    while !frontier.is_empty() {
-        let next: Vec<u32> = pids()
-            .into_iter()
-            .filter(|pid| {
-                let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-                // "pid (comm) state ppid ...": comm may hold spaces, so split after ')'.
-                stat.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
-                    .is_some_and(|ppid| frontier.contains(&ppid))
-            })
-            .filter(|pid| !found.contains(pid))
-            .collect();
-        found.extend(&next);
-        frontier = next;
-    }
-    found
-}
-
-fn cmdline(pid: u32) -> String {
-    fs::read(format!("/proc/{pid}/cmdline"))
-        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-        .unwrap_or_default()
-}
-
-/// Repeats `probe` until it returns `Some`, for at most `limit` (a bound on waiting, not
-/// a measurement).
-fn eventually<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
