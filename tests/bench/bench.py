@@ -534,6 +534,12 @@ def main():
         rounds, per_round, scale_pods, window, conc_pods, width = 3, 15, 250, 50, 200, 16
     rounds = int(os.environ.get("BENCH_ROUNDS", rounds))
     per_round = int(os.environ.get("BENCH_PODS", per_round))
+    only = [w.strip() for w in os.environ.get("BENCH_ONLY", "").split(",") if w.strip()]
+
+    def wanted(name):
+        """BENCH_ONLY=ipv4,nftables,... runs only the parts whose names contain a word."""
+        return not only or any(w in name for w in only)
+
     load0 = os.getloadavg()
     started = time.time()
     rows, raw, conc_rows, size_rows = [], [], [], []
@@ -545,17 +551,20 @@ def main():
             # The reference (1.1.1) has no nftables backend: ours only.
             ({"name": "ipMasq nftables", "dual": False, "masq": "nftables"}, [ours, floor]),
         ]
-        for scn, suites in scenarios:
+        for scn, suites in (x for x in scenarios if wanted(x[0]["name"])):
             log(f"== {scn['name']}: {rounds} rounds x {per_round} pods per suite")
             run_sequential(scn, suites, rounds, per_round, data_root, rows, raw)
         scn = {"name": f"{scale_pods} pods ipMasq", "dual": False, "masq": "iptables"}
-        log(f"== {scn['name']} (first {window} vs last {window})")
-        run_scale(scn, [ours, ref, floor], scale_pods, data_root, rows, raw, window)
+        if wanted(scn["name"]):
+            log(f"== {scn['name']} (first {window} vs last {window})")
+            run_scale(scn, [ours, ref, floor], scale_pods, data_root, rows, raw, window)
         scn = {"name": "concurrent", "dual": False, "masq": "iptables"}
-        log(f"== {conc_pods} pods {width} at a time (ipMasq iptables)")
-        run_concurrent(scn, [ours, ref], conc_pods, width, data_root, conc_rows)
-        log("== binary sizes and peak RSS")
-        run_rss_sizes([ours, ref], 1 if a.quick else 5, data_root, size_rows)
+        if wanted(scn["name"]):
+            log(f"== {conc_pods} pods {width} at a time (ipMasq iptables)")
+            run_concurrent(scn, [ours, ref], conc_pods, width, data_root, conc_rows)
+        if wanted("sizes"):
+            log("== binary sizes and peak RSS")
+            run_rss_sizes([ours, ref], 1 if a.quick else 5, data_root, size_rows)
     finally:
         cleanup()
         shutil.rmtree(data_root, ignore_errors=True)

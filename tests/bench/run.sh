@@ -10,7 +10,9 @@
 # Environment: BENCH_OUT (default target/bench: summary.csv, samples.csv,
 # concurrent.csv, sizes.csv, machine.txt, bench.png), REFERENCE_DIR (default
 # /usr/lib/cni), BENCH_OURS_DIR (default: build and use target/release), BENCH_ROUNDS and
-# BENCH_PODS (rounds per scenario, pods per suite and round: default 3 and 15).
+# BENCH_PODS (rounds per scenario, pods per suite and round: default 3 and 15), BENCH_ONLY
+# (comma-separated words: run only the parts whose names contain one, e.g. ipv4,nftables,
+# 250,concurrent,sizes).
 # Everything runs in throwaway network namespaces (never the machine's own), removed on
 # exit. Prints Markdown tables; see README "Performance". Nothing here asserts on time.
 set -euo pipefail

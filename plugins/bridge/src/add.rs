@@ -4,7 +4,7 @@
 
 use crate::common::{delete_link, fail, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
-use crate::effects::{Effects, System};
+use crate::effects::{Effects, Pending, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
 use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
@@ -36,6 +36,28 @@ enum Undo {
     Masq,
 }
 
+/// What ADD has done so far: the undo steps, and the work still running beside it,
+/// which a rollback waits for before undoing anything.
+#[derive(Debug, Default)]
+struct Progress {
+    undo: Vec<Undo>,
+    ipam: Option<Pending<Result<CniResult, CniError>>>,
+    masq: Option<Pending<Result<(), CniError>>>,
+}
+
+impl Progress {
+    /// Waits for whatever still runs; returns the undo steps.
+    fn settle(mut self) -> Vec<Undo> {
+        if let Some(masq) = self.masq.take() {
+            masq.settle();
+        }
+        if let Some(ipam) = self.ipam.take() {
+            ipam.settle();
+        }
+        self.undo
+    }
+}
+
 /// Runs ADD; on failure, undoes what this invocation created. A panic midway (a bug:
 /// nothing reachable from input should panic) undoes it too, then carries on unwinding
 /// so the dispatcher reports it.
@@ -47,22 +69,24 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
     }
     let pod_ns = open_netns(&req.args.netns)?;
     let rt = runtime()?;
-    let mut undo = Vec::new();
+    let mut progress = Progress::default();
     hit("bridge/add/start")?;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         rt.block_on(async {
             let host = Netlink::connect().map_err(|e| internal(&e))?;
             let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
-            add(req, conf, &pod_ns, &host, &pod, &System, &mut undo).await
+            add(req, conf, &pod_ns, &host, &pod, &System, &mut progress).await
         })
     }));
     match outcome {
         Ok(Ok(result)) => Ok(result),
         Ok(Err(e)) => {
+            let undo = progress.settle();
             rt.block_on(rollback_in(req, conf, &pod_ns, undo));
             Err(e)
         }
         Err(panic) => {
+            let undo = progress.settle();
             // The runtime the panic unwound through is not trusted again.
             drop(rt);
             match runtime() {
@@ -81,7 +105,7 @@ async fn rollback_in(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Ve
 }
 
 /// The steps of ADD, on `host` and `pod` (the netns `pod_ns`). Everything it creates
-/// that a failure must undo is pushed on `undo` first.
+/// that a failure must undo is recorded in `progress` first.
 async fn add(
     req: &Request,
     conf: &BridgeConf,
@@ -89,7 +113,7 @@ async fn add(
     host: &impl Links,
     pod: &impl Links,
     fx: &impl Effects,
-    undo: &mut Vec<Undo>,
+    progress: &mut Progress,
 ) -> Result<CniResult, CniError> {
     let ifname = req.args.ifname.as_str();
     if pod
@@ -103,10 +127,18 @@ async fn add(
             req.args.netns
         )));
     }
+    if conf.is_layer3() {
+        // The reservation needs none of the links: it runs beside them. Registered
+        // before the start: a failed IPAM ADD must still be followed by its DEL.
+        progress.undo.push(Undo::Ipam);
+        hit("bridge/add/ipam-before")?;
+        progress.ipam = Some(fx.start_ipam_add(req));
+    }
     let bridge = ensure_bridge(host, conf).await?;
-    let host_veth = create_veth(host, pod_ns, conf, bridge.index, ifname, undo).await?;
+    let host_veth =
+        create_veth(host, pod_ns, conf, bridge.index, ifname, &mut progress.undo).await?;
     setup_port(host, conf, &host_veth, true).await?;
-    pin_bridge_mac(host, &bridge.name).await?;
+    let bridge = pin_bridge_mac(host, &bridge.name).await?;
     hit("bridge/add/bridge-mac")?;
     let container = pod.require_link(ifname).await.map_err(|e| internal(&e))?;
     let mut result = CniResult {
@@ -132,7 +164,7 @@ async fn add(
         ..CniResult::default()
     };
     if conf.macspoofchk {
-        undo.push(Undo::MacSpoof);
+        progress.undo.push(Undo::MacSpoof);
         hit("bridge/add/macspoof-before")?;
         fx.macspoof_setup(
             &req.args.container_id,
@@ -142,11 +174,8 @@ async fn add(
         )?;
         hit("bridge/add/macspoof-after")?;
     }
-    if conf.is_layer3() {
-        // Registered before the call: a failed IPAM ADD must still be followed by its DEL.
-        undo.push(Undo::Ipam);
-        hit("bridge/add/ipam-before")?;
-        let ipam = fx.ipam_add(req)?;
+    if let Some(ipam) = progress.ipam.take() {
+        let ipam = ipam.wait()?;
         hit("bridge/add/ipam-after")?;
         if ipam.ips.is_empty() {
             return Err(CniError::internal("IPAM plugin returned missing IP config"));
@@ -160,21 +189,18 @@ async fn add(
             setup_gateways(host, conf, &bridge, &gateways, &mut result).await?;
         }
         if conf.ip_masq {
-            let backend = conf.masq_backend();
-            undo.push(Undo::Masq);
+            // Beside the wait for the port, but after every step a config can make fail:
+            // a failed ADD must not leave even an empty nat table behind.
+            progress.undo.push(Undo::Masq);
             hit("bridge/add/masq-before")?;
             let nets: Vec<IpNetwork> = result.ips.iter().map(|ip| ip.address).collect();
-            fx.masq_setup(
-                backend,
+            progress.masq = Some(fx.start_masq_setup(
+                conf.masq_backend(),
                 &conf.network,
                 ifname,
                 &req.args.container_id,
-                &nets,
-            )?;
-            log::info(&format!(
-                "added masquerade rules ({backend:?}) for {nets:?}"
+                nets,
             ));
-            hit("bridge/add/masq-after")?;
         }
     } else if !conf.disable_container_interface {
         pod.set_up(container.index)
@@ -182,26 +208,30 @@ async fn add(
             .with_context(|| format!("failed to set {ifname:?} up"))?;
         hit("bridge/add/container-up")?;
     }
-    if !conf.disable_container_interface {
+    // Joining the bridge can change the port's MAC; the bridge's is pinned above.
+    let host_veth = if conf.disable_container_interface {
+        host.require_link(&host_veth.name)
+            .await
+            .map_err(|e| internal(&e))?
+    } else {
         // A port that is not forwarding yet drops the pod's first packets (plugins#463).
-        host.wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
+        let port = host
+            .wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
             .await
             .context("bridge port in error state")?;
         hit("bridge/add/port-forwarding")?;
+        port
+    };
+    result.interfaces[1].mac = mac_text(&host_veth);
+    if let Some(masq) = progress.masq.take() {
+        masq.wait()?;
+        log::info(&format!(
+            "added masquerade rules ({:?}) for {:?}",
+            conf.masq_backend(),
+            result.ips.iter().map(|ip| ip.address).collect::<Vec<_>>()
+        ));
+        hit("bridge/add/masq-after")?;
     }
-    // Joining the bridge can change both MACs; report what they are now.
-    result.interfaces[1].mac = mac_text(
-        &host
-            .require_link(&host_veth.name)
-            .await
-            .map_err(|e| internal(&e))?,
-    );
-    result.interfaces[0].mac = mac_text(
-        &host
-            .require_link(&bridge.name)
-            .await
-            .map_err(|e| internal(&e))?,
-    );
     if let Some(dns) = &conf.dns {
         result.dns = dns.clone();
     }
@@ -244,14 +274,16 @@ async fn rollback(
 /// conntrack. Done once a port is attached (the reference does it in gateway mode
 /// only; we do it in layer-2 mode too): pinned on an empty bridge, the kernel keeps
 /// a zero bridge id and leaves the bridge's state unknown.
-async fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<(), CniError> {
+///
+/// Returns the bridge as it is now: its MAC no longer changes as ports come and go.
+async fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<Link, CniError> {
     let bridge = host.require_link(name).await.map_err(|e| internal(&e))?;
     if let Some(mac) = bridge.mac {
         host.set_mac(bridge.index, mac)
             .await
             .context("could not set bridge's mac")?;
     }
-    Ok(())
+    Ok(bridge)
 }
 
 /// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
@@ -259,30 +291,40 @@ async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, Cni
     let name = conf.bridge.as_str();
     let context = format!("failed to create bridge {name:?}");
     let refuse = |e: String| fail(format!("{context}: {e}"));
-    let mtu = (conf.mtu != 0).then_some(conf.mtu);
-    match host
-        .create_bridge(name, mtu, conf.wants_vlan_filtering())
-        .await
-    {
-        Ok(()) => {}
-        Err(e) if e.is_exists() => {}
-        // The answer of kernels built without bridge VLAN filtering.
-        Err(e) if e.is_unsupported() && conf.wants_vlan_filtering() => {
-            return Err(refuse(format!(
-                "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
-                chain(&e),
-            )));
-        }
-        Err(e) => {
-            return Err(e).with_context(|| format!("{context}: could not add {name:?}"));
+    let lookup = || async {
+        host.link_by_name(name)
+            .await
+            .with_context(|| format!("{context}: could not lookup {name:?}"))
+    };
+    // Every ADD but a node's first finds the bridge: look before creating.
+    let bridge = match lookup().await? {
+        Some(bridge) => bridge,
+        None => {
+            let mtu = (conf.mtu != 0).then_some(conf.mtu);
+            match host
+                .create_bridge(name, mtu, conf.wants_vlan_filtering())
+                .await
+            {
+                Ok(()) => {}
+                // A concurrent ADD created it first.
+                Err(e) if e.is_exists() => {}
+                // The answer of kernels built without bridge VLAN filtering.
+                Err(e) if e.is_unsupported() && conf.wants_vlan_filtering() => {
+                    return Err(refuse(format!(
+                        "could not add {name:?}: {} (vlan and vlanTrunk need a kernel with bridge VLAN filtering)",
+                        chain(&e),
+                    )));
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("{context}: could not add {name:?}"));
+                }
+            };
+            hit("bridge/add/bridge-created")?;
+            lookup()
+                .await?
+                .ok_or_else(|| refuse(format!("could not lookup {name:?}: link not found")))?
         }
     };
-    hit("bridge/add/bridge-created")?;
-    let bridge = host
-        .link_by_name(name)
-        .await
-        .with_context(|| format!("{context}: could not lookup {name:?}"))?
-        .ok_or_else(|| refuse(format!("could not lookup {name:?}: link not found")))?;
     if bridge.kind.as_deref() != Some("bridge") {
         return Err(refuse(format!(
             "{name:?} already exists but is not a bridge"
@@ -380,15 +422,27 @@ async fn setup_port(
     let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
     hit("bridge/add/port-sysctl")?;
     let hairpin = container_port && conf.hairpin_mode;
-    host.set_port_hairpin(port.index, hairpin)
-        .await
-        .with_context(|| format!("failed to setup hairpin mode for {name}"))?;
-    hit("bridge/add/port-hairpin")?;
+    let hairpin_context = || format!("failed to setup hairpin mode for {name}");
     if container_port {
-        host.set_port_isolated(port.index, conf.port_isolation)
+        // One request for both flags; should the kernel refuse it, one each says which.
+        if host
+            .set_port_flags(port.index, hairpin, conf.port_isolation)
             .await
-            .with_context(|| format!("failed to set isolated on for {name}"))?;
-        hit("bridge/add/port-isolation")?;
+            .is_err()
+        {
+            host.set_port_hairpin(port.index, hairpin)
+                .await
+                .with_context(hairpin_context)?;
+            host.set_port_isolated(port.index, conf.port_isolation)
+                .await
+                .with_context(|| format!("failed to set isolated on for {name}"))?;
+        }
+        hit("bridge/add/port-flags")?;
+    } else {
+        host.set_port_hairpin(port.index, hairpin)
+            .await
+            .with_context(hairpin_context)?;
+        hit("bridge/add/port-hairpin")?;
     }
     setup_vlans(host, conf, port).await?;
     host.set_up(port.index)
@@ -690,11 +744,11 @@ mod tests {
         let pod_ns = NetNs::open("/proc/self/ns/net").unwrap();
         let rt = cni_linux::runtime().unwrap();
         rt.block_on(async {
-            let mut undo = Vec::new();
-            match add(req, conf, &pod_ns, host, pod, host, &mut undo).await {
+            let mut progress = Progress::default();
+            match add(req, conf, &pod_ns, host, pod, host, &mut progress).await {
                 Ok(result) => Ok(result),
                 Err(e) => {
-                    rollback(req, conf, Ok(pod), host, undo).await;
+                    rollback(req, conf, Ok(pod), host, progress.settle()).await;
                     Err(e)
                 }
             }
@@ -738,8 +792,12 @@ mod tests {
                             "{failed}: {e}"
                         );
                     }
-                    // Only the best-effort accept_ra writes may fail without failing ADD.
-                    Ok(_) => assert_eq!(failed, "!host:write_sysctl", "{json}: {log:?}"),
+                    // Only the best-effort accept_ra writes may fail without failing ADD,
+                    // and the request for both port flags, which are then set one by one.
+                    Ok(_) => assert!(
+                        ["!host:write_sysctl", "!host:set_port_flags"].contains(&failed.as_str()),
+                        "{json}: {log:?}"
+                    ),
                 }
             }
             assert!(
@@ -799,22 +857,18 @@ mod tests {
             host.log(),
             [
                 "pod:link_by_name",
-                "host:create_bridge",
                 "host:link_by_name",
                 "host:write_sysctl",
                 "host:create_veth",
                 "host:require_link",
                 "host:write_sysctl",
-                "host:set_port_hairpin",
-                "host:set_port_isolated",
+                "host:set_port_flags",
                 "host:set_up",
                 "host:require_link",
                 "host:set_mac",
                 "pod:require_link",
                 "pod:set_up",
                 "host:wait_oper_up",
-                "host:require_link",
-                "host:require_link",
             ]
         );
     }
@@ -984,13 +1038,18 @@ mod tests {
                         "{failed}: {e}"
                     );
                 }
-                // Only the best-effort sysctl writes may fail without failing ADD.
-                Ok(_) => assert!(failed.ends_with(":write_sysctl"), "{log:?}"),
+                // Only the best-effort sysctl writes may fail without failing ADD, and the
+                // request for both port flags, which are then set one by one.
+                Ok(_) => assert!(
+                    failed.ends_with(":write_sysctl") || failed.ends_with(":set_port_flags"),
+                    "{log:?}"
+                ),
             }
         }
         // All but the five best-effort sysctl writes (accept_ra of the bridge and the
-        // port; accept_dad, arp_notify and keep_addr_on_down in the pod).
-        assert_eq!(failed_adds, calls.len() - 5, "{calls:?}");
+        // port; accept_dad, arp_notify and keep_addr_on_down in the pod) and the port
+        // flags' combined request.
+        assert_eq!(failed_adds, calls.len() - 6, "{calls:?}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
 //! (beyond the reference) the masquerade and spoof-check rules.
 
-use crate::common::{fail, mac_text, open_netns, runtime};
+use crate::common::{fail, joined, mac_text, open_netns, runtime};
 use crate::config::BridgeConf;
 use crate::links::Links;
 use cni_firewall::{macspoof, masq};
@@ -17,15 +17,12 @@ use ipnetwork::IpNetwork;
 pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let pod_ns = open_netns(&req.args.netns)?;
     hit("bridge/check/start")?;
-    if conf.is_layer3() {
-        req.ipam(Command::Check)?;
-        hit("bridge/check/ipam")?;
-    }
-    let prev = req
-        .config
-        .prev_result
-        .as_ref()
-        .ok_or_else(|| fail("Required prevResult missing"))?;
+    let Some(prev) = req.config.prev_result.as_ref() else {
+        if conf.is_layer3() {
+            req.ipam(Command::Check)?;
+        }
+        return Err(fail("Required prevResult missing"));
+    };
     let ifname = req.args.ifname.as_str();
     let find = |pred: &dyn Fn(&Interface) -> bool| {
         prev.interfaces
@@ -36,17 +33,73 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
     };
     let bridge_entry = find(&|i| i.name == conf.bridge);
     let container_entry = find(&|i| i.name == ifname && i.sandbox == req.args.netns);
-    let host_veth = runtime()?.block_on(async {
+    std::thread::scope(|scope| {
+        // IPAM and the firewall rules are checked beside the links. The errors keep the
+        // order of a CHECK that ran them one after the other: IPAM, links, rules.
+        let ipam = conf
+            .is_layer3()
+            .then(|| scope.spawn(|| req.ipam(Command::Check)));
+        let masq = (conf.is_layer3() && conf.ip_masq).then(|| {
+            scope.spawn(|| {
+                let nets: Vec<IpNetwork> = prev.ips.iter().map(|ip| ip.address).collect();
+                masq::check(
+                    conf.masq_backend(),
+                    &conf.network,
+                    ifname,
+                    &req.args.container_id,
+                    &nets,
+                )
+                .map_err(|e| internal(&e))
+            })
+        });
+        let host_veth = check_links(req, conf, &pod_ns, prev, &bridge_entry, &container_entry);
+        let masq = masq.map(joined);
+        if let Some(outcome) = ipam.map(joined) {
+            outcome?;
+            hit("bridge/check/ipam")?;
+        }
+        let host_veth = host_veth?;
+        if let Some(outcome) = masq {
+            outcome?;
+            hit("bridge/check/masq")?;
+        }
+        if conf.macspoofchk {
+            let (host_veth, container_mac) = host_veth;
+            macspoof::check(
+                &req.args.container_id,
+                ifname,
+                &host_veth.name,
+                container_mac,
+            )
+            .map_err(|e| internal(&e))?;
+            hit("bridge/check/macspoof")?;
+        }
+        Ok(())
+    })
+}
+
+/// The netlink half of CHECK: bridge, veth pair, addresses and routes. Returns the
+/// host end and the container's MAC.
+fn check_links(
+    req: &Request,
+    conf: &BridgeConf,
+    pod_ns: &cni_linux::NetNs,
+    prev: &CniResult,
+    bridge_entry: &Interface,
+    container_entry: &Interface,
+) -> Result<(Link, Option<MacAddr>), CniError> {
+    let ifname = req.args.ifname.as_str();
+    runtime()?.block_on(async {
         let host = Netlink::connect().map_err(|e| internal(&e))?;
-        let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
-        let bridge = check_bridge(&host, &bridge_entry, conf).await?;
+        let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e))?;
+        let bridge = check_bridge(&host, bridge_entry, conf).await?;
         if req.args.netns != container_entry.sandbox {
             return Err(fail(format!(
                 "Sandbox in prevResult {} doesn't match configured netns: {}",
                 container_entry.sandbox, req.args.netns
             )));
         }
-        let container = check_container(&pod, &container_entry).await?;
+        let container = check_container(&pod, container_entry).await?;
         let others = prev
             .interfaces
             .iter()
@@ -69,31 +122,7 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
         check_routes(&pod, &prev.routes).await?;
         hit("bridge/check/addresses")?;
         Ok(host_veth)
-    })?;
-    if conf.is_layer3() && conf.ip_masq {
-        let nets: Vec<IpNetwork> = prev.ips.iter().map(|ip| ip.address).collect();
-        masq::check(
-            conf.masq_backend(),
-            &conf.network,
-            ifname,
-            &req.args.container_id,
-            &nets,
-        )
-        .map_err(|e| internal(&e))?;
-        hit("bridge/check/masq")?;
-    }
-    if conf.macspoofchk {
-        let (host_veth, container_mac) = host_veth;
-        macspoof::check(
-            &req.args.container_id,
-            ifname,
-            &host_veth.name,
-            container_mac,
-        )
-        .map_err(|e| internal(&e))?;
-        hit("bridge/check/macspoof")?;
-    }
-    Ok(())
+    })
 }
 
 async fn lookup(nl: &impl Links, entry: &Interface) -> Result<Link, CniError> {

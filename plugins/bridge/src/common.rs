@@ -1,6 +1,6 @@
 //! Helpers shared by ADD, CHECK and DEL: opening the netns, deleting a link, a
-//! link's MAC as text, the netlink runtime, and the error of a failed step that
-//! has no underlying cause.
+//! link's MAC as text, the netlink runtime, joining a step run on its own thread,
+//! and the error of a failed step that has no underlying cause.
 
 use crate::links::Links;
 use cni_linux::{Link, NetNs};
@@ -21,6 +21,13 @@ pub(crate) async fn delete_link(nl: &impl Links, ifname: &str) -> Result<(), Cni
 
 pub(crate) fn mac_text(link: &Link) -> String {
     link.mac.map(|m| m.to_string()).unwrap_or_default()
+}
+
+/// The outcome of a step run on its own thread; its panic carries on here.
+pub(crate) fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    handle
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
 }
 
 /// Starts the current-thread runtime the netlink calls run on.

@@ -2,7 +2,7 @@
 //! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
 //! are found by the attachment's names, so they go even when the netns is gone.
 
-use crate::common::{delete_link, runtime};
+use crate::common::{delete_link, joined, runtime};
 use crate::config::BridgeConf;
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
@@ -12,36 +12,51 @@ use cni_protocol::log;
 use cni_protocol::{CniError, Command, Context, Errors, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
+///
+/// Deleting the veth is most of a DEL's time, spent in the kernel; releasing the
+/// addresses and removing the rules do not depend on it, so they run beside it
+/// (the masquerade teardown on a thread of its own, as it waits on firewall tools).
 pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
-    let mut errors = Errors::default();
     hit("bridge/del/start")?;
-    if let Some(netns) = req.args.netns_path() {
-        note(&mut errors, delete_container_link(netns, ifname), || {
+    let masq_needed = conf.is_layer3() && conf.ip_masq;
+    let (link, ipam, spoof, masq) = std::thread::scope(|scope| {
+        let link = req
+            .args
+            .netns_path()
+            .map(|netns| scope.spawn(move || delete_container_link(netns, ifname)));
+        let masq = masq_needed.then(|| {
+            scope.spawn(|| masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)))
+        });
+        let ipam = conf.is_layer3().then(|| req.ipam(Command::Del));
+        let spoof = conf
+            .macspoofchk
+            .then(|| macspoof::teardown(id, ifname).map_err(|e| internal(&e)));
+        (link.map(joined), ipam, spoof, masq.map(joined))
+    });
+    let mut errors = Errors::default();
+    if let Some(outcome) = link {
+        note(&mut errors, outcome, || {
             format!("deleted {ifname} in the pod (if it was there)")
         });
         hit("bridge/del/link")?;
     }
-    if conf.is_layer3() {
-        note(&mut errors, req.ipam(Command::Del), || {
+    if let Some(outcome) = ipam {
+        note(&mut errors, outcome, || {
             format!("released the addresses through {}", req.config.ipam_type)
         });
         hit("bridge/del/ipam")?;
     }
-    if conf.macspoofchk {
-        note(
-            &mut errors,
-            macspoof::teardown(id, ifname).map_err(|e| internal(&e)),
-            || "removed the spoof-check rules".to_string(),
-        );
+    if let Some(outcome) = spoof {
+        note(&mut errors, outcome, || {
+            "removed the spoof-check rules".to_string()
+        });
         hit("bridge/del/macspoof")?;
     }
-    if conf.is_layer3() && conf.ip_masq {
-        note(
-            &mut errors,
-            masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)),
-            || "removed the masquerade rules".to_string(),
-        );
+    if let Some(outcome) = masq {
+        note(&mut errors, outcome, || {
+            "removed the masquerade rules".to_string()
+        });
         hit("bridge/del/masq")?;
     }
     errors.into_cni_result()

@@ -1,19 +1,66 @@
 //! The effects of ADD outside netlink, behind a small trait: the IPAM delegate, the
 //! masquerade and MAC spoof-check rules, and the container's sysctls. [`System`] is
-//! the real implementation (an exec of the IPAM plugin, of iptables-restore/nft, and
-//! sysctl writes on a thread inside the pod's netns); the unit tests use the fake in
-//! `fake.rs`, so a failure at each of these steps can be tested without root.
+//! the real implementation (the IPAM plugin, the firewall, and sysctl writes on a
+//! thread inside the pod's netns); the unit tests use the fake in `fake.rs`, so a
+//! failure at each of these steps can be tested without root.
+//!
+//! IPAM and masquerade do not depend on the links, so [`System`] starts them on their
+//! own threads ([`Pending`]) while ADD goes on with netlink; the fake runs them inline,
+//! which keeps its call order deterministic.
 
 use cni_firewall::{Backend, macspoof, masq};
 use cni_linux::{MacAddr, NetNs, sysctl};
 use cni_protocol::error::internal;
 use cni_protocol::{CniError, CniResult, Command, Context, Request};
 use ipnetwork::IpNetwork;
+use std::panic::resume_unwind;
+use std::thread::JoinHandle;
+
+/// Work started by ADD and taken up later: already finished, or running on a thread.
+#[derive(Debug)]
+pub(crate) enum Pending<T> {
+    Done(T),
+    Running(JoinHandle<T>),
+}
+
+impl<T: Send + 'static> Pending<T> {
+    /// Runs `work` on a new thread; if no thread can be started, `unstarted` says why.
+    fn spawn(
+        name: &str,
+        work: impl FnOnce() -> T + Send + 'static,
+        unstarted: impl FnOnce(std::io::Error) -> T,
+    ) -> Self {
+        match std::thread::Builder::new().name(name.into()).spawn(work) {
+            Ok(handle) => Self::Running(handle),
+            Err(e) => Self::Done(unstarted(e)),
+        }
+    }
+
+    /// The outcome, once the work is done; a panic in it carries on here.
+    pub(crate) fn wait(self) -> T {
+        match self {
+            Self::Done(outcome) => outcome,
+            Self::Running(handle) => handle.join().unwrap_or_else(|panic| resume_unwind(panic)),
+        }
+    }
+
+    /// Waits for the work only so that nothing runs behind a rollback; its outcome
+    /// (even a panic) no longer matters.
+    pub(crate) fn settle(self) {
+        if let Self::Running(handle) = self {
+            let _ = handle.join();
+        }
+    }
+}
 
 /// What ADD does besides links, addresses and routes.
 pub(crate) trait Effects {
     /// Runs the IPAM plugin's ADD.
     fn ipam_add(&self, req: &Request) -> Result<CniResult, CniError>;
+    /// Starts the IPAM plugin's ADD; by default runs it at once.
+    fn start_ipam_add(&self, req: &Request) -> Pending<Result<CniResult, CniError>> {
+        Pending::Done(self.ipam_add(req))
+    }
     /// Runs the IPAM plugin's DEL.
     fn ipam_del(&self, req: &Request) -> Result<(), CniError>;
     fn macspoof_setup(
@@ -32,6 +79,17 @@ pub(crate) trait Effects {
         container_id: &str,
         nets: &[IpNetwork],
     ) -> Result<(), CniError>;
+    /// Starts [`Effects::masq_setup`]; by default runs it at once.
+    fn start_masq_setup(
+        &self,
+        backend: Backend,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+        nets: Vec<IpNetwork>,
+    ) -> Pending<Result<(), CniError>> {
+        Pending::Done(self.masq_setup(backend, network, ifname, container_id, &nets))
+    }
     fn masq_teardown(
         &self,
         network: &str,
@@ -55,6 +113,19 @@ pub(crate) struct System;
 impl Effects for System {
     fn ipam_add(&self, req: &Request) -> Result<CniResult, CniError> {
         req.ipam_add()
+    }
+
+    fn start_ipam_add(&self, req: &Request) -> Pending<Result<CniResult, CniError>> {
+        let req = req.clone();
+        Pending::spawn(
+            "ipam",
+            move || req.ipam_add(),
+            |e| {
+                Err(CniError::internal(format!(
+                    "failed to start the IPAM plugin: {e}"
+                )))
+            },
+        )
     }
 
     fn ipam_del(&self, req: &Request) -> Result<(), CniError> {
@@ -85,6 +156,30 @@ impl Effects for System {
         nets: &[IpNetwork],
     ) -> Result<(), CniError> {
         masq::setup(backend, network, ifname, container_id, nets).map_err(|e| internal(&e))
+    }
+
+    fn start_masq_setup(
+        &self,
+        backend: Backend,
+        network: &str,
+        ifname: &str,
+        container_id: &str,
+        nets: Vec<IpNetwork>,
+    ) -> Pending<Result<(), CniError>> {
+        let (network, ifname, id) = (
+            network.to_owned(),
+            ifname.to_owned(),
+            container_id.to_owned(),
+        );
+        Pending::spawn(
+            "masq",
+            move || Self.masq_setup(backend, &network, &ifname, &id, &nets),
+            |e| {
+                Err(CniError::internal(format!(
+                    "failed to start the masquerade setup: {e}"
+                )))
+            },
+        )
     }
 
     fn masq_teardown(

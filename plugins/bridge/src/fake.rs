@@ -314,6 +314,14 @@ impl Links for Fake {
         })
     }
 
+    async fn set_port_flags(&self, index: u32, hairpin: bool, isolated: bool) -> Result<()> {
+        self.change("set_port_flags", index, |l| {
+            let port = l.bridge_port.get_or_insert_with(BridgePort::default);
+            port.hairpin = hairpin;
+            port.isolated = isolated;
+        })
+    }
+
     async fn port_vlans(&self, index: u32) -> Result<Vec<VlanEntry>> {
         self.step("port_vlans")?;
         Ok(self.ns(|ns| ns.vlans.get(&index).cloned().unwrap_or_default()))

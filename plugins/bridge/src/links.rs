@@ -21,6 +21,11 @@ pub(crate) trait Links {
     async fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()>;
     async fn set_port_hairpin(&self, index: u32, on: bool) -> Result<()>;
     async fn set_port_isolated(&self, index: u32, on: bool) -> Result<()>;
+    /// Both port flags; one request where the kernel takes them together.
+    async fn set_port_flags(&self, index: u32, hairpin: bool, isolated: bool) -> Result<()> {
+        self.set_port_hairpin(index, hairpin).await?;
+        self.set_port_isolated(index, isolated).await
+    }
     async fn port_vlans(&self, index: u32) -> Result<Vec<VlanEntry>>;
     async fn add_port_vlan(&self, index: u32, vid: u16, pvid: bool, untagged: bool) -> Result<()>;
     async fn del_port_vlan(&self, index: u32, vid: u16) -> Result<()>;
@@ -71,6 +76,9 @@ impl Links for Netlink {
     }
     async fn set_port_isolated(&self, index: u32, on: bool) -> Result<()> {
         Netlink::set_port_isolated(self, index, on).await
+    }
+    async fn set_port_flags(&self, index: u32, hairpin: bool, isolated: bool) -> Result<()> {
+        Netlink::set_port_flags(self, index, hairpin, isolated).await
     }
     async fn port_vlans(&self, index: u32) -> Result<Vec<VlanEntry>> {
         Netlink::port_vlans(self, index).await

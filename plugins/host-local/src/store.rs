@@ -406,10 +406,14 @@ impl Store {
                 .filter(|(_, o)| *o != Owner::Other)
                 .collect()
         };
+        if entries.len() < PARALLEL_SCAN_MIN {
+            return check(entries);
+        }
+        // Asked only here: the answer costs reading the cgroup files.
         let threads = std::thread::available_parallelism()
             .map_or(1, usize::from)
             .min(8);
-        if entries.len() < PARALLEL_SCAN_MIN || threads < 2 {
+        if threads < 2 {
             return check(entries);
         }
         let size = entries.len().div_ceil(threads);

@@ -57,6 +57,20 @@ impl Netlink {
         .await
     }
 
+    /// Sets hairpin mode and port isolation of a bridge port in one request.
+    pub async fn set_port_flags(&self, index: u32, hairpin: bool, isolated: bool) -> Result<()> {
+        let msg = LinkBridgePort::new(index)
+            .hairpin(hairpin)
+            .isolated(isolated)
+            .build();
+        exec(self.handle.link().set_port(msg).execute(), || {
+            format!(
+                "failed to set hairpin {hairpin} and isolated {isolated} on bridge port #{index}"
+            )
+        })
+        .await
+    }
+
     /// Sets port isolation on a bridge port.
     pub async fn set_port_isolated(&self, index: u32, on: bool) -> Result<()> {
         let msg = LinkBridgePort::new(index).isolated(on).build();

@@ -276,16 +276,18 @@ impl Netlink {
 
     /// Deletes a link by name; `Ok(false)` if it did not exist.
     pub async fn delete_link_by_name(&self, name: &str) -> Result<bool> {
-        let Some(link) = self.link_by_name(name).await? else {
-            return Ok(false);
-        };
-        let deleted = exec(self.handle.link().del(link.index).execute(), || {
+        // One request: the kernel resolves the name itself (no lookup round trip).
+        let mut request = self.handle.link().del(0);
+        request
+            .message_mut()
+            .attributes
+            .push(LinkAttribute::IfName(name.to_owned()));
+        let deleted = exec(request.execute(), || {
             format!("failed to delete link {name:?}")
         })
         .await;
         match deleted {
             Ok(()) => Ok(true),
-            // Someone else removed it between lookup and delete.
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
         }
