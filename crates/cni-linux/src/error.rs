@@ -198,10 +198,30 @@ impl Error {
     /// kernel's errno or the failure's text is kept: keeping `rtnetlink::Error`
     /// itself would link the `Debug` code of every netlink message into each plugin.
     pub(crate) fn netlink(context: impl Into<String>, err: rtnetlink::Error) -> Self {
-        let source = match err {
-            rtnetlink::Error::NetlinkError(msg) => msg.to_io(),
-            other => io::Error::other(other.to_string()),
+        use rtnetlink::Error as E;
+        // Not `err.to_string()`: rtnetlink's Display prints an unexpected message with
+        // `{:?}`, and calling it at all links that Debug code (~170 KB).
+        let text = match err {
+            E::NetlinkError(msg) => {
+                return Self::Netlink {
+                    context: context.into(),
+                    source: msg.to_io(),
+                };
+            }
+            E::UnexpectedMessage(msg) => format!(
+                "received an unexpected netlink message of type {}",
+                msg.header.message_type
+            ),
+            E::RequestFailed => "the netlink request failed".to_owned(),
+            E::NamespaceError(e) => format!("namespace error: {e}"),
+            E::InvalidHardwareAddress(bytes) => {
+                format!("invalid hardware address attribute {bytes:02x?}")
+            }
+            E::InvalidIp(bytes) => format!("invalid IP address {bytes:?}"),
+            E::InvalidAddress(ip, mask) => format!("invalid address {ip:?}/{mask:?}"),
+            E::InvalidNla(e) => format!("invalid netlink attribute: {e}"),
         };
+        let source = io::Error::other(text);
         Self::Netlink {
             context: context.into(),
             source,
