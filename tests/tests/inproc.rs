@@ -7,9 +7,11 @@
 //! lines carry the bridge's pid and the bridge logs `IPAM host-local <CMD> ran
 //! in-process`; exec'd, host-local logs from its own pid and the bridge logs (at debug)
 //! `IPAM host-local <CMD> exec'd`. Results and errors must be the same bytes either way.
+//! (Tests of our multi-call binary: with `CNI_BLACKBOX_BIN_DIR` that dir must hold ours.)
 
 mod bridge_support;
 
+use std::os::unix::process::ExitStatusExt as _;
 use std::path::Path;
 
 use bridge_support::{Net, REFERENCE_DIR, has_link, reference_available};
@@ -268,13 +270,21 @@ fn the_reference_host_local_is_exec_d_and_works() {
 /// leave nothing behind.
 #[track_caller]
 fn same_error_both_ways(net: &Net, conf: &Value, what: &str) -> Outcome {
+    same_error_both_ways_with(net, conf, what, &[])
+}
+
+/// [`same_error_both_ways`] with extra environment for the bridge (and its delegate).
+#[track_caller]
+fn same_error_both_ways_with(net: &Net, conf: &Value, what: &str, env: &[(&str, &str)]) -> Outcome {
     let shipped = bin_dir().to_string_lossy().into_owned();
     let copy = copy_dir();
     let (veths, reservations) = (net.host_veths(), net.reservations());
     let mut outs = Vec::new();
     for cni_path in [shipped.as_str(), copy.path_str()] {
         let pod = net.pod();
-        let out = bridge(net, cni_path, "ADD", conf)
+        let out = env
+            .iter()
+            .fold(bridge(net, cni_path, "ADD", conf), |p, (k, v)| p.env(k, v))
             .attachment("cnibb-inproc-fail", &pod, "eth0")
             .run();
         out.assert_failure();
@@ -324,6 +334,67 @@ fn ipam_errors_are_the_same_in_process_and_exec_d_and_leave_nothing() {
     let out = same_error_both_ways(&net, &unknown, "ranges not a list");
     assert_eq!(out.json()["cniVersion"], "1.0.0", "{out}");
     net.assert_nothing_left("after the bad-config ADDs");
+}
+
+/// `CNI_RS_FAILPOINT=host-local:…` through the bridge (debug builds): `error` gives the
+/// same error JSON in-process and exec'd; `kill` in-process kills the bridge itself at
+/// host-local's step (a crash of the whole ADD, which DEL cleans up), exec'd only the
+/// child, which the bridge reports and undoes.
+#[test]
+fn host_local_failpoints_through_the_bridge() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let conf = net.conf("1.0.0", &["10.86.0.0/24"], &json!({"isGateway": true}));
+    let err = same_error_both_ways_with(
+        &net,
+        &conf,
+        "host-local error failpoint",
+        &[("CNI_RS_FAILPOINT", "host-local:error@1")],
+    );
+    assert!(
+        err.error_msg()
+            .is_some_and(|m| m.starts_with("failpoint host-local/")),
+        "{err}"
+    );
+    net.assert_nothing_left("after the host-local error failpoint");
+
+    let shipped = bin_dir().to_string_lossy().into_owned();
+    let pod = net.pod();
+    let killed = bridge(&net, &shipped, "ADD", &conf)
+        .env("CNI_RS_FAILPOINT", "host-local:kill@1")
+        .attachment(ID, &pod, "eth0")
+        .run();
+    assert_eq!(killed.status.signal(), Some(9), "in-process: {killed}");
+    bridge(&net, &shipped, "DEL", &conf)
+        .attachment(ID, &pod, "eth0")
+        .run()
+        .assert_success_silent();
+    net.assert_nothing_left("after the in-process kill and DEL");
+    assert!(!has_link(&pod, "eth0"), "pod interface left");
+
+    let copy = copy_dir();
+    let reported = bridge(&net, copy.path_str(), "ADD", &conf)
+        .env("CNI_RS_FAILPOINT", "host-local:kill@1")
+        .attachment(ID, &pod, "eth0")
+        .run();
+    reported.assert_failure();
+    assert!(
+        reported
+            .error_msg()
+            .is_some_and(|m| m.starts_with("netplugin failed with no error message: signal: 9")),
+        "exec'd: {reported}"
+    );
+    assert!(
+        !has_link(&pod, "eth0"),
+        "the failed ADD left the pod interface"
+    );
+    bridge(&net, copy.path_str(), "DEL", &conf)
+        .attachment(ID, &pod, "eth0")
+        .run()
+        .assert_success_silent();
+    net.assert_nothing_left("after the exec'd kill and DEL");
 }
 
 #[test]
