@@ -5,7 +5,9 @@
 #
 # makes DIR/cni-plugins-rs-linux-amd64-v<version>.tgz (flat: bridge, host-local, loopback,
 # cni-installer, README.md, LICENSE) and beside it .sha256 and .sha512 files holding
-# "<hash>  <file name>". DIR defaults to target/dist, PROFILE to release.
+# "<hash>  <file name>". DIR defaults to target/dist, PROFILE to release. bridge,
+# host-local and loopback are one multi-call executable (cni-plugins-rs), stored as hard
+# links of one file (tar keeps the link: one copy of the bytes in the archive).
 #
 # The binaries are linked statically against glibc (-C target-feature=+crt-static on
 # x86_64-unknown-linux-gnu; --target keeps the flags away from build scripts and
@@ -13,7 +15,8 @@
 # not position-independent (-C relocation-model=static), like the reference's Go
 # binaries: a static-pie would work too, but ldd calls it "statically linked" rather than
 # "not a dynamic executable". The script fails unless ldd calls every binary "not a
-# dynamic executable" and every binary's about line names this version.
+# dynamic executable" and every binary's about line (each plugin name run from the
+# staged links) names this version.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -37,7 +40,8 @@ if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
 fi
 
 triple=x86_64-unknown-linux-gnu
-bins=(bridge host-local loopback cni-installer)
+plugins=(bridge host-local loopback)
+multicall=cni-plugins-rs
 pkgid=$(cargo pkgid -p cni-installer)
 version=${pkgid##*[#@]}
 name="cni-plugins-rs-linux-amd64-v${version}.tgz"
@@ -45,7 +49,7 @@ name="cni-plugins-rs-linux-amd64-v${version}.tgz"
 echo "==> building v${version} (${profile}, static, ${triple})"
 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
     cargo build --locked --profile "$profile" --target "$triple" \
-    -p cni-bridge -p cni-host-local -p cni-loopback -p cni-installer
+    -p cni-plugins -p cni-installer
 
 case "$profile" in
     dev) profile_dir=debug ;;
@@ -53,9 +57,18 @@ case "$profile" in
 esac
 bin_dir="${CARGO_TARGET_DIR:-target}/${triple}/${profile_dir}"
 
+stage=$(mktemp -d)
+chmod 0755 "$stage"
+trap 'rm -rf "$stage"' EXIT
+install -m 0755 "$bin_dir/$multicall" "$stage/${plugins[0]}"
+for plugin in "${plugins[@]:1}"; do
+    ln "$stage/${plugins[0]}" "$stage/$plugin"
+done
+install -m 0755 "$bin_dir/cni-installer" "$stage/cni-installer"
+
 echo "==> checking the binaries"
-for bin in "${bins[@]}"; do
-    path="$bin_dir/$bin"
+for bin in "${plugins[@]}" cni-installer; do
+    path="$stage/$bin"
     linkage=$(ldd "$path" 2>&1 || true)
     if [[ "$linkage" != *"not a dynamic executable"* ]]; then
         echo "release.sh: $path is not static; ldd says:" >&2
@@ -67,6 +80,10 @@ for bin in "${bins[@]}"; do
     else
         # With no CNI_COMMAND a plugin prints its about line on stderr.
         about=$(env -i "$path" 2>&1 >/dev/null | head -n 1)
+        if [[ "$about" != "CNI $bin plugin "* ]]; then
+            echo "release.sh: $path does not run as $bin: $about" >&2
+            exit 1
+        fi
     fi
     if [[ "$about" != *" v${version} (cni-plugins-rs, commit "* ]]; then
         echo "release.sh: $path does not say v${version}: $about" >&2
@@ -74,13 +91,11 @@ for bin in "${bins[@]}"; do
     fi
     printf '%-14s %s | %s\n' "$bin" "$(echo "$linkage" | tr -d '\t')" "$about"
 done
-
-stage=$(mktemp -d)
-chmod 0755 "$stage"
-trap 'rm -rf "$stage"' EXIT
-for bin in "${bins[@]}"; do
-    install -m 0755 "$bin_dir/$bin" "$stage/$bin"
-done
+links=$(stat -c %h "$stage/${plugins[0]}")
+if [[ "$links" != "${#plugins[@]}" ]]; then
+    echo "release.sh: the plugins are not ${#plugins[@]} hard links of one file ($links)" >&2
+    exit 1
+fi
 install -m 0644 README.md LICENSE "$stage/"
 
 mkdir -p "$out"

@@ -2,8 +2,10 @@
 # One-command demo of the plugins, driven by our cnitool as a runtime would drive them.
 # Run as root from anywhere in a clone:   sudo tests/demo.sh
 #
-# - Builds the debug binaries if needed (cargo build: bridge, host-local, loopback,
-#   cnitool). Set DEMO_BIN_DIR=<dir> to use binaries built elsewhere instead.
+# - Builds the debug binaries if needed (cargo build: the multi-call plugin binary and
+#   cnitool) and lays them out as shipped in target/debug/cni-bin (bridge, host-local,
+#   loopback as hard links of the one plugin binary, and cnitool). Set
+#   DEMO_BIN_DIR=<dir> to use binaries built elsewhere instead.
 # - Everything happens in network namespaces made for the demo: a throwaway "host" netns
 #   (where the bridge, the veths and the masquerade rules go) and two "pods". The
 #   machine's own network is never touched.
@@ -30,21 +32,20 @@ if [[ -n ${DEMO_BIN_DIR:-} ]]; then
     bin=$DEMO_BIN_DIR
 else
     say "Building the debug binaries (cargo build; quick when already built)"
-    build=(cargo build --bins -p cni-bridge -p cni-host-local -p cni-loopback -p cnitool)
+    build=("$root/tests/plugin-dir.sh" debug)
     if [[ -n ${SUDO_USER:-} && $SUDO_USER != root ]]; then
         # Under sudo, build as the user who owns the clone and its toolchain, so the
         # target directory does not end up owned by root.
         home=$(getent passwd "$SUDO_USER" | cut -d: -f6)
-        (cd "$root" && sudo -u "$SUDO_USER" env PATH="$home/.cargo/bin:$PATH" "${build[@]}")
+        bin=$(cd "$root" && sudo -u "$SUDO_USER" env PATH="$home/.cargo/bin:$PATH" "${build[@]}")
     else
         if ! command -v cargo >/dev/null && [[ -f ${HOME:-/root}/.cargo/env ]]; then
             # shellcheck source=/dev/null
             . "${HOME:-/root}/.cargo/env"
         fi
         command -v cargo >/dev/null || die "cargo not found: install Rust with rustup (https://rustup.rs)"
-        (cd "$root" && "${build[@]}")
+        bin=$(cd "$root" && "${build[@]}")
     fi
-    bin=${CARGO_TARGET_DIR:-$root/target}/debug
 fi
 for b in bridge host-local loopback cnitool; do
     [[ -x $bin/$b ]] || die "$bin/$b is missing"

@@ -24,9 +24,7 @@ SIZES=(0 1000 10000)
 command -v jq >/dev/null || { echo "error: jq is needed" >&2; exit 1; }
 [[ -x $REFERENCE ]] || { echo "error: reference binary $REFERENCE not found" >&2; exit 1; }
 
-cargo build --release -q -p cni-host-local
-target_dir=$(cargo metadata --format-version 1 --no-deps | jq -r .target_directory)
-OURS=$target_dir/release/host-local
+OURS=$(tests/plugin-dir.sh release)/host-local
 [[ -x $OURS ]] || { echo "error: $OURS not built" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/hl-bench.XXXXXX)

@@ -21,8 +21,7 @@ export CNI_SOAK_CYCLES=${CNI_SOAK_CYCLES:-5000}
 if [[ -n ${SOAK_BIN_DIR:-} ]]; then
     dir=$SOAK_BIN_DIR
 else
-    cargo build --release -q -p cni-bridge -p cni-host-local
-    dir=${CARGO_TARGET_DIR:-$PWD/target}/release
+    dir=$(tests/plugin-dir.sh release)
 fi
 [[ -x $dir/bridge && -x $dir/host-local ]] || { echo "error: no bridge/host-local in $dir" >&2; exit 1; }
 echo "soak: $CNI_SOAK_CYCLES cycles of $dir/bridge (ipMasqBackend ${CNI_SOAK_BACKEND:-default})"

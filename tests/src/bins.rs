@@ -2,10 +2,13 @@
 //!
 //! `cargo test` builds only what the test crate depends on, and the black-box crate must
 //! not depend on the plugins (it tests their binaries, not their libraries). So the first
-//! test that needs a binary runs `cargo build` for the plugin packages (and cnitool), once per
-//! test process. If that fails, each package is built on its own, so that the tests of
-//! the plugins that do compile still run (the others' tests fail with the compiler output). Cargo itself reports where it put the executables (JSON messages), which
-//! keeps `CARGO_TARGET_DIR` and `build.target-dir` settings working.
+//! test that needs a binary runs `cargo build` for the multi-call plugin binary and
+//! cnitool, once per test process, then lays them out as they ship: a directory
+//! (`<target>/<profile>/cni-bin/`) in which `bridge`, `host-local` and `loopback` are hard
+//! links of the one multi-call executable, plus `cnitool`. If the combined build fails,
+//! each package is built on its own, so that the tests that can still run do (the others
+//! fail with the compiler output). Cargo itself reports where it put the executables (JSON
+//! messages), which keeps `CARGO_TARGET_DIR` and `build.target-dir` settings working.
 //!
 //! `CNI_BLACKBOX_BIN_DIR=<dir>` skips the build and tests the binaries in `<dir>` instead,
 //! e.g. the reference Go plugins, to check what the tests themselves assume.
@@ -15,14 +18,22 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// Binary names (as `type` in a config) and the packages that build them; `cnitool` (the
-/// runtime-side tool, not a plugin) is built alongside so its tests find it in the same dir.
-pub const PLUGINS: [(&str, &str); 4] = [
-    ("loopback", "cni-loopback"),
-    ("host-local", "cni-host-local"),
-    ("bridge", "cni-bridge"),
-    ("cnitool", "cnitool"),
+/// Names in the binary directory (plugin names as `type` in a config, and `cnitool`), each
+/// with the package and bin target that provides it. The three plugins are one
+/// executable; `cnitool` (the runtime-side tool, not a plugin) is built alongside so its
+/// tests find it in the same dir.
+pub const PLUGINS: [(&str, &str, &str); 4] = [
+    ("loopback", "cni-plugins", MULTICALL),
+    ("host-local", "cni-plugins", MULTICALL),
+    ("bridge", "cni-plugins", MULTICALL),
+    ("cnitool", "cnitool", "cnitool"),
 ];
+
+/// The bin target of the multi-call plugin executable.
+pub const MULTICALL: &str = "cni-plugins-rs";
+
+/// The subdirectory of cargo's output directory that holds the shipped layout.
+const LAYOUT_DIR: &str = "cni-bin";
 
 /// The workspace root (this crate lives in `<root>/tests`).
 pub fn workspace_root() -> PathBuf {
@@ -47,11 +58,27 @@ pub fn plugin_path(name: &str) -> PathBuf {
     built.dir.join(name)
 }
 
+/// The multi-call executable itself, as cargo built it (the file the plugin names in
+/// [`bin_dir`] are hard links of); with `CNI_BLACKBOX_BIN_DIR`, that dir's `bridge`
+/// (ours, if the dir holds our release). Panics if it did not build.
+pub fn multicall_path() -> PathBuf {
+    let built = built();
+    if let Some(error) = built.failed.get("bridge") {
+        panic!("the multi-call plugin binary did not build:\n{error}");
+    }
+    built
+        .multicall
+        .clone()
+        .unwrap_or_else(|| built.dir.join("bridge"))
+}
+
 /// Outcome of the one-time build.
 #[derive(Debug)]
 struct Built {
     dir: PathBuf,
-    /// Plugins whose package failed to build, with cargo's output.
+    /// The multi-call executable cargo built (`None` with `CNI_BLACKBOX_BIN_DIR`).
+    multicall: Option<PathBuf>,
+    /// Names whose package failed to build, with cargo's output.
     failed: BTreeMap<&'static str, String>,
 }
 
@@ -67,39 +94,88 @@ fn locate() -> Result<Built, String> {
     if let Some(dir) = std::env::var_os("CNI_BLACKBOX_BIN_DIR") {
         return Ok(Built {
             dir: PathBuf::from(dir),
+            multicall: None,
             failed: BTreeMap::new(),
         });
     }
-    let all: Vec<(&'static str, &'static str)> = PLUGINS.to_vec();
-    let combined_error = match build(&all) {
-        Ok(dir) => {
-            return Ok(Built {
-                dir,
-                failed: BTreeMap::new(),
-            });
-        }
-        Err(e) => e,
-    };
-    // Plugins are developed side by side: one that does not compile yet must not take the
-    // others' tests down with it. Build them one by one to see which are usable.
-    let mut dir = None;
-    let mut failed = BTreeMap::new();
-    for plugin in all {
-        match build(&[plugin]) {
-            Ok(d) => dir = Some(d),
-            Err(e) => {
-                failed.insert(plugin.0, e);
+    let all: Vec<(&'static str, &'static str, &'static str)> = PLUGINS.to_vec();
+    let (executables, failed) = match build(&all) {
+        Ok(executables) => (executables, BTreeMap::new()),
+        Err(combined_error) => {
+            // One package that does not compile must not take the other's tests down
+            // with it: build them one by one to see which are usable.
+            let mut executables = BTreeMap::new();
+            let mut failed = BTreeMap::new();
+            let mut packages: Vec<&str> = all.iter().map(|(_, package, _)| *package).collect();
+            packages.dedup();
+            for package in packages {
+                let names: Vec<_> = all.iter().filter(|p| p.1 == package).copied().collect();
+                match build(&names) {
+                    Ok(found) => executables.extend(found),
+                    Err(e) => {
+                        for (name, _, _) in names {
+                            failed.insert(name, e.clone());
+                        }
+                    }
+                }
             }
+            if executables.is_empty() {
+                return Err(combined_error);
+            }
+            (executables, failed)
         }
+    };
+    let out_dir = executables
+        .values()
+        .next()
+        .and_then(|exe| exe.parent())
+        .map(Path::to_path_buf)
+        .ok_or_else(|| "cargo reported no executables".to_owned())?;
+    let dir = out_dir.join(LAYOUT_DIR);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    for (name, exe) in &executables {
+        place_link(exe, &dir, name)?;
     }
-    match dir {
-        Some(dir) => Ok(Built { dir, failed }),
-        None => Err(combined_error),
-    }
+    Ok(Built {
+        dir,
+        multicall: executables.get("bridge").cloned(),
+        failed,
+    })
 }
 
-/// `cargo build --bins -p <package>...`; returns the directory of the executables.
-fn build(plugins: &[(&str, &str)]) -> Result<PathBuf, String> {
+/// Makes `dir/name` a hard link of `exe`, atomically and safely while other test
+/// processes do the same: kept when it already is one, else a uniquely named link is
+/// renamed over it (so `dir/name` is always either the old file or the new, never
+/// missing or half written). Falls back to a copy where hard links are refused.
+fn place_link(exe: &Path, dir: &Path, name: &str) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let target = dir.join(name);
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    if id(&target).is_some() && id(&target) == id(exe) {
+        return Ok(());
+    }
+    static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temp = dir.join(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&temp);
+    if std::fs::hard_link(exe, &temp).is_err() {
+        std::fs::copy(exe, &temp)
+            .map_err(|e| format!("cannot copy {} to {}: {e}", exe.display(), temp.display()))?;
+    }
+    std::fs::rename(&temp, &target).map_err(|e| {
+        let _ = std::fs::remove_file(&temp);
+        format!(
+            "cannot rename {} to {}: {e}",
+            temp.display(),
+            target.display()
+        )
+    })
+}
+
+/// `cargo build --bins -p <package>...`; returns where each name's executable is.
+fn build(
+    plugins: &[(&'static str, &str, &str)],
+) -> Result<BTreeMap<&'static str, PathBuf>, String> {
     // Same cargo as the one running us (cargo sets CARGO for the processes it runs).
     let cargo = std::env::var_os("CARGO")
         .or_else(|| option_env!("CARGO").map(Into::into))
@@ -111,7 +187,9 @@ fn build(plugins: &[(&str, &str)]) -> Result<PathBuf, String> {
         "--message-format=json-render-diagnostics",
     ])
     .current_dir(workspace_root());
-    for (_, package) in plugins {
+    let mut packages: Vec<&str> = plugins.iter().map(|(_, package, _)| *package).collect();
+    packages.dedup();
+    for package in packages {
         cmd.args(["-p", package]);
     }
     let out = cmd
@@ -125,24 +203,13 @@ fn build(plugins: &[(&str, &str)]) -> Result<PathBuf, String> {
         ));
     }
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let mut dir: Option<PathBuf> = None;
-    for (name, _) in plugins {
-        let exe = executable_of(&stdout, name)
-            .ok_or_else(|| format!("cargo build reported no executable named {name:?}"))?;
-        let parent = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-        match &dir {
-            None => dir = Some(parent),
-            Some(d) if *d == parent => {}
-            Some(d) => {
-                return Err(format!(
-                    "plugin binaries landed in different dirs: {} and {}",
-                    d.display(),
-                    parent.display()
-                ));
-            }
-        }
+    let mut found = BTreeMap::new();
+    for (name, _, target) in plugins {
+        let exe = executable_of(&stdout, target)
+            .ok_or_else(|| format!("cargo build reported no executable named {target:?}"))?;
+        found.insert(*name, exe);
     }
-    dir.ok_or_else(|| "no plugins configured".to_owned())
+    Ok(found)
 }
 
 /// Finds the `executable` of the bin target `name` in cargo's JSON message stream.

@@ -12,8 +12,9 @@
 //!   container ids and (≤15 byte) links, also across test binaries running at once.
 //! - [`Netns`] and [`TempDir`]: guards that remove what they made on drop, also when a
 //!   test panics.
-//! - [`bin_dir`]: builds the three plugin binaries once per test process and returns the
-//!   directory holding them (what tests pass as `CNI_PATH`).
+//! - [`bin_dir`]: builds the multi-call plugin binary once per test process and returns
+//!   the directory holding it as `bridge`, `host-local` and `loopback` hard links (what
+//!   tests pass as `CNI_PATH`).
 //! - [`Plugin`] / [`Outcome`]: run one plugin command and inspect its result.
 //! - [`kernel`]: `ip -j …` and sysctl readers that run inside a namespace.
 //! - [`json`]: Go-compatible pretty printing, to compare result text byte for byte.
@@ -31,7 +32,7 @@ pub mod podman;
 pub mod privilege;
 pub mod tempdir;
 
-pub use bins::{bin_dir, plugin_path, workspace_root};
+pub use bins::{bin_dir, multicall_path, plugin_path, workspace_root};
 pub use cases::{check_cases, parallel};
 pub use names::{unique_ifname, unique_name};
 pub use netns::Netns;

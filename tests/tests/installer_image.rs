@@ -1,8 +1,8 @@
 //! The release, its image and the installer on a node, end to end:
 //!
 //! 1. `deploy/release.sh` builds the static release into a temp dir: the tarball is flat
-//!    and holds what it should, its `.sha256`/`.sha512` files verify, `ldd` calls every
-//!    binary static. (The release profile is the one the release command uses, so a
+//!    and holds what it should (the plugins as hard links of one multi-call executable),
+//!    its `.sha256`/`.sha512` files verify, `ldd` calls every binary static. (The release profile is the one the release command uses, so a
 //!    developer's earlier `deploy/release.sh` makes this build a no-op; a cold build takes
 //!    a few minutes on 2 CPUs.)
 //! 2. Podman builds `deploy/Containerfile` from the unpacked tarball, offline (`FROM
@@ -14,7 +14,8 @@
 //!    dir mounted at /host/opt/cni/bin): the install succeeds, although writing into the
 //!    running file fails with ETXTBSY; the running ADD still runs its old, now unlinked
 //!    binary and, once the lock is released, finishes normally. The installed binaries are
-//!    the released ones and work (VERSION, the about line, an ADD); `portmap` is untouched;
+//!    the released ones, hard links of one file, and work (VERSION, the about line, an
+//!    ADD); `portmap` is untouched;
 //!    a second run changes nothing; `--sleep-forever` exits 0 on `podman stop`.
 //!
 //! Podman runs like in `podman.rs`: in a throwaway netns, in a private mount namespace
@@ -240,6 +241,10 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
 
     // Idempotent: a second run (a restarted pod) changes nothing.
     let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&bin.join(n))).collect();
+    assert!(
+        inodes.iter().all(|i| *i == inodes[0]),
+        "the installed plugins are not hard links of one file: {inodes:?}"
+    );
     let volume = format!("{}:/host/opt/cni/bin", bin.display());
     let again = podman.ok(&[
         "run",
@@ -414,6 +419,15 @@ impl Release {
                     .current_dir(self.dist.path()),
             );
         }
+        // One multi-call executable, stored once: the plugin names are hard links.
+        let inodes: Vec<u64> = PLUGINS
+            .iter()
+            .map(|n| inode(&self.context.join(n)))
+            .collect();
+        assert!(
+            inodes.iter().all(|i| *i == inodes[0]),
+            "the released plugins are not hard links of one file: {inodes:?}"
+        );
         for name in PLUGINS.iter().chain(&["cni-installer"]) {
             let out = Command::new("ldd")
                 .arg(self.context.join(name))

@@ -84,30 +84,29 @@ for line in sys.stdin:
 
 step "cargo build: plugins and test binaries"
 build_start=$(date +%s)
-plugins=$(cargo build -q --bins -p cni-bridge -p cni-host-local -p cni-loopback \
+plugins=$(cargo build -q --bins -p cni-plugins \
     --message-format=json-render-diagnostics | executables)
 tests=$(cargo test -q --no-run -p cni-blackbox --test bridge_vlan \
     --message-format=json-render-diagnostics | executables)
 netlink_tests=$(cargo test -q --no-run -p cni-linux --test netlink \
     --message-format=json-render-diagnostics | executables)
-bridge_bin=$(awk '$1 == "bridge" {print $2}' <<<"$plugins")
+multicall=$(awk '$1 == "cni-plugins-rs" {print $2}' <<<"$plugins")
 vlan_test=$(awk '$1 == "bridge_vlan" {print $2}' <<<"$tests")
 netlink_test=$(awk '$1 == "netlink" {print $2}' <<<"$netlink_tests")
-[[ -x $bridge_bin && -x $vlan_test && -x $netlink_test ]] ||
-    die "cargo did not report the executables (bridge=$bridge_bin bridge_vlan=$vlan_test netlink=$netlink_test)"
-bin_dir=$(dirname "$bridge_bin")
-for p in bridge host-local loopback; do
-    [[ -x $bin_dir/$p ]] || die "plugin $p not built in $bin_dir"
-done
+[[ -x $multicall && -x $vlan_test && -x $netlink_test ]] ||
+    die "cargo did not report the executables (cni-plugins-rs=$multicall bridge_vlan=$vlan_test netlink=$netlink_test)"
+bin_dir=$(dirname "$multicall")
 echo "built in $(($(date +%s) - build_start)) s: $bin_dir, $vlan_test, $netlink_test"
 
-# --- stage: stripped copies (debug builds are ~50 MB each, mostly debug info, and every
-# byte crosses 9p under emulation); the guest copies them into its tmpfs ---
+# --- stage: stripped copies (debug builds are ~50 MB, mostly debug info, and every
+# byte crosses 9p under emulation); the plugins are hard links of the one multi-call
+# binary, as shipped; the guest copies them into its tmpfs ---
 out=$(mktemp -d /tmp/cni-vlan-tier.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 mkdir "$out/bin"
-for p in bridge host-local loopback; do
-    strip -o "$out/bin/$p" "$bin_dir/$p"
+strip -o "$out/bin/bridge" "$multicall"
+for p in host-local loopback; do
+    ln "$out/bin/bridge" "$out/bin/$p"
 done
 strip -o "$out/bridge_vlan" "$vlan_test"
 strip -o "$out/netlink" "$netlink_test"

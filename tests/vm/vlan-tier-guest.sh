@@ -12,7 +12,7 @@ cut -d' ' -f1 /proc/uptime > "$out/boot-seconds"
 
 # Binaries read over 9p start far slower under emulation: run them from tmpfs.
 work=/run/cni-vlan-tier
-mkdir -p "$work" && cp -r "$out/bin" "$out/bridge_vlan" "$out/netlink" "$work/" || exit 1
+mkdir -p "$work" && cp -r --preserve=links "$out/bin" "$out/bridge_vlan" "$out/netlink" "$work/" || exit 1
 
 export CNI_BLACKBOX_BIN_DIR="$work/bin" CNI_RS_REQUIRE_VLAN=1 RUST_BACKTRACE=1
 

@@ -1,8 +1,12 @@
 //! Delegation to another plugin (IPAM): find it in `CNI_PATH`, run it with our
 //! environment and the full config on stdin, pass its errors through unchanged.
+//! When the file found is this very executable, the delegate runs in-process
+//! (`crate::inproc`) and its outcome is read exactly as a child's would be.
 
+use crate::dispatch::Outcome;
 use crate::env::Command;
 use crate::error::CniError;
+use crate::inproc;
 use crate::result::CniResult;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -43,21 +47,62 @@ pub fn exec_plugin(command: Command, plugin: &Path, stdin: &[u8]) -> Result<Vec<
     let (output, _written) = crate::process::wait_feeding(child, stdin);
     let output = output
         .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
-    if output.status.success() {
-        return Ok(output.stdout);
+    interpret(output.status.success(), &output.status, output.stdout)
+}
+
+/// Reads a delegate's answer from its success, exit status (for the message when it
+/// failed silently) and stdout, the same way for a child and an in-process run.
+fn interpret(
+    success: bool,
+    status: &dyn std::fmt::Display,
+    stdout: Vec<u8>,
+) -> Result<Vec<u8>, CniError> {
+    if success {
+        return Ok(stdout);
     }
-    if output.stdout.iter().all(u8::is_ascii_whitespace) {
+    if stdout.iter().all(u8::is_ascii_whitespace) {
         return Err(CniError::internal(format!(
-            "netplugin failed with no error message: {}",
-            output.status
+            "netplugin failed with no error message: {status}"
         )));
     }
-    Err(CniError::from_json(&output.stdout).unwrap_or_else(|| {
+    Err(CniError::from_json(&stdout).unwrap_or_else(|| {
         CniError::internal(format!(
             "netplugin failed but error parsing its diagnostic message {:?}",
-            String::from_utf8_lossy(&output.stdout)
+            String::from_utf8_lossy(&stdout)
         ))
     }))
+}
+
+/// Reads an in-process run's outcome as [`exec_plugin`] reads a child that printed
+/// `stdout` and exited with `exit_code` (`exit status: N`, as `ExitStatus` shows it).
+pub(crate) fn interpret_outcome(outcome: &Outcome) -> Result<Vec<u8>, CniError> {
+    let status = format!("exit status: {}", outcome.exit_code);
+    interpret(
+        outcome.exit_code == 0,
+        &status,
+        outcome.stdout.clone().into_bytes(),
+    )
+}
+
+/// Runs delegate `name`, found at `plugin`: in-process when `plugin` is this executable
+/// and `name` one of its plugins, else exec'd. Says which in the operator's log.
+pub fn run_plugin(
+    command: Command,
+    name: &str,
+    plugin: &Path,
+    stdin: &[u8],
+) -> Result<Vec<u8>, CniError> {
+    let cmd = command.as_str();
+    if let Some(builtin) = inproc::resolve(name, plugin) {
+        let outcome = inproc::run(builtin, command, stdin);
+        crate::log::info(&format!(
+            "IPAM {name} {cmd} ran in-process ({} is this executable)",
+            plugin.display()
+        ));
+        return interpret_outcome(&outcome);
+    }
+    crate::log::debug(&format!("IPAM {name} {cmd} exec'd: {}", plugin.display()));
+    exec_plugin(command, plugin, stdin)
 }
 
 /// Runs delegate `name` for ADD and parses its result (in `config_version` unless it says otherwise).
@@ -68,7 +113,7 @@ pub fn delegate_add(
     config_version: &str,
 ) -> Result<CniResult, CniError> {
     let plugin = find_plugin(name, path)?;
-    let out = exec_plugin(Command::Add, &plugin, stdin)?;
+    let out = run_plugin(Command::Add, name, &plugin, stdin)?;
     let value: serde_json::Value = serde_json::from_slice(&out)
         .map_err(|e| CniError::internal(format!("failed to parse result of {name}: {e}")))?;
     CniResult::parse(&value, config_version)
@@ -82,7 +127,7 @@ pub fn delegate(
     stdin: &[u8],
 ) -> Result<(), CniError> {
     let plugin = find_plugin(name, path)?;
-    exec_plugin(command, &plugin, stdin).map(drop)
+    run_plugin(command, name, &plugin, stdin).map(drop)
 }
 
 #[cfg(test)]

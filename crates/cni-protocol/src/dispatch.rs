@@ -85,7 +85,7 @@ impl Outcome {
         }
     }
 
-    fn failure(err: &CniError, cni_version: &str) -> Self {
+    pub(crate) fn failure(err: &CniError, cni_version: &str) -> Self {
         Self {
             stdout: err.to_json(cni_version),
             stderr: String::new(),
@@ -107,6 +107,28 @@ pub fn dispatch<P: Plugin + ?Sized>(
     about: &str,
     env: &dyn Fn(&str) -> Option<String>,
     stdin: &mut dyn Read,
+) -> Outcome {
+    dispatch_as(plugin, &program_name(), about, env, stdin, Nesting::Process)
+}
+
+/// Whether an invocation is the process's own command or one run in-process for another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Nesting {
+    /// The process's command: it starts and finishes the operator's log.
+    Process,
+    /// A delegate run in-process: it logs under its own name through the caller's log,
+    /// on the calling thread only, and leaves the caller's command log alone.
+    InProcess,
+}
+
+/// [`dispatch`] as plugin `name` (the name logged).
+pub(crate) fn dispatch_as<P: Plugin + ?Sized>(
+    plugin: &P,
+    name: &str,
+    about: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    nesting: Nesting,
 ) -> Outcome {
     let command_text = env("CNI_COMMAND").unwrap_or_default();
     if command_text.is_empty() {
@@ -143,9 +165,16 @@ pub fn dispatch<P: Plugin + ?Sized>(
     if let Err(err) = prepared {
         return Outcome::failure(&err, &version);
     }
-    if let Some(settings) = log::Settings::resolve(&config.raw, env) {
-        log::start(settings, &program_name(), &args);
-    }
+    // Dropped on every return below, ending a nested command's log scope.
+    let _log_scope = match (log::Settings::resolve(&config.raw, env), nesting) {
+        (None, _) => None,
+        (Some(settings), Nesting::Process) => {
+            log::start(settings, name, &args);
+            None
+        }
+        // Same config and environment as the caller: the caller's settings are ours.
+        (Some(_), Nesting::InProcess) => Some(log::enter_nested(name, &args)),
+    };
     let req = Request {
         args,
         config,

@@ -11,6 +11,14 @@
 //!   its first `/` (the plugin's name, so a delegated IPAM plugin that inherits the variable
 //!   does not trigger on the caller's count); `action` is `kill`, `error` or `panic` (the
 //!   last proves that a panic mid-command still runs the command's undo steps).
+//!
+//! A delegate run in-process by the multi-call binary (`crate::inproc`) shares the
+//! caller's process, environment and counters, and its steps keep their own scope, so
+//! `host-local:<action>@<n>` still picks host-local's n-th step. `error` and `panic` give
+//! the caller the same error JSON a child would have printed; `kill` kills the whole
+//! process (the caller's command dies at that step, which DEL or GC must recover from
+//! like any crash), where an exec'd child's death is reported by the caller as
+//! "netplugin failed with no error message" and undone.
 
 use crate::error::CniError;
 

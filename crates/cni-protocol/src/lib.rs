@@ -1,6 +1,7 @@
 //! The CNI plugin protocol, spec 0.1.0 to 1.1.0: `CNI_*` environment, network config,
 //! versions, results in every version's shape, errors and their codes, `CNI_ARGS`,
-//! delegation to IPAM plugins, and the dispatcher a plugin's `main` calls.
+//! delegation to IPAM plugins (exec'd, or in-process when the delegate is this same
+//! multi-call executable), and the dispatcher a plugin's `main` calls.
 
 pub mod args;
 pub mod config;
@@ -9,6 +10,7 @@ pub mod dispatch;
 pub mod env;
 pub mod error;
 pub mod failpoint;
+pub mod inproc;
 pub mod ip;
 pub mod json;
 pub mod log;

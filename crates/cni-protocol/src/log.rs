@@ -10,9 +10,16 @@
 //! with the time since the previous one). Each record is one line, written with one
 //! `write(2)` to a file opened with `O_APPEND`, so concurrent plugins never interleave
 //! inside a line. A log that cannot be opened is skipped: logging never fails a command.
+//!
+//! An IPAM plugin run in-process by the multi-call binary (see `crate::inproc`) logs
+//! through the caller's logger but under its own identity, start time and outcome, set
+//! for the calling thread only ([`enter_nested`]), so its lines read as the exec'd
+//! plugin's would (with the caller's pid) and the caller's command log is neither
+//! restarted nor finished by it.
 
 use crate::env::CmdArgs;
 use serde_json::Value;
+use std::cell::RefCell;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -94,9 +101,51 @@ struct Logger {
 
 static LOGGER: OnceLock<Logger> = OnceLock::new();
 
-/// Turns logging on for this process (the first call wins), with the invocation's
-/// identity put on every line.
-pub fn start(settings: Settings, plugin: &str, args: &CmdArgs) {
+/// The identity and clock of a command run in-process on this thread, nested in the
+/// process's own command.
+#[derive(Debug)]
+struct Scope {
+    context: String,
+    started: Instant,
+    last_step: Instant,
+}
+
+thread_local! {
+    static NESTED: RefCell<Option<Scope>> = const { RefCell::new(None) };
+}
+
+/// While alive, this thread's records carry a nested command's identity, duration and
+/// step clock; dropping it restores the enclosing one.
+#[derive(Debug)]
+#[must_use = "the nested scope ends when the guard is dropped"]
+pub struct NestedGuard {
+    previous: Option<Scope>,
+}
+
+impl Drop for NestedGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        NESTED.with(|nested| *nested.borrow_mut() = previous);
+    }
+}
+
+/// Starts a nested command (an in-process delegate) on this thread: the process's log
+/// settings are kept (the delegate resolves the same ones from the same config and
+/// environment); its lines carry `plugin` and `args` until the guard is dropped.
+pub fn enter_nested(plugin: &str, args: &CmdArgs) -> NestedGuard {
+    let now = Instant::now();
+    let scope = Scope {
+        context: context_of(plugin, args),
+        started: now,
+        last_step: now,
+    };
+    NestedGuard {
+        previous: NESTED.with(|nested| nested.borrow_mut().replace(scope)),
+    }
+}
+
+/// `plugin=… cmd=… container=… ifname=… netns=…`.
+fn context_of(plugin: &str, args: &CmdArgs) -> String {
     let mut context = format!("plugin={} cmd={}", quote(plugin), args.command.as_str());
     for (key, value) in [
         ("container", &args.container_id),
@@ -107,6 +156,13 @@ pub fn start(settings: Settings, plugin: &str, args: &CmdArgs) {
             let _ = write!(context, " {key}={}", quote(value));
         }
     }
+    context
+}
+
+/// Turns logging on for this process (the first call wins), with the invocation's
+/// identity put on every line.
+pub fn start(settings: Settings, plugin: &str, args: &CmdArgs) {
+    let context = context_of(plugin, args);
     let now = Instant::now();
     let _ = LOGGER.set(Logger {
         settings,
@@ -126,6 +182,11 @@ pub fn info(message: &str) {
     record(Level::Info, message, "");
 }
 
+/// Logs an event at `debug` (e.g. which way a delegate was run).
+pub fn debug(message: &str) {
+    record(Level::Debug, message, "");
+}
+
 /// Logs a command's result (compact JSON) at `info`.
 pub fn result(json: &str) {
     record(Level::Info, "result", &format!(" result={}", quote(json)));
@@ -137,7 +198,16 @@ pub fn step(name: &str) {
         return;
     };
     let now = Instant::now();
-    let since = {
+    let nested_since = NESTED.with(|nested| {
+        nested.borrow_mut().as_mut().map(|scope| {
+            let since = now.duration_since(scope.last_step);
+            scope.last_step = now;
+            since
+        })
+    });
+    let since = if let Some(since) = nested_since {
+        since
+    } else {
         let mut last = logger
             .last_step
             .lock()
@@ -156,7 +226,10 @@ pub fn finish(failure: Option<(u32, &str)>) {
     let Some(logger) = LOGGER.get() else {
         return;
     };
-    let took = format!(" duration_ms={:.3}", ms(logger.started.elapsed()));
+    let started = NESTED
+        .with(|nested| nested.borrow().as_ref().map(|scope| scope.started))
+        .unwrap_or(logger.started);
+    let took = format!(" duration_ms={:.3}", ms(started.elapsed()));
     match failure {
         None => record(Level::Info, "ok", &took),
         Some((code, msg)) => record(
@@ -171,14 +244,19 @@ fn record(level: Level, message: &str, extra: &str) {
     let Some(logger) = LOGGER.get().filter(|_| enabled(level)) else {
         return;
     };
-    let line = format!(
-        "{} pid={} level={} {} msg={}{extra}\n",
-        rfc3339_utc(SystemTime::now()),
-        std::process::id(),
-        level.as_str(),
-        logger.context,
-        quote(message),
-    );
+    let line = NESTED.with(|nested| {
+        let nested = nested.borrow();
+        let context = nested
+            .as_ref()
+            .map_or(&logger.context, |scope| &scope.context);
+        format!(
+            "{} pid={} level={} {context} msg={}{extra}\n",
+            rfc3339_utc(SystemTime::now()),
+            std::process::id(),
+            level.as_str(),
+            quote(message),
+        )
+    });
     if let Ok(mut file) = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

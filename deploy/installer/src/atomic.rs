@@ -6,11 +6,16 @@
 //! A rename swaps the directory entry in one step; a process running the old binary
 //! keeps its inode until it exits. The temp file is in the same directory because
 //! rename does not cross filesystems.
+//!
+//! The plugins are one multi-call executable installed under several names:
+//! [`write_linked`] writes it once and gives each name a hard link of that one file, each
+//! name still swapped in by its own atomic rename.
 
 use std::fs::{self, File, OpenOptions, Permissions};
 use std::io::{self, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Marks our temp files: `.<name>.cni-installer.<pid>.<nanos>.tmp`.
@@ -31,6 +36,12 @@ pub fn write(dir: &Path, name: &str, contents: &[u8], mode: u32) -> io::Result<(
 }
 
 fn write_then_rename(temp: &Path, target: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    write_temp(temp, contents, mode)?;
+    fs::rename(temp, target)
+}
+
+/// Writes `contents` to the new file `temp` with `mode`, durably.
+fn write_temp(temp: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     // 0600 while incomplete: nobody runs or reads a half-written file.
     let mut file = OpenOptions::new()
         .write(true)
@@ -39,19 +50,49 @@ fn write_then_rename(temp: &Path, target: &Path, contents: &[u8], mode: u32) -> 
         .open(temp)?;
     file.write_all(contents)?;
     file.set_permissions(Permissions::from_mode(mode))?;
-    file.sync_all()?;
-    drop(file);
-    fs::rename(temp, target)
+    file.sync_all()
 }
 
-/// A temp name unlikely to clash even between two containers that are both pid 1.
+/// Writes `contents` once and makes every name in `names` (in `dir`) a hard link of that
+/// one file with `mode`, each name replaced atomically (a hard link of the complete,
+/// synced file is renamed over it), then syncs the directory. Where the filesystem
+/// refuses hard links, that name gets its own copy, written as [`write`] does. On failure
+/// the names not yet replaced are untouched and no temp file is left.
+pub fn write_linked(dir: &Path, names: &[&str], contents: &[u8], mode: u32) -> io::Result<()> {
+    let Some(first) = names.first() else {
+        return Ok(());
+    };
+    let base = temp_path(dir, first);
+    let result = write_temp(&base, contents, mode).and_then(|()| {
+        for name in names {
+            let temp = temp_path(dir, name);
+            let placed = match fs::hard_link(&base, &temp) {
+                Ok(()) => fs::rename(&temp, dir.join(name)),
+                Err(_) => write_then_rename(&temp, &dir.join(name), contents, mode),
+            };
+            if placed.is_err() {
+                let _ = fs::remove_file(&temp);
+            }
+            placed?;
+        }
+        Ok(())
+    });
+    let _ = fs::remove_file(&base);
+    // The renames are durable once the directory is.
+    result.and_then(|()| File::open(dir)?.sync_all())
+}
+
+/// A temp name unlikely to clash even between two containers that are both pid 1 (and
+/// unique within this process).
 fn temp_path(dir: &Path, name: &str) -> PathBuf {
+    static COUNT: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or_default();
+    let count = COUNT.fetch_add(1, Ordering::Relaxed);
     dir.join(format!(
-        ".{name}{TEMP_TAG}{}.{nanos}.tmp",
+        ".{name}{TEMP_TAG}{}.{nanos}.{count}.tmp",
         std::process::id()
     ))
 }
@@ -158,6 +199,30 @@ mod tests {
         assert_eq!(fs::read(dir.0.join("bridge/keep")).unwrap(), b"x");
         // A missing directory fails before anything is created.
         assert!(write(&dir.0.join("missing"), "bridge", b"new", 0o755).is_err());
+    }
+
+    #[test]
+    fn linked_names_are_one_file_each_replaced_by_rename() {
+        let dir = Dir::new("linked");
+        fs::write(dir.0.join("host-local"), b"old").unwrap();
+        let held = File::open(dir.0.join("host-local")).unwrap();
+        let plugins = ["bridge", "host-local", "loopback"];
+        write_linked(&dir.0, &plugins, b"multi", 0o755).unwrap();
+        let inodes: Vec<u64> = plugins
+            .iter()
+            .map(|n| fs::metadata(dir.0.join(n)).unwrap().ino())
+            .collect();
+        assert!(inodes.iter().all(|i| *i == inodes[0]), "{inodes:?}");
+        let meta = fs::metadata(dir.0.join("bridge")).unwrap();
+        assert_eq!((meta.nlink(), meta.mode() & 0o7777), (3, 0o755));
+        assert_eq!(fs::read(dir.0.join("loopback")).unwrap(), b"multi");
+        assert_eq!(io::read_to_string(held).unwrap(), "old");
+        assert_eq!(names(&dir.0), plugins);
+        // A name that cannot be replaced stops there, with no temp left.
+        fs::create_dir(dir.0.join("busy")).unwrap();
+        fs::write(dir.0.join("busy/keep"), b"x").unwrap();
+        assert!(write_linked(&dir.0, &["busy", "other"], b"new", 0o755).is_err());
+        assert_eq!(names(&dir.0), ["bridge", "busy", "host-local", "loopback"]);
     }
 
     #[test]

@@ -10,9 +10,10 @@ use crate::InstallError;
 pub const USAGE: &str = "\
 Usage: cni-installer [OPTIONS]
 
-Installs the cni-plugins-rs binaries (bridge, host-local, loopback) into a CNI bin
-directory. Each file is written beside its target and renamed over it, so a plugin that
-is running at that moment keeps running. A binary that is already identical is left
+Installs the cni-plugins-rs binaries (bridge, host-local, loopback: one multi-call
+executable, installed as hard links of one file) into a CNI bin directory. The file is
+written beside its targets and each name is renamed over its target, so a plugin that
+is running at that moment keeps running. Names that already are that file are left
 alone; one of ours that is newer is not replaced unless --allow-downgrade is given;
 anything else (the reference Go plugins, an unknown file) is replaced.
 

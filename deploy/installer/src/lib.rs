@@ -4,7 +4,8 @@
 //! - [`cli`]: the command line.
 //! - [`atomic`]: replacing a file by writing a temp file beside it and renaming it over
 //!   the old one, so a plugin that is running from the old file keeps running (writing
-//!   into a running executable fails with "Text file busy").
+//!   into a running executable fails with "Text file busy"); the plugin names, one
+//!   multi-call executable, become hard links of one file, each name renamed into place.
 //! - [`plan`]: what to do with each binary: install, leave unchanged, replace, or refuse
 //!   a downgrade of one of ours.
 //! - [`conflist`]: the optional network config written into the CNI conf dir.
@@ -162,28 +163,46 @@ pub fn run(options: &Options, out: &mut dyn Write) -> Result<(), InstallError> {
 
     create_dir(&options.dest)?;
     atomic::remove_stale_temps(&options.dest);
-    for (name, target, bytes, stamp, action) in &binaries {
-        let done = match action {
-            Action::Unchanged => {
+    // The plugins are one multi-call executable: names with the same bytes are
+    // installed as hard links of one file (a source of separate files, e.g. stand-ins
+    // in tests, gets one file per name).
+    for group in same_contents(&binaries) {
+        let members: Vec<_> = group.iter().map(|&i| &binaries[i]).collect();
+        let all_unchanged = members
+            .iter()
+            .all(|(_, _, _, _, action)| *action == Action::Unchanged);
+        if all_unchanged && one_file(members.iter().map(|(_, target, ..)| target.as_path())) {
+            for (_, target, _, stamp, _) in &members {
                 let _ = writeln!(out, "{}: unchanged, {stamp}", target.display());
-                continue;
             }
-            Action::Install => format!("installed {stamp}"),
-            Action::Replace(Existing::NotOurs) => format!(
-                "installed {stamp}, replacing a binary that is not cni-plugins-rs (e.g. the reference plugin)"
-            ),
-            Action::Replace(Existing::Ours(old)) if plan::is_downgrade(old, stamp) => {
-                format!("downgraded cni-plugins-rs {old} to {stamp}")
+            continue;
+        }
+        let names: Vec<&str> = members.iter().map(|(name, ..)| *name).collect();
+        let (_, first_target, bytes, _, _) = members[0];
+        atomic::write_linked(&options.dest, &names, bytes, 0o755).map_err(|source| {
+            InstallError::Write {
+                path: first_target.clone(),
+                source,
             }
-            Action::Replace(Existing::Ours(old)) => {
-                format!("replaced cni-plugins-rs {old} with {stamp}")
-            }
-        };
-        atomic::write(&options.dest, name, bytes, 0o755).map_err(|source| InstallError::Write {
-            path: target.clone(),
-            source,
         })?;
-        let _ = writeln!(out, "{}: {done}", target.display());
+        for (_, target, _, stamp, action) in &members {
+            let done = match action {
+                Action::Unchanged => {
+                    format!("unchanged, {stamp}; now a hard link of the plugins' one file")
+                }
+                Action::Install => format!("installed {stamp}"),
+                Action::Replace(Existing::NotOurs) => format!(
+                    "installed {stamp}, replacing a binary that is not cni-plugins-rs (e.g. the reference plugin)"
+                ),
+                Action::Replace(Existing::Ours(old)) if plan::is_downgrade(old, stamp) => {
+                    format!("downgraded cni-plugins-rs {old} to {stamp}")
+                }
+                Action::Replace(Existing::Ours(old)) => {
+                    format!("replaced cni-plugins-rs {old} with {stamp}")
+                }
+            };
+            let _ = writeln!(out, "{}: {done}", target.display());
+        }
     }
 
     if let Some(conflist) = conflist {
@@ -228,6 +247,28 @@ fn default_source() -> Result<PathBuf, InstallError> {
         .parent()
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/")))
+}
+
+/// Indices of `binaries` grouped by identical contents, in first-seen order.
+fn same_contents<N, T, S, A>(binaries: &[(N, T, Vec<u8>, S, A)]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, (_, _, bytes, _, _)) in binaries.iter().enumerate() {
+        match groups.iter_mut().find(|g| binaries[g[0]].2 == *bytes) {
+            Some(group) => group.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}
+
+/// Whether all `paths` name one file (the same device and inode).
+fn one_file<'a>(mut paths: impl Iterator<Item = &'a std::path::Path>) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let id = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let Some(first) = paths.next().and_then(id) else {
+        return false;
+    };
+    paths.all(|p| id(p) == Some(first))
 }
 
 fn create_dir(dir: &std::path::Path) -> Result<(), InstallError> {

@@ -3,7 +3,9 @@
 //! binary that is running, the conflist, and the DaemonSet's sleep mode.
 //!
 //! The "plugins" installed are small shell scripts that carry a build stamp in a
-//! comment: the installer reads stamps from bytes and never runs what it installs.
+//! comment: the installer reads stamps from bytes and never runs what it installs. Like
+//! the release tarball, the source holds one such file hard-linked under each plugin
+//! name, and the installed names must end up as hard links of one file.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
@@ -52,17 +54,29 @@ fn fake_plugin(name: &str, version: &str, commit: &str) -> String {
     )
 }
 
-/// A source dir of stand-ins with this build's version.
+/// A source dir laid out like the release tarball: one stand-in (this build's version)
+/// hard-linked under every plugin name, like the multi-call executable.
 fn source(commit: &str) -> Dir {
     let dir = Dir::new("src");
-    for name in PLUGINS {
-        fs::write(
-            dir.join(name),
-            fake_plugin(name, cni_build_stamp::VERSION, commit),
-        )
-        .unwrap();
+    let first = dir.join(PLUGINS[0]);
+    fs::write(
+        &first,
+        fake_plugin("multi-call", cni_build_stamp::VERSION, commit),
+    )
+    .unwrap();
+    for name in &PLUGINS[1..] {
+        fs::hard_link(&first, dir.join(name)).unwrap();
     }
     dir
+}
+
+/// Panics unless the plugin names in `dir` are hard links of one file (and no other
+/// name shares it).
+#[track_caller]
+fn assert_one_file(dir: &Path) {
+    let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&dir.join(n))).collect();
+    assert!(inodes.iter().all(|i| *i == inodes[0]), "{inodes:?}");
+    assert_eq!(fs::metadata(dir.join(PLUGINS[0])).unwrap().nlink(), 3);
 }
 
 fn install(src: &Dir, dest: &Path, extra: &[&str]) -> Output {
@@ -114,6 +128,7 @@ fn fresh_install_then_second_run_changes_nothing() {
             "{first}"
         );
     }
+    assert_one_file(&dest);
     let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
     let second = ok(&install(&src, &dest, &[]));
     assert_eq!(second.matches(": unchanged, v").count(), 3, "{second}");
@@ -125,6 +140,32 @@ fn fresh_install_then_second_run_changes_nothing() {
         .collect();
     names.sort();
     assert_eq!(names, PLUGINS, "no temp files or extras");
+}
+
+#[test]
+fn separate_copies_of_the_same_file_become_one_file() {
+    let src = source("aaaaaaa");
+    let dest = Dir::new("dest");
+    // An earlier install by copies (e.g. `install -t`), same bytes under each name.
+    for name in PLUGINS {
+        fs::copy(src.join(name), dest.join(name)).unwrap();
+    }
+    let out = ok(&install(&src, &dest.0, &[]));
+    assert_eq!(
+        out.matches("now a hard link of the plugins' one file")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert_one_file(&dest.0);
+    // And a source of copies (not links) is still installed as one file.
+    let copies = Dir::new("copies");
+    for name in PLUGINS {
+        fs::copy(src.join(name), copies.join(name)).unwrap();
+    }
+    let fresh = Dir::new("fresh");
+    ok(&install(&copies, &fresh.0, &[]));
+    assert_one_file(&fresh.0);
 }
 
 #[test]
@@ -192,6 +233,7 @@ fn a_newer_installed_version_is_not_downgraded_unless_allowed() {
         fs::read(dest.join("host-local")).unwrap(),
         fs::read(src.join("host-local")).unwrap()
     );
+    assert_one_file(&dest.0);
 }
 
 #[test]
@@ -327,6 +369,8 @@ fn conflist_is_written_checked_and_left_alone_when_identical() {
 #[test]
 fn a_source_that_is_not_ours_is_refused() {
     let src = source("aaaaaaa");
+    // Its own file, not through the link (which would change every name).
+    fs::remove_file(src.join("loopback")).unwrap();
     fs::write(src.join("loopback"), "\x7fELF reference loopback").unwrap();
     let dest = Dir::new("dest");
     let out = install(&src, &dest.0, &[]);

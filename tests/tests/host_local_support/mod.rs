@@ -29,38 +29,11 @@ pub const TIMEOUT: Duration = Duration::from_secs(120);
 // Running the binary
 // ---------------------------------------------------------------------------------------
 
-/// Our `host-local`: from `CNI_BLACKBOX_BIN_DIR` if set, else built once (only this
-/// package, so a half-finished other plugin cannot break these tests).
+/// Our `host-local`: from `CNI_BLACKBOX_BIN_DIR` if set, else the harness's build (the
+/// multi-call binary under the name `host-local`).
 pub fn ours() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        if let Some(dir) = std::env::var_os("CNI_BLACKBOX_BIN_DIR") {
-            return PathBuf::from(dir).join("host-local");
-        }
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let out = Command::new(cargo)
-            .args([
-                "build",
-                "-p",
-                "cni-host-local",
-                "--bins",
-                "--message-format=json-render-diagnostics",
-            ])
-            .current_dir(workspace_root())
-            .output()
-            .expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build -p cni-host-local failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "host-local")
-            .find_map(|m| m["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reported no host-local executable")
-    })
+    BIN.get_or_init(|| cni_blackbox::plugin_path("host-local"))
 }
 
 /// The reference binary, or `None` (skip) when it is not installed; under CI a missing
