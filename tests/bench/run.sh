@@ -9,8 +9,8 @@
 #
 # Environment: BENCH_OUT (default target/bench: summary.csv, samples.csv,
 # concurrent.csv, sizes.csv, machine.txt, bench.png), REFERENCE_DIR (default
-# /usr/lib/cni), BENCH_OURS_DIR (default: build and use target/release/cni-bin, the
-# plugin names as hard links of the multi-call binary), BENCH_ROUNDS and
+# /usr/lib/cni), BENCH_OURS_DIR (default: build the static release as shipped and use
+# its cni-bin/, the plugin names as hard links of the multi-call binary), BENCH_ROUNDS and
 # BENCH_PODS (rounds per scenario, pods per suite and round: default 3 and 15), BENCH_ONLY
 # (comma-separated words: run only the parts whose names contain one, e.g. ipv4,nftables,
 # 250,concurrent,sizes).
@@ -44,10 +44,10 @@ if [[ -z ${BENCH_OURS_DIR:-} ]]; then
         # shellcheck source=/dev/null
         . "${HOME:-/root}/.cargo/env"
     fi
-    echo "==> cargo build --release" >&2
-    # As shipped: the plugin names are hard links of the one multi-call executable, so
-    # the bridge runs host-local in-process.
-    BENCH_OURS_DIR=$(tests/plugin-dir.sh release)
+    echo "==> cargo build --release (static, as deploy/release.sh ships it)" >&2
+    # As shipped: the plugin names are hard links of the one static multi-call
+    # executable, so the bridge runs host-local in-process.
+    BENCH_OURS_DIR=$(tests/plugin-dir.sh static)
 fi
 out=${BENCH_OUT:-target/bench}
 mkdir -p "$out"
