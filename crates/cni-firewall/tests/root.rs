@@ -36,10 +36,18 @@ fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// PATH for the tools the tests call: the test process's own first (so a
+/// child run with the legacy variant verifies with the legacy tools, as the
+/// library under test finds them there too), then the sbin directories.
+fn tool_path() -> String {
+    let inherited = std::env::var("PATH").unwrap_or_default();
+    format!("{inherited}:/usr/sbin:/usr/bin:/sbin:/bin")
+}
+
 fn sh(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
         .args(args)
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("PATH", tool_path())
         .output()
         .unwrap_or_else(|e| panic!("{program}: {e}"));
     assert!(
@@ -159,10 +167,11 @@ fn iptables_concurrent_setups_all_land() {
     if !privileged() {
         return;
     }
+    const PODS: usize = 16;
     in_netns(|| {
         // Threads spawned here share this thread's namespace.
         std::thread::scope(|s| {
-            for i in 0..8 {
+            for i in 0..PODS {
                 s.spawn(move || {
                     let addrs = ips(&[&format!("10.77.0.{}/24", 10 + i)]);
                     masq::setup(
@@ -176,18 +185,145 @@ fn iptables_concurrent_setups_all_land() {
                 });
             }
         });
-        for i in 0..8 {
+        let rules = nat_rules("iptables-save");
+        for i in 0..PODS {
+            let id = format!("ctr{i}");
             let addrs = ips(&[&format!("10.77.0.{}/24", 10 + i)]);
-            masq::check(
-                Backend::Iptables,
-                "mynet",
-                "eth0",
-                &format!("ctr{i}"),
-                &addrs,
-            )
-            .unwrap();
+            masq::check(Backend::Iptables, "mynet", "eth0", &id, &addrs).unwrap();
+            let chain = cni_firewall::naming::iptables_chain_name("mynet", &id);
+            let jumps = rules
+                .iter()
+                .filter(|r| r.starts_with("-A POSTROUTING") && r.ends_with(&format!("-j {chain}")))
+                .count();
+            assert_eq!(jumps, 1, "{id}: {rules:#?}");
         }
-        assert_eq!(nat_rules("iptables-save").len(), 8 * 4);
+        assert_eq!(rules.len(), PODS * 4, "{rules:#?}");
+
+        // And all of them away at once: deletion by specification must not
+        // trip over the others' concurrent changes of POSTROUTING.
+        std::thread::scope(|s| {
+            for i in 0..PODS {
+                s.spawn(move || masq::teardown("mynet", "eth0", &format!("ctr{i}")).unwrap());
+            }
+        });
+        assert_eq!(nat_rules("iptables-save"), Vec::<String>::new());
+    });
+}
+
+/// Restores `input` into the nat table of the current namespace.
+fn restore(program: &str, input: &str) {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .arg("--noflush")
+        .env("PATH", tool_path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{program} < {input}");
+}
+
+/// The ctrA rules of `mynet` for 10.77.0.2/24, as the reference lays them out.
+fn ctr_a_v4() -> [String; 3] {
+    [
+        format!(
+            r#"-A POSTROUTING -s 10.77.0.2/32 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j {CHAIN_A}"#
+        ),
+        format!(
+            r#"-A {CHAIN_A} -d 10.77.0.0/24 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j ACCEPT"#
+        ),
+        format!(
+            r#"-A {CHAIN_A} ! -d 224.0.0.0/4 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j MASQUERADE"#
+        ),
+    ]
+}
+
+#[test]
+fn iptables_setup_over_a_leftover_chain_completes_it() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let [jump, accept, masquerade] = ctr_a_v4();
+        // A chain left by an earlier attachment of the same container (e.g.
+        // another interface, or a killed run): one stale subnet rule and the
+        // jump, but no rule for 10.77.0.0/24 and no MASQUERADE.
+        let stale = format!(
+            r#"-A {CHAIN_A} -d 10.66.0.0/24 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j ACCEPT"#
+        );
+        restore(
+            "iptables-restore",
+            &format!("*nat\n:{CHAIN_A} - [0:0]\n{stale}\n{jump}\nCOMMIT\n"),
+        );
+        let addrs = ips(&["10.77.0.2/24"]);
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        // The subnet rule goes before everything, MASQUERADE after; the jump
+        // is not duplicated and the other rule is not ours to remove.
+        let expected = vec![
+            format!(":{CHAIN_A} - [0:0]"),
+            jump.clone(),
+            accept.clone(),
+            stale.clone(),
+            masquerade.clone(),
+        ];
+        assert_eq!(nat_rules("iptables-save"), expected);
+        masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+
+        // A repeated ADD changes nothing.
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(nat_rules("iptables-save"), expected);
+
+        // A leftover chain without the jump: the jump is added once.
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        restore(
+            "iptables-restore",
+            &format!("*nat\n:{CHAIN_A} - [0:0]\n{masquerade}\nCOMMIT\n"),
+        );
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(
+            nat_rules("iptables-save"),
+            vec![format!(":{CHAIN_A} - [0:0]"), jump, accept, masquerade]
+        );
+    });
+}
+
+#[test]
+fn iptables_teardown_of_unusual_leftovers() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let [jump, accept, masquerade] = ctr_a_v4();
+        // A chain without any jump to it.
+        restore(
+            "iptables-restore",
+            &format!("*nat\n:{CHAIN_A} - [0:0]\n{accept}\n{masquerade}\nCOMMIT\n"),
+        );
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(nat_rules("iptables-save"), Vec::<String>::new());
+
+        // A jump from a chain other than POSTROUTING (which keeps the chain
+        // from being deleted until that jump goes too), and two jumps.
+        let other = format!(
+            r#"-A OTHER -s 10.77.0.9/32 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j {CHAIN_A}"#
+        );
+        let second = jump.replace("10.77.0.2/32", "10.77.0.5/32");
+        restore(
+            "iptables-restore",
+            &format!(
+                "*nat\n:{CHAIN_A} - [0:0]\n:OTHER - [0:0]\n{masquerade}\n{jump}\n{second}\n{other}\n-A POSTROUTING -j OTHER\nCOMMIT\n"
+            ),
+        );
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(
+            nat_rules("iptables-save"),
+            vec!["-A POSTROUTING -j OTHER".to_owned()]
+        );
     });
 }
 
