@@ -608,3 +608,208 @@ fn macspoof_gc_keeps_valid_and_live_attachments() {
         assert_eq!(rs.matches("chain cni-br-iface-").count(), 4, "{rs}");
     });
 }
+
+/// A scratch directory (tool wrappers for a child test run), removed on drop.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("cni-firewall-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The iptables tools the library runs.
+const XTABLES_TOOLS: [&str; 6] = [
+    "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ip6tables",
+    "ip6tables-save",
+    "ip6tables-restore",
+];
+
+/// Where `program` is in [`tool_path`].
+fn find_tool(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&tool_path())
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Runs tests of this test binary in a child process whose PATH starts with
+/// `dir` (the library finds its tools in PATH first); returns how many passed.
+fn run_child(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> usize {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .env("PATH", format!("{}:{}", dir.display(), tool_path()))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child run {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("test result: ok. "))
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no test result in:\n{stdout}"))
+}
+
+/// The iptables tests above, again with the legacy (x_tables) variant: the
+/// tools are the names the library runs, linked to `xtables-legacy-multi`,
+/// first in the child's PATH; the checks read back with the same tools.
+#[test]
+fn legacy_xtables_pass_the_same_tests() {
+    if !privileged() {
+        return;
+    }
+    let Some(multi) = find_tool("xtables-legacy-multi") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "xtables-legacy-multi (Debian package iptables) is missing"
+        );
+        eprintln!("skipping: no xtables-legacy-multi");
+        return;
+    };
+    // The kernel side: x_tables with the nat table in both families.
+    let kernel = in_netns(|| {
+        ["iptables-legacy", "ip6tables-legacy"].iter().all(|tool| {
+            Command::new(tool)
+                .args(["-t", "nat", "-S", "POSTROUTING"])
+                .env("PATH", tool_path())
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    });
+    if !kernel {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the kernel has no x_tables nat table for iptables-legacy"
+        );
+        eprintln!("skipping: the kernel has no x_tables nat table");
+        return;
+    }
+    let dir = ScratchDir::new("legacy");
+    for tool in XTABLES_TOOLS {
+        std::os::unix::fs::symlink(&multi, dir.0.join(tool)).unwrap();
+    }
+    let version = Command::new(dir.0.join("iptables"))
+        .arg("-V")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(version.contains("legacy"), "{version}");
+
+    let passed = run_child(&dir.0, &["iptables_", "--test-threads=2"], &[]);
+    assert!(passed >= 7, "only {passed} iptables tests ran");
+}
+
+/// What the library runs on each path (checked by [`traced_child`]): the
+/// tools are wrapped by scripts that log their arguments, first in PATH.
+#[test]
+fn tool_calls_of_masquerade_setup_check_teardown() {
+    if !privileged() {
+        return;
+    }
+    let dir = ScratchDir::new("trace");
+    let log = dir.0.join("calls.log");
+    for tool in XTABLES_TOOLS {
+        let real = find_tool(tool).unwrap_or_else(|| panic!("{tool} not installed"));
+        let script = dir.0.join(tool);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"{tool} $*\" >> '{}'\nexec '{}' \"$@\"\n",
+                log.display(),
+                real.display()
+            ),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&script).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).unwrap();
+    }
+    let passed = run_child(
+        &dir.0,
+        &["--ignored", "--exact", "traced_child"],
+        &[("CNI_FIREWALL_TRACE_LOG", log.to_str().unwrap())],
+    );
+    assert_eq!(passed, 1);
+}
+
+#[test]
+#[ignore = "run by tool_calls_of_masquerade_setup_check_teardown"]
+fn traced_child() {
+    let log = std::path::PathBuf::from(std::env::var("CNI_FIREWALL_TRACE_LOG").unwrap());
+    // The calls logged since the last look, sorted (the families run at once).
+    let calls = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        std::fs::write(&log, "").unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    in_netns(|| {
+        let addrs = ips(&["10.77.0.2/24", "fd00:77::2/64"]);
+        calls();
+
+        // A new attachment: one transaction per family, nothing read.
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        let restore4 = "iptables-restore --noflush --wait=30";
+        let restore6 = "ip6tables-restore --noflush --wait=30";
+        assert_eq!(calls(), [restore6, restore4]);
+
+        // Again: the chain exists, so each family falls back to the
+        // whole-table computation, which finds nothing to add.
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(
+            calls(),
+            [
+                restore6,
+                "ip6tables-save -t nat",
+                restore4,
+                "iptables-save -t nat"
+            ]
+        );
+
+        // CHECK lists POSTROUTING and the chain.
+        masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        let list = |tool: &str, chain: &str| format!("{tool} --wait=30 -t nat -S {chain}");
+        assert_eq!(
+            calls(),
+            [
+                list("ip6tables", CHAIN_A),
+                list("ip6tables", "POSTROUTING"),
+                list("iptables", CHAIN_A),
+                list("iptables", "POSTROUTING"),
+            ]
+        );
+
+        // Teardown lists POSTROUTING and removes in one transaction.
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(
+            calls(),
+            [
+                list("ip6tables", "POSTROUTING"),
+                restore6.to_owned(),
+                list("iptables", "POSTROUTING"),
+                restore4.to_owned(),
+            ]
+        );
+        assert_eq!(nat_rules("iptables-save"), Vec::<String>::new());
+        assert_eq!(nat_rules("ip6tables-save"), Vec::<String>::new());
+    });
+}
