@@ -785,16 +785,22 @@ fn traced_child() {
             ]
         );
 
-        // CHECK lists POSTROUTING and the chain.
+        // CHECK: one transaction of `-C` lines per family.
         masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(calls(), [restore6, restore4]);
+
+        // A failing CHECK then lists POSTROUTING and the chain to say what
+        // is missing.
+        let more = ips(&["10.77.0.2/24", "10.88.0.2/24"]);
+        let err = masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &more).unwrap_err();
+        assert!(err.to_string().contains("10.88.0.0/24"), "{err}");
         let list = |tool: &str, chain: &str| format!("{tool} --wait=30 -t nat -S {chain}");
         assert_eq!(
             calls(),
             [
-                list("ip6tables", CHAIN_A),
-                list("ip6tables", "POSTROUTING"),
                 list("iptables", CHAIN_A),
                 list("iptables", "POSTROUTING"),
+                restore4.to_owned(),
             ]
         );
 
