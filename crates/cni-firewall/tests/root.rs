@@ -36,10 +36,18 @@ fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     })
 }
 
+/// PATH for the tools the tests call: the test process's own first (so a
+/// child run with the legacy variant verifies with the legacy tools, as the
+/// library under test finds them there too), then the sbin directories.
+fn tool_path() -> String {
+    let inherited = std::env::var("PATH").unwrap_or_default();
+    format!("{inherited}:/usr/sbin:/usr/bin:/sbin:/bin")
+}
+
 fn sh(program: &str, args: &[&str]) -> String {
     let out = Command::new(program)
         .args(args)
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("PATH", tool_path())
         .output()
         .unwrap_or_else(|e| panic!("{program}: {e}"));
     assert!(
@@ -159,10 +167,11 @@ fn iptables_concurrent_setups_all_land() {
     if !privileged() {
         return;
     }
+    const PODS: usize = 16;
     in_netns(|| {
         // Threads spawned here share this thread's namespace.
         std::thread::scope(|s| {
-            for i in 0..8 {
+            for i in 0..PODS {
                 s.spawn(move || {
                     let addrs = ips(&[&format!("10.77.0.{}/24", 10 + i)]);
                     masq::setup(
@@ -176,18 +185,145 @@ fn iptables_concurrent_setups_all_land() {
                 });
             }
         });
-        for i in 0..8 {
+        let rules = nat_rules("iptables-save");
+        for i in 0..PODS {
+            let id = format!("ctr{i}");
             let addrs = ips(&[&format!("10.77.0.{}/24", 10 + i)]);
-            masq::check(
-                Backend::Iptables,
-                "mynet",
-                "eth0",
-                &format!("ctr{i}"),
-                &addrs,
-            )
-            .unwrap();
+            masq::check(Backend::Iptables, "mynet", "eth0", &id, &addrs).unwrap();
+            let chain = cni_firewall::naming::iptables_chain_name("mynet", &id);
+            let jumps = rules
+                .iter()
+                .filter(|r| r.starts_with("-A POSTROUTING") && r.ends_with(&format!("-j {chain}")))
+                .count();
+            assert_eq!(jumps, 1, "{id}: {rules:#?}");
         }
-        assert_eq!(nat_rules("iptables-save").len(), 8 * 4);
+        assert_eq!(rules.len(), PODS * 4, "{rules:#?}");
+
+        // And all of them away at once: deletion by specification must not
+        // trip over the others' concurrent changes of POSTROUTING.
+        std::thread::scope(|s| {
+            for i in 0..PODS {
+                s.spawn(move || masq::teardown("mynet", "eth0", &format!("ctr{i}")).unwrap());
+            }
+        });
+        assert_eq!(nat_rules("iptables-save"), Vec::<String>::new());
+    });
+}
+
+/// Restores `input` into the nat table of the current namespace.
+fn restore(program: &str, input: &str) {
+    use std::io::Write;
+    let mut child = Command::new(program)
+        .arg("--noflush")
+        .env("PATH", tool_path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "{program} < {input}");
+}
+
+/// The ctrA rules of `mynet` for 10.77.0.2/24, as the reference lays them out.
+fn ctr_a_v4() -> [String; 3] {
+    [
+        format!(
+            r#"-A POSTROUTING -s 10.77.0.2/32 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j {CHAIN_A}"#
+        ),
+        format!(
+            r#"-A {CHAIN_A} -d 10.77.0.0/24 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j ACCEPT"#
+        ),
+        format!(
+            r#"-A {CHAIN_A} ! -d 224.0.0.0/4 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j MASQUERADE"#
+        ),
+    ]
+}
+
+#[test]
+fn iptables_setup_over_a_leftover_chain_completes_it() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let [jump, accept, masquerade] = ctr_a_v4();
+        // A chain left by an earlier attachment of the same container (e.g.
+        // another interface, or a killed run): one stale subnet rule and the
+        // jump, but no rule for 10.77.0.0/24 and no MASQUERADE.
+        let stale = format!(
+            r#"-A {CHAIN_A} -d 10.66.0.0/24 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j ACCEPT"#
+        );
+        restore(
+            "iptables-restore",
+            &format!("*nat\n:{CHAIN_A} - [0:0]\n{stale}\n{jump}\nCOMMIT\n"),
+        );
+        let addrs = ips(&["10.77.0.2/24"]);
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        // The subnet rule goes before everything, MASQUERADE after; the jump
+        // is not duplicated and the other rule is not ours to remove.
+        let expected = vec![
+            format!(":{CHAIN_A} - [0:0]"),
+            jump.clone(),
+            accept.clone(),
+            stale.clone(),
+            masquerade.clone(),
+        ];
+        assert_eq!(nat_rules("iptables-save"), expected);
+        masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+
+        // A repeated ADD changes nothing.
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(nat_rules("iptables-save"), expected);
+
+        // A leftover chain without the jump: the jump is added once.
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        restore(
+            "iptables-restore",
+            &format!("*nat\n:{CHAIN_A} - [0:0]\n{masquerade}\nCOMMIT\n"),
+        );
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(
+            nat_rules("iptables-save"),
+            vec![format!(":{CHAIN_A} - [0:0]"), jump, accept, masquerade]
+        );
+    });
+}
+
+#[test]
+fn iptables_teardown_of_unusual_leftovers() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let [jump, accept, masquerade] = ctr_a_v4();
+        // A chain without any jump to it.
+        restore(
+            "iptables-restore",
+            &format!("*nat\n:{CHAIN_A} - [0:0]\n{accept}\n{masquerade}\nCOMMIT\n"),
+        );
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(nat_rules("iptables-save"), Vec::<String>::new());
+
+        // A jump from a chain other than POSTROUTING (which keeps the chain
+        // from being deleted until that jump goes too), and two jumps.
+        let other = format!(
+            r#"-A OTHER -s 10.77.0.9/32 -m comment --comment "name: \"mynet\" id: \"ctrA\"" -j {CHAIN_A}"#
+        );
+        let second = jump.replace("10.77.0.2/32", "10.77.0.5/32");
+        restore(
+            "iptables-restore",
+            &format!(
+                "*nat\n:{CHAIN_A} - [0:0]\n:OTHER - [0:0]\n{masquerade}\n{jump}\n{second}\n{other}\n-A POSTROUTING -j OTHER\nCOMMIT\n"
+            ),
+        );
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(
+            nat_rules("iptables-save"),
+            vec!["-A POSTROUTING -j OTHER".to_owned()]
+        );
     });
 }
 
@@ -470,5 +606,216 @@ fn macspoof_gc_keeps_valid_and_live_attachments() {
         let rs = ruleset();
         assert!(!rs.contains("ctrB"), "{rs}");
         assert_eq!(rs.matches("chain cni-br-iface-").count(), 4, "{rs}");
+    });
+}
+
+/// A scratch directory (tool wrappers for a child test run), removed on drop.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new(tag: &str) -> Self {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("cni-firewall-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The iptables tools the library runs.
+const XTABLES_TOOLS: [&str; 6] = [
+    "iptables",
+    "iptables-save",
+    "iptables-restore",
+    "ip6tables",
+    "ip6tables-save",
+    "ip6tables-restore",
+];
+
+/// Where `program` is in [`tool_path`].
+fn find_tool(program: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&tool_path())
+        .map(|dir| dir.join(program))
+        .find(|p| p.is_file())
+}
+
+/// Runs tests of this test binary in a child process whose PATH starts with
+/// `dir` (the library finds its tools in PATH first); returns how many passed.
+fn run_child(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> usize {
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(args)
+        .env("PATH", format!("{}:{}", dir.display(), tool_path()))
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child run {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("test result: ok. "))
+        .and_then(|rest| rest.split(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no test result in:\n{stdout}"))
+}
+
+/// The iptables tests above, again with the legacy (x_tables) variant: the
+/// tools are the names the library runs, linked to `xtables-legacy-multi`,
+/// first in the child's PATH; the checks read back with the same tools.
+#[test]
+fn legacy_xtables_pass_the_same_tests() {
+    if !privileged() {
+        return;
+    }
+    let Some(multi) = find_tool("xtables-legacy-multi") else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "xtables-legacy-multi (Debian package iptables) is missing"
+        );
+        eprintln!("skipping: no xtables-legacy-multi");
+        return;
+    };
+    // The kernel side: x_tables with the nat table in both families.
+    let kernel = in_netns(|| {
+        ["iptables-legacy", "ip6tables-legacy"].iter().all(|tool| {
+            Command::new(tool)
+                .args(["-t", "nat", "-S", "POSTROUTING"])
+                .env("PATH", tool_path())
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    });
+    if !kernel {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the kernel has no x_tables nat table for iptables-legacy"
+        );
+        eprintln!("skipping: the kernel has no x_tables nat table");
+        return;
+    }
+    let dir = ScratchDir::new("legacy");
+    for tool in XTABLES_TOOLS {
+        std::os::unix::fs::symlink(&multi, dir.0.join(tool)).unwrap();
+    }
+    let version = Command::new(dir.0.join("iptables"))
+        .arg("-V")
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(version.contains("legacy"), "{version}");
+
+    let passed = run_child(&dir.0, &["iptables_", "--test-threads=2"], &[]);
+    assert!(passed >= 7, "only {passed} iptables tests ran");
+}
+
+/// What the library runs on each path (checked by [`traced_child`]): the
+/// tools are wrapped by scripts that log their arguments, first in PATH.
+#[test]
+fn tool_calls_of_masquerade_setup_check_teardown() {
+    if !privileged() {
+        return;
+    }
+    let dir = ScratchDir::new("trace");
+    let log = dir.0.join("calls.log");
+    for tool in XTABLES_TOOLS {
+        let real = find_tool(tool).unwrap_or_else(|| panic!("{tool} not installed"));
+        let script = dir.0.join(tool);
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\necho \"{tool} $*\" >> '{}'\nexec '{}' \"$@\"\n",
+                log.display(),
+                real.display()
+            ),
+        )
+        .unwrap();
+        let mut perms = std::fs::metadata(&script).unwrap().permissions();
+        std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+        std::fs::set_permissions(&script, perms).unwrap();
+    }
+    let passed = run_child(
+        &dir.0,
+        &["--ignored", "--exact", "traced_child"],
+        &[("CNI_FIREWALL_TRACE_LOG", log.to_str().unwrap())],
+    );
+    assert_eq!(passed, 1);
+}
+
+#[test]
+#[ignore = "run by tool_calls_of_masquerade_setup_check_teardown"]
+fn traced_child() {
+    let log = std::path::PathBuf::from(std::env::var("CNI_FIREWALL_TRACE_LOG").unwrap());
+    // The calls logged since the last look, sorted (the families run at once).
+    let calls = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        std::fs::write(&log, "").unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        lines.sort();
+        lines
+    };
+    in_netns(|| {
+        let addrs = ips(&["10.77.0.2/24", "fd00:77::2/64"]);
+        calls();
+
+        // A new attachment: one transaction per family, nothing read.
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        let restore4 = "iptables-restore --noflush --wait=30";
+        let restore6 = "ip6tables-restore --noflush --wait=30";
+        assert_eq!(calls(), [restore6, restore4]);
+
+        // Again: the chain exists, so each family falls back to the
+        // whole-table computation, which finds nothing to add.
+        masq::setup(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(
+            calls(),
+            [
+                restore6,
+                "ip6tables-save -t nat",
+                restore4,
+                "iptables-save -t nat"
+            ]
+        );
+
+        // CHECK: one transaction of `-C` lines per family.
+        masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &addrs).unwrap();
+        assert_eq!(calls(), [restore6, restore4]);
+
+        // A failing CHECK then lists POSTROUTING and the chain to say what
+        // is missing.
+        let more = ips(&["10.77.0.2/24", "10.88.0.2/24"]);
+        let err = masq::check(Backend::Iptables, "mynet", "eth0", "ctrA", &more).unwrap_err();
+        assert!(err.to_string().contains("10.88.0.0/24"), "{err}");
+        let list = |tool: &str, chain: &str| format!("{tool} --wait=30 -t nat -S {chain}");
+        assert_eq!(
+            calls(),
+            [
+                list("iptables", CHAIN_A),
+                list("iptables", "POSTROUTING"),
+                restore4.to_owned(),
+            ]
+        );
+
+        // Teardown lists POSTROUTING and removes in one transaction.
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(
+            calls(),
+            [
+                list("ip6tables", "POSTROUTING"),
+                restore6.to_owned(),
+                list("iptables", "POSTROUTING"),
+                restore4.to_owned(),
+            ]
+        );
+        assert_eq!(nat_rules("iptables-save"), Vec::<String>::new());
+        assert_eq!(nat_rules("ip6tables-save"), Vec::<String>::new());
     });
 }
