@@ -357,9 +357,13 @@ def run_rss_sizes(suites, reps, data_root, size_rows):
             ns_del(pods + [host])
         for e in failed[:3]:
             log(f"  {s.name} rss error: {e}")
+        seen = {}  # (dev, inode) -> first name: hard links of one multi-call file
         for b in ("bridge", "host-local", "loopback"):
             path = os.path.join(s.bindir, b)
-            size_rows.append({"suite": s.name, "binary": b, "bytes": os.path.getsize(path),
+            st = os.stat(path)
+            same_as = seen.setdefault((st.st_dev, st.st_ino), b)
+            size_rows.append({"suite": s.name, "binary": b, "bytes": st.st_size,
+                              "same_file_as": "" if same_as == b else same_as,
                               "peak_rss_kib": peaks[b],
                               "errors": sum(f.startswith(b + " ") for f in failed)})
 
@@ -451,7 +455,10 @@ def print_tables(rows, conc_rows, size_rows, meta):
     print("|---|---|---:|---:|")
     for s in size_rows:
         note = " (bridge or its IPAM child)" if s["binary"] == "bridge" else ""
-        print(f"| {s['suite']} | {s['binary']} | {s['bytes'] / 1024:.0f} "
+        size = f"{s['bytes'] / 1024:.0f}"
+        if s.get("same_file_as"):
+            size += f" (the same file as {s['same_file_as']})"
+        print(f"| {s['suite']} | {s['binary']} | {size} "
               f"| {s['peak_rss_kib']}{note} |")
 
 
