@@ -1,9 +1,11 @@
-//! Talking to `nft`: reading rule sets as JSON and applying transactions.
+//! Talking to `nft` (for the MAC spoof check): reading rule sets as JSON and
+//! applying transactions.
 //!
 //! Rules are deleted by handle, and handles are only visible in listings, so
 //! every change starts with a JSON listing (`nft -j list ...`). A whole change
-//! is then sent as one `nft -f -` run: nft applies a file as a single kernel
-//! transaction, so concurrent plugin processes never see half of a change.
+//! is then sent as one `nft -j -f -` run: nft applies a file as a single
+//! kernel transaction, so concurrent plugin processes never see half of a
+//! change.
 
 use serde_json::Value;
 
@@ -115,27 +117,10 @@ pub(crate) fn list(object: &[&str]) -> Result<Option<Listing>> {
     }
 }
 
-/// Applies a script in nft's own syntax as one transaction.
-pub(crate) fn apply(script: &str, target: &str) -> Result<()> {
-    exec::run(NFT, &["-f", "-"], Some(script.as_bytes()), target).map(drop)
-}
-
 /// Applies a JSON command batch as one transaction.
 pub(crate) fn apply_json(batch: &Value, target: &str) -> Result<()> {
     let text = batch.to_string();
     exec::run(NFT, &["-j", "-f", "-"], Some(text.as_bytes()), target).map(drop)
-}
-
-/// Whether nftables can be used here: the tool exists and the kernel accepts
-/// a (dry-run) table creation.
-pub(crate) fn usable(table_family: &str, table: &str) -> bool {
-    exec::run(
-        NFT,
-        &["--check", "add", "table", table_family, table],
-        None,
-        table,
-    )
-    .is_ok()
 }
 
 #[cfg(test)]

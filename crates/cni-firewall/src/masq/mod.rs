@@ -5,6 +5,12 @@
 //! multicast, is masqueraded. Setup and CHECK use the configured backend;
 //! teardown and GC clean both backends, because the attachment may have been
 //! created by another version or configuration (the reference does the same).
+//!
+//! Cleaning both must not make every DEL pay for the backend it did not use:
+//! the nftables side is a netlink dump (microseconds), and the iptables side
+//! (an `iptables-save` + `iptables-restore` per family) is skipped when the
+//! tools are iptables-nft and nf_tables shows that there is nothing of ours
+//! in their `nat` tables.
 
 mod iptables;
 mod nftables;
@@ -16,6 +22,8 @@ use std::str::FromStr;
 use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
+use crate::naming::{IPTABLES_CHAIN_PREFIX, iptables_chain_name};
+use crate::nfnetlink::{NFPROTO_IPV4, NFPROTO_IPV6, Nfnl};
 
 /// Which firewall tool carries the masquerade rules (`ipMasqBackend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,21 +118,16 @@ pub fn setup(
 /// The iptables chain is per (network, container) like the reference, so it
 /// also carries any other interface of the same container on this network.
 pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
-    // The backends share nothing, so both are cleaned at once.
-    let (ipt, nft) = std::thread::scope(|scope| {
-        let nft = scope.spawn(|| {
-            relevant(
-                nftables::teardown(network, ifname, container_id),
-                nftables::usable,
-            )
-        });
-        let ipt = relevant(iptables::teardown(network, container_id), iptables::usable);
-        (
-            ipt,
-            nft.join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
-        )
-    });
+    let nft = relevant(
+        nftables::teardown(network, ifname, container_id),
+        nftables::usable,
+    );
+    let chain = iptables_chain_name(network, container_id);
+    let ipt = if iptables_may_hold(|nl, family| nl.has_chain(family, IPTABLES_NAT, &chain)) {
+        relevant(iptables::teardown(network, container_id), iptables::usable)
+    } else {
+        Ok(())
+    };
     Error::collect([ipt, nft].into_iter().filter_map(Result::err).collect())
 }
 
@@ -155,15 +158,57 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(network: &str, valid: &[(C, I)]) -> Resu
         .map(|(c, i)| (c.as_ref(), i.as_ref()))
         .collect();
     let ids: HashSet<&str> = valid.iter().map(|(c, _)| *c).collect();
+    let any_cni_chain = |nl: &mut Nfnl, family| {
+        nl.chain_names(family, IPTABLES_NAT)
+            .map(|names| names.iter().any(|n| n.starts_with(IPTABLES_CHAIN_PREFIX)))
+    };
+    let ipt = if iptables_may_hold(any_cni_chain) {
+        relevant(iptables::gc(network, &ids), iptables::usable)
+    } else {
+        Ok(())
+    };
     Error::collect(
         [
-            relevant(iptables::gc(network, &ids), iptables::usable),
+            ipt,
             relevant(nftables::gc(network, &valid), nftables::usable),
         ]
         .into_iter()
         .filter_map(Result::err)
         .collect(),
     )
+}
+
+/// The table iptables-nft keeps the `nat` rules in (family `ip` for
+/// iptables, `ip6` for ip6tables).
+const IPTABLES_NAT: &str = "nat";
+
+/// The multi-call binary of iptables-nft (Debian, Fedora, Alpine, ...).
+const XTABLES_NFT: &str = "xtables-nft-multi";
+
+/// Whether both `iptables-save` and `ip6tables-save` are iptables-nft, so
+/// that all their rules live in nf_tables where netlink can see them.
+fn iptables_is_nft() -> bool {
+    ["iptables-save", "ip6tables-save"].iter().all(|program| {
+        crate::exec::locate(program)
+            .and_then(|path| std::fs::canonicalize(path).ok())
+            .is_some_and(|real| real.file_name() == Some(XTABLES_NFT.as_ref()))
+    })
+}
+
+/// Whether iptables may hold something to clean up, by asking nf_tables
+/// `present` for both families' `nat` tables. Only a definite "no" in both
+/// (iptables-nft, and `present` false or the table absent) lets the caller
+/// skip the iptables tools; legacy iptables and any doubt keep the exec path.
+fn iptables_may_hold(present: impl Fn(&mut Nfnl, u8) -> Result<bool>) -> bool {
+    if !iptables_is_nft() {
+        return true;
+    }
+    let Ok(mut nl) = Nfnl::open() else {
+        return true;
+    };
+    [NFPROTO_IPV4, NFPROTO_IPV6]
+        .into_iter()
+        .any(|family| present(&mut nl, family).unwrap_or(true))
 }
 
 /// Cleanup errors only count for a backend that works here: a node without
