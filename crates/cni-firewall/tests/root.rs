@@ -472,3 +472,369 @@ fn macspoof_gc_keeps_valid_and_live_attachments() {
         assert_eq!(rs.matches("chain cni-br-iface-").count(), 4, "{rs}");
     });
 }
+
+// ---- nftables over netlink against `nft` itself ----
+
+const MASQ_TABLE: &str = "inet cni_plugins_masquerade";
+
+/// The script the nftables backend used to feed to `nft -f -` (and that the
+/// reference's nftables backend generates) for one setup: the ground truth
+/// our netlink transactions must reproduce.
+fn nft_setup_script(stale: &[u64], addrs: &[IpNetwork], comment: &str) -> String {
+    let t = MASQ_TABLE;
+    let mut s = format!(
+        "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}
+add chain {t} masq_checks {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}
+add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}
+flush chain {t} postrouting
+add rule {t} postrouting ip daddr == 224.0.0.0/4 return
+add rule {t} postrouting ip6 daddr == ff00::/8 return
+add rule {t} postrouting goto masq_checks
+"
+    );
+    for h in stale {
+        s.push_str(&format!("delete rule {t} masq_checks handle {h}\n"));
+    }
+    for ip in addrs {
+        let proto = if ip.is_ipv4() { "ip" } else { "ip6" };
+        let net = IpNetwork::new(ip.network(), ip.prefix()).unwrap();
+        s.push_str(&format!(
+            "add rule {t} masq_checks {proto} saddr == {} {proto} daddr != {net} masquerade comment \"{comment}\"\n",
+            ip.ip()
+        ));
+    }
+    s
+}
+
+fn nft_stdin(script: &str) {
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft -f: {}\n{script}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Handles of `masq_checks` rules whose comment starts with `prefix`, read
+/// with `nft -j`.
+fn nft_handles(prefix: &str) -> Vec<u64> {
+    let json = sh(
+        "nft",
+        &[
+            "-j",
+            "list",
+            "chain",
+            "inet",
+            "cni_plugins_masquerade",
+            "masq_checks",
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i.get("rule"))
+        .filter(|r| r["comment"].as_str().is_some_and(|c| c.starts_with(prefix)))
+        .map(|r| r["handle"].as_u64().unwrap())
+        .collect()
+}
+
+/// The same sequence of setups, once through `nft` scripts and once through
+/// our netlink transactions, must leave byte-identical tables: text, text
+/// with handles, and JSON.
+#[test]
+fn nftables_ruleset_is_identical_to_nft_scripts() {
+    if !privileged() {
+        return;
+    }
+    // Prefixes nft compiles differently: byte-aligned, not aligned, host
+    // routes, /0, both families.
+    let g = ips(&[
+        "10.77.0.2/24",
+        "fd00:77::2/64",
+        "10.88.3.4/20",
+        "10.99.0.5/32",
+        "fd00:99::5/127",
+        "fd00:aa::5/128",
+        "10.1.2.3/0",
+        "172.16.0.9/9",
+    ]);
+    let h = ips(&["10.77.0.3/24", "fd00:77::3/60"]);
+    let g2 = ips(&["10.77.0.4/24"]);
+    let steps: [(&str, &str, &[IpNetwork]); 3] = [
+        ("eth1", "ctrG", &g),
+        ("eth0", "ctrH", &h),
+        ("eth1", "ctrG", &g2),
+    ];
+    let listings = || {
+        [
+            sh("nft", &["list", "table", "inet", "cni_plugins_masquerade"]),
+            sh(
+                "nft",
+                &["-a", "list", "table", "inet", "cni_plugins_masquerade"],
+            ),
+            sh(
+                "nft",
+                &["-j", "list", "table", "inet", "cni_plugins_masquerade"],
+            ),
+        ]
+    };
+    let by_nft = in_netns(|| {
+        let mut seen = Vec::new();
+        for (ifname, cid, addrs) in steps {
+            let comment = cni_firewall::naming::nft_comment("nftnet", ifname, cid);
+            let prefix = cni_firewall::naming::nft_instance_hash("nftnet", ifname, cid);
+            let stale = if ruleset().is_empty() {
+                vec![]
+            } else {
+                nft_handles(&prefix)
+            };
+            nft_stdin(&nft_setup_script(&stale, addrs, &comment));
+            seen.push(listings());
+        }
+        seen
+    });
+    let by_us = in_netns(|| {
+        let mut seen = Vec::new();
+        for (ifname, cid, addrs) in steps {
+            masq::setup(Backend::Nftables, "nftnet", ifname, cid, addrs).unwrap();
+            masq::check(Backend::Nftables, "nftnet", ifname, cid, addrs).unwrap();
+            seen.push(listings());
+        }
+        seen
+    });
+    assert!(
+        by_nft[0][0].contains("ip daddr != 10.88.0.0/20"),
+        "{}",
+        by_nft[0][0]
+    );
+    assert!(by_nft[2][1].contains("# handle 22"), "{}", by_nft[2][1]);
+    for (step, (nft, ours)) in by_nft.iter().zip(&by_us).enumerate() {
+        for (nft, ours) in nft.iter().zip(ours) {
+            assert_eq!(ours, nft, "after step {step}");
+        }
+    }
+}
+
+/// Rules we add can be read and deleted by `nft`; rules `nft` added (the
+/// reference's nftables backend goes through `nft`) are recognised by CHECK
+/// and removed by our teardown and GC.
+#[test]
+fn nftables_interoperates_with_nft() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let a = ips(&["10.77.0.2/24", "fd00:77::2/64"]);
+        masq::setup(Backend::Nftables, "nftnet", "eth0", "ctrA", &a).unwrap();
+        let prefix_a = cni_firewall::naming::nft_instance_hash("nftnet", "eth0", "ctrA");
+        let handles = nft_handles(&prefix_a);
+        assert_eq!(handles.len(), 2);
+        for h in handles {
+            sh(
+                "nft",
+                &[
+                    "delete",
+                    "rule",
+                    "inet",
+                    "cni_plugins_masquerade",
+                    "masq_checks",
+                    "handle",
+                    &h.to_string(),
+                ],
+            );
+        }
+        assert!(masq::check(Backend::Nftables, "nftnet", "eth0", "ctrA", &a).is_err());
+        assert!(!ruleset().contains("masquerade comment"), "{}", ruleset());
+
+        // Made by nft: checked, torn down, collected by us.
+        let b = ips(&["10.77.0.5/24", "fd00:77::5/64"]);
+        let c = ips(&["10.77.0.6/22"]);
+        for (cid, addrs) in [("ctrB", &b), ("ctrC", &c)] {
+            let comment = cni_firewall::naming::nft_comment("nftnet", "eth0", cid);
+            nft_stdin(&nft_setup_script(&[], addrs, &comment));
+        }
+        masq::check(Backend::Nftables, "nftnet", "eth0", "ctrB", &b).unwrap();
+        masq::check(Backend::Nftables, "nftnet", "eth0", "ctrC", &c).unwrap();
+        masq::teardown("nftnet", "eth0", "ctrB").unwrap();
+        assert!(!ruleset().contains("id: ctrB"), "{}", ruleset());
+        masq::check(Backend::Nftables, "nftnet", "eth0", "ctrC", &c).unwrap();
+        masq::gc::<&str, &str>("nftnet", &[]).unwrap();
+        assert!(!ruleset().contains("masquerade comment"), "{}", ruleset());
+    });
+}
+
+/// CHECK names exactly what is missing: one rule of an attachment, the
+/// goto of the base chain, the whole table.
+#[test]
+fn nftables_check_names_missing_rules() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let err = masq::check(Backend::Nftables, "nftnet", "eth0", "ctrA", &[]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "nftables: table inet cni_plugins_masquerade not found in inet ruleset"
+        );
+        let a = ips(&["10.77.0.2/24", "fd00:77::2/64"]);
+        masq::setup(Backend::Nftables, "nftnet", "eth0", "ctrA", &a).unwrap();
+        let prefix = cni_firewall::naming::nft_instance_hash("nftnet", "eth0", "ctrA");
+        let v6 = nft_handles(&prefix)[1].to_string();
+        sh(
+            "nft",
+            &[
+                "delete",
+                "rule",
+                "inet",
+                "cni_plugins_masquerade",
+                "masq_checks",
+                "handle",
+                &v6,
+            ],
+        );
+        sh(
+            "nft",
+            &[
+                "flush",
+                "chain",
+                "inet",
+                "cni_plugins_masquerade",
+                "postrouting",
+            ],
+        );
+        let text = masq::check(Backend::Nftables, "nftnet", "eth0", "ctrA", &a)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            text.contains("nftables: goto masq_checks not found in table inet cni_plugins_masquerade chain postrouting"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ip6 saddr == fd00:77::2 ip6 daddr != fd00:77::/64 masquerade"),
+            "{text}"
+        );
+        assert!(!text.contains("10.77.0.2"), "{text}");
+        // A setup repairs both.
+        masq::setup(Backend::Nftables, "nftnet", "eth0", "ctrA", &a).unwrap();
+        masq::check(Backend::Nftables, "nftnet", "eth0", "ctrA", &a).unwrap();
+    });
+}
+
+/// Whether `iptables-save` and `ip6tables-save` are iptables-nft here.
+fn iptables_is_nft() -> bool {
+    ["iptables-save", "ip6tables-save"].iter().all(|tool| {
+        ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+            .iter()
+            .find_map(|dir| std::fs::canonicalize(format!("{dir}/{tool}")).ok())
+            .is_some_and(|p| p.ends_with("xtables-nft-multi"))
+    })
+}
+
+/// On iptables-nft, DEL asks nf_tables whether the container's chain exists
+/// and runs the iptables tools only if it does; legacy iptables always runs
+/// them.
+#[test]
+fn iptables_nft_probe_decides_teardown() {
+    if !privileged() {
+        return;
+    }
+    let nft = iptables_is_nft();
+    in_netns(|| {
+        // Fresh namespace: no nat table at all.
+        assert_eq!(masq::iptables_teardown_needed("mynet", "ctrA"), !nft);
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+
+        masq::setup(
+            Backend::Iptables,
+            "mynet",
+            "eth0",
+            "ctrA",
+            &ips(&["10.77.0.2/24"]),
+        )
+        .unwrap();
+        masq::setup(
+            Backend::Iptables,
+            "mynet",
+            "eth0",
+            "ctrB",
+            &ips(&["fd00:77::3/64"]),
+        )
+        .unwrap();
+        assert!(masq::iptables_teardown_needed("mynet", "ctrA"));
+        // Only in ip6 nat.
+        assert!(masq::iptables_teardown_needed("mynet", "ctrB"));
+        // The nat tables exist, the chain does not.
+        assert_eq!(masq::iptables_teardown_needed("mynet", "ctrZ"), !nft);
+
+        masq::teardown("mynet", "eth0", "ctrA").unwrap();
+        assert_eq!(masq::iptables_teardown_needed("mynet", "ctrA"), !nft);
+        assert!(nat_rules("iptables-save").is_empty());
+        assert!(masq::iptables_teardown_needed("mynet", "ctrB"));
+        masq::teardown("mynet", "eth0", "ctrB").unwrap();
+        assert!(nat_rules("ip6tables-save").is_empty());
+        assert_eq!(masq::iptables_teardown_needed("mynet", "ctrB"), !nft);
+
+        // GC with nothing of ours left is a no-op either way.
+        masq::gc::<&str, &str>("mynet", &[]).unwrap();
+    });
+}
+
+/// Setups and teardowns of many attachments at once, each on its own
+/// socket, leave exactly the survivors' rules and one base chain.
+#[test]
+fn nftables_concurrent_setup_and_teardown() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let addrs = |i: usize| {
+            ips(&[
+                &format!("10.77.1.{}/24", 10 + i),
+                &format!("fd00:78::{}/64", 10 + i),
+            ])
+        };
+        std::thread::scope(|s| {
+            for i in 0..16 {
+                s.spawn(move || {
+                    let cid = format!("ctr{i}");
+                    masq::setup(Backend::Nftables, "nftnet", "eth0", &cid, &addrs(i)).unwrap();
+                    // Re-setup (replaces by handle) races with others' setups.
+                    masq::setup(Backend::Nftables, "nftnet", "eth0", &cid, &addrs(i)).unwrap();
+                    if i % 2 == 1 {
+                        masq::teardown("nftnet", "eth0", &cid).unwrap();
+                    }
+                });
+            }
+        });
+        for i in 0..16 {
+            let result = masq::check(
+                Backend::Nftables,
+                "nftnet",
+                "eth0",
+                &format!("ctr{i}"),
+                &addrs(i),
+            );
+            assert_eq!(result.is_ok(), i % 2 == 0, "ctr{i}: {result:?}");
+        }
+        let rs = ruleset();
+        assert_eq!(rs.matches("masquerade comment").count(), 16, "{rs}");
+        assert_eq!(rs.matches("goto masq_checks").count(), 1, "{rs}");
+        assert_eq!(rs.matches("return").count(), 2, "{rs}");
+    });
+}

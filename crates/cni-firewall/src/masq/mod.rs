@@ -122,13 +122,21 @@ pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
         nftables::teardown(network, ifname, container_id),
         nftables::usable,
     );
-    let chain = iptables_chain_name(network, container_id);
-    let ipt = if iptables_may_hold(|nl, family| nl.has_chain(family, IPTABLES_NAT, &chain)) {
+    let ipt = if iptables_teardown_needed(network, container_id) {
         relevant(iptables::teardown(network, container_id), iptables::usable)
     } else {
         Ok(())
     };
     Error::collect([ipt, nft].into_iter().filter_map(Result::err).collect())
+}
+
+/// Whether [`teardown`] runs the iptables tools for this container: not when
+/// they are iptables-nft and nf_tables shows no chain of the container in
+/// `ip nat` or `ip6 nat` (nothing there to remove). Public for tests.
+#[doc(hidden)]
+pub fn iptables_teardown_needed(network: &str, container_id: &str) -> bool {
+    let chain = iptables_chain_name(network, container_id);
+    iptables_may_hold(|nl, family| nl.has_chain(family, IPTABLES_NAT, &chain))
 }
 
 /// Verifies that [`setup`] with the same arguments is in effect; the error
