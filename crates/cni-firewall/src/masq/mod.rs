@@ -66,11 +66,14 @@ impl Backend {
     /// neither works (e.g. no privileges yet), nftables only if iptables is
     /// not installed but nft is.
     pub fn detect() -> Backend {
+        let nft_installed = || crate::exec::locate("nft").is_some();
         choose_default(
             iptables::usable,
-            nftables::usable,
+            // We no longer need the nft binary, but the reference does, and
+            // the default must be the one it would pick.
+            || nft_installed() && nftables::usable(),
             iptables::installed,
-            || crate::exec::locate("nft").is_some(),
+            nft_installed,
         )
     }
 }
