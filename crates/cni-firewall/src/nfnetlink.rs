@@ -44,6 +44,7 @@ const NFT_MSG_NEWTABLE: u16 = 0;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
+const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
@@ -55,6 +56,7 @@ const NFTA_TABLE_USERDATA: u16 = 6;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
 const NFTA_CHAIN_TYPE: u16 = 7;
 const NFTA_CHAIN_USERDATA: u16 = 12;
 const NFTA_HOOK_HOOKNUM: u16 = 1;
@@ -80,9 +82,12 @@ const UDATA_COMMENT: u8 = 0;
 pub(crate) const NFPROTO_INET: u8 = 1;
 pub(crate) const NFPROTO_IPV4: u8 = 2;
 pub(crate) const NFPROTO_IPV6: u8 = 10;
+pub(crate) const NFPROTO_BRIDGE: u8 = 7;
 
 /// `NF_INET_POST_ROUTING`.
 pub(crate) const HOOK_POSTROUTING: u32 = 4;
+/// `NF_BR_PRE_ROUTING`.
+pub(crate) const HOOK_BRIDGE_PREROUTING: u32 = 0;
 /// nft's `srcnat` priority (`NF_IP_PRI_NAT_SRC`).
 pub(crate) const PRIORITY_SRCNAT: i32 = 100;
 
@@ -92,6 +97,10 @@ pub(crate) const REG_1: u32 = 1;
 pub(crate) const REG_VERDICT: u32 = 0;
 /// `NFT_META_NFPROTO`.
 pub(crate) const META_NFPROTO: u32 = 15;
+/// `NFT_META_IIFNAME`.
+pub(crate) const META_IIFNAME: u32 = 6;
+/// `NFT_PAYLOAD_LL_HEADER`.
+pub(crate) const BASE_LINK: u32 = 0;
 /// `NFT_PAYLOAD_NETWORK_HEADER`.
 pub(crate) const BASE_NETWORK: u32 = 1;
 /// `NFT_CMP_EQ` and `NFT_CMP_NEQ`.
@@ -101,6 +110,10 @@ pub(crate) const CMP_NEQ: u32 = 1;
 pub(crate) const VERDICT_GOTO: i32 = -4;
 pub(crate) const VERDICT_JUMP: i32 = -3;
 pub(crate) const VERDICT_RETURN: i32 = -5;
+/// `NF_DROP`.
+pub(crate) const VERDICT_DROP: i32 = 0;
+/// `NF_ACCEPT`, as a base chain policy.
+pub(crate) const POLICY_ACCEPT: u32 = 1;
 
 /// Largest datagram the kernel sends us: dumps fill at most 32 KiB
 /// (`netlink_dump` caps its buffer there), acks are smaller.
@@ -156,6 +169,8 @@ pub(crate) struct Hook<'a> {
     pub(crate) chain_type: &'a str,
     pub(crate) hooknum: u32,
     pub(crate) priority: i32,
+    /// `NF_ACCEPT`/`NF_DROP`; `None` leaves the kernel's default (accept).
+    pub(crate) policy: Option<u32>,
 }
 
 /// A rule as dumped by the kernel.
@@ -444,6 +459,9 @@ impl Batch {
             self.w
                 .attr(NFTA_HOOK_PRIORITY, &hook.priority.to_be_bytes());
             self.w.nest_end(nest);
+            if let Some(policy) = hook.policy {
+                self.w.attr_u32(NFTA_CHAIN_POLICY, policy);
+            }
         }
         if let Some(comment) = comment {
             self.w.attr(NFTA_CHAIN_USERDATA, &udata_comment(comment)?);
@@ -459,6 +477,21 @@ impl Batch {
         self.w.attr_str(NFTA_RULE_TABLE, table);
         self.w.attr_str(NFTA_RULE_CHAIN, chain);
         self.w.end_msg(msg);
+    }
+
+    /// `delete chain` (it must be empty and unreferenced).
+    pub(crate) fn delete_chain(&mut self, family: u8, table: &str, chain: &str) {
+        let what = format!("delete chain {} {table} {chain}", family_name(family));
+        let msg = self.begin(NFT_MSG_DELCHAIN, 0, family, what);
+        self.w.attr_str(NFTA_CHAIN_TABLE, table);
+        self.w.attr_str(NFTA_CHAIN_NAME, chain);
+        self.w.end_msg(msg);
+    }
+
+    /// The changes in nft syntax, in order (for tests).
+    #[cfg(test)]
+    pub(crate) fn describe(&self) -> Vec<&str> {
+        self.ops.iter().map(|(_, what)| what.as_str()).collect()
     }
 
     /// `add rule` (appended at the end of the chain).
@@ -526,7 +559,7 @@ pub(crate) fn family_name(family: u8) -> &'static str {
         NFPROTO_INET => "inet",
         NFPROTO_IPV4 => "ip",
         NFPROTO_IPV6 => "ip6",
-        7 => "bridge",
+        NFPROTO_BRIDGE => "bridge",
         _ => "unknown-family",
     }
 }

@@ -838,3 +838,125 @@ fn nftables_concurrent_setup_and_teardown() {
         assert_eq!(rs.matches("return").count(), 2, "{rs}");
     });
 }
+
+/// The nft JSON batch the spoof check used to apply with `nft -j -f -`.
+fn macspoof_nft_batch(cid: &str, ifname: &str, veth: &str, mac: &str, stale: &[u64]) -> String {
+    use serde_json::json;
+    let iface = format!("cni-br-iface-{cid}-{ifname}");
+    let mac_chain = format!("{iface}-mac");
+    let comment = format!("macspoofchk-{cid}-{ifname}");
+    let chain = |name: &str| json!({"family": "bridge", "table": "nat", "name": name});
+    let rule = |chain: &str, expr: serde_json::Value| json!({"add": {"rule": {"family": "bridge", "table": "nat", "chain": chain, "expr": expr, "comment": comment}}});
+    let mut cmds = vec![
+        json!({"add": {"table": {"family": "bridge", "name": "nat"}}}),
+        json!({"add": {"chain": {"family": "bridge", "table": "nat", "name": "PREROUTING",
+            "type": "filter", "hook": "prerouting", "prio": -300, "policy": "accept"}}}),
+        json!({"add": {"chain": chain(&iface)}}),
+        json!({"add": {"chain": chain(&mac_chain)}}),
+        json!({"flush": {"chain": chain(&iface)}}),
+        json!({"flush": {"chain": chain(&mac_chain)}}),
+    ];
+    for h in stale {
+        cmds.push(json!({"delete": {"rule": {"family": "bridge", "table": "nat", "chain": "PREROUTING", "handle": h}}}));
+    }
+    cmds.extend([
+        rule("PREROUTING", json!([
+            {"match": {"op": "==", "left": {"meta": {"key": "iifname"}}, "right": veth}},
+            {"jump": {"target": iface}}])),
+        rule(&iface, json!([{"jump": {"target": mac_chain}}])),
+        rule(&mac_chain, json!([
+            {"match": {"op": "==", "left": {"payload": {"protocol": "ether", "field": "saddr"}}, "right": mac}},
+            {"return": null}])),
+        rule(&mac_chain, json!([{"drop": null}])),
+    ]);
+    json!({"nftables": cmds}).to_string()
+}
+
+fn nft_json_stdin(batch: &str) {
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-j", "-f", "-"])
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(batch.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft -j -f: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The spoof check through netlink leaves the same `bridge nat` table as
+/// the nft JSON batches it replaced, and tears down what nft made.
+#[test]
+fn macspoof_table_is_identical_to_nft_batches() {
+    if !privileged() {
+        return;
+    }
+    let steps = [
+        ("ctrA", "eth0", "veth1234", MAC_A),
+        ("ctrB", "eth1", "vethb", "02:42:ac:11:00:03"),
+        ("ctrA", "eth0", "veth1234", "02:42:ac:11:00:04"),
+    ];
+    let listings = || {
+        [
+            sh("nft", &["list", "table", "bridge", "nat"]),
+            sh("nft", &["-a", "list", "table", "bridge", "nat"]),
+            sh("nft", &["-j", "list", "table", "bridge", "nat"]),
+        ]
+    };
+    let by_nft = in_netns(|| {
+        let mut seen = Vec::new();
+        for (cid, ifname, veth, mac) in steps {
+            let comment = format!("macspoofchk-{cid}-{ifname}");
+            let stale: Vec<u64> = if ruleset().is_empty() {
+                vec![]
+            } else {
+                let json = sh(
+                    "nft",
+                    &["-j", "list", "chain", "bridge", "nat", "PREROUTING"],
+                );
+                let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+                v["nftables"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|i| i.get("rule"))
+                    .filter(|r| r["comment"].as_str() == Some(comment.as_str()))
+                    .map(|r| r["handle"].as_u64().unwrap())
+                    .collect()
+            };
+            nft_json_stdin(&macspoof_nft_batch(cid, ifname, veth, mac, &stale));
+            seen.push(listings());
+        }
+        // What nft made, we check and remove.
+        macspoof::check("ctrB", "eth1", "vethb", "02:42:ac:11:00:03").unwrap();
+        macspoof::teardown("ctrB", "eth1").unwrap();
+        assert!(!ruleset().contains("ctrB"), "{}", ruleset());
+        macspoof::gc::<&str, &str>(&[]).unwrap();
+        assert!(!ruleset().contains("cni-br-iface"), "{}", ruleset());
+        seen
+    });
+    let by_us = in_netns(|| {
+        let mut seen = Vec::new();
+        for (cid, ifname, veth, mac) in steps {
+            macspoof::setup(cid, ifname, veth, mac).unwrap();
+            seen.push(listings());
+        }
+        seen
+    });
+    for (step, (nft, ours)) in by_nft.iter().zip(&by_us).enumerate() {
+        for (nft, ours) in nft.iter().zip(ours) {
+            assert_eq!(ours, nft, "after step {step}");
+        }
+    }
+}

@@ -224,6 +224,7 @@ pub(crate) fn setup_batch(stale: &[u64], ips: &[IpNetwork], comment: &str) -> Re
         chain_type: "nat",
         hooknum: HOOK_POSTROUTING,
         priority: PRIORITY_SRCNAT,
+        policy: None,
     };
     b.add_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, Some(hook), None)?;
     b.flush_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN);
