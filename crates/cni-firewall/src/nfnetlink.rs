@@ -773,9 +773,35 @@ fn parse_rule(payload: &[u8]) -> Option<Rule> {
 /// A `NETLINK_NETFILTER` socket in the calling thread's network namespace.
 #[derive(Debug)]
 pub(crate) struct Nfnl {
-    sock: Socket,
+    /// Always `Some` until dropped.
+    sock: Option<Socket>,
     buf: Vec<u8>,
     seq: u32,
+    /// Whether a transaction was sent: closing the socket then waits (see
+    /// [`Drop`]).
+    committed: bool,
+}
+
+/// Closing a netfilter socket after a transaction blocks for an RCU grace
+/// period (several ms): on `NETLINK_URELEASE` nf_tables flushes the deferred
+/// destruction of the objects the transaction removed, which waits for
+/// `synchronize_rcu()`. Every change is acknowledged (or its error collected)
+/// before this point, so the close is handed to a short-lived thread and the
+/// caller goes on with its other work; a process that exits right away still
+/// waits for it in `exit`, as it would have in `close`.
+impl Drop for Nfnl {
+    fn drop(&mut self) {
+        let Some(sock) = self.sock.take() else {
+            return;
+        };
+        if self.committed {
+            // If no thread can be started, the closure (and the socket with
+            // it) is dropped here, closing synchronously.
+            let _ = std::thread::Builder::new()
+                .name("nfnl-close".into())
+                .spawn(move || drop(sock));
+        }
+    }
 }
 
 impl Nfnl {
@@ -789,9 +815,10 @@ impl Nfnl {
         // replies are matched on our own socket anyway.
         let seq = std::process::id().wrapping_shl(12);
         Ok(Nfnl {
-            sock,
+            sock: Some(sock),
             buf: Vec::with_capacity(RECV_BUF),
             seq,
+            committed: false,
         })
     }
 
@@ -800,8 +827,17 @@ impl Nfnl {
         self.seq
     }
 
+    fn socket(&self) -> io::Result<&Socket> {
+        self.sock
+            .as_ref()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
+    }
+
     fn send(&self, bytes: &[u8], target: &str) -> Result<()> {
-        let sent = self.sock.send(bytes, 0).map_err(|e| io_error(target, &e))?;
+        let sent = self
+            .socket()
+            .and_then(|sock| sock.send(bytes, 0))
+            .map_err(|e| io_error(target, &e))?;
         if sent != bytes.len() {
             return Err(nl_error(target, "short write to the netlink socket"));
         }
@@ -814,7 +850,11 @@ impl Nfnl {
         let flags = libc::MSG_TRUNC | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
         loop {
             self.buf.clear();
-            match self.sock.recv(&mut self.buf, flags) {
+            let sock = self.sock.as_ref();
+            match sock.map_or_else(
+                || Err(io::Error::from(io::ErrorKind::NotConnected)),
+                |sock| sock.recv(&mut self.buf, flags),
+            ) {
                 Ok(n) if n > self.buf.len() => {
                     return Err(nl_error(target, "netlink reply larger than the buffer"));
                 }
@@ -850,6 +890,7 @@ impl Nfnl {
             offset += len.max(NLMSG_HDRLEN).next_multiple_of(4);
         }
         self.seq = last;
+        self.committed = true;
         self.send(&bytes, target)?;
 
         let mut acked = vec![false; ops.len()];
