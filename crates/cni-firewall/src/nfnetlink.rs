@@ -572,9 +572,10 @@ fn explain(errno: i32) -> String {
         libc::EEXIST => "it already exists",
         libc::EBUSY => "the object is in use",
         libc::EPERM => "operation not permitted (CAP_NET_ADMIN is needed)",
-        libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT => {
-            "the kernel lacks nf_tables support for this"
+        libc::EOPNOTSUPP => {
+            "not supported: an existing object may differ (e.g. a chain with another type or hook), or the kernel lacks the feature"
         }
+        libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT => "nf_tables is not available in this kernel",
         libc::EINVAL => "the kernel rejected the request as invalid",
         libc::ENOBUFS | libc::ENOMEM => "the kernel ran out of memory",
         libc::ENOSPC => "too many objects",

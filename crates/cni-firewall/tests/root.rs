@@ -960,3 +960,36 @@ fn macspoof_table_is_identical_to_nft_batches() {
         }
     }
 }
+
+/// A refused change names the object in nft syntax, and nothing of the
+/// transaction lands (all or nothing).
+#[test]
+fn nftables_refused_transaction_names_the_object_and_changes_nothing() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        // Someone else's chain of the same name with another hook.
+        nft_stdin(
+            "add table inet cni_plugins_masquerade\n\
+             add chain inet cni_plugins_masquerade postrouting { type filter hook input priority 0 ; }\n",
+        );
+        let before = ruleset();
+        let err = masq::setup(
+            Backend::Nftables,
+            "nftnet",
+            "eth0",
+            "ctrA",
+            &ips(&["10.77.0.2/24"]),
+        )
+        .unwrap_err()
+        .to_string();
+        eprintln!("refused as: {err}");
+        assert!(
+            err.starts_with("nftables: add chain inet cni_plugins_masquerade postrouting failed: "),
+            "{err}"
+        );
+        assert_eq!(ruleset(), before);
+        assert!(masq::check(Backend::Nftables, "nftnet", "eth0", "ctrA", &[]).is_err());
+    });
+}
