@@ -779,24 +779,18 @@ pub(crate) struct Nfnl {
     sock: Option<Socket>,
     buf: Vec<u8>,
     seq: u32,
-    /// Whether a transaction was sent: closing the socket then waits (see
-    /// [`Drop`]).
-    committed: bool,
 }
 
-/// Closing a netfilter socket after a transaction blocks for an RCU grace
-/// period (several ms): on `NETLINK_URELEASE` nf_tables flushes the deferred
-/// destruction of the objects the transaction removed, which waits for
-/// `synchronize_rcu()`. Every change is acknowledged (or its error collected)
-/// before this point, so the close is handed to a short-lived thread and the
-/// caller goes on with its other work; a process that exits right away still
-/// waits for it in `exit`, as it would have in `close`.
+/// Closing a netfilter socket can block for an RCU grace period (several
+/// ms): on `NETLINK_URELEASE` nf_tables flushes the deferred destruction of
+/// what recent transactions removed (ours or anyone's), which waits for
+/// `synchronize_rcu()`. Every answer has been read by then, so the close is
+/// handed to a short-lived thread and the caller goes on with its other
+/// work; a process that exits right away still waits for it in `exit`, as it
+/// would have in `close`.
 impl Drop for Nfnl {
     fn drop(&mut self) {
-        let Some(sock) = self.sock.take() else {
-            return;
-        };
-        if self.committed {
+        if let Some(sock) = self.sock.take() {
             // If no thread can be started, the closure (and the socket with
             // it) is dropped here, closing synchronously.
             let _ = std::thread::Builder::new()
@@ -820,7 +814,6 @@ impl Nfnl {
             sock: Some(sock),
             buf: Vec::with_capacity(RECV_BUF),
             seq,
-            committed: false,
         })
     }
 
@@ -892,7 +885,6 @@ impl Nfnl {
             offset += len.max(NLMSG_HDRLEN).next_multiple_of(4);
         }
         self.seq = last;
-        self.committed = true;
         self.send(&bytes, target)?;
 
         let mut acked = vec![false; ops.len()];

@@ -121,11 +121,20 @@ pub fn setup(
 /// The iptables chain is per (network, container) like the reference, so it
 /// also carries any other interface of the same container on this network.
 pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
-    let nft = relevant(
-        nftables::teardown(network, ifname, container_id),
-        nftables::usable,
-    );
-    let ipt = if iptables_teardown_needed(network, container_id) {
+    // One socket for both: releasing a netfilter socket can wait for the
+    // kernel to finish freeing what a recent transaction deleted (an RCU
+    // grace period), so a second socket closed after our own deletions
+    // would pay that wait in the middle of DEL.
+    let (nft, ipt_needed) = match Nfnl::open() {
+        Ok(mut nl) => {
+            let needed = iptables_chain_may_exist(&mut nl, network, container_id);
+            let nft = nftables::teardown(&mut nl, network, ifname, container_id);
+            (nft, needed)
+        }
+        Err(e) => (Err(e), true),
+    };
+    let nft = relevant(nft, nftables::usable);
+    let ipt = if ipt_needed {
         relevant(iptables::teardown(network, container_id), iptables::usable)
     } else {
         Ok(())
@@ -138,8 +147,14 @@ pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
 /// `ip nat` or `ip6 nat` (nothing there to remove). Public for tests.
 #[doc(hidden)]
 pub fn iptables_teardown_needed(network: &str, container_id: &str) -> bool {
+    Nfnl::open().map_or(true, |mut nl| {
+        iptables_chain_may_exist(&mut nl, network, container_id)
+    })
+}
+
+fn iptables_chain_may_exist(nl: &mut Nfnl, network: &str, container_id: &str) -> bool {
     let chain = iptables_chain_name(network, container_id);
-    iptables_may_hold(|nl, family| nl.has_chain(family, IPTABLES_NAT, &chain))
+    iptables_may_hold(nl, |nl, family| nl.has_chain(family, IPTABLES_NAT, &chain))
 }
 
 /// Verifies that [`setup`] with the same arguments is in effect; the error
@@ -173,19 +188,23 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(network: &str, valid: &[(C, I)]) -> Resu
         nl.chain_names(family, IPTABLES_NAT)
             .map(|names| names.iter().any(|n| n.starts_with(IPTABLES_CHAIN_PREFIX)))
     };
-    let ipt = if iptables_may_hold(any_cni_chain) {
+    let (nft, ipt_needed) = match Nfnl::open() {
+        Ok(mut nl) => (
+            nftables::gc(&mut nl, network, &valid),
+            iptables_may_hold(&mut nl, any_cni_chain),
+        ),
+        Err(e) => (Err(e), true),
+    };
+    let ipt = if ipt_needed {
         relevant(iptables::gc(network, &ids), iptables::usable)
     } else {
         Ok(())
     };
     Error::collect(
-        [
-            ipt,
-            relevant(nftables::gc(network, &valid), nftables::usable),
-        ]
-        .into_iter()
-        .filter_map(Result::err)
-        .collect(),
+        [ipt, relevant(nft, nftables::usable)]
+            .into_iter()
+            .filter_map(Result::err)
+            .collect(),
     )
 }
 
@@ -210,16 +229,13 @@ fn iptables_is_nft() -> bool {
 /// `present` for both families' `nat` tables. Only a definite "no" in both
 /// (iptables-nft, and `present` false or the table absent) lets the caller
 /// skip the iptables tools; legacy iptables and any doubt keep the exec path.
-fn iptables_may_hold(present: impl Fn(&mut Nfnl, u8) -> Result<bool>) -> bool {
+fn iptables_may_hold(nl: &mut Nfnl, present: impl Fn(&mut Nfnl, u8) -> Result<bool>) -> bool {
     if !iptables_is_nft() {
         return true;
     }
-    let Ok(mut nl) = Nfnl::open() else {
-        return true;
-    };
     [NFPROTO_IPV4, NFPROTO_IPV6]
         .into_iter()
-        .any(|family| present(&mut nl, family).unwrap_or(true))
+        .any(|family| present(nl, family).unwrap_or(true))
 }
 
 /// Cleanup errors only count for a backend that works here: a node without

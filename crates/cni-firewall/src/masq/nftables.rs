@@ -342,18 +342,22 @@ pub(crate) fn setup(
 }
 
 /// Removes the attachment's rules; a missing table means nothing to do.
-pub(crate) fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
+pub(crate) fn teardown(
+    nl: &mut Nfnl,
+    network: &str,
+    ifname: &str,
+    container_id: &str,
+) -> Result<()> {
     let prefix = nft_instance_hash(network, ifname, container_id);
-    let mut nl = Nfnl::open()?;
     // Retried like setup: a concurrent DEL of the same attachment may delete
     // a rule between our read and our transaction.
     let mut attempts_left = 3;
     loop {
-        let handles = handles_with_prefix(&masq_chain_rules(&mut nl)?, &prefix);
+        let handles = handles_with_prefix(&masq_chain_rules(nl)?, &prefix);
         if handles.is_empty() {
             return Ok(());
         }
-        match delete_handles(&mut nl, &handles) {
+        match delete_handles(nl, &handles) {
             Err(e) if nfnetlink_not_found(&e) && attempts_left > 1 => attempts_left -= 1,
             other => return other,
         }
@@ -397,14 +401,13 @@ pub(crate) fn check(
 }
 
 /// Removes this network's rules that belong to no valid attachment.
-pub(crate) fn gc(network: &str, valid: &[(&str, &str)]) -> Result<()> {
-    let mut nl = Nfnl::open()?;
+pub(crate) fn gc(nl: &mut Nfnl, network: &str, valid: &[(&str, &str)]) -> Result<()> {
     let keep = valid
         .iter()
         .map(|(cid, ifname)| nft_comment(network, ifname, cid))
         .collect();
-    let handles = gc_handles(&masq_chain_rules(&mut nl)?, network, &keep);
-    delete_handles(&mut nl, &handles)
+    let handles = gc_handles(&masq_chain_rules(nl)?, network, &keep);
+    delete_handles(nl, &handles)
 }
 
 /// Whether nftables works here (the kernel answers nf_tables requests and
