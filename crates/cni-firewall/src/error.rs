@@ -77,6 +77,18 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// The kernel refused an nf_tables request made over netlink (or the
+    /// netlink socket failed).
+    #[error("nftables: {target} failed: {detail}")]
+    Netlink {
+        /// The request in nft syntax, e.g. `add table inet cni_plugins_masquerade`.
+        target: String,
+        /// What went wrong, with the kernel's errno.
+        detail: String,
+        /// The errno, when the kernel answered with one.
+        errno: Option<i32>,
+    },
+
     /// CHECK found that a rule we installed is not there (any more).
     #[error("{backend}: {what} not found in {target}")]
     Missing {

@@ -1,4 +1,4 @@
-//! Running the firewall tools (`iptables-restore`, `iptables-save`, `nft`).
+//! Running the firewall tools (`iptables-restore`, `iptables-save`).
 //!
 //! Programs are started with an argument vector, never through a shell, and
 //! rules travel on stdin so that no user-supplied text is ever interpreted by a

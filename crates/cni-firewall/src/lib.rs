@@ -3,16 +3,18 @@
 //! reference plugins' rules so operators and the reference plugins recognise
 //! them.
 //!
-//! All changes go through the command-line tools (`iptables-restore`,
-//! `nft`) with rules on stdin, one transaction per call. The tools run in the
-//! calling thread's network namespace.
+//! nftables rules (masquerade and the MAC spoof check) are changed over
+//! netlink, one nf_tables transaction per change, without starting `nft`;
+//! iptables rules go through `iptables-save`/`iptables-restore` with rules on
+//! stdin, one transaction per call. Sockets and tools act in the calling
+//! thread's network namespace.
 
 pub mod error;
 mod exec;
 pub mod macspoof;
 pub mod masq;
 pub mod naming;
-mod nft;
+mod nfnetlink;
 
 pub use error::{Error, Result};
 pub use masq::Backend;

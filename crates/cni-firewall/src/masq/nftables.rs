@@ -1,20 +1,28 @@
 //! The nftables masquerade backend (table `inet cni_plugins_masquerade`).
 //!
-//! Layout, comments and rule texts are those of the reference plugins, so the
+//! Layout, comments and rules are those of the reference plugins, so the
 //! reference can clean up after us and vice versa. Each attachment owns the
 //! rules in `masq_checks` whose comment starts with its instance hash; the
 //! base chain `postrouting` is shared and rewritten by every setup, always in
 //! the same transaction as the attachment's rules, so two concurrent setups
 //! both leave a complete table behind.
+//!
+//! Changes are nf_tables transactions sent over netlink ([`crate::nfnetlink`])
+//! with the expressions `nft` itself generates for the reference's rule texts
+//! (shown in the docs below), so `nft list` prints the same table either way.
 
 use std::collections::HashSet;
+use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
-use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 use crate::naming::{nft_comment, nft_instance_hash, nft_network_hash};
-use crate::nft::{self, Listing};
+use crate::nfnetlink::{
+    self, BASE_NETWORK, Batch, CMP_EQ, CMP_NEQ, Data, Expr, HOOK_POSTROUTING, Hook, META_NFPROTO,
+    NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, Nfnl, PRIORITY_SRCNAT, REG_1, REG_VERDICT, Rule,
+    VERDICT_GOTO, VERDICT_RETURN,
+};
 
 const FAMILY: &str = "inet";
 /// Table of the reference's nftables masquerade backend.
@@ -26,13 +34,16 @@ pub(crate) const POSTROUTING_CHAIN: &str = "postrouting";
 const TABLE_COMMENT: &str = "Masquerading for plugins from github.com/containernetworking/plugins";
 const CHAIN_COMMENT: &str =
     "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet";
+/// Deletions per transaction in GC: every message is acknowledged, and the
+/// acknowledgements of one transaction must fit the socket's receive buffer.
+const DELETES_PER_BATCH: usize = 64;
 
 fn target() -> String {
     format!("table {FAMILY} {TABLE} chain {MASQ_CHAIN}")
 }
 
-/// `ip saddr == <ip> ip daddr != <subnet> masquerade`, as the reference
-/// writes it.
+/// `ip saddr == <ip> ip daddr != <subnet> masquerade`, the reference's rule
+/// text (used in messages).
 fn rule_body(ip: &IpNetwork) -> String {
     let proto = if ip.is_ipv4() { "ip" } else { "ip6" };
     format!(
@@ -47,7 +58,8 @@ pub(crate) fn subnet(ip: &IpNetwork) -> IpNetwork {
     IpNetwork::new(ip.network(), ip.prefix()).unwrap_or(*ip)
 }
 
-/// nft's quoted strings have no escapes: refuse what would end or break one.
+/// The reference refuses comments nft's quoted strings cannot carry; so do
+/// we, so both accept the same configurations.
 fn check_comment(comment: &str) -> Result<()> {
     if comment.chars().any(|c| c == '"' || c.is_control()) {
         return Err(Error::InvalidInput {
@@ -59,63 +71,206 @@ fn check_comment(comment: &str) -> Result<()> {
     Ok(())
 }
 
+fn addr_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// `meta nfproto ipv4|ipv6`, which nft puts before any `ip`/`ip6` match in
+/// an `inet` table.
+fn nfproto(ip: IpAddr) -> [Expr; 2] {
+    let proto = if ip.is_ipv4() {
+        NFPROTO_IPV4
+    } else {
+        NFPROTO_IPV6
+    };
+    [
+        Expr::Meta {
+            key: META_NFPROTO,
+            dreg: REG_1,
+        },
+        Expr::Cmp {
+            sreg: REG_1,
+            op: CMP_EQ,
+            data: vec![proto],
+        },
+    ]
+}
+
+/// Which address of the IP header a match reads.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    Saddr,
+    Daddr,
+}
+
+/// `ip[6] saddr|daddr ==|!= <addr>/<prefix>` as nft compiles it: a whole
+/// address is loaded and compared; a byte-aligned prefix loads and compares
+/// only its bytes; any other prefix (also /0) loads the whole address and
+/// masks it first.
+fn addr_match(field: Field, op: u32, addr: IpAddr, prefix: u8) -> Vec<Expr> {
+    let bytes = addr_bytes(addr);
+    let full = bytes.len();
+    let offset = match (addr.is_ipv4(), field) {
+        (true, Field::Saddr) => 12,
+        (true, Field::Daddr) => 16,
+        (false, Field::Saddr) => 8,
+        (false, Field::Daddr) => 24,
+    };
+    let prefix = usize::from(prefix).min(full * 8);
+    let load = |len: usize| Expr::Payload {
+        dreg: REG_1,
+        base: BASE_NETWORK,
+        offset,
+        len: len as u32,
+    };
+    let mut out = Vec::from(nfproto(addr));
+    if prefix == full * 8 || (prefix > 0 && prefix % 8 == 0) {
+        let len = if prefix == full * 8 { full } else { prefix / 8 };
+        out.push(load(len));
+        out.push(Expr::Cmp {
+            sreg: REG_1,
+            op,
+            data: bytes[..len].to_vec(),
+        });
+    } else {
+        let mask: Vec<u8> = (0..full)
+            .map(|i| {
+                let bits = prefix.saturating_sub(i * 8).min(8);
+                (0xffu16 << (8 - bits)) as u8
+            })
+            .collect();
+        let masked = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
+        out.push(load(full));
+        out.push(Expr::Bitwise {
+            sreg: REG_1,
+            dreg: REG_1,
+            len: full as u32,
+            mask,
+            xor: vec![0; full],
+        });
+        out.push(Expr::Cmp {
+            sreg: REG_1,
+            op,
+            data: masked,
+        });
+    }
+    out
+}
+
+/// The expressions of [`rule_body`]: `meta nfproto`, the source address,
+/// the destination outside the subnet, `masq`.
+fn masq_rule(ip: &IpNetwork) -> Vec<Expr> {
+    let net = subnet(ip);
+    let host = if ip.is_ipv4() { 32 } else { 128 };
+    let mut out = addr_match(Field::Saddr, CMP_EQ, ip.ip(), host);
+    // nft does not repeat the protocol check within one rule.
+    out.extend(
+        addr_match(Field::Daddr, CMP_NEQ, net.ip(), net.prefix())
+            .into_iter()
+            .skip(2),
+    );
+    out.push(Expr::Masq { flags: 0 });
+    out
+}
+
+fn verdict(code: i32, chain: Option<&str>) -> Expr {
+    Expr::Immediate {
+        dreg: REG_VERDICT,
+        data: Data::Verdict {
+            code,
+            chain: chain.map(Into::into),
+        },
+    }
+}
+
+/// The rules of `postrouting`: `ip daddr == 224.0.0.0/4 return`,
+/// `ip6 daddr == ff00::/8 return`, `goto masq_checks`.
+fn postrouting_rules() -> [Vec<Expr>; 3] {
+    let multicast = |addr: IpAddr, prefix| {
+        let mut rule = addr_match(Field::Daddr, CMP_EQ, addr, prefix);
+        rule.push(verdict(VERDICT_RETURN, None));
+        rule
+    };
+    [
+        multicast(IpAddr::from([224, 0, 0, 0]), 4),
+        multicast(IpAddr::from([0xff00, 0, 0, 0, 0, 0, 0, 0]), 8),
+        vec![verdict(VERDICT_GOTO, Some(MASQ_CHAIN))],
+    ]
+}
+
 /// The whole setup transaction: ensure table and chains, rewrite the shared
 /// base chain, replace this attachment's rules (`stale` handles) with one
-/// rule per IP.
-pub(crate) fn setup_script(stale: &[u64], ips: &[IpNetwork], comment: &str) -> String {
-    let t = format!("{FAMILY} {TABLE}");
-    let mut s = String::new();
-    s.push_str(&format!(
-        "add table {t} {{ comment \"{TABLE_COMMENT}\" ; }}\n"
-    ));
-    s.push_str(&format!(
-        "add chain {t} {MASQ_CHAIN} {{ comment \"{CHAIN_COMMENT}\" ; }}\n"
-    ));
-    s.push_str(&format!(
-        "add chain {t} {POSTROUTING_CHAIN} {{ type nat hook postrouting priority srcnat ; }}\n"
-    ));
-    s.push_str(&format!("flush chain {t} {POSTROUTING_CHAIN}\n"));
-    s.push_str(&format!(
-        "add rule {t} {POSTROUTING_CHAIN} ip daddr == 224.0.0.0/4 return\n"
-    ));
-    s.push_str(&format!(
-        "add rule {t} {POSTROUTING_CHAIN} ip6 daddr == ff00::/8 return\n"
-    ));
-    s.push_str(&format!(
-        "add rule {t} {POSTROUTING_CHAIN} goto {MASQ_CHAIN}\n"
-    ));
-    s.push_str(&delete_script(stale));
-    for ip in ips {
-        s.push_str(&format!(
-            "add rule {t} {MASQ_CHAIN} {} comment \"{comment}\"\n",
-            rule_body(ip)
-        ));
+/// rule per IP. The same as the reference's nft script:
+///
+/// ```text
+/// add table inet cni_plugins_masquerade { comment "..." ; }
+/// add chain inet cni_plugins_masquerade masq_checks { comment "..." ; }
+/// add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }
+/// flush chain inet cni_plugins_masquerade postrouting
+/// add rule inet cni_plugins_masquerade postrouting ip daddr == 224.0.0.0/4 return
+/// add rule inet cni_plugins_masquerade postrouting ip6 daddr == ff00::/8 return
+/// add rule inet cni_plugins_masquerade postrouting goto masq_checks
+/// delete rule inet cni_plugins_masquerade masq_checks handle <stale>...
+/// add rule inet cni_plugins_masquerade masq_checks <rule_body> comment "<comment>"...
+/// ```
+pub(crate) fn setup_batch(stale: &[u64], ips: &[IpNetwork], comment: &str) -> Result<Batch> {
+    let mut b = Batch::new();
+    b.add_table(NFPROTO_INET, TABLE, Some(TABLE_COMMENT))?;
+    b.add_chain(NFPROTO_INET, TABLE, MASQ_CHAIN, None, Some(CHAIN_COMMENT))?;
+    let hook = Hook {
+        chain_type: "nat",
+        hooknum: HOOK_POSTROUTING,
+        priority: PRIORITY_SRCNAT,
+        policy: None,
+    };
+    b.add_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, Some(hook), None)?;
+    b.flush_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN);
+    for rule in postrouting_rules() {
+        b.add_rule(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, &rule, None)?;
     }
-    s
+    for handle in stale {
+        b.delete_rule(NFPROTO_INET, TABLE, MASQ_CHAIN, *handle);
+    }
+    for ip in ips {
+        b.add_rule(
+            NFPROTO_INET,
+            TABLE,
+            MASQ_CHAIN,
+            &masq_rule(ip),
+            Some(comment),
+        )?;
+    }
+    Ok(b)
 }
 
 /// Deletes `masq_checks` rules by handle.
-pub(crate) fn delete_script(handles: &[u64]) -> String {
-    handles
-        .iter()
-        .map(|h| format!("delete rule {FAMILY} {TABLE} {MASQ_CHAIN} handle {h}\n"))
-        .collect()
+fn delete_batch(handles: &[u64]) -> Batch {
+    let mut b = Batch::new();
+    for handle in handles {
+        b.delete_rule(NFPROTO_INET, TABLE, MASQ_CHAIN, *handle);
+    }
+    b
 }
 
 /// Handles of `masq_checks` rules whose comment starts with `prefix`.
-pub(crate) fn handles_with_prefix(listing: &Listing, prefix: &str) -> Vec<u64> {
-    listing
-        .rules_in(MASQ_CHAIN)
+pub(crate) fn handles_with_prefix(rules: &[Rule], prefix: &str) -> Vec<u64> {
+    rules
+        .iter()
+        .filter(|r| r.chain == MASQ_CHAIN)
         .filter(|r| r.comment.as_deref().is_some_and(|c| c.starts_with(prefix)))
         .map(|r| r.handle)
         .collect()
 }
 
 /// Handles of this network's rules whose comment is not one of `keep`.
-pub(crate) fn gc_handles(listing: &Listing, network: &str, keep: &HashSet<String>) -> Vec<u64> {
+pub(crate) fn gc_handles(rules: &[Rule], network: &str, keep: &HashSet<String>) -> Vec<u64> {
     let prefix = format!("{}-", nft_network_hash(network));
-    listing
-        .rules_in(MASQ_CHAIN)
+    rules
+        .iter()
+        .filter(|r| r.chain == MASQ_CHAIN)
         .filter(|r| {
             r.comment
                 .as_deref()
@@ -125,29 +280,12 @@ pub(crate) fn gc_handles(listing: &Listing, network: &str, keep: &HashSet<String
         .collect()
 }
 
-/// The JSON statements nft lists for [`rule_body`].
-fn expected_expr(ip: &IpNetwork) -> Vec<Value> {
-    let proto = if ip.is_ipv4() { "ip" } else { "ip6" };
-    let net = subnet(ip);
-    vec![
-        json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "saddr"}},
-                         "right": ip.ip().to_string()}}),
-        json!({"match": {"op": "!=", "left": {"payload": {"protocol": proto, "field": "daddr"}},
-                         "right": {"prefix": {"addr": net.ip().to_string(), "len": net.prefix()}}}}),
-        json!({"masquerade": null}),
-    ]
-}
-
 /// What CHECK finds missing, in nft syntax (empty when all is in place).
-pub(crate) fn missing(
-    listing: &Listing,
-    ips: &[IpNetwork],
-    comment: &str,
-) -> Vec<(String, String)> {
+pub(crate) fn missing(rules: &[Rule], ips: &[IpNetwork], comment: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let has_goto = listing
-        .rules_in(POSTROUTING_CHAIN)
-        .any(|r| r.jump_target() == Some(MASQ_CHAIN));
+    let has_goto = rules
+        .iter()
+        .any(|r| r.chain == POSTROUTING_CHAIN && r.jump_target() == Some(MASQ_CHAIN));
     if !has_goto {
         out.push((
             format!("table {FAMILY} {TABLE} chain {POSTROUTING_CHAIN}"),
@@ -155,10 +293,10 @@ pub(crate) fn missing(
         ));
     }
     for ip in ips {
-        let want = expected_expr(ip);
-        let found = listing
-            .rules_in(MASQ_CHAIN)
-            .any(|r| r.comment.as_deref() == Some(comment) && r.expr == want);
+        let want = masq_rule(ip);
+        let found = rules.iter().any(|r| {
+            r.chain == MASQ_CHAIN && r.comment.as_deref() == Some(comment) && r.exprs == want
+        });
         if !found {
             out.push((target(), format!("{} comment \"{comment}\"", rule_body(ip))));
         }
@@ -166,8 +304,16 @@ pub(crate) fn missing(
     out
 }
 
-fn list_masq_chain() -> Result<Option<Listing>> {
-    nft::list(&["chain", FAMILY, TABLE, MASQ_CHAIN])
+fn masq_chain_rules(nl: &mut Nfnl) -> Result<Vec<Rule>> {
+    nl.rules(NFPROTO_INET, TABLE, Some(MASQ_CHAIN))
+}
+
+/// Deletes `handles` of `masq_checks` in transactions of bounded size.
+fn delete_handles(nl: &mut Nfnl, handles: &[u64]) -> Result<()> {
+    for chunk in handles.chunks(DELETES_PER_BATCH) {
+        nl.commit(delete_batch(chunk), &target())?;
+    }
+    Ok(())
 }
 
 /// Installs the attachment's rules, replacing any it had before.
@@ -180,15 +326,15 @@ pub(crate) fn setup(
     let comment = nft_comment(network, ifname, container_id);
     check_comment(&comment)?;
     let prefix = nft_instance_hash(network, ifname, container_id);
+    let mut nl = Nfnl::open()?;
     // A handle we read can vanish before our transaction runs (a concurrent
     // DEL/GC of the same attachment); the transaction then fails as a whole
     // and a fresh read fixes it.
     let mut attempts_left = 3;
     loop {
-        let stale = list_masq_chain()?
-            .map(|l| handles_with_prefix(&l, &prefix))
-            .unwrap_or_default();
-        match nft::apply(&setup_script(&stale, ips, &comment), &target()) {
+        let stale = handles_with_prefix(&masq_chain_rules(&mut nl)?, &prefix);
+        let batch = setup_batch(&stale, ips, &comment)?;
+        match nl.commit(batch, &target()) {
             Err(_) if !stale.is_empty() && attempts_left > 1 => attempts_left -= 1,
             other => return other,
         }
@@ -196,16 +342,34 @@ pub(crate) fn setup(
 }
 
 /// Removes the attachment's rules; a missing table means nothing to do.
-pub(crate) fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
+pub(crate) fn teardown(
+    nl: &mut Nfnl,
+    network: &str,
+    ifname: &str,
+    container_id: &str,
+) -> Result<()> {
     let prefix = nft_instance_hash(network, ifname, container_id);
-    let Some(listing) = list_masq_chain()? else {
-        return Ok(());
-    };
-    let handles = handles_with_prefix(&listing, &prefix);
-    if handles.is_empty() {
-        return Ok(());
+    // Retried like setup: a concurrent DEL of the same attachment may delete
+    // a rule between our read and our transaction.
+    let mut attempts_left = 3;
+    loop {
+        let handles = handles_with_prefix(&masq_chain_rules(nl)?, &prefix);
+        if handles.is_empty() {
+            return Ok(());
+        }
+        match delete_handles(nl, &handles) {
+            Err(e) if nfnetlink_not_found(&e) && attempts_left > 1 => attempts_left -= 1,
+            other => return other,
+        }
     }
-    nft::apply(&delete_script(&handles), &target())
+}
+
+/// Whether every error in `e` is "no such object".
+fn nfnetlink_not_found(e: &Error) -> bool {
+    match e {
+        Error::Multiple(all) => all.iter().all(nfnetlink::is_not_found),
+        e => nfnetlink::is_not_found(e),
+    }
 }
 
 /// Verifies the attachment's rules are installed.
@@ -216,12 +380,16 @@ pub(crate) fn check(
     ips: &[IpNetwork],
 ) -> Result<()> {
     let comment = nft_comment(network, ifname, container_id);
-    let listing = nft::list(&["table", FAMILY, TABLE])?.ok_or_else(|| Error::Missing {
-        backend: "nftables",
-        target: format!("{FAMILY} ruleset"),
-        what: format!("table {FAMILY} {TABLE}"),
-    })?;
-    let errors = missing(&listing, ips, &comment)
+    let mut nl = Nfnl::open()?;
+    if !nl.has_table(NFPROTO_INET, TABLE)? {
+        return Err(Error::Missing {
+            backend: "nftables",
+            target: format!("{FAMILY} ruleset"),
+            what: format!("table {FAMILY} {TABLE}"),
+        });
+    }
+    let rules = nl.rules(NFPROTO_INET, TABLE, None)?;
+    let errors = missing(&rules, ips, &comment)
         .into_iter()
         .map(|(target, what)| Error::Missing {
             backend: "nftables",
@@ -233,31 +401,24 @@ pub(crate) fn check(
 }
 
 /// Removes this network's rules that belong to no valid attachment.
-pub(crate) fn gc(network: &str, valid: &[(&str, &str)]) -> Result<()> {
-    let Some(listing) = list_masq_chain()? else {
-        return Ok(());
-    };
+pub(crate) fn gc(nl: &mut Nfnl, network: &str, valid: &[(&str, &str)]) -> Result<()> {
     let keep = valid
         .iter()
         .map(|(cid, ifname)| nft_comment(network, ifname, cid))
         .collect();
-    let handles = gc_handles(&listing, network, &keep);
-    if handles.is_empty() {
-        return Ok(());
-    }
-    nft::apply(&delete_script(&handles), &target())
+    let handles = gc_handles(&masq_chain_rules(nl)?, network, &keep);
+    delete_handles(nl, &handles)
 }
 
-/// Whether nftables works here.
+/// Whether nftables works here (the kernel answers nf_tables requests and
+/// we may make them).
 pub(crate) fn usable() -> bool {
-    nft::usable(FAMILY, TABLE)
+    nfnetlink::usable()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nft::parse_listing;
-    use crate::nft::tests::MASQ_TABLE_JSON;
 
     fn ips() -> Vec<IpNetwork> {
         vec![
@@ -266,60 +427,182 @@ mod tests {
         ]
     }
 
+    fn load(offset: u32, len: u32) -> Expr {
+        Expr::Payload {
+            dreg: REG_1,
+            base: BASE_NETWORK,
+            offset,
+            len,
+        }
+    }
+
+    fn cmp(op: u32, data: &[u8]) -> Expr {
+        Expr::Cmp {
+            sreg: REG_1,
+            op,
+            data: data.to_vec(),
+        }
+    }
+
+    /// What `nft --debug=netlink` shows for the reference's rule texts
+    /// (nft 1.0.6), e.g. for `ip saddr == 10.77.0.2 ip daddr != 10.77.0.0/24
+    /// masquerade`: meta load nfproto, cmp eq 2, payload load 4b @ network
+    /// header + 12, cmp eq 10.77.0.2, payload load 3b @ + 16, cmp neq
+    /// 10.77.0, masq.
     #[test]
-    fn setup_script_is_exact() {
-        let comment = nft_comment("nftnet", "eth1", "ctrG");
-        let script = setup_script(&[6, 7], &ips(), &comment);
-        let expected = r#"add table inet cni_plugins_masquerade { comment "Masquerading for plugins from github.com/containernetworking/plugins" ; }
-add chain inet cni_plugins_masquerade masq_checks { comment "Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet" ; }
-add chain inet cni_plugins_masquerade postrouting { type nat hook postrouting priority srcnat ; }
-flush chain inet cni_plugins_masquerade postrouting
-add rule inet cni_plugins_masquerade postrouting ip daddr == 224.0.0.0/4 return
-add rule inet cni_plugins_masquerade postrouting ip6 daddr == ff00::/8 return
-add rule inet cni_plugins_masquerade postrouting goto masq_checks
-delete rule inet cni_plugins_masquerade masq_checks handle 6
-delete rule inet cni_plugins_masquerade masq_checks handle 7
-add rule inet cni_plugins_masquerade masq_checks ip saddr == 10.77.0.2 ip daddr != 10.77.0.0/24 masquerade comment "e47d63df51ce7720-2a2f354c438bf177, net: nftnet, if: eth1, id: ctrG"
-add rule inet cni_plugins_masquerade masq_checks ip6 saddr == fd00:77::2 ip6 daddr != fd00:77::/64 masquerade comment "e47d63df51ce7720-2a2f354c438bf177, net: nftnet, if: eth1, id: ctrG"
-"#;
-        assert_eq!(script, expected);
+    fn rules_are_what_nft_generates() {
+        let [v4, v6] = nfproto("10.0.0.1".parse().unwrap()).map(Some);
+        let [m, c4] = [v4.unwrap(), v6.unwrap()];
+        let c6 = cmp(CMP_EQ, &[10]);
+        let v4_rule = masq_rule(&"10.77.0.2/24".parse().unwrap());
+        assert_eq!(
+            v4_rule,
+            vec![
+                m.clone(),
+                c4.clone(),
+                load(12, 4),
+                cmp(CMP_EQ, &[10, 77, 0, 2]),
+                load(16, 3),
+                cmp(CMP_NEQ, &[10, 77, 0]),
+                Expr::Masq { flags: 0 },
+            ]
+        );
+        let v6_rule = masq_rule(&"fd00:77::2/64".parse().unwrap());
+        let mut addr = [0u8; 16];
+        addr[..4].copy_from_slice(&[0xfd, 0, 0, 0x77]);
+        let mut host = addr;
+        host[15] = 2;
+        assert_eq!(
+            v6_rule,
+            vec![
+                m.clone(),
+                c6.clone(),
+                load(8, 16),
+                cmp(CMP_EQ, &host),
+                load(24, 8),
+                cmp(CMP_NEQ, &addr[..8]),
+                Expr::Masq { flags: 0 },
+            ]
+        );
+        // Not byte-aligned: whole address, masked (`ip daddr != 10.77.0.0/20`).
+        let r = masq_rule(&"10.77.3.4/20".parse().unwrap());
+        assert_eq!(
+            r[4..7],
+            [
+                load(16, 4),
+                Expr::Bitwise {
+                    sreg: REG_1,
+                    dreg: REG_1,
+                    len: 4,
+                    mask: vec![255, 255, 240, 0],
+                    xor: vec![0; 4],
+                },
+                cmp(CMP_NEQ, &[10, 77, 0, 0]),
+            ]
+        );
+        // A host route: the whole address, no mask.
+        let r = masq_rule(&"10.77.3.4/32".parse().unwrap());
+        assert_eq!(r[4..6], [load(16, 4), cmp(CMP_NEQ, &[10, 77, 3, 4])]);
+        // /0 is masked with zeros, as nft does.
+        let r = masq_rule(&"10.77.3.4/0".parse().unwrap());
+        assert!(matches!(&r[5], Expr::Bitwise { mask, .. } if mask == &vec![0; 4]));
+
+        let [multicast4, multicast6, goto] = postrouting_rules();
+        assert_eq!(
+            multicast4,
+            vec![
+                m.clone(),
+                c4,
+                load(16, 4),
+                Expr::Bitwise {
+                    sreg: REG_1,
+                    dreg: REG_1,
+                    len: 4,
+                    mask: vec![0xf0, 0, 0, 0],
+                    xor: vec![0; 4],
+                },
+                cmp(CMP_EQ, &[0xe0, 0, 0, 0]),
+                verdict(VERDICT_RETURN, None),
+            ]
+        );
+        assert_eq!(
+            multicast6,
+            vec![
+                m,
+                c6,
+                load(24, 1),
+                cmp(CMP_EQ, &[0xff]),
+                verdict(VERDICT_RETURN, None)
+            ]
+        );
+        assert_eq!(goto, vec![verdict(VERDICT_GOTO, Some("masq_checks"))]);
     }
 
     #[test]
-    fn delete_script_is_exact() {
-        assert_eq!(
-            delete_script(&[11]),
-            "delete rule inet cni_plugins_masquerade masq_checks handle 11\n"
-        );
-        assert_eq!(delete_script(&[]), "");
+    fn setup_batch_has_every_step() {
+        let comment = nft_comment("nftnet", "eth1", "ctrG");
+        let b = setup_batch(&[6, 7], &ips(), &comment).unwrap();
+        // table, 2 chains, flush, 3 postrouting rules, 2 deletes, 2 rules.
+        assert_eq!(b.len(), 11);
+        assert_eq!(delete_batch(&[1, 2, 3]).len(), 3);
+    }
+
+    fn rule(chain: &str, handle: u64, comment: Option<&str>, exprs: Vec<Expr>) -> Rule {
+        Rule {
+            chain: chain.into(),
+            handle,
+            comment: comment.map(Into::into),
+            exprs,
+        }
+    }
+
+    /// The table after a setup of `nftnet`/`eth1`/`ctrG` and of another
+    /// attachment, as the dump returns it.
+    fn table() -> Vec<Rule> {
+        let g = nft_comment("nftnet", "eth1", "ctrG");
+        let other = "e47d63df51ce7720-0123456789abcdef, net: nftnet, if: eth0, id: other";
+        let [m4, m6, goto] = postrouting_rules();
+        vec![
+            rule(MASQ_CHAIN, 6, Some(&g), masq_rule(&ips()[0])),
+            rule(MASQ_CHAIN, 7, Some(&g), masq_rule(&ips()[1])),
+            rule(
+                MASQ_CHAIN,
+                11,
+                Some(other),
+                masq_rule(&"10.77.0.3/24".parse().unwrap()),
+            ),
+            rule(POSTROUTING_CHAIN, 8, None, m4),
+            rule(POSTROUTING_CHAIN, 9, None, m6),
+            rule(POSTROUTING_CHAIN, 10, None, goto),
+        ]
     }
 
     #[test]
     fn finds_instance_rules_by_prefix() {
-        let l = parse_listing(MASQ_TABLE_JSON, "t").unwrap();
         let prefix = nft_instance_hash("nftnet", "eth1", "ctrG");
-        assert_eq!(handles_with_prefix(&l, &prefix), vec![6, 7]);
+        assert_eq!(handles_with_prefix(&table(), &prefix), vec![6, 7]);
         let other = nft_instance_hash("nftnet", "eth0", "ctrG");
-        assert!(handles_with_prefix(&l, &other).is_empty());
+        assert!(handles_with_prefix(&table(), &other).is_empty());
     }
 
     #[test]
     fn gc_keeps_valid_and_foreign_rules() {
-        let l = parse_listing(MASQ_TABLE_JSON, "t").unwrap();
         let keep: HashSet<String> = [nft_comment("nftnet", "eth1", "ctrG")].into();
-        assert_eq!(gc_handles(&l, "nftnet", &keep), vec![11]);
-        assert_eq!(gc_handles(&l, "nftnet", &HashSet::new()), vec![6, 7, 11]);
-        assert!(gc_handles(&l, "othernet", &HashSet::new()).is_empty());
+        assert_eq!(gc_handles(&table(), "nftnet", &keep), vec![11]);
+        assert_eq!(
+            gc_handles(&table(), "nftnet", &HashSet::new()),
+            vec![6, 7, 11]
+        );
+        assert!(gc_handles(&table(), "othernet", &HashSet::new()).is_empty());
     }
 
     #[test]
-    fn check_finds_rules_in_captured_listing() {
-        let l = parse_listing(MASQ_TABLE_JSON, "t").unwrap();
+    fn check_finds_rules() {
         let comment = nft_comment("nftnet", "eth1", "ctrG");
-        assert!(missing(&l, &ips(), &comment).is_empty());
+        assert!(missing(&table(), &ips(), &comment).is_empty());
 
         let other: Vec<IpNetwork> = vec!["10.77.0.9/24".parse().unwrap()];
-        let m = missing(&l, &other, &comment);
+        let m = missing(&table(), &other, &comment);
         assert_eq!(
             m,
             vec![(
@@ -330,9 +613,14 @@ add rule inet cni_plugins_masquerade masq_checks ip6 saddr == fd00:77::2 ip6 dad
             )]
         );
 
-        let mut no_goto = l.clone();
-        no_goto.rules.retain(|r| r.handle != 10);
+        let mut no_goto = table();
+        no_goto.retain(|r| r.handle != 10);
         assert_eq!(missing(&no_goto, &ips(), &comment).len(), 1);
+
+        // Same comment, different rule (e.g. edited by hand): missing.
+        let mut changed = table();
+        changed[0].exprs.pop();
+        assert_eq!(missing(&changed, &ips(), &comment).len(), 1);
     }
 
     #[test]
