@@ -49,6 +49,11 @@ const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
 const NFT_MSG_GETGEN: u16 = 16;
+/// NFTA_GEN_ID of a NEWGEN answer.
+const NFTA_GEN_ID: u16 = 1;
+/// A batch begin carrying this makes the kernel refuse the batch (ERESTART)
+/// unless the rule set is still at that generation.
+const NFNL_BATCH_GENID: u16 = 1;
 
 const NFTA_TABLE_NAME: u16 = 1;
 const NFTA_TABLE_FLAGS: u16 = 2;
@@ -386,6 +391,17 @@ pub(crate) struct Batch {
 
 impl Batch {
     pub(crate) fn new() -> Batch {
+        Self::begin_batch(None)
+    }
+
+    /// A transaction the kernel runs only if the rule set is still at
+    /// `generation` (see [`Nfnl::generation_id`]); otherwise it fails as a
+    /// whole with ERESTART ([`is_restart`]).
+    pub(crate) fn at_generation(generation: u32) -> Batch {
+        Self::begin_batch(Some(generation))
+    }
+
+    fn begin_batch(generation: Option<u32>) -> Batch {
         let mut batch = Batch {
             w: Writer::default(),
             next_seq: 1,
@@ -398,6 +414,9 @@ impl Batch {
             0,
             NFNL_SUBSYS_NFTABLES,
         );
+        if let Some(generation) = generation {
+            batch.w.attr_u32(NFNL_BATCH_GENID, generation);
+        }
         batch.w.end_msg(start);
         batch
     }
@@ -609,6 +628,24 @@ fn io_error(target: &str, e: &io::Error) -> Error {
 }
 
 /// Whether `e` is the kernel saying "no such table, chain or rule".
+/// Whether a transaction pinned to a generation was refused because the rule
+/// set moved on (see [`Batch::at_generation`]).
+pub(crate) fn is_restart(e: &Error) -> bool {
+    let restart = |e: &Error| {
+        matches!(
+            e,
+            Error::Netlink {
+                errno: Some(libc::ERESTART),
+                ..
+            }
+        )
+    };
+    match e {
+        Error::Multiple(all) => all.iter().any(restart),
+        e => restart(e),
+    }
+}
+
 pub(crate) fn is_not_found(e: &Error) -> bool {
     matches!(
         e,
@@ -1073,8 +1110,16 @@ impl Nfnl {
     /// Asks for the rule set generation: succeeds when nf_tables is
     /// available and we may use it.
     pub(crate) fn generation(&mut self) -> Result<()> {
-        self.request(NFT_MSG_GETGEN, 0, 0, |_| {}, "nf_tables generation")
-            .map(drop)
+        self.generation_id().map(drop)
+    }
+
+    /// The rule set's generation, which every committed change moves on.
+    pub(crate) fn generation_id(&mut self) -> Result<u32> {
+        let target = "nf_tables generation";
+        self.request(NFT_MSG_GETGEN, 0, 0, |_| {}, target)?
+            .iter()
+            .find_map(|(_, _, payload)| attr_u32(payload.get(NFGENMSG_LEN..)?, NFTA_GEN_ID))
+            .ok_or_else(|| nl_error(target, "no generation in the answer"))
     }
 }
 

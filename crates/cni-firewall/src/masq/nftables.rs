@@ -216,8 +216,22 @@ fn postrouting_rules() -> [Vec<Expr>; 3] {
 /// delete rule inet cni_plugins_masquerade masq_checks handle <stale>...
 /// add rule inet cni_plugins_masquerade masq_checks <rule_body> comment "<comment>"...
 /// ```
+#[cfg(test)]
 pub(crate) fn setup_batch(stale: &[u64], ips: &[IpNetwork], comment: &str) -> Result<Batch> {
     let mut b = Batch::new();
+    fill_setup_batch(&mut b, stale, ips, comment, true)?;
+    Ok(b)
+}
+
+/// The setup transaction's changes; `postrouting` is flushed and rewritten
+/// when `rewrite_postrouting`.
+fn fill_setup_batch(
+    b: &mut Batch,
+    stale: &[u64],
+    ips: &[IpNetwork],
+    comment: &str,
+    rewrite_postrouting: bool,
+) -> Result<()> {
     b.add_table(NFPROTO_INET, TABLE, Some(TABLE_COMMENT))?;
     b.add_chain(NFPROTO_INET, TABLE, MASQ_CHAIN, None, Some(CHAIN_COMMENT))?;
     let hook = Hook {
@@ -227,9 +241,11 @@ pub(crate) fn setup_batch(stale: &[u64], ips: &[IpNetwork], comment: &str) -> Re
         policy: None,
     };
     b.add_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, Some(hook), None)?;
-    b.flush_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN);
-    for rule in postrouting_rules() {
-        b.add_rule(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, &rule, None)?;
+    if rewrite_postrouting {
+        b.flush_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN);
+        for rule in postrouting_rules() {
+            b.add_rule(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, &rule, None)?;
+        }
     }
     for handle in stale {
         b.delete_rule(NFPROTO_INET, TABLE, MASQ_CHAIN, *handle);
@@ -243,7 +259,7 @@ pub(crate) fn setup_batch(stale: &[u64], ips: &[IpNetwork], comment: &str) -> Re
             Some(comment),
         )?;
     }
-    Ok(b)
+    Ok(())
 }
 
 /// Deletes `masq_checks` rules by handle.
@@ -327,18 +343,51 @@ pub(crate) fn setup(
     check_comment(&comment)?;
     let prefix = nft_instance_hash(network, ifname, container_id);
     let mut nl = Nfnl::open()?;
-    // A handle we read can vanish before our transaction runs (a concurrent
-    // DEL/GC of the same attachment); the transaction then fails as a whole
-    // and a fresh read fixes it.
-    let mut attempts_left = 3;
+    // Rewriting the shared `postrouting` chain deletes its rules, and a process
+    // that deleted rules waits a grace period (7-15 ms) when its netfilter socket
+    // closes. So when the chain is already as it must be, the transaction leaves
+    // it alone but is pinned to the generation it was read at: a concurrent change
+    // makes the kernel refuse it, and we read again. The last attempt rewrites the
+    // chain unpinned, which is right whatever happened in between. A handle we
+    // read can also vanish before our transaction runs (a concurrent DEL/GC of the
+    // same attachment); the transaction then fails as a whole and a fresh read
+    // fixes it.
+    const ATTEMPTS: usize = 4;
+    let mut attempt = 1;
     loop {
-        let stale = handles_with_prefix(&masq_chain_rules(&mut nl)?, &prefix);
-        let batch = setup_batch(&stale, ips, &comment)?;
+        let last = attempt == ATTEMPTS;
+        let generation = nl.generation_id()?;
+        let rules = match nl.rules(NFPROTO_INET, TABLE, None) {
+            Ok(rules) => rules,
+            Err(e) if nfnetlink::is_not_found(&e) => Vec::new(),
+            Err(e) => return Err(e),
+        };
+        let stale = handles_with_prefix(&rules, &prefix);
+        let keep_postrouting = !last && postrouting_in_place(&rules);
+        let mut batch = if keep_postrouting {
+            Batch::at_generation(generation)
+        } else {
+            Batch::new()
+        };
+        fill_setup_batch(&mut batch, &stale, ips, &comment, !keep_postrouting)?;
         match nl.commit(batch, &target()) {
-            Err(_) if !stale.is_empty() && attempts_left > 1 => attempts_left -= 1,
+            Err(e) if !last && nfnetlink::is_restart(&e) => {}
+            Err(_) if !last && !stale.is_empty() => {}
             other => return other,
         }
+        attempt += 1;
     }
+}
+
+/// Whether `postrouting` holds exactly the rules a setup writes, in order.
+fn postrouting_in_place(rules: &[Rule]) -> bool {
+    let present: Vec<&Vec<Expr>> = rules
+        .iter()
+        .filter(|r| r.chain == POSTROUTING_CHAIN)
+        .map(|r| &r.exprs)
+        .collect();
+    let wanted = postrouting_rules();
+    present.len() == wanted.len() && present.iter().zip(&wanted).all(|(p, w)| *p == w)
 }
 
 /// Removes the attachment's rules; a missing table means nothing to do.
