@@ -110,11 +110,25 @@ fn quick_benchmark_completes_and_writes_its_csv() {
     }
     let sizes = csv_rows(&out_dir.path().join("sizes.csv"));
     assert_eq!(sizes.len(), 7, "header + 3 binaries x 2 suites: {sizes:?}");
+    let column = |name: &str| {
+        sizes[0]
+            .iter()
+            .position(|c| c == name)
+            .unwrap_or_else(|| panic!("no {name} column in {:?}", sizes[0]))
+    };
+    let (rss, errors) = (column("peak_rss_kib"), column("errors"));
     for row in &sizes[1..] {
-        // suite,binary,bytes,peak_rss_kib,errors
-        assert_eq!(row[4], "0", "a call under GNU time failed: {row:?}");
-        assert!(row[3].parse::<u64>().is_ok_and(|k| k > 0), "{row:?}");
+        assert_eq!(row[errors], "0", "a call under GNU time failed: {row:?}");
+        assert!(row[rss].parse::<u64>().is_ok_and(|k| k > 0), "{row:?}");
     }
+    // Ours ship as one multi-call file under three names.
+    let same = column("same_file_as");
+    let ours_same: Vec<&str> = sizes[1..]
+        .iter()
+        .filter(|r| r[0] == "ours")
+        .map(|r| r[same].as_str())
+        .collect();
+    assert_eq!(ours_same, ["", "bridge", "bridge"], "{sizes:?}");
     let png = std::fs::metadata(out_dir.path().join("bench.png"))
         .unwrap_or_else(|e| panic!("no chart: {e}"));
     assert!(png.len() > 1000, "chart of {} bytes", png.len());
