@@ -271,7 +271,7 @@ fn a_running_binary_is_replaced_and_keeps_running() {
     // A real executable stands in for a plugin that is running: /bin/sleep.
     let target = dest.join("host-local");
     fs::copy("/bin/sleep", &target).unwrap();
-    let mut running = Command::new(&target).arg("600").spawn().unwrap();
+    let mut running = spawn_fresh(Command::new(&target).arg("600"));
     // What a plain copy meets (the reason for the rename): ETXTBSY, "Text file busy".
     let plain = fs::OpenOptions::new().write(true).open(&target);
     assert_eq!(
@@ -436,4 +436,20 @@ fn help_version_and_bad_arguments() {
         String::from_utf8_lossy(&bad.stderr),
         "cni-installer: unknown argument \"--bogus\"\nTry 'cni-installer --help'.\n"
     );
+}
+
+/// Spawns a program just written. Another test thread forking at that moment holds
+/// the write descriptor until its child execs, and the kernel then refuses to run the
+/// file (ETXTBSY): that passes within milliseconds, so wait it out.
+fn spawn_fresh(cmd: &mut Command) -> std::process::Child {
+    let mut attempts = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(nix::libc::ETXTBSY) && attempts < 100 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return other.unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}")),
+        }
+    }
 }
