@@ -18,3 +18,4 @@ mod nfnetlink;
 
 pub use error::{Error, Result};
 pub use masq::Backend;
+pub use nfnetlink::{SocketsKept, keep_sockets};

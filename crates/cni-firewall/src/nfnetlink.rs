@@ -825,15 +825,75 @@ pub(crate) struct Nfnl {
 /// handed to a short-lived thread and the caller goes on with its other
 /// work; a process that exits right away still waits for it in `exit`, as it
 /// would have in `close`.
+///
+/// While a [`SocketsKept`] guard exists the socket is kept open instead, and
+/// closed when the guard goes: the caller picks a moment when that wait is
+/// over, or at least holds nothing up.
 impl Drop for Nfnl {
     fn drop(&mut self) {
-        if let Some(sock) = self.sock.take() {
-            // If no thread can be started, the closure (and the socket with
-            // it) is dropped here, closing synchronously.
-            let _ = std::thread::Builder::new()
-                .name("nfnl-close".into())
-                .spawn(move || drop(sock));
-        }
+        let Some(sock) = self.sock.take() else {
+            return;
+        };
+        let sock = match KEPT.lock() {
+            Ok(mut kept) if kept.guards > 0 => {
+                kept.sockets.push(sock);
+                return;
+            }
+            _ => sock,
+        };
+        // If no thread can be started, the closure (and the socket with
+        // it) is dropped here, closing synchronously.
+        let _ = std::thread::Builder::new()
+            .name("nfnl-close".into())
+            .spawn(move || drop(sock));
+    }
+}
+
+/// Sockets whose close is put off while guards exist (see [`keep_sockets`]).
+#[derive(Debug, Default)]
+struct Kept {
+    guards: usize,
+    sockets: Vec<Socket>,
+}
+
+static KEPT: std::sync::Mutex<Kept> = std::sync::Mutex::new(Kept {
+    guards: 0,
+    sockets: Vec::new(),
+});
+
+/// Keeps every netfilter socket the process is done with open until the
+/// returned guard is dropped.
+///
+/// Why: releasing the socket takes the netns's nf_tables commit mutex while
+/// the kernel finishes freeing a recent transaction (an RCU grace period),
+/// and deleting a network device in that netns needs the same mutex. A DEL
+/// that removes rules while its veth is being deleted would make the
+/// deletion wait out the grace period; closing after the deletion, when the
+/// freeing is long done, costs nothing.
+pub fn keep_sockets() -> SocketsKept {
+    if let Ok(mut kept) = KEPT.lock() {
+        kept.guards += 1;
+    }
+    SocketsKept(())
+}
+
+/// See [`keep_sockets`]; the last guard to go closes the kept sockets.
+#[derive(Debug)]
+pub struct SocketsKept(());
+
+impl Drop for SocketsKept {
+    fn drop(&mut self) {
+        let sockets = match KEPT.lock() {
+            Ok(mut kept) => {
+                kept.guards = kept.guards.saturating_sub(1);
+                if kept.guards > 0 {
+                    return;
+                }
+                std::mem::take(&mut kept.sockets)
+            }
+            Err(_) => return,
+        };
+        drop(sockets);
     }
 }
 
@@ -1139,6 +1199,24 @@ pub(crate) fn usable() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sockets_are_kept_until_the_last_guard_goes() {
+        let kept = || KEPT.lock().map(|k| k.sockets.len()).unwrap_or(usize::MAX);
+        let outer = keep_sockets();
+        let inner = keep_sockets();
+        let Ok(nl) = Nfnl::open() else {
+            return; // no netfilter netlink here: nothing to keep
+        };
+        let before = kept();
+        drop(nl);
+        // Other tests of this process may park sockets meanwhile: at least ours.
+        assert!(kept() > before);
+        drop(inner);
+        assert!(kept() > before, "another guard is still alive");
+        drop(outer);
+        assert_eq!(kept(), 0);
+    }
 
     #[test]
     fn udata_comment_round_trips() {

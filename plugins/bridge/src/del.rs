@@ -20,6 +20,9 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     let (id, ifname) = (req.args.container_id.as_str(), req.args.ifname.as_str());
     hit("bridge/del/start")?;
     let masq_needed = conf.is_layer3() && conf.ip_masq;
+    // Netfilter sockets are closed once the veth is gone (see keep_sockets): closing
+    // one sooner would make the deletion of the veth's host end wait for nf_tables.
+    let sockets = cni_firewall::keep_sockets();
     let (link, ipam, spoof, masq) = std::thread::scope(|scope| {
         let link = req
             .args
@@ -34,6 +37,7 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
             .then(|| macspoof::teardown(id, ifname).map_err(|e| internal(&e)));
         (link.map(joined), ipam, spoof, masq.map(joined))
     });
+    drop(sockets);
     let mut errors = Errors::default();
     if let Some(outcome) = link {
         note(&mut errors, outcome, || {

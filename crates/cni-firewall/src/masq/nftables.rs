@@ -223,25 +223,25 @@ pub(crate) fn setup_batch(stale: &[u64], ips: &[IpNetwork], comment: &str) -> Re
     Ok(b)
 }
 
-/// The setup transaction's changes; `postrouting` is flushed and rewritten
-/// when `rewrite_postrouting`.
+/// The setup transaction's changes; the table and chains are (re)made and
+/// `postrouting` is flushed and rewritten when `scaffolding`.
 fn fill_setup_batch(
     b: &mut Batch,
     stale: &[u64],
     ips: &[IpNetwork],
     comment: &str,
-    rewrite_postrouting: bool,
+    scaffolding: bool,
 ) -> Result<()> {
-    b.add_table(NFPROTO_INET, TABLE, Some(TABLE_COMMENT))?;
-    b.add_chain(NFPROTO_INET, TABLE, MASQ_CHAIN, None, Some(CHAIN_COMMENT))?;
-    let hook = Hook {
-        chain_type: "nat",
-        hooknum: HOOK_POSTROUTING,
-        priority: PRIORITY_SRCNAT,
-        policy: None,
-    };
-    b.add_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, Some(hook), None)?;
-    if rewrite_postrouting {
+    if scaffolding {
+        b.add_table(NFPROTO_INET, TABLE, Some(TABLE_COMMENT))?;
+        b.add_chain(NFPROTO_INET, TABLE, MASQ_CHAIN, None, Some(CHAIN_COMMENT))?;
+        let hook = Hook {
+            chain_type: "nat",
+            hooknum: HOOK_POSTROUTING,
+            priority: PRIORITY_SRCNAT,
+            policy: None,
+        };
+        b.add_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, Some(hook), None)?;
         b.flush_chain(NFPROTO_INET, TABLE, POSTROUTING_CHAIN);
         for rule in postrouting_rules() {
             b.add_rule(NFPROTO_INET, TABLE, POSTROUTING_CHAIN, &rule, None)?;
@@ -343,12 +343,13 @@ pub(crate) fn setup(
     check_comment(&comment)?;
     let prefix = nft_instance_hash(network, ifname, container_id);
     let mut nl = Nfnl::open()?;
-    // Rewriting the shared `postrouting` chain deletes its rules, and a process
-    // that deleted rules waits a grace period (7-15 ms) when its netfilter socket
-    // closes. So when the chain is already as it must be, the transaction leaves
-    // it alone but is pinned to the generation it was read at: a concurrent change
-    // makes the kernel refuse it, and we read again. The last attempt rewrites the
-    // chain unpinned, which is right whatever happened in between. A handle we
+    // Re-adding an existing chain or rewriting the shared `postrouting` chain makes
+    // the process wait a grace period (8-20 ms) when its netfilter socket closes;
+    // adding rules does not. So when the table and both chains are already as they
+    // must be, the transaction only adds the attachment's rules, pinned to the
+    // generation they were read at: a concurrent change makes the kernel refuse it,
+    // and we read again. The last attempt writes everything unpinned, which is
+    // right whatever happened in between. A handle we
     // read can also vanish before our transaction runs (a concurrent DEL/GC of the
     // same attachment); the transaction then fails as a whole and a fresh read
     // fixes it.
@@ -363,13 +364,14 @@ pub(crate) fn setup(
             Err(e) => return Err(e),
         };
         let stale = handles_with_prefix(&rules, &prefix);
-        let keep_postrouting = !last && postrouting_in_place(&rules);
-        let mut batch = if keep_postrouting {
+        // A right `postrouting` also proves `masq_checks` exists: it jumps there.
+        let in_place = !last && postrouting_in_place(&rules);
+        let mut batch = if in_place {
             Batch::at_generation(generation)
         } else {
             Batch::new()
         };
-        fill_setup_batch(&mut batch, &stale, ips, &comment, !keep_postrouting)?;
+        fill_setup_batch(&mut batch, &stale, ips, &comment, !in_place)?;
         match nl.commit(batch, &target()) {
             Err(e) if !last && nfnetlink::is_restart(&e) => {}
             Err(_) if !last && !stale.is_empty() => {}
