@@ -8,67 +8,11 @@
 //! namespace; the tools we spawn inherit that thread's namespace, so nothing
 //! here touches the machine's own rules.
 
-use std::process::Command;
-
 use cni_firewall::{Backend, macspoof, masq};
 use ipnetwork::IpNetwork;
-use nix::sched::{CloneFlags, unshare};
 
-/// True when we may run; under `CI=true` a missing privilege is a failure.
-fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "root tests need root (CI=true forbids skipping)"
-    );
-    eprintln!("skipping: root tests need root");
-    false
-}
-
-/// Runs `f` on a thread inside a private network namespace.
-fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
-}
-
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The rule and user-chain lines of the nat table.
-fn nat_rules(save: &str) -> Vec<String> {
-    sh(save, &["-t", "nat"])
-        .lines()
-        .filter(|l| l.starts_with("-A") || l.starts_with(":CNI-"))
-        .map(str::to_owned)
-        .collect()
-}
-
-fn ruleset() -> String {
-    sh("nft", &["list", "ruleset"])
-}
-
-fn ips(list: &[&str]) -> Vec<IpNetwork> {
-    list.iter().map(|s| s.parse().unwrap()).collect()
-}
+mod common;
+use common::{feed, in_netns, ips, nat_rules, privileged, ruleset, sh};
 
 const MAC_A: &str = "02:42:ac:11:00:02";
 
@@ -106,26 +50,7 @@ add rule {t} postrouting goto masq_checks
 }
 
 fn nft_stdin(script: &str) {
-    use std::io::Write;
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("nft");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -f: {}\n{script}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    feed("nft", &["-f", "-"], script);
 }
 
 /// Handles of `masq_checks` rules whose comment starts with `prefix`, read
@@ -508,26 +433,7 @@ fn macspoof_nft_batch(cid: &str, ifname: &str, veth: &str, mac: &str, stale: &[u
 }
 
 fn nft_json_stdin(batch: &str) {
-    use std::io::Write;
-    let mut child = Command::new("nft")
-        .args(["-j", "-f", "-"])
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("nft");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(batch.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "nft -j -f: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    feed("nft", &["-j", "-f", "-"], batch);
 }
 
 /// The spoof check through netlink leaves the same `bridge nat` table as

@@ -8,72 +8,9 @@
 use std::process::Command;
 
 use cni_firewall::{Backend, Error, macspoof, masq};
-use ipnetwork::IpNetwork;
-use nix::sched::{CloneFlags, unshare};
 
-/// True when we may run; under `CI=true` a missing privilege is a failure.
-fn privileged() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "root tests need root (CI=true forbids skipping)"
-    );
-    eprintln!("skipping: root tests need root");
-    false
-}
-
-/// Runs `f` on a thread inside a private network namespace.
-fn in_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-            f()
-        })
-        .join()
-        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-    })
-}
-
-/// PATH for the tools the tests call: the test process's own first (so a
-/// child run with the legacy variant verifies with the legacy tools, as the
-/// library under test finds them there too), then the sbin directories.
-fn tool_path() -> String {
-    let inherited = std::env::var("PATH").unwrap_or_default();
-    format!("{inherited}:/usr/sbin:/usr/bin:/sbin:/bin")
-}
-
-fn sh(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .env("PATH", tool_path())
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The rule and user-chain lines of the nat table.
-fn nat_rules(save: &str) -> Vec<String> {
-    sh(save, &["-t", "nat"])
-        .lines()
-        .filter(|l| l.starts_with("-A") || l.starts_with(":CNI-"))
-        .map(str::to_owned)
-        .collect()
-}
-
-fn ruleset() -> String {
-    sh("nft", &["list", "ruleset"])
-}
-
-fn ips(list: &[&str]) -> Vec<IpNetwork> {
-    list.iter().map(|s| s.parse().unwrap()).collect()
-}
+mod common;
+use common::{feed, in_netns, ips, nat_rules, privileged, ruleset, sh, tool_path};
 
 const CHAIN_A: &str = "CNI-f55d1ff5e9696738bd206b7d";
 
@@ -212,20 +149,7 @@ fn iptables_concurrent_setups_all_land() {
 
 /// Restores `input` into the nat table of the current namespace.
 fn restore(program: &str, input: &str) {
-    use std::io::Write;
-    let mut child = Command::new(program)
-        .arg("--noflush")
-        .env("PATH", tool_path())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "{program} < {input}");
+    feed(program, &["--noflush"], input);
 }
 
 /// The ctrA rules of `mynet` for 10.77.0.2/24, as the reference lays them out.
