@@ -65,9 +65,6 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// Netlink calls need a tokio runtime with IO enabled (see `runtime()`).
-    #[error("no tokio runtime: netlink calls must run inside cni_linux::runtime()")]
-    NoRuntime,
     /// Opening the netlink socket failed.
     #[error("failed to open a netlink socket")]
     Connect {
@@ -194,34 +191,14 @@ impl Error {
         }
     }
 
-    /// Wraps an rtnetlink failure with a description of the request. Only the
-    /// kernel's errno or the failure's text is kept: keeping `rtnetlink::Error`
-    /// itself would link the `Debug` code of every netlink message into each plugin.
-    pub(crate) fn netlink(context: impl Into<String>, err: rtnetlink::Error) -> Self {
-        use rtnetlink::Error as E;
-        // Not `err.to_string()`: rtnetlink's Display prints an unexpected message with
-        // `{:?}`, and calling it at all links that Debug code (~170 KB).
-        let text = match err {
-            E::NetlinkError(msg) => {
-                return Self::Netlink {
-                    context: context.into(),
-                    source: msg.to_io(),
-                };
-            }
-            E::UnexpectedMessage(msg) => format!(
-                "received an unexpected netlink message of type {}",
-                msg.header.message_type
-            ),
-            E::RequestFailed => "the netlink request failed".to_owned(),
-            E::NamespaceError(e) => format!("namespace error: {e}"),
-            E::InvalidHardwareAddress(bytes) => {
-                format!("invalid hardware address attribute {bytes:02x?}")
-            }
-            E::InvalidIp(bytes) => format!("invalid IP address {bytes:?}"),
-            E::InvalidAddress(ip, mask) => format!("invalid address {ip:?}/{mask:?}"),
-            E::InvalidNla(e) => format!("invalid netlink attribute: {e}"),
+    /// Wraps a netlink failure with a description of the request: the
+    /// kernel's errno as the source, so `is_exists()` and friends see it.
+    pub(crate) fn netlink(context: impl Into<String>, err: cni_netlink::Error) -> Self {
+        let source = match err {
+            cni_netlink::Error::Kernel { errno, .. } => io::Error::from_raw_os_error(errno),
+            cni_netlink::Error::Io(e) => e,
+            cni_netlink::Error::Malformed(m) => io::Error::new(io::ErrorKind::InvalidData, m),
         };
-        let source = io::Error::other(text);
         Self::Netlink {
             context: context.into(),
             source,
@@ -284,14 +261,17 @@ mod tests {
 
     #[test]
     fn netlink_error_message_becomes_errno() {
-        let mut msg = rtnetlink::packet_core::ErrorMessage::default();
-        msg.code = std::num::NonZeroI32::new(-17);
-        let e = Error::netlink(
-            "failed to create bridge \"cni0\"",
-            rtnetlink::Error::NetlinkError(msg),
-        );
+        let refusal = cni_netlink::Error::Kernel {
+            errno: 17,
+            message: None,
+        };
+        let e = Error::netlink("failed to create bridge \"cni0\"", refusal);
         assert!(e.is_exists());
         assert_eq!(e.to_string(), "failed to create bridge \"cni0\"");
+        let garbled = cni_netlink::Malformed("truncated ifinfomsg").into();
+        let e = Error::netlink("failed to look up link \"x\"", garbled);
+        assert_eq!(e.errno(), None);
+        assert!(!e.is_not_found());
     }
 
     #[test]

@@ -2,10 +2,9 @@
 //! netlink operations on links, bridges, veth pairs, addresses and routes
 //! ([`netlink`]), and sysctls ([`sysctl`]).
 //!
-//! Namespace discipline: no thread that runs async code ever calls
-//! `setns`. Work inside another netns either uses a netlink socket created
-//! there ([`Netlink::connect_in`]) or runs on a short-lived thread
-//! ([`NetNs::run`]).
+//! Namespace discipline: no long-lived thread ever calls `setns`. Work
+//! inside another netns either uses a netlink socket created there
+//! ([`Netlink::connect_in`]) or runs on a short-lived thread ([`NetNs::run`]).
 
 pub mod error;
 pub mod netlink;
@@ -16,7 +15,7 @@ pub use cni_protocol::mac::{self, MacAddr};
 pub use error::{Error, Result};
 pub use netlink::{
     Address, BridgePort, Family, Link, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
-    VlanEntry, runtime,
+    VlanEntry,
 };
 pub use netns::NetNs;
 /// The errno type behind [`Error::errno`], to name errnos rather than write numbers.

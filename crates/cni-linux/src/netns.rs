@@ -1,7 +1,7 @@
 //! Network namespace handles. The only place in the crate that calls
 //! `setns`: work that must happen inside a netns (creating a netlink socket,
-//! writing a sysctl) runs on a short-lived thread, so no long-lived thread,
-//! and never an async task, ever changes namespace.
+//! writing a sysctl) runs on a short-lived thread, so no long-lived thread
+//! ever changes namespace.
 
 use std::fs::File;
 use std::io;

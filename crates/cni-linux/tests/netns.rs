@@ -21,62 +21,52 @@ fn open_reports_missing_and_non_netns_paths() {
 
 #[test]
 fn run_enters_the_netns_and_identity_compares() {
-    in_private_netns(
-        "run_enters_the_netns_and_identity_compares",
-        |_nl| async move {
-            let here = NetNs::current().unwrap();
-            let pod = new_netns();
-            assert!(here.is_current().unwrap());
-            assert!(!pod.is_current().unwrap());
-            assert!(!pod.same_as(&here).unwrap());
+    in_private_netns("run_enters_the_netns_and_identity_compares", |_nl| {
+        let here = NetNs::current().unwrap();
+        let pod = new_netns();
+        assert!(here.is_current().unwrap());
+        assert!(!pod.is_current().unwrap());
+        assert!(!pod.same_as(&here).unwrap());
 
-            let inside = pod.run(|| NetNs::current().unwrap()).unwrap();
-            assert!(inside.same_as(&pod).unwrap());
-            assert!(
-                here.is_current().unwrap(),
-                "the caller's thread must not move"
-            );
-        },
-    );
+        let inside = pod.run(|| NetNs::current().unwrap()).unwrap();
+        assert!(inside.same_as(&pod).unwrap());
+        assert!(
+            here.is_current().unwrap(),
+            "the caller's thread must not move"
+        );
+    });
 }
 
 #[test]
 fn sysctl_is_written_inside_the_target_netns_only() {
-    in_private_netns(
-        "sysctl_is_written_inside_the_target_netns_only",
-        |nl| async move {
-            let pod = new_netns();
-            let in_pod = Netlink::connect_in(&pod).unwrap();
-            in_pod
-                .create_veth_pair_local("eth0", "eth0peer", None)
-                .await
-                .unwrap();
+    in_private_netns("sysctl_is_written_inside_the_target_netns_only", |nl| {
+        let pod = new_netns();
+        let in_pod = Netlink::connect_in(&pod).unwrap();
+        in_pod
+            .create_veth_pair_local("eth0", "eth0peer", None)
+            .unwrap();
 
-            let name = "net/ipv4/conf/eth0/arp_notify";
-            assert_eq!(sysctl::read_in(&pod, name).unwrap(), "0");
-            sysctl::write_in(&pod, name, "1").unwrap();
-            assert_eq!(sysctl::read_in(&pod, name).unwrap(), "1");
-            // Same value again: no write is attempted, still fine.
-            sysctl::write_in(&pod, name, "1").unwrap();
+        let name = "net/ipv4/conf/eth0/arp_notify";
+        assert_eq!(sysctl::read_in(&pod, name).unwrap(), "0");
+        sysctl::write_in(&pod, name, "1").unwrap();
+        assert_eq!(sysctl::read_in(&pod, name).unwrap(), "1");
+        // Same value again: no write is attempted, still fine.
+        sysctl::write_in(&pod, name, "1").unwrap();
 
-            // The test's own netns has no eth0, so the file is not there.
-            assert!(nl.link_by_name("eth0").await.unwrap().is_none());
-            assert!(matches!(sysctl::read(name), Err(Error::SysctlRead { .. })));
-            let err = sysctl::write_in(&pod, "net/ipv4/conf/missing0/arp_notify", "1").unwrap_err();
-            assert!(matches!(err, Error::SysctlWrite { .. }), "{err:?}");
-        },
-    );
+        // The test's own netns has no eth0, so the file is not there.
+        assert!(nl.link_by_name("eth0").unwrap().is_none());
+        assert!(matches!(sysctl::read(name), Err(Error::SysctlRead { .. })));
+        let err = sysctl::write_in(&pod, "net/ipv4/conf/missing0/arp_notify", "1").unwrap_err();
+        assert!(matches!(err, Error::SysctlWrite { .. }), "{err:?}");
+    });
 }
 
 #[test]
 fn sysctl_write_skips_when_value_already_set() {
-    in_private_netns(
-        "sysctl_write_skips_when_value_already_set",
-        |_nl| async move {
-            // A fresh netns starts with forwarding off; setting it twice must work.
-            sysctl::write("net/ipv4/ip_forward", "1").unwrap();
-            assert_eq!(sysctl::read("net/ipv4/ip_forward").unwrap(), "1");
-            sysctl::write("net/ipv4/ip_forward", "1").unwrap();
-        },
-    );
+    in_private_netns("sysctl_write_skips_when_value_already_set", |_nl| {
+        // A fresh netns starts with forwarding off; setting it twice must work.
+        sysctl::write("net/ipv4/ip_forward", "1").unwrap();
+        assert_eq!(sysctl::read("net/ipv4/ip_forward").unwrap(), "1");
+        sysctl::write("net/ipv4/ip_forward", "1").unwrap();
+    });
 }

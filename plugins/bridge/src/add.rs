@@ -2,7 +2,7 @@
 //! gateway addresses, masquerade. All-or-nothing: every step that creates something
 //! records how to undo it, and a failure undoes them in reverse before returning.
 
-use crate::common::{delete_link, fail, mac_text, open_netns, runtime};
+use crate::common::{delete_link, fail, mac_text, open_netns};
 use crate::config::BridgeConf;
 use crate::effects::{Effects, Pending, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
@@ -68,45 +68,38 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
         CniResult::default().ensure_convertible(&req.config.cni_version)?;
     }
     let pod_ns = open_netns(&req.args.netns)?;
-    let rt = runtime()?;
     let mut progress = Progress::default();
     hit("bridge/add/start")?;
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        rt.block_on(async {
-            let host = Netlink::connect().map_err(|e| internal(&e))?;
-            let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
-            add(req, conf, &pod_ns, &host, &pod, &System, &mut progress).await
-        })
+        let host = Netlink::connect().map_err(|e| internal(&e))?;
+        let pod = Netlink::connect_in(&pod_ns).map_err(|e| internal(&e))?;
+        add(req, conf, &pod_ns, &host, &pod, &System, &mut progress)
     }));
     match outcome {
         Ok(Ok(result)) => Ok(result),
         Ok(Err(e)) => {
             let undo = progress.settle();
-            rt.block_on(rollback_in(req, conf, &pod_ns, undo));
+            rollback_in(req, conf, &pod_ns, undo);
             Err(e)
         }
         Err(panic) => {
             let undo = progress.settle();
-            // The runtime the panic unwound through is not trusted again.
-            drop(rt);
-            match runtime() {
-                Ok(rt) => rt.block_on(rollback_in(req, conf, &pod_ns, undo)),
-                Err(e) => eprintln!("bridge: cannot undo ADD after a panic: {e}"),
-            }
+            // On new sockets: the ones the panic unwound through are not trusted again.
+            rollback_in(req, conf, &pod_ns, undo);
             resume_unwind(panic)
         }
     }
 }
 
 /// Undoes `steps` in `pod_ns`, on a new netlink connection.
-async fn rollback_in(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
+fn rollback_in(req: &Request, conf: &BridgeConf, pod_ns: &NetNs, steps: Vec<Undo>) {
     let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e));
-    rollback(req, conf, pod.as_ref(), &System, steps).await;
+    rollback(req, conf, pod.as_ref(), &System, steps);
 }
 
 /// The steps of ADD, on `host` and `pod` (the netns `pod_ns`). Everything it creates
 /// that a failure must undo is recorded in `progress` first.
-async fn add(
+fn add(
     req: &Request,
     conf: &BridgeConf,
     pod_ns: &NetNs,
@@ -118,7 +111,6 @@ async fn add(
     let ifname = req.args.ifname.as_str();
     if pod
         .link_by_name(ifname)
-        .await
         .map_err(|e| internal(&e))?
         .is_some()
     {
@@ -134,13 +126,12 @@ async fn add(
         hit("bridge/add/ipam-before")?;
         progress.ipam = Some(fx.start_ipam_add(req));
     }
-    let bridge = ensure_bridge(host, conf).await?;
-    let host_veth =
-        create_veth(host, pod_ns, conf, bridge.index, ifname, &mut progress.undo).await?;
-    setup_port(host, conf, &host_veth, true).await?;
-    let bridge = pin_bridge_mac(host, &bridge.name).await?;
+    let bridge = ensure_bridge(host, conf)?;
+    let host_veth = create_veth(host, pod_ns, conf, bridge.index, ifname, &mut progress.undo)?;
+    setup_port(host, conf, &host_veth, true)?;
+    let bridge = pin_bridge_mac(host, &bridge.name)?;
     hit("bridge/add/bridge-mac")?;
-    let container = pod.require_link(ifname).await.map_err(|e| internal(&e))?;
+    let container = pod.require_link(ifname).map_err(|e| internal(&e))?;
     let mut result = CniResult {
         cni_version: req.config.cni_version.clone(),
         interfaces: vec![
@@ -184,9 +175,9 @@ async fn add(
         result.routes = ipam.routes;
         result.dns = ipam.dns;
         let gateways = gateway::apply(&mut result, conf)?;
-        configure_container(pod_ns, pod, fx, conf, ifname, container.index, &result).await?;
+        configure_container(pod_ns, pod, fx, conf, ifname, container.index, &result)?;
         if conf.is_gateway {
-            setup_gateways(host, conf, &bridge, &gateways, &mut result).await?;
+            setup_gateways(host, conf, &bridge, &gateways, &mut result)?;
         }
         if conf.ip_masq {
             // Beside the wait for the port, but after every step a config can make fail:
@@ -204,20 +195,17 @@ async fn add(
         }
     } else if !conf.disable_container_interface {
         pod.set_up(container.index)
-            .await
             .with_context(|| format!("failed to set {ifname:?} up"))?;
         hit("bridge/add/container-up")?;
     }
     // Joining the bridge can change the port's MAC; the bridge's is pinned above.
     let host_veth = if conf.disable_container_interface {
         host.require_link(&host_veth.name)
-            .await
             .map_err(|e| internal(&e))?
     } else {
         // A port that is not forwarding yet drops the pod's first packets (plugins#463).
         let port = host
             .wait_oper_up(host_veth.index, &OPER_UP_DELAYS)
-            .await
             .context("bridge port in error state")?;
         hit("bridge/add/port-forwarding")?;
         port
@@ -241,7 +229,7 @@ async fn add(
 
 /// Undoes `steps` in reverse, logging what could not be undone. `pod` is the
 /// connection to the pod's netns, if one could be made.
-async fn rollback(
+fn rollback(
     req: &Request,
     conf: &BridgeConf,
     pod: Result<&impl Links, &CniError>,
@@ -252,7 +240,7 @@ async fn rollback(
     for step in steps.into_iter().rev() {
         let outcome = match step {
             Undo::ContainerLink => match pod {
-                Ok(pod) => delete_link(pod, ifname).await,
+                Ok(pod) => delete_link(pod, ifname),
                 Err(e) => Err(e.clone()),
             },
             Undo::Ipam => fx.ipam_del(req),
@@ -276,35 +264,30 @@ async fn rollback(
 /// a zero bridge id and leaves the bridge's state unknown.
 ///
 /// Returns the bridge as it is now: its MAC no longer changes as ports come and go.
-async fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<Link, CniError> {
-    let bridge = host.require_link(name).await.map_err(|e| internal(&e))?;
+fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<Link, CniError> {
+    let bridge = host.require_link(name).map_err(|e| internal(&e))?;
     if let Some(mac) = bridge.mac {
         host.set_mac(bridge.index, mac)
-            .await
             .context("could not set bridge's mac")?;
     }
     Ok(bridge)
 }
 
 /// Creates the bridge or takes the existing one; concurrent ADDs converge on one bridge.
-async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, CniError> {
+fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, CniError> {
     let name = conf.bridge.as_str();
     let context = format!("failed to create bridge {name:?}");
     let refuse = |e: String| fail(format!("{context}: {e}"));
-    let lookup = || async {
+    let lookup = || {
         host.link_by_name(name)
-            .await
             .with_context(|| format!("{context}: could not lookup {name:?}"))
     };
     // Every ADD but a node's first finds the bridge: look before creating.
-    let bridge = match lookup().await? {
+    let bridge = match lookup()? {
         Some(bridge) => bridge,
         None => {
             let mtu = (conf.mtu != 0).then_some(conf.mtu);
-            match host
-                .create_bridge(name, mtu, conf.wants_vlan_filtering())
-                .await
-            {
+            match host.create_bridge(name, mtu, conf.wants_vlan_filtering()) {
                 Ok(()) => {}
                 // A concurrent ADD created it first.
                 Err(e) if e.is_exists() => {}
@@ -320,9 +303,7 @@ async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, Cni
                 }
             };
             hit("bridge/add/bridge-created")?;
-            lookup()
-                .await?
-                .ok_or_else(|| refuse(format!("could not lookup {name:?}: link not found")))?
+            lookup()?.ok_or_else(|| refuse(format!("could not lookup {name:?}: link not found")))?
         }
     };
     if bridge.kind.as_deref() != Some("bridge") {
@@ -332,7 +313,6 @@ async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, Cni
     }
     if conf.promisc_mode && !bridge.promisc {
         host.set_promisc(bridge.index, true)
-            .await
             .with_context(|| format!("{context}: could not set promiscuous mode on {name:?}"))?;
         hit("bridge/add/bridge-promisc")?;
     }
@@ -341,7 +321,6 @@ async fn ensure_bridge(host: &impl Links, conf: &BridgeConf) -> Result<Link, Cni
     hit("bridge/add/bridge-sysctl")?;
     if !bridge.up {
         host.set_up(bridge.index)
-            .await
             .with_context(|| format!("{context}: failed to set {name:?} up"))?;
     }
     hit("bridge/add/bridge-up")?;
@@ -359,7 +338,7 @@ fn random_veth_name() -> Result<String, CniError> {
 
 /// Creates the pair in one request: host end on the bridge, container end in the pod
 /// under its final name. Retries only on a clash of the random host-side name.
-async fn create_veth(
+fn create_veth(
     host: &impl Links,
     pod_ns: &NetNs,
     conf: &BridgeConf,
@@ -379,7 +358,7 @@ async fn create_veth(
             peer_mac: conf.mac,
             peer_mtu: mtu,
         };
-        match host.create_veth(&pair).await {
+        match host.create_veth(&pair) {
             Ok(()) => {
                 // Registered at once: the pair exists from here on, whatever fails next.
                 undo.push(Undo::ContainerLink);
@@ -388,12 +367,11 @@ async fn create_veth(
                     conf.bridge
                 ));
                 hit("bridge/add/veth-created")?;
-                return host.require_link(&name).await.map_err(|e| internal(&e));
+                return host.require_link(&name).map_err(|e| internal(&e));
             }
             Err(e) if e.is_exists() => {
                 if host
                     .link_by_name(&name)
-                    .await
                     .map_err(|e| internal(&e))?
                     .is_some()
                 {
@@ -412,7 +390,7 @@ async fn create_veth(
 }
 
 /// Bridge-port settings of a host-side veth: sysctls, hairpin, isolation, VLANs, up.
-async fn setup_port(
+fn setup_port(
     host: &impl Links,
     conf: &BridgeConf,
     port: &Link,
@@ -427,41 +405,32 @@ async fn setup_port(
         // One request for both flags; should the kernel refuse it, one each says which.
         if host
             .set_port_flags(port.index, hairpin, conf.port_isolation)
-            .await
             .is_err()
         {
             host.set_port_hairpin(port.index, hairpin)
-                .await
                 .with_context(hairpin_context)?;
             host.set_port_isolated(port.index, conf.port_isolation)
-                .await
                 .with_context(|| format!("failed to set isolated on for {name}"))?;
         }
         hit("bridge/add/port-flags")?;
     } else {
         host.set_port_hairpin(port.index, hairpin)
-            .await
             .with_context(hairpin_context)?;
         hit("bridge/add/port-hairpin")?;
     }
-    setup_vlans(host, conf, port).await?;
+    setup_vlans(host, conf, port)?;
     host.set_up(port.index)
-        .await
         .with_context(|| format!("failed to set {name:?} up"))?;
     hit("bridge/add/port-up")
 }
 
-async fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
+fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Result<(), CniError> {
     let name = port.name.as_str();
     let trunk = conf.vlan_trunk.as_deref().unwrap_or_default();
     if conf.has_vlans() && !conf.preserve_default_vlan {
-        let existing = host
-            .port_vlans(port.index)
-            .await
-            .map_err(|e| internal(&e))?;
+        let existing = host.port_vlans(port.index).map_err(|e| internal(&e))?;
         for entry in existing {
             host.del_port_vlan(port.index, entry.vid)
-                .await
                 .with_context(|| format!("failed to remove default vlan on interface {name:?}"))?;
             hit("bridge/add/port-vlan-removed")?;
         }
@@ -469,19 +438,16 @@ async fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Resul
     let tag_context = || format!("failed to setup vlan tag on interface {name:?}");
     if conf.vlan != 0 {
         host.add_port_vlan(port.index, conf.vlan, true, true)
-            .await
             .with_context(tag_context)?;
         hit("bridge/add/port-vlan")?;
     }
     for vid in trunk {
         host.add_port_vlan(port.index, *vid, false, false)
-            .await
             .with_context(tag_context)?;
         hit("bridge/add/port-vlan-trunk")?;
     }
     if conf.vlan == 0 && !trunk.is_empty() {
         host.add_port_vlan(port.index, 1, true, true)
-            .await
             .with_context(|| {
                 format!("failed to setup default native vlan tag on interface {name:?}")
             })?;
@@ -491,7 +457,7 @@ async fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Resul
 }
 
 /// Sysctls, addresses, link up, DAD settling and routes inside the container.
-async fn configure_container(
+fn configure_container(
     pod_ns: &NetNs,
     pod: &impl Links,
     fx: &impl Effects,
@@ -509,12 +475,10 @@ async fn configure_container(
         .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
     {
         pod.add_address(index, ip.address)
-            .await
             .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
         hit("bridge/add/container-address")?;
     }
     pod.set_up(index)
-        .await
         .with_context(|| format!("failed to set {ifname:?} UP"))?;
     hit("bridge/add/container-up")?;
     let family_gateway = |v4: bool| {
@@ -526,7 +490,6 @@ async fn configure_container(
     };
     if family_gateway(false).is_some() {
         pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
-            .await
             .with_context(|| format!("failed to settle addresses for {ifname:?}"))?;
         hit("bridge/add/container-settled")?;
     }
@@ -548,7 +511,7 @@ async fn configure_container(
         if installed.contains(&route) {
             continue;
         }
-        pod.add_route(&route).await.with_context(|| {
+        pod.add_route(&route).with_context(|| {
             let via = gw.map_or_else(|| "<nil>".to_string(), |g| g.to_string());
             format!("failed to add route '{} via {via} dev {ifname}'", r.dst)
         })?;
@@ -560,7 +523,7 @@ async fn configure_container(
 
 /// Puts the gateway addresses on the bridge (or the VLAN gateway interface) and
 /// turns on forwarding for each family that has one.
-async fn setup_gateways(
+fn setup_gateways(
     host: &impl Links,
     conf: &BridgeConf,
     bridge: &Link,
@@ -576,7 +539,7 @@ async fn setup_gateways(
         }
         for gw in nets {
             let target = if conf.vlan != 0 {
-                let link = ensure_vlan_gateway(host, conf, bridge).await?;
+                let link = ensure_vlan_gateway(host, conf, bridge)?;
                 if !result.interfaces.iter().any(|i| i.name == link.name) {
                     result.interfaces.push(Interface {
                         name: link.name.clone(),
@@ -588,16 +551,14 @@ async fn setup_gateways(
             } else {
                 bridge.clone()
             };
-            ensure_addr(host, &target, *gw, conf.force_address)
-                .await
-                .map_err(|e| {
-                    let what = if conf.vlan != 0 {
-                        "failed to set vlan interface for bridge with addr"
-                    } else {
-                        "failed to set bridge addr"
-                    };
-                    fail(format!("{what}: {}", e.msg))
-                })?;
+            ensure_addr(host, &target, *gw, conf.force_address).map_err(|e| {
+                let what = if conf.vlan != 0 {
+                    "failed to set vlan interface for bridge with addr"
+                } else {
+                    "failed to set bridge addr"
+                };
+                fail(format!("{what}: {}", e.msg))
+            })?;
             hit("bridge/add/gateway-address")?;
         }
         host.write_sysctl(forwarding, "1")
@@ -609,17 +570,11 @@ async fn setup_gateways(
 
 /// The reference's `ensureAddr`: keep an identical address, refuse (or with
 /// `forceAddress` replace) a conflicting one, tolerate a concurrent identical add.
-async fn ensure_addr(
-    host: &impl Links,
-    link: &Link,
-    gw: IpNetwork,
-    force: bool,
-) -> Result<(), CniError> {
+fn ensure_addr(host: &impl Links, link: &Link, gw: IpNetwork, force: bool) -> Result<(), CniError> {
     let name = link.name.as_str();
     let family = Family::of(gw.ip());
     let existing = host
         .addresses(link.index, Some(family))
-        .await
         .map_err(|e| internal(&e))?;
     if existing.iter().any(|a| a.ip == gw) {
         return Ok(());
@@ -635,10 +590,9 @@ async fn ensure_addr(
             )));
         }
         host.del_address(link.index, a.ip)
-            .await
             .map_err(|e| internal(&e))?;
     }
-    match host.add_address(link.index, gw).await {
+    match host.add_address(link.index, gw) {
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
         Err(e) => {
@@ -651,14 +605,14 @@ async fn ensure_addr(
 
 /// The `<bridge>.<vlan>` gateway interface: one end of a host-local veth pair whose
 /// other end is a bridge port in the VLAN. Shared by all pods of the VLAN.
-async fn ensure_vlan_gateway(
+fn ensure_vlan_gateway(
     host: &impl Links,
     conf: &BridgeConf,
     bridge: &Link,
 ) -> Result<Link, CniError> {
     let name = format!("{}.{}", conf.bridge, conf.vlan);
     let context = "failed to create vlan interface";
-    if let Some(link) = host.link_by_name(&name).await.map_err(|e| internal(&e))? {
+    if let Some(link) = host.link_by_name(&name).map_err(|e| internal(&e))? {
         return Ok(link);
     }
     let port_name = random_veth_name()?;
@@ -672,22 +626,19 @@ async fn ensure_vlan_gateway(
         peer_mac: None,
         peer_mtu: mtu,
     };
-    match host.create_veth(&pair).await {
+    match host.create_veth(&pair) {
         Ok(()) => {
             hit("bridge/add/vlan-gateway-created")?;
-            let port = host
-                .require_link(&port_name)
-                .await
-                .map_err(|e| internal(&e))?;
-            setup_port(host, conf, &port, false).await?;
+            let port = host.require_link(&port_name).map_err(|e| internal(&e))?;
+            setup_port(host, conf, &port, false)?;
         }
         // Another ADD of the same VLAN created it first.
         Err(e) if e.is_exists() => {}
         Err(e) => return Err(e).context(context),
     }
-    let link = host.require_link(&name).await.context(context)?;
+    let link = host.require_link(&name).context(context)?;
     let _ = host.write_sysctl(&format!("net/ipv6/conf/{name}/accept_ra"), "0");
-    host.set_up(link.index).await.context(context)?;
+    host.set_up(link.index).context(context)?;
     hit("bridge/add/vlan-gateway-up")?;
     Ok(link)
 }
@@ -742,17 +693,14 @@ mod tests {
     ) -> Result<CniResult, CniError> {
         // Only handed to the fake, which never enters it.
         let pod_ns = NetNs::open("/proc/self/ns/net").unwrap();
-        let rt = cni_linux::runtime().unwrap();
-        rt.block_on(async {
-            let mut progress = Progress::default();
-            match add(req, conf, &pod_ns, host, pod, host, &mut progress).await {
-                Ok(result) => Ok(result),
-                Err(e) => {
-                    rollback(req, conf, Ok(pod), host, progress.settle()).await;
-                    Err(e)
-                }
+        let mut progress = Progress::default();
+        match add(req, conf, &pod_ns, host, pod, host, &mut progress) {
+            Ok(result) => Ok(result),
+            Err(e) => {
+                rollback(req, conf, Ok(pod), host, progress.settle());
+                Err(e)
             }
-        })
+        }
     }
 
     const LAYER2_CONFIGS: [&str; 3] = [
@@ -915,26 +863,26 @@ mod tests {
         let other: IpNetwork = "10.8.0.1/24".parse().unwrap();
         let on_bridge =
             || -> Vec<IpNetwork> { host.snapshot().0.addresses.iter().map(|a| a.ip).collect() };
-        cni_linux::runtime().unwrap().block_on(async {
-            ensure_addr(&host, &bridge, gw, false).await.unwrap();
+        {
+            ensure_addr(&host, &bridge, gw, false).unwrap();
             // A second ADD of the same network keeps it.
-            ensure_addr(&host, &bridge, gw, false).await.unwrap();
+            ensure_addr(&host, &bridge, gw, false).unwrap();
             assert_eq!(on_bridge(), [gw]);
-            let e = ensure_addr(&host, &bridge, other, false).await.unwrap_err();
+            let e = ensure_addr(&host, &bridge, other, false).unwrap_err();
             assert_eq!(
                 e.msg,
                 "\"br-unit\" already has an IP address different from 10.8.0.1/24"
             );
             assert_eq!(on_bridge(), [gw]);
-            ensure_addr(&host, &bridge, other, true).await.unwrap();
+            ensure_addr(&host, &bridge, other, true).unwrap();
             assert_eq!(on_bridge(), [other]);
             // IPv6 gateways of other subnets live side by side.
             let v6a: IpNetwork = "fd00:1::1/64".parse().unwrap();
             let v6b: IpNetwork = "fd00:2::1/64".parse().unwrap();
-            ensure_addr(&host, &bridge, v6a, false).await.unwrap();
-            ensure_addr(&host, &bridge, v6b, false).await.unwrap();
+            ensure_addr(&host, &bridge, v6a, false).unwrap();
+            ensure_addr(&host, &bridge, v6b, false).unwrap();
             assert_eq!(on_bridge(), [other, v6a, v6b]);
-        });
+        }
     }
 
     /// Dual-stack layer 3 with every external effect ADD has: IPAM, the gateway on

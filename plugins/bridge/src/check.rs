@@ -2,7 +2,7 @@
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
 //! (beyond the reference) the masquerade and spoof-check rules.
 
-use crate::common::{fail, joined, mac_text, open_netns, runtime};
+use crate::common::{fail, joined, mac_text, open_netns};
 use crate::config::BridgeConf;
 use crate::links::Links;
 use cni_firewall::{macspoof, masq};
@@ -89,58 +89,51 @@ fn check_links(
     container_entry: &Interface,
 ) -> Result<(Link, Option<MacAddr>), CniError> {
     let ifname = req.args.ifname.as_str();
-    runtime()?.block_on(async {
-        let host = Netlink::connect().map_err(|e| internal(&e))?;
-        let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e))?;
-        let bridge = check_bridge(&host, bridge_entry, conf).await?;
-        if req.args.netns != container_entry.sandbox {
-            return Err(fail(format!(
-                "Sandbox in prevResult {} doesn't match configured netns: {}",
-                container_entry.sandbox, req.args.netns
-            )));
+    let host = Netlink::connect().map_err(|e| internal(&e))?;
+    let pod = Netlink::connect_in(pod_ns).map_err(|e| internal(&e))?;
+    let bridge = check_bridge(&host, bridge_entry, conf)?;
+    if req.args.netns != container_entry.sandbox {
+        return Err(fail(format!(
+            "Sandbox in prevResult {} doesn't match configured netns: {}",
+            container_entry.sandbox, req.args.netns
+        )));
+    }
+    let container = check_container(&pod, container_entry)?;
+    let others = prev
+        .interfaces
+        .iter()
+        .filter(|i| i.name != bridge_entry.name && i.name != container_entry.name);
+    let mut host_veth = None;
+    for entry in others {
+        if let Some(veth) = check_host_veth(&host, entry, &bridge, &container)? {
+            host_veth = Some(veth);
+            break;
         }
-        let container = check_container(&pod, container_entry).await?;
-        let others = prev
-            .interfaces
-            .iter()
-            .filter(|i| i.name != bridge_entry.name && i.name != container_entry.name);
-        let mut host_veth = None;
-        for entry in others {
-            if let Some(veth) = check_host_veth(&host, entry, &bridge, &container).await? {
-                host_veth = Some(veth);
-                break;
-            }
-        }
-        let host_veth = host_veth.ok_or_else(|| {
-            fail(format!(
-                "CNI veth created for bridge {} was not found",
-                conf.bridge
-            ))
-        })?;
-        hit("bridge/check/links")?;
-        check_addresses(&pod, ifname, container.index, prev).await?;
-        check_routes(&pod, &prev.routes).await?;
-        hit("bridge/check/addresses")?;
-        Ok(host_veth)
-    })
+    }
+    let host_veth = host_veth.ok_or_else(|| {
+        fail(format!(
+            "CNI veth created for bridge {} was not found",
+            conf.bridge
+        ))
+    })?;
+    hit("bridge/check/links")?;
+    check_addresses(&pod, ifname, container.index, prev)?;
+    check_routes(&pod, &prev.routes)?;
+    hit("bridge/check/addresses")?;
+    Ok(host_veth)
 }
 
-async fn lookup(nl: &impl Links, entry: &Interface) -> Result<Link, CniError> {
+fn lookup(nl: &impl Links, entry: &Interface) -> Result<Link, CniError> {
     if entry.name.is_empty() {
         return Err(fail("Interface name missing "));
     }
     nl.link_by_name(&entry.name)
-        .await
         .map_err(|e| internal(&e))?
         .ok_or_else(|| fail(format!("Interface name {} not found", entry.name)))
 }
 
-async fn check_bridge(
-    host: &impl Links,
-    entry: &Interface,
-    conf: &BridgeConf,
-) -> Result<Link, CniError> {
-    let link = lookup(host, entry).await?;
+fn check_bridge(host: &impl Links, entry: &Interface, conf: &BridgeConf) -> Result<Link, CniError> {
+    let link = lookup(host, entry)?;
     if !entry.sandbox.is_empty() {
         return Err(fail(format!(
             "Interface {} should not be in sandbox",
@@ -168,8 +161,8 @@ async fn check_bridge(
     Ok(link)
 }
 
-async fn check_container(pod: &impl Links, entry: &Interface) -> Result<Link, CniError> {
-    let link = lookup(pod, entry).await?;
+fn check_container(pod: &impl Links, entry: &Interface) -> Result<Link, CniError> {
+    let link = lookup(pod, entry)?;
     if link.kind.as_deref() != Some("veth") {
         return Err(fail(format!(
             "Error: Container interface {} not of type veth",
@@ -188,7 +181,7 @@ async fn check_container(pod: &impl Links, entry: &Interface) -> Result<Link, Cn
 
 /// The host veth paired with the container interface and on the bridge, with its
 /// container-side MAC for the spoof check; `None` when `entry` is some other interface.
-async fn check_host_veth(
+fn check_host_veth(
     host: &impl Links,
     entry: &Interface,
     bridge: &Link,
@@ -197,7 +190,7 @@ async fn check_host_veth(
     if !entry.sandbox.is_empty() {
         return Ok(None);
     }
-    let link = lookup(host, entry).await?;
+    let link = lookup(host, entry)?;
     let paired = link.kind.as_deref() == Some("veth")
         && container.peer_index == Some(link.index)
         && link.peer_index == Some(container.index)
@@ -214,13 +207,13 @@ async fn check_host_veth(
     Ok(Some((link, container.mac)))
 }
 
-async fn check_addresses(
+fn check_addresses(
     pod: &impl Links,
     ifname: &str,
     index: u32,
     prev: &CniResult,
 ) -> Result<(), CniError> {
-    let present = pod.addresses(index, None).await.map_err(|e| internal(&e))?;
+    let present = pod.addresses(index, None).map_err(|e| internal(&e))?;
     for ip in &prev.ips {
         if !present.iter().any(|a| a.ip == ip.address) {
             return Err(fail(format!(
@@ -230,7 +223,7 @@ async fn check_addresses(
         }
         let subnet = subnet_of(ip.address);
         let family = Family::of(ip.address.ip());
-        let routes = pod.routes(family, None).await.map_err(|e| internal(&e))?;
+        let routes = pod.routes(family, None).map_err(|e| internal(&e))?;
         if !routes.iter().any(|r| r.dst == subnet) {
             return Err(fail(format!(
                 "Failed to find route {subnet} for interface {ifname}"
@@ -243,10 +236,10 @@ async fn check_addresses(
 /// Every prevResult route must be in the routing table. A default route matches any
 /// default route (later plugins may change its gateway); a route without a gateway
 /// matches whichever gateway ADD filled in.
-async fn check_routes(pod: &impl Links, routes: &[Route]) -> Result<(), CniError> {
+fn check_routes(pod: &impl Links, routes: &[Route]) -> Result<(), CniError> {
     for route in routes {
         let family = Family::of(route.dst.ip());
-        let table = pod.routes(family, None).await.map_err(|e| internal(&e))?;
+        let table = pod.routes(family, None).map_err(|e| internal(&e))?;
         let is_default = route.dst.prefix() == 0;
         let found = table
             .iter()
@@ -270,10 +263,6 @@ mod tests {
     use crate::fake::{Fake, link};
     use cni_linux::{Address, Route as KernelRoute};
     use cni_protocol::IpConfig;
-
-    fn block_on<T>(f: impl Future<Output = T>) -> T {
-        cni_linux::runtime().unwrap().block_on(f)
-    }
 
     fn conf(promisc: bool) -> BridgeConf {
         let json = format!(
@@ -328,25 +317,21 @@ mod tests {
     #[test]
     fn bridge_verdicts() {
         let (host, _, [bridge, port, ..]) = world();
-        block_on(async {
-            assert!(
-                check_bridge(&host, &entry(&bridge, ""), &conf(false))
-                    .await
-                    .is_ok()
-            );
-            let e = check_bridge(&host, &entry(&bridge, ""), &conf(true)).await;
+        {
+            assert!(check_bridge(&host, &entry(&bridge, ""), &conf(false)).is_ok());
+            let e = check_bridge(&host, &entry(&bridge, ""), &conf(true));
             assert_eq!(
                 e.unwrap_err().msg,
                 "Bridge interface br-unit configured Promisc Mode true doesn't match current state: false "
             );
-            let e = check_bridge(&host, &entry(&port, ""), &conf(false)).await;
+            let e = check_bridge(&host, &entry(&port, ""), &conf(false));
             assert_eq!(
                 e.unwrap_err().msg,
                 "Interface veth0001 does not have link type of bridge"
             );
             let mut wrong_mac = entry(&bridge, "");
             wrong_mac.mac = "02:00:00:00:00:99".into();
-            let e = check_bridge(&host, &wrong_mac, &conf(false)).await;
+            let e = check_bridge(&host, &wrong_mac, &conf(false));
             assert_eq!(
                 e.unwrap_err().msg,
                 "Bridge interface br-unit Mac doesn't match: 02:00:00:00:00:99"
@@ -355,30 +340,30 @@ mod tests {
                 name: "br-gone".into(),
                 ..Interface::default()
             };
-            let e = check_bridge(&host, &gone, &conf(false)).await;
+            let e = check_bridge(&host, &gone, &conf(false));
             assert_eq!(e.unwrap_err().msg, "Interface name br-gone not found");
-        });
+        }
     }
 
     #[test]
     fn the_host_veth_is_the_container_links_peer_on_the_bridge() {
         let (host, _, [bridge, port, eth0, stray]) = world();
-        block_on(async {
-            let found = check_host_veth(&host, &entry(&port, ""), &bridge, &eth0).await;
+        {
+            let found = check_host_veth(&host, &entry(&port, ""), &bridge, &eth0);
             let (veth, container_mac) = found.unwrap().unwrap();
             assert_eq!((veth.index, container_mac), (2, eth0.mac));
-            let other = check_host_veth(&host, &entry(&stray, ""), &bridge, &eth0).await;
+            let other = check_host_veth(&host, &entry(&stray, ""), &bridge, &eth0);
             assert_eq!(other.unwrap(), None);
-            let in_pod = check_host_veth(&host, &entry(&port, "/x"), &bridge, &eth0).await;
+            let in_pod = check_host_veth(&host, &entry(&port, "/x"), &bridge, &eth0);
             assert_eq!(in_pod.unwrap(), None);
             let mut wrong_mac = entry(&port, "");
             wrong_mac.mac = "02:00:00:00:00:99".into();
-            let e = check_host_veth(&host, &wrong_mac, &bridge, &eth0).await;
+            let e = check_host_veth(&host, &wrong_mac, &bridge, &eth0);
             assert_eq!(
                 e.unwrap_err().msg,
                 "Interface veth0001 Mac doesn't match: 02:00:00:00:00:99 not found"
             );
-        });
+        }
     }
 
     #[test]
@@ -392,8 +377,8 @@ mod tests {
             }],
             ..CniResult::default()
         };
-        block_on(async {
-            let e = check_addresses(&pod, "eth0", 3, &prev).await.unwrap_err();
+        {
+            let e = check_addresses(&pod, "eth0", 3, &prev).unwrap_err();
             assert_eq!(e.msg, "Failed to match addr 10.9.0.5/24 on interface eth0");
             pod.with_world(|w| {
                 w.pod.addresses.push(Address {
@@ -403,15 +388,15 @@ mod tests {
                     flags: 0,
                 });
             });
-            let e = check_addresses(&pod, "eth0", 3, &prev).await.unwrap_err();
+            let e = check_addresses(&pod, "eth0", 3, &prev).unwrap_err();
             assert_eq!(e.msg, "Failed to find route 10.9.0.0/24 for interface eth0");
             let subnet = KernelRoute {
                 oif: Some(3),
                 ..KernelRoute::new("10.9.0.0/24".parse().unwrap())
             };
             pod.with_world(|w| w.pod.routes.push(subnet));
-            check_addresses(&pod, "eth0", 3, &prev).await.unwrap();
-        });
+            check_addresses(&pod, "eth0", 3, &prev).unwrap();
+        }
     }
 
     #[test]
@@ -426,16 +411,14 @@ mod tests {
         let route = |dst: &str, gw: Option<&str>| {
             cni_protocol::Route::new(dst.parse().unwrap(), gw.map(|g| g.parse().unwrap()))
         };
-        block_on(async {
+        {
             // Any default route will do: later plugins may change its gateway.
-            check_routes(&pod, &[route("0.0.0.0/0", Some("10.9.0.254"))])
-                .await
-                .unwrap();
-            let e = check_routes(&pod, &[route("10.20.0.0/16", None)]).await;
+            check_routes(&pod, &[route("0.0.0.0/0", Some("10.9.0.254"))]).unwrap();
+            let e = check_routes(&pod, &[route("10.20.0.0/16", None)]);
             assert_eq!(
                 e.unwrap_err().msg,
                 "Expected Route {Dst:10.20.0.0/16 GW:<nil>} not found in routing table"
             );
-        });
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! Helpers shared by ADD, CHECK and DEL: opening the netns, deleting a link, a
-//! link's MAC as text, the netlink runtime, joining a step run on its own thread,
-//! and the error of a failed step that has no underlying cause.
+//! link's MAC as text, joining a step run on its own thread, and the error of a
+//! failed step that has no underlying cause.
 
 use crate::links::Links;
 use cni_linux::{Link, NetNs};
@@ -11,8 +11,8 @@ pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
 }
 
 /// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.
-pub(crate) async fn delete_link(nl: &impl Links, ifname: &str) -> Result<(), CniError> {
-    match nl.delete_link_by_name(ifname).await {
+pub(crate) fn delete_link(nl: &impl Links, ifname: &str) -> Result<(), CniError> {
+    match nl.delete_link_by_name(ifname) {
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(e).with_context(|| format!("failed to delete {ifname:?}")),
@@ -28,11 +28,6 @@ pub(crate) fn joined<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
     handle
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-}
-
-/// Starts the current-thread runtime the netlink calls run on.
-pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, CniError> {
-    cni_linux::runtime().context("failed to start runtime")
 }
 
 /// A code-999 error for a failed step that has no underlying error to add context

@@ -2,7 +2,7 @@
 //! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
 //! are found by the attachment's names, so they go even when the netns is gone.
 
-use crate::common::{delete_link, joined, runtime};
+use crate::common::{delete_link, joined};
 use crate::config::BridgeConf;
 use cni_firewall::{macspoof, masq};
 use cni_linux::{NetNs, Netlink};
@@ -84,8 +84,6 @@ fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
         Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
         other => other.with_context(|| format!("failed to open netns {netns:?}"))?,
     };
-    runtime()?.block_on(async {
-        let pod = Netlink::connect_in(&ns).map_err(|e| internal(&e))?;
-        delete_link(&pod, ifname).await
-    })
+    let pod = Netlink::connect_in(&ns).map_err(|e| internal(&e))?;
+    delete_link(&pod, ifname)
 }

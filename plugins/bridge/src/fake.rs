@@ -183,12 +183,12 @@ impl Fake {
 }
 
 impl Links for Fake {
-    async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+    fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
         self.step("link_by_name")?;
         Ok(self.ns(|ns| ns.by_name(name).cloned()))
     }
 
-    async fn require_link(&self, name: &str) -> Result<Link> {
+    fn require_link(&self, name: &str) -> Result<Link> {
         self.step("require_link")?;
         self.ns(|ns| ns.by_name(name).cloned())
             .ok_or_else(|| Error::LinkNotFound {
@@ -196,12 +196,7 @@ impl Links for Fake {
             })
     }
 
-    async fn create_bridge(
-        &self,
-        name: &str,
-        mtu: Option<u32>,
-        vlan_filtering: bool,
-    ) -> Result<()> {
+    fn create_bridge(&self, name: &str, mtu: Option<u32>, vlan_filtering: bool) -> Result<()> {
         self.step("create_bridge")?;
         if self.ns(|ns| ns.by_name(name).is_some()) {
             return Err(kernel(Errno::EEXIST, "create_bridge"));
@@ -213,7 +208,7 @@ impl Links for Fake {
         Ok(())
     }
 
-    async fn create_veth(&self, pair: &VethPair<'_>) -> Result<()> {
+    fn create_veth(&self, pair: &VethPair<'_>) -> Result<()> {
         self.step("create_veth")?;
         let peer_in_pod = pair.peer_netns.is_some();
         let taken = {
@@ -262,7 +257,7 @@ impl Links for Fake {
         Ok(())
     }
 
-    async fn delete_link_by_name(&self, name: &str) -> Result<bool> {
+    fn delete_link_by_name(&self, name: &str) -> Result<bool> {
         self.step("delete_link_by_name")?;
         let mut w = self.shared.world.borrow_mut();
         let World { host, pod, .. } = &mut *w;
@@ -283,22 +278,22 @@ impl Links for Fake {
         Ok(true)
     }
 
-    async fn set_up(&self, index: u32) -> Result<()> {
+    fn set_up(&self, index: u32) -> Result<()> {
         self.change("set_up", index, |l| {
             l.up = true;
             l.oper_state = OperState::Up;
         })
     }
 
-    async fn set_promisc(&self, index: u32, on: bool) -> Result<()> {
+    fn set_promisc(&self, index: u32, on: bool) -> Result<()> {
         self.change("set_promisc", index, |l| l.promisc = on)
     }
 
-    async fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()> {
+    fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()> {
         self.change("set_mac", index, |l| l.mac = Some(mac))
     }
 
-    async fn set_port_hairpin(&self, index: u32, on: bool) -> Result<()> {
+    fn set_port_hairpin(&self, index: u32, on: bool) -> Result<()> {
         self.change("set_port_hairpin", index, |l| {
             l.bridge_port
                 .get_or_insert_with(BridgePort::default)
@@ -306,7 +301,7 @@ impl Links for Fake {
         })
     }
 
-    async fn set_port_isolated(&self, index: u32, on: bool) -> Result<()> {
+    fn set_port_isolated(&self, index: u32, on: bool) -> Result<()> {
         self.change("set_port_isolated", index, |l| {
             l.bridge_port
                 .get_or_insert_with(BridgePort::default)
@@ -314,7 +309,7 @@ impl Links for Fake {
         })
     }
 
-    async fn set_port_flags(&self, index: u32, hairpin: bool, isolated: bool) -> Result<()> {
+    fn set_port_flags(&self, index: u32, hairpin: bool, isolated: bool) -> Result<()> {
         self.change("set_port_flags", index, |l| {
             let port = l.bridge_port.get_or_insert_with(BridgePort::default);
             port.hairpin = hairpin;
@@ -322,12 +317,12 @@ impl Links for Fake {
         })
     }
 
-    async fn port_vlans(&self, index: u32) -> Result<Vec<VlanEntry>> {
+    fn port_vlans(&self, index: u32) -> Result<Vec<VlanEntry>> {
         self.step("port_vlans")?;
         Ok(self.ns(|ns| ns.vlans.get(&index).cloned().unwrap_or_default()))
     }
 
-    async fn add_port_vlan(&self, index: u32, vid: u16, pvid: bool, untagged: bool) -> Result<()> {
+    fn add_port_vlan(&self, index: u32, vid: u16, pvid: bool, untagged: bool) -> Result<()> {
         self.step("add_port_vlan")?;
         self.ns(|ns| {
             let vlans = ns.vlans.entry(index).or_default();
@@ -344,7 +339,7 @@ impl Links for Fake {
         Ok(())
     }
 
-    async fn del_port_vlan(&self, index: u32, vid: u16) -> Result<()> {
+    fn del_port_vlan(&self, index: u32, vid: u16) -> Result<()> {
         self.step("del_port_vlan")?;
         self.ns(|ns| {
             if let Some(vlans) = ns.vlans.get_mut(&index) {
@@ -354,7 +349,7 @@ impl Links for Fake {
         Ok(())
     }
 
-    async fn wait_oper_up(&self, index: u32, _delays: &[Duration]) -> Result<Link> {
+    fn wait_oper_up(&self, index: u32, _delays: &[Duration]) -> Result<Link> {
         self.step("wait_oper_up")?;
         match self.ns(|ns| ns.links.get(&index).cloned()) {
             Some(link) if link.up => Ok(link),
@@ -366,7 +361,7 @@ impl Links for Fake {
         }
     }
 
-    async fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>> {
+    fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>> {
         self.step("addresses")?;
         Ok(self.ns(|ns| {
             ns.addresses
@@ -378,7 +373,7 @@ impl Links for Fake {
         }))
     }
 
-    async fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
+    fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
         self.step("add_address")?;
         self.ns(|ns| {
             if ns.addresses.iter().any(|a| a.index == index && a.ip == ip) {
@@ -394,17 +389,17 @@ impl Links for Fake {
         })
     }
 
-    async fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
+    fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
         self.step("del_address")?;
         self.ns(|ns| ns.addresses.retain(|a| !(a.index == index && a.ip == ip)));
         Ok(())
     }
 
-    async fn wait_addresses_settled(&self, _index: u32, _timeout: Duration) -> Result<()> {
+    fn wait_addresses_settled(&self, _index: u32, _timeout: Duration) -> Result<()> {
         self.step("wait_addresses_settled")
     }
 
-    async fn add_route(&self, route: &Route) -> Result<()> {
+    fn add_route(&self, route: &Route) -> Result<()> {
         self.step("add_route")?;
         self.ns(|ns| {
             if ns
@@ -419,7 +414,7 @@ impl Links for Fake {
         })
     }
 
-    async fn routes(&self, family: Family, _table: Option<u32>) -> Result<Vec<Route>> {
+    fn routes(&self, family: Family, _table: Option<u32>) -> Result<Vec<Route>> {
         self.step("routes")?;
         Ok(self.ns(|ns| {
             ns.routes

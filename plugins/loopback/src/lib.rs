@@ -1,7 +1,7 @@
 //! The loopback plugin: brings `lo` up in the container's netns on ADD and down on DEL,
 //! and reports it with its addresses in the requested version's shape.
 
-use cni_linux::netlink::{Family, Link, Netlink, runtime};
+use cni_linux::netlink::{Family, Link, Netlink};
 use cni_linux::netns::NetNs;
 use cni_protocol::{CniError, CniResult, Context, Interface, IpConfig, Plugin, Request};
 
@@ -14,10 +14,10 @@ const LO: &str = "lo";
 impl Plugin for Loopback {
     fn add(&self, req: &Request) -> Result<CniResult, CniError> {
         let ns = open_netns(&req.args.netns)?;
-        let ips = in_netns(&ns, |nl| async move {
-            let lo = require_lo(&nl).await?;
-            nl.set_up(lo.index).await.map_err(linux_error)?;
-            loopback_addresses(&nl, lo.index).await
+        let ips = in_netns(&ns, |nl| {
+            let lo = require_lo(&nl)?;
+            nl.set_up(lo.index).map_err(linux_error)?;
+            loopback_addresses(&nl, lo.index)
         })?;
         // A chained loopback passes the previous result through, but still brings `lo` up.
         if let Some(prev) = &req.config.prev_result {
@@ -44,16 +44,16 @@ impl Plugin for Loopback {
             Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
             other => other.map_err(linux_error)?,
         };
-        in_netns(&ns, |nl| async move {
-            let lo = require_lo(&nl).await?;
-            nl.set_down(lo.index).await.map_err(linux_error)
+        in_netns(&ns, |nl| {
+            let lo = require_lo(&nl)?;
+            nl.set_down(lo.index).map_err(linux_error)
         })
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
         let ns = open_netns(&req.args.netns)?;
-        in_netns(&ns, |nl| async move {
-            match nl.link_by_name(LO).await.map_err(linux_error)? {
+        in_netns(&ns, |nl| {
+            match nl.link_by_name(LO).map_err(linux_error)? {
                 Some(lo) if lo.up => Ok(()),
                 _ => Err(CniError::internal("loopback interface is down")),
             }
@@ -70,34 +70,26 @@ fn open_netns(path: &str) -> Result<NetNs, CniError> {
     NetNs::open(path).with_context(|| format!("failed to open netns {path:?}"))
 }
 
-/// Runs `work` with a netlink connection inside `ns`, on a current-thread runtime.
-fn in_netns<F, Fut, T>(ns: &NetNs, work: F) -> Result<T, CniError>
+/// Runs `work` with a netlink connection inside `ns`.
+fn in_netns<F, T>(ns: &NetNs, work: F) -> Result<T, CniError>
 where
-    F: FnOnce(Netlink) -> Fut,
-    Fut: Future<Output = Result<T, CniError>>,
+    F: FnOnce(Netlink) -> Result<T, CniError>,
 {
-    let rt = runtime().context("failed to start runtime")?;
-    rt.block_on(async {
-        let nl = Netlink::connect_in(ns).map_err(linux_error)?;
-        work(nl).await
-    })
+    let nl = Netlink::connect_in(ns).map_err(linux_error)?;
+    work(nl)
 }
 
-async fn require_lo(nl: &Netlink) -> Result<Link, CniError> {
+fn require_lo(nl: &Netlink) -> Result<Link, CniError> {
     nl.link_by_name(LO)
-        .await
         .map_err(linux_error)?
         .ok_or_else(|| CniError::internal("failed to find loopback interface \"lo\""))
 }
 
 /// The first IPv4 and first IPv6 address of `lo`, refusing anything that is not loopback.
-async fn loopback_addresses(nl: &Netlink, index: u32) -> Result<Vec<IpConfig>, CniError> {
+fn loopback_addresses(nl: &Netlink, index: u32) -> Result<Vec<IpConfig>, CniError> {
     let mut ips = Vec::new();
     for family in [Family::V4, Family::V6] {
-        let addrs = nl
-            .addresses(index, Some(family))
-            .await
-            .map_err(linux_error)?;
+        let addrs = nl.addresses(index, Some(family)).map_err(linux_error)?;
         if let Some(bad) = addrs.iter().find(|a| !a.ip.ip().is_loopback()) {
             return Err(CniError::internal(format!(
                 "loopback interface found with non-loopback address {:?}",

@@ -1,13 +1,18 @@
 //! IP addresses on links: list, add, delete.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 
+use cni_netlink::wire::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, attrs, u32_ne,
+};
+use cni_netlink::{Malformed, Writer};
 use ipnetwork::IpNetwork;
-use rtnetlink::AddressMessageBuilder;
-use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 
-use super::{Family, Netlink, collect, exec};
+use super::rtnl::{
+    AF_INET, AF_INET6, AF_UNSPEC, IFA_ADDRESS, IFA_BROADCAST, IFA_F_DADFAILED, IFA_F_TENTATIVE,
+    IFA_FLAGS, IFA_LOCAL, IfAddr, RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR, ip_bytes, ip_value,
+};
+use super::{Family, Netlink};
 use crate::error::Result;
 
 /// An address on a link, as the kernel reports it.
@@ -26,12 +31,12 @@ pub struct Address {
 impl Address {
     /// IPv6 duplicate address detection is still running.
     pub fn is_tentative(&self) -> bool {
-        self.flags & AddressFlags::Tentative.bits() != 0
+        self.flags & IFA_F_TENTATIVE != 0
     }
 
     /// IPv6 duplicate address detection found a duplicate.
     pub fn is_dad_failed(&self) -> bool {
-        self.flags & AddressFlags::Dadfailed.bits() != 0
+        self.flags & IFA_F_DADFAILED != 0
     }
 
     /// Scope universe: the address is routable beyond this host and link.
@@ -39,83 +44,179 @@ impl Address {
         self.scope == 0
     }
 
-    fn from_message(msg: &AddressMessage) -> Option<Self> {
+    /// Decodes an RTM_NEWADDR message; `None` for one without an address.
+    fn parse(payload: &[u8]) -> std::result::Result<Option<Self>, Malformed> {
+        let (header, attributes) = IfAddr::parse(payload)?;
         // For IPv4, IFA_LOCAL is the interface's own address and IFA_ADDRESS
         // the peer on point-to-point links; IPv6 only sends IFA_ADDRESS.
         let mut local = None;
         let mut address = None;
-        let mut flags = u32::from(msg.header.flags.bits());
-        for attr in &msg.attributes {
-            match attr {
-                AddressAttribute::Local(ip) => local = Some(*ip),
-                AddressAttribute::Address(ip) => address = Some(*ip),
-                AddressAttribute::Flags(f) => flags = f.bits(),
+        let mut flags = u32::from(header.flags);
+        for attr in attrs(attributes) {
+            let (ty, v) = attr?;
+            match ty {
+                IFA_LOCAL => local = Some(ip_value(header.family, v)?),
+                IFA_ADDRESS => address = Some(ip_value(header.family, v)?),
+                IFA_FLAGS => flags = u32_ne(v)?,
                 _ => {}
             }
         }
-        let ip = IpNetwork::new(local.or(address)?, msg.header.prefix_len).ok()?;
-        Some(Self {
+        let Some(ip) = local.or(address) else {
+            return Ok(None);
+        };
+        let ip = IpNetwork::new(ip, header.prefix_len)
+            .map_err(|_| Malformed("address prefix length out of range"))?;
+        Ok(Some(Self {
             ip,
-            index: msg.header.index,
-            scope: msg.header.scope.into(),
+            index: header.index,
+            scope: header.scope,
             flags,
-        })
+        }))
     }
 }
 
 impl Netlink {
     /// Lists the addresses on a link, optionally of one family only.
-    pub async fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>> {
-        let mut request = self.handle.address().get().set_link_index_filter(index);
-        if let Some(family) = family {
-            request.message_mut().header.family = match family {
-                Family::V4 => AddressFamily::Inet,
-                Family::V6 => AddressFamily::Inet6,
-            };
-        }
-        let messages = collect(request.execute(), || {
-            format!("failed to list addresses of link #{index}")
-        })
-        .await?;
-        Ok(messages
-            .iter()
-            .filter_map(Address::from_message)
-            .filter(|a| family.is_none_or(|f| Family::of(a.ip.ip()) == f))
-            .collect())
+    pub fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>> {
+        let mut found = Vec::new();
+        self.request(
+            RTM_GETADDR,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |w| {
+                IfAddr {
+                    family: match family {
+                        None => AF_UNSPEC,
+                        Some(Family::V4) => AF_INET,
+                        Some(Family::V6) => AF_INET6,
+                    },
+                    ..IfAddr::default()
+                }
+                .write(w);
+            },
+            |msg| {
+                if msg.ty != RTM_NEWADDR {
+                    return Ok(());
+                }
+                // Without strict checking the kernel dumps every link's addresses.
+                let wanted = |a: &Address| {
+                    a.index == index && family.is_none_or(|f| Family::of(a.ip.ip()) == f)
+                };
+                found.extend(Address::parse(msg.payload)?.filter(wanted));
+                Ok(())
+            },
+            || format!("failed to list addresses of link #{index}"),
+        )?;
+        Ok(found)
     }
 
     /// Adds an address (with broadcast for IPv4); fails with `is_exists()` if present.
-    pub async fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
-        let request = self.handle.address().add(index, ip.ip(), ip.prefix());
-        exec(request.execute(), || {
-            format!("failed to add address {ip} to link #{index}")
-        })
-        .await
+    pub fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
+        self.exec(
+            RTM_NEWADDR,
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE,
+            |w| address_message(w, index, ip),
+            || format!("failed to add address {ip} to link #{index}"),
+        )
     }
 
     /// Deletes an address; fails with `is_not_found()` if it is not there.
-    pub async fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
-        let msg = match ip.ip() {
-            IpAddr::V4(v4) => v4_message(index, v4, ip.prefix()),
-            IpAddr::V6(v6) => v6_message(index, v6, ip.prefix()),
-        };
-        exec(self.handle.address().del(msg).execute(), || {
-            format!("failed to delete address {ip} from link #{index}")
-        })
-        .await
+    pub fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
+        self.exec(
+            RTM_DELADDR,
+            NLM_F_REQUEST | NLM_F_ACK,
+            |w| address_message(w, index, ip),
+            || format!("failed to delete address {ip} from link #{index}"),
+        )
     }
 }
 
-fn v4_message(index: u32, ip: Ipv4Addr, prefix: u8) -> AddressMessage {
-    AddressMessageBuilder::<Ipv4Addr>::new()
-        .index(index)
-        .address(ip, prefix)
-        .build()
+/// `ip addr add <ip> dev #<index>`, plus `brd +` for IPv4 prefixes below /31.
+fn address_message(w: &mut Writer, index: u32, ip: IpNetwork) {
+    let (family, bytes) = ip_bytes(ip.ip());
+    IfAddr {
+        family,
+        prefix_len: ip.prefix(),
+        index,
+        ..IfAddr::default()
+    }
+    .write(w);
+    w.attr(IFA_LOCAL, &bytes);
+    w.attr(IFA_ADDRESS, &bytes);
+    match ip.ip() {
+        IpAddr::V4(v4) if ip.prefix() < 31 => {
+            let host_bits = u32::MAX >> ip.prefix();
+            let broadcast = u32::from(v4) | host_bits;
+            w.attr(IFA_BROADCAST, &broadcast.to_be_bytes());
+        }
+        _ => {}
+    }
 }
 
-fn v6_message(index: u32, ip: Ipv6Addr, prefix: u8) -> AddressMessage {
-    AddressMessageBuilder::<Ipv6Addr>::new()
-        .index(index)
-        .address(ip, prefix)
-        .build()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::tests::{hex, message};
+
+    #[test]
+    fn ipv4_address_is_what_ip_addr_add_sends_with_broadcast() {
+        // `ip addr add 10.0.0.5/24 dev cni0` (#5), strace'd, then IFA_BROADCAST
+        // 10.0.0.255 as `brd +` adds it.
+        let got = message(RTM_NEWADDR, 0x605, |w| {
+            address_message(w, 5, "10.0.0.5/24".parse().unwrap())
+        });
+        let want = hex("30000000 1400 0506 01000000 00000000 \
+             02180000 05000000 \
+             08000200 0a000005 \
+             08000100 0a000005 \
+             08000400 0a0000ff");
+        assert_eq!(got, want);
+        let point_to_point = message(RTM_DELADDR, 0x5, |w| {
+            address_message(w, 5, "10.0.0.5/31".parse().unwrap())
+        });
+        assert_eq!(point_to_point.len(), 0x28, "no broadcast on a /31");
+    }
+
+    #[test]
+    fn ipv6_address_is_what_ip_addr_add_sends() {
+        let got = message(RTM_NEWADDR, 0x605, |w| {
+            address_message(w, 5, "fd00::1/64".parse().unwrap())
+        });
+        let want = hex("40000000 1400 0506 01000000 00000000 \
+             0a400000 05000000 \
+             14000200 fd000000 00000000 00000000 00000001 \
+             14000100 fd000000 00000000 00000000 00000001");
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_dumped_address_decodes_with_its_flags() {
+        let mut w = Writer::new();
+        IfAddr {
+            family: AF_INET6,
+            prefix_len: 64,
+            flags: 0x80,
+            scope: 0,
+            index: 3,
+        }
+        .write(&mut w);
+        w.attr(
+            IFA_ADDRESS,
+            &"fd00::2".parse::<std::net::Ipv6Addr>().unwrap().octets(),
+        );
+        w.attr(99, b"unknown, skipped");
+        w.attr_u32(IFA_FLAGS, IFA_F_TENTATIVE | 0x100);
+        let a = Address::parse(w.as_bytes()).unwrap().unwrap();
+        assert_eq!(a.ip, "fd00::2/64".parse::<IpNetwork>().unwrap());
+        assert_eq!(a.index, 3);
+        assert!(a.is_tentative() && !a.is_dad_failed() && a.is_global());
+        // An IPv6 address attribute of 15 bytes, a prefix of 200, a cut header.
+        let mut bad = w.as_bytes()[..8].to_vec();
+        bad.extend_from_slice(&[19, 0, 1, 0]);
+        bad.extend_from_slice(&[0; 16]);
+        assert!(Address::parse(&bad).is_err());
+        let mut wide = w.as_bytes().to_vec();
+        wide[1] = 200;
+        assert!(Address::parse(&wide).is_err());
+        assert!(Address::parse(&w.as_bytes()[..7]).is_err());
+    }
 }

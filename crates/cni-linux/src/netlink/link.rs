@@ -3,14 +3,19 @@
 
 use std::fmt;
 
-use futures::TryStreamExt;
-use rtnetlink::LinkUnspec;
-use rtnetlink::packet_route::link::{
-    InfoBridge, InfoBridgePort, InfoData, InfoPortData, InfoPortKind, LinkAttribute, LinkFlags,
-    LinkInfo, LinkMessage, State,
+use cni_netlink::wire::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, attrs, c_string, i32_ne, u8_value, u32_ne,
 };
+use cni_netlink::{Malformed, Writer};
 
-use super::{Netlink, collect, exec};
+use super::Netlink;
+use super::rtnl::{
+    IFF_PROMISC, IFF_UP, IFLA_ADDRESS, IFLA_BR_VLAN_FILTERING, IFLA_BRPORT_ISOLATED,
+    IFLA_BRPORT_MODE, IFLA_EXT_MASK, IFLA_IFNAME, IFLA_INFO_DATA, IFLA_INFO_KIND,
+    IFLA_INFO_SLAVE_DATA, IFLA_INFO_SLAVE_KIND, IFLA_LINK, IFLA_LINK_NETNSID, IFLA_LINKINFO,
+    IFLA_MASTER, IFLA_MTU, IFLA_OPERSTATE, IfInfo, RTEXT_FILTER_SKIP_STATS, RTM_DELLINK,
+    RTM_GETLINK, RTM_NEWLINK,
+};
 use crate::error::{Error, Result};
 use crate::mac::MacAddr;
 
@@ -75,18 +80,18 @@ pub enum OperState {
     Other(u8),
 }
 
-impl From<State> for OperState {
-    fn from(state: State) -> Self {
+impl From<u8> for OperState {
+    /// `IF_OPER_*` (linux/if.h).
+    fn from(state: u8) -> Self {
         match state {
-            State::Unknown => Self::Unknown,
-            State::NotPresent => Self::NotPresent,
-            State::Down => Self::Down,
-            State::LowerLayerDown => Self::LowerLayerDown,
-            State::Testing => Self::Testing,
-            State::Dormant => Self::Dormant,
-            State::Up => Self::Up,
-            State::Other(v) => Self::Other(v),
-            _ => Self::Other(u8::MAX),
+            0 => Self::Unknown,
+            1 => Self::NotPresent,
+            2 => Self::Down,
+            3 => Self::LowerLayerDown,
+            4 => Self::Testing,
+            5 => Self::Dormant,
+            6 => Self::Up,
+            v => Self::Other(v),
         }
     }
 }
@@ -107,185 +112,214 @@ impl fmt::Display for OperState {
 }
 
 impl Link {
-    /// Decodes an RTM_NEWLINK message.
-    pub(crate) fn from_message(msg: &LinkMessage) -> Self {
+    /// Decodes an RTM_NEWLINK message (payload after the netlink header).
+    pub(crate) fn parse(payload: &[u8]) -> std::result::Result<Self, Malformed> {
+        let (header, attributes) = IfInfo::parse(payload)?;
         let mut link = Self {
-            index: msg.header.index,
+            index: header.index,
             name: String::new(),
             mac: None,
             mtu: 0,
             kind: None,
             controller: None,
-            up: msg.header.flags.contains(LinkFlags::Up),
+            up: header.flags & IFF_UP != 0,
             oper_state: OperState::Unknown,
-            promisc: msg.header.flags.contains(LinkFlags::Promisc),
+            promisc: header.flags & IFF_PROMISC != 0,
             peer_index: None,
             link_netnsid: None,
             vlan_filtering: None,
             bridge_port: None,
         };
-        for attr in &msg.attributes {
-            match attr {
-                LinkAttribute::IfName(name) => link.name.clone_from(name),
-                LinkAttribute::Address(bytes) => link.mac = MacAddr::from_slice(bytes),
-                LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
-                LinkAttribute::Controller(idx) if *idx != 0 => link.controller = Some(*idx),
-                LinkAttribute::OperState(state) => link.oper_state = (*state).into(),
-                LinkAttribute::Link(idx) if *idx != 0 => link.peer_index = Some(*idx),
-                LinkAttribute::LinkNetNsId(id) => link.link_netnsid = Some(*id),
-                LinkAttribute::LinkInfo(infos) => link.apply_link_info(infos),
+        for attr in attrs(attributes) {
+            let (ty, v) = attr?;
+            match ty {
+                IFLA_IFNAME => link.name = c_string(v),
+                IFLA_ADDRESS => link.mac = MacAddr::from_slice(v),
+                IFLA_MTU => link.mtu = u32_ne(v)?,
+                IFLA_MASTER => link.controller = Some(u32_ne(v)?).filter(|i| *i != 0),
+                IFLA_OPERSTATE => link.oper_state = u8_value(v)?.into(),
+                IFLA_LINK => link.peer_index = Some(u32_ne(v)?).filter(|i| *i != 0),
+                IFLA_LINK_NETNSID => link.link_netnsid = Some(i32_ne(v)?),
+                IFLA_LINKINFO => link.apply_link_info(v)?,
                 _ => {}
             }
         }
-        link
+        Ok(link)
     }
 
-    fn apply_link_info(&mut self, infos: &[LinkInfo]) {
-        let mut bridge_port = false;
-        for info in infos {
-            match info {
-                LinkInfo::Kind(kind) => self.kind = Some(kind.to_string()),
-                LinkInfo::Data(InfoData::Bridge(opts)) => {
-                    self.vlan_filtering = opts.iter().find_map(|o| match o {
-                        InfoBridge::VlanFiltering(on) => Some(*on),
-                        _ => None,
-                    });
+    /// IFLA_LINKINFO: the kind first, then its data, whose attributes only mean
+    /// something for that kind; likewise for the port ("slave") kind and data.
+    fn apply_link_info(&mut self, info: &[u8]) -> std::result::Result<(), Malformed> {
+        let mut port_kind = None;
+        for attr in attrs(info) {
+            let (ty, v) = attr?;
+            match ty {
+                IFLA_INFO_KIND => self.kind = Some(c_string(v)),
+                IFLA_INFO_DATA if self.kind.as_deref() == Some("bridge") => {
+                    for attr in attrs(v) {
+                        let (ty, v) = attr?;
+                        if ty == IFLA_BR_VLAN_FILTERING {
+                            self.vlan_filtering = Some(u8_value(v)? != 0);
+                        }
+                    }
                 }
-                LinkInfo::PortKind(InfoPortKind::Bridge) => bridge_port = true,
-                LinkInfo::PortData(InfoPortData::BridgePort(opts)) => {
-                    self.bridge_port = Some(port_flags(opts));
+                IFLA_INFO_SLAVE_KIND => {
+                    let kind = c_string(v);
+                    if kind == "bridge" && self.bridge_port.is_none() {
+                        self.bridge_port = Some(BridgePort::default());
+                    }
+                    port_kind = Some(kind);
+                }
+                IFLA_INFO_SLAVE_DATA if port_kind.as_deref() == Some("bridge") => {
+                    let mut port = BridgePort::default();
+                    for attr in attrs(v) {
+                        let (ty, v) = attr?;
+                        match ty {
+                            IFLA_BRPORT_MODE => port.hairpin = u8_value(v)? != 0,
+                            IFLA_BRPORT_ISOLATED => port.isolated = u8_value(v)? != 0,
+                            _ => {}
+                        }
+                    }
+                    self.bridge_port = Some(port);
                 }
                 _ => {}
             }
         }
-        if bridge_port && self.bridge_port.is_none() {
-            self.bridge_port = Some(BridgePort::default());
-        }
+        Ok(())
     }
 }
 
-fn port_flags(opts: &[InfoBridgePort]) -> BridgePort {
-    let mut port = BridgePort::default();
-    for opt in opts {
-        match opt {
-            InfoBridgePort::HairpinMode(on) => port.hairpin = *on,
-            InfoBridgePort::Isolated(on) => port.isolated = *on,
-            _ => {}
-        }
+/// A GETLINK request: one link (by index or name) or, with `NLM_F_DUMP`, all.
+fn get_link(w: &mut Writer, index: u32, name: Option<&str>) {
+    IfInfo::index(index).write(w);
+    w.attr_u32(IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS);
+    if let Some(name) = name {
+        w.attr_str(IFLA_IFNAME, name);
     }
-    port
 }
 
 impl Netlink {
     /// Looks a link up by name; `Ok(None)` if there is none.
-    pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
-        let request = self.handle.link().get().match_name(name).execute();
-        first_link(request, || format!("failed to look up link {name:?}")).await
+    pub fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+        self.get_one_link(
+            |w| get_link(w, 0, Some(name)),
+            || format!("failed to look up link {name:?}"),
+        )
     }
 
     /// Looks a link up by index; `Ok(None)` if there is none.
-    pub async fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
-        let request = self.handle.link().get().match_index(index).execute();
-        first_link(request, || format!("failed to look up link #{index}")).await
+    pub fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        self.get_one_link(
+            |w| get_link(w, index, None),
+            || format!("failed to look up link #{index}"),
+        )
     }
 
     /// Looks a link up by name; a missing link is an `Error::LinkNotFound`.
-    pub async fn require_link(&self, name: &str) -> Result<Link> {
-        self.link_by_name(name)
-            .await?
-            .ok_or_else(|| Error::LinkNotFound {
-                name: name.to_owned(),
-            })
+    pub fn require_link(&self, name: &str) -> Result<Link> {
+        self.link_by_name(name)?.ok_or_else(|| Error::LinkNotFound {
+            name: name.to_owned(),
+        })
     }
 
     /// Lists every link in the netns.
-    pub async fn links(&self) -> Result<Vec<Link>> {
-        let messages = collect(self.handle.link().get().execute(), || {
-            "failed to list links".to_owned()
-        })
-        .await?;
-        Ok(messages.iter().map(Link::from_message).collect())
+    pub fn links(&self) -> Result<Vec<Link>> {
+        let mut links = Vec::new();
+        self.request(
+            RTM_GETLINK,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |w| get_link(w, 0, None),
+            |msg| {
+                if msg.ty == RTM_NEWLINK {
+                    links.push(Link::parse(msg.payload)?);
+                }
+                Ok(())
+            },
+            || "failed to list links".to_owned(),
+        )?;
+        Ok(links)
     }
 
     /// Sets a link administratively up.
-    pub async fn set_up(&self, index: u32) -> Result<()> {
-        self.change(LinkUnspec::new_with_index(index).up().build(), || {
+    pub fn set_up(&self, index: u32) -> Result<()> {
+        self.change_flags(index, IFF_UP, IFF_UP, || {
             format!("failed to set link #{index} up")
         })
-        .await
     }
 
     /// Sets a link administratively down.
-    pub async fn set_down(&self, index: u32) -> Result<()> {
-        self.change(LinkUnspec::new_with_index(index).down().build(), || {
+    pub fn set_down(&self, index: u32) -> Result<()> {
+        self.change_flags(index, 0, IFF_UP, || {
             format!("failed to set link #{index} down")
         })
-        .await
     }
 
     /// Turns promiscuous mode on or off.
-    pub async fn set_promisc(&self, index: u32, on: bool) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index).promiscuous(on).build();
-        self.change(msg, || {
+    pub fn set_promisc(&self, index: u32, on: bool) -> Result<()> {
+        let flags = if on { IFF_PROMISC } else { 0 };
+        self.change_flags(index, flags, IFF_PROMISC, || {
             format!("failed to set promiscuous mode {on} on link #{index}")
         })
-        .await
     }
 
     /// Sets the hardware address.
-    pub async fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index)
-            .address(mac.octets().to_vec())
-            .build();
-        self.change(msg, || format!("failed to set MAC {mac} on link #{index}"))
-            .await
+    pub fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()> {
+        self.change(
+            index,
+            |w| w.attr(IFLA_ADDRESS, &mac.octets()),
+            || format!("failed to set MAC {mac} on link #{index}"),
+        )
     }
 
     /// Sets the MTU.
-    pub async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index).mtu(mtu).build();
-        self.change(msg, || format!("failed to set MTU {mtu} on link #{index}"))
-            .await
+    pub fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
+        self.change(
+            index,
+            |w| w.attr_u32(IFLA_MTU, mtu),
+            || format!("failed to set MTU {mtu} on link #{index}"),
+        )
     }
 
     /// Makes a link a port of `controller` (a bridge).
-    pub async fn set_controller(&self, index: u32, controller: u32) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index)
-            .controller(controller)
-            .build();
-        self.change(msg, || {
-            format!("failed to attach link #{index} to bridge #{controller}")
-        })
-        .await
+    pub fn set_controller(&self, index: u32, controller: u32) -> Result<()> {
+        self.change(
+            index,
+            |w| w.attr_u32(IFLA_MASTER, controller),
+            || format!("failed to attach link #{index} to bridge #{controller}"),
+        )
     }
 
     /// Detaches a link from its controller.
-    pub async fn unset_controller(&self, index: u32) -> Result<()> {
-        let msg = LinkUnspec::new_with_index(index).nocontroller().build();
-        self.change(msg, || format!("failed to detach link #{index}"))
-            .await
+    pub fn unset_controller(&self, index: u32) -> Result<()> {
+        self.change(
+            index,
+            |w| w.attr_u32(IFLA_MASTER, 0),
+            || format!("failed to detach link #{index}"),
+        )
     }
 
     /// Deletes a link (for a veth, the peer goes with it).
-    pub async fn delete_link(&self, index: u32) -> Result<()> {
-        exec(self.handle.link().del(index).execute(), || {
-            format!("failed to delete link #{index}")
-        })
-        .await
+    pub fn delete_link(&self, index: u32) -> Result<()> {
+        self.exec(
+            RTM_DELLINK,
+            NLM_F_REQUEST | NLM_F_ACK,
+            |w| IfInfo::index(index).write(w),
+            || format!("failed to delete link #{index}"),
+        )
     }
 
     /// Deletes a link by name; `Ok(false)` if it did not exist.
-    pub async fn delete_link_by_name(&self, name: &str) -> Result<bool> {
+    pub fn delete_link_by_name(&self, name: &str) -> Result<bool> {
         // One request: the kernel resolves the name itself (no lookup round trip).
-        let mut request = self.handle.link().del(0);
-        request
-            .message_mut()
-            .attributes
-            .push(LinkAttribute::IfName(name.to_owned()));
-        let deleted = exec(request.execute(), || {
-            format!("failed to delete link {name:?}")
-        })
-        .await;
+        let deleted = self.exec(
+            RTM_DELLINK,
+            NLM_F_REQUEST | NLM_F_ACK,
+            |w| {
+                IfInfo::index(0).write(w);
+                w.attr_str(IFLA_IFNAME, name);
+            },
+            || format!("failed to delete link {name:?}"),
+        );
         match deleted {
             Ok(()) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
@@ -294,26 +328,67 @@ impl Netlink {
     }
 
     /// RTM_NEWLINK without create flags is how `ip link set` changes a link.
-    async fn change(&self, msg: LinkMessage, context: impl FnOnce() -> String) -> Result<()> {
-        exec(self.handle.link().change(msg).execute(), context).await
+    fn change(
+        &self,
+        index: u32,
+        attributes: impl FnOnce(&mut Writer),
+        context: impl FnOnce() -> String,
+    ) -> Result<()> {
+        self.exec(
+            RTM_NEWLINK,
+            NLM_F_REQUEST | NLM_F_ACK,
+            |w| {
+                IfInfo::index(index).write(w);
+                attributes(w);
+            },
+            context,
+        )
     }
-}
 
-/// Takes the single answer of a non-dump GETLINK, mapping ENODEV to `None`.
-async fn first_link<S>(stream: S, context: impl FnOnce() -> String) -> Result<Option<Link>>
-where
-    S: futures::Stream<Item = std::result::Result<LinkMessage, rtnetlink::Error>>,
-{
-    futures::pin_mut!(stream);
-    match stream.try_next().await {
-        Ok(msg) => Ok(msg.as_ref().map(Link::from_message)),
-        Err(e) => {
-            let err = Error::netlink(context(), e);
-            if err.is_not_found() {
-                Ok(None)
-            } else {
-                Err(err)
-            }
+    /// Sets the `IFF_*` bits of `change` to those of `flags`.
+    fn change_flags(
+        &self,
+        index: u32,
+        flags: u32,
+        change: u32,
+        context: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let header = IfInfo {
+            flags,
+            change,
+            ..IfInfo::index(index)
+        };
+        self.exec(
+            RTM_NEWLINK,
+            NLM_F_REQUEST | NLM_F_ACK,
+            |w| header.write(w),
+            context,
+        )
+    }
+
+    /// A non-dump GETLINK: its one answer, with ENODEV as `None`.
+    fn get_one_link(
+        &self,
+        build: impl FnOnce(&mut Writer),
+        context: impl FnOnce() -> String,
+    ) -> Result<Option<Link>> {
+        let mut link = None;
+        let answer = self.request(
+            RTM_GETLINK,
+            NLM_F_REQUEST,
+            build,
+            |msg| {
+                if msg.ty == RTM_NEWLINK {
+                    link = Some(Link::parse(msg.payload)?);
+                }
+                Ok(())
+            },
+            context,
+        );
+        match answer {
+            Ok(()) => Ok(link),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }

@@ -2,20 +2,23 @@
 //! addresses and routes. A [`Netlink`] handle talks to one network
 //! namespace, fixed when its socket is created; see [`Netlink::connect_in`].
 //!
-//! All methods are async and must run inside the runtime from [`runtime`]
-//! (a current-thread tokio runtime with IO and timers).
+//! Every method is a plain blocking call: one request, answered by the
+//! kernel before the `send` carrying it returns (see `cni_netlink`). The
+//! messages are built and parsed in [`rtnl`], which knows only the
+//! attributes the plugins use and skips the rest.
 
 mod addr;
 mod bridge;
 mod link;
 mod route;
+mod rtnl;
 mod veth;
 mod wait;
 
-use std::future::Future;
+use std::cell::RefCell;
 
-use futures::TryStreamExt;
-use futures::stream::Stream;
+use cni_netlink::socket::NETLINK_ROUTE;
+use cni_netlink::{Malformed, Message, Socket, Writer};
 
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
@@ -30,68 +33,247 @@ pub use wait::OPER_UP_DELAYS;
 /// An IP address family, used to filter dumps.
 pub use cni_protocol::ip::Family;
 
-/// Builds the runtime the netlink calls expect: current-thread, IO and timers on.
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-}
-
 /// A netlink connection bound to one network namespace.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Netlink {
-    handle: rtnetlink::Handle,
+    sock: RefCell<Socket>,
 }
 
 impl Netlink {
     /// Connects in the netns of the calling thread.
     pub fn connect() -> Result<Self> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let (connection, handle, _) =
-            rtnetlink::new_connection().map_err(|source| Error::Connect { source })?;
-        runtime.spawn(connection);
-        Ok(Self { handle })
+        let sock = Socket::open(NETLINK_ROUTE).map_err(|source| Error::Connect { source })?;
+        Ok(Self {
+            sock: RefCell::new(sock),
+        })
     }
 
     /// Connects in `netns` without moving the calling thread.
     ///
     /// The socket is created on a short-lived thread that has entered the
     /// netns: a netlink socket belongs to the netns it was created in, for
-    /// its whole life, whichever thread later uses it. That thread registers
-    /// the socket with the caller's runtime so it can be driven from here.
+    /// its whole life, whichever thread later uses it.
     pub fn connect_in(netns: &NetNs) -> Result<Self> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
-        let (connection, handle, _) = netns
-            .run(|| {
-                let _entered = runtime.enter();
-                rtnetlink::new_connection()
-            })?
+        let sock = netns
+            .run(|| Socket::open(NETLINK_ROUTE))?
             .map_err(|source| Error::Connect { source })?;
-        runtime.spawn(connection);
-        Ok(Self { handle })
+        Ok(Self {
+            sock: RefCell::new(sock),
+        })
     }
 
-    /// The underlying rtnetlink handle, for requests this type does not cover.
-    pub fn handle(&self) -> &rtnetlink::Handle {
-        &self.handle
+    /// Sends one request built by `build` (after the netlink header: the family
+    /// header and attributes) and waits for its acknowledgement.
+    fn exec(
+        &self,
+        ty: u16,
+        flags: u16,
+        build: impl FnOnce(&mut Writer),
+        context: impl FnOnce() -> String,
+    ) -> Result<()> {
+        self.request(ty, flags, build, |_| Ok(()), context)
+    }
+
+    /// Sends one request and decodes every reply with `decode`; a reply that
+    /// does not decode fails the request.
+    fn request(
+        &self,
+        ty: u16,
+        flags: u16,
+        build: impl FnOnce(&mut Writer),
+        mut decode: impl FnMut(&Message<'_>) -> std::result::Result<(), Malformed>,
+        context: impl FnOnce() -> String,
+    ) -> Result<()> {
+        let mut sock = self.sock.borrow_mut();
+        let mut w = Writer::new();
+        let start = w.begin_msg(ty, flags, sock.next_seq());
+        build(&mut w);
+        w.end_msg(start);
+        let mut bad = None;
+        let answer = sock.request(w.as_bytes(), |msg| {
+            if bad.is_none() {
+                bad = decode(msg).err();
+            }
+        });
+        match (answer, bad) {
+            (Err(e), _) => Err(Error::netlink(context(), e)),
+            (Ok(()), Some(malformed)) => Err(Error::netlink(context(), malformed.into())),
+            (Ok(()), None) => Ok(()),
+        }
     }
 }
 
-/// Awaits a request, describing the object in the error on failure.
-async fn exec<F>(request: F, context: impl FnOnce() -> String) -> Result<()>
-where
-    F: Future<Output = std::result::Result<(), rtnetlink::Error>>,
-{
-    request.await.map_err(|e| Error::netlink(context(), e))
-}
+#[cfg(test)]
+pub(crate) mod tests {
+    use cni_netlink::messages;
+    use cni_netlink::wire::NLMSG_HDRLEN;
 
-/// Collects a dump, describing the object in the error on failure.
-async fn collect<S, T>(stream: S, context: impl FnOnce() -> String) -> Result<Vec<T>>
-where
-    S: Stream<Item = std::result::Result<T, rtnetlink::Error>>,
-{
-    stream
-        .try_collect()
-        .await
-        .map_err(|e| Error::netlink(context(), e))
+    use super::rtnl::RTM_NEWLINK;
+    use super::*;
+    use crate::mac::MacAddr;
+
+    /// Bytes from hex text; spaces are for the reader.
+    pub(crate) fn hex(text: &str) -> Vec<u8> {
+        let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+        digits
+            .chunks(2)
+            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// One message as `Netlink` sends it, with sequence number 1.
+    pub(crate) fn message(ty: u16, flags: u16, build: impl FnOnce(&mut Writer)) -> Vec<u8> {
+        let mut w = Writer::new();
+        let start = w.begin_msg(ty, flags, 1);
+        build(&mut w);
+        w.end_msg(start);
+        w.into_bytes()
+    }
+
+    /// `ip -d link show` in a netns holding `lo`, a bridge `cni0` (#5, MAC
+    /// 02:00:00:00:00:01, promiscuous, up, no carrier) and its port `vethA`
+    /// (#7, MAC 02:00:00:00:00:02, up), whose peer is #3 in another netns, down:
+    /// the kernel's RTM_NEWLINK dump datagram, captured with strace (kernel 6.18).
+    fn captured_dump() -> Vec<u8> {
+        hex(include_str!("testdata/link-dump.hex"))
+    }
+
+    fn parse_all(datagram: &[u8]) -> std::result::Result<Vec<Link>, Malformed> {
+        messages(datagram)
+            .map(|msg| {
+                let msg = msg?;
+                assert_eq!(msg.ty, RTM_NEWLINK);
+                Link::parse(msg.payload)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_captured_kernel_dump_of_lo_a_bridge_and_a_veth_decodes() {
+        let links = parse_all(&captured_dump()).unwrap();
+        let mac = |last| MacAddr::from_slice(&[2, 0, 0, 0, 0, last]);
+        assert_eq!(
+            links,
+            [
+                Link {
+                    index: 1,
+                    name: "lo".into(),
+                    mac: Some(MacAddr::from_slice(&[0; 6]).unwrap()),
+                    mtu: 65536,
+                    kind: None,
+                    controller: None,
+                    up: false,
+                    oper_state: OperState::Down,
+                    promisc: false,
+                    peer_index: None,
+                    link_netnsid: None,
+                    vlan_filtering: None,
+                    bridge_port: None,
+                },
+                Link {
+                    index: 5,
+                    name: "cni0".into(),
+                    mac: mac(1),
+                    mtu: 1500,
+                    kind: Some("bridge".into()),
+                    controller: None,
+                    up: true,
+                    oper_state: OperState::Down,
+                    promisc: true,
+                    peer_index: None,
+                    link_netnsid: None,
+                    vlan_filtering: Some(false),
+                    bridge_port: None,
+                },
+                Link {
+                    index: 7,
+                    name: "vethA".into(),
+                    mac: mac(2),
+                    mtu: 1500,
+                    kind: Some("veth".into()),
+                    controller: Some(5),
+                    up: true,
+                    // No carrier while the peer is down; a port is promiscuous
+                    // (IFF_PROMISC reports only what a user asked for).
+                    oper_state: OperState::Down,
+                    promisc: false,
+                    peer_index: Some(3),
+                    link_netnsid: Some(0),
+                    vlan_filtering: None,
+                    bridge_port: Some(BridgePort::default()),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn truncations_of_a_captured_dump_are_errors_never_panics() {
+        let dump = captured_dump();
+        let first_len = u32::from_ne_bytes(dump[..4].try_into().unwrap()) as usize;
+        // Cut the first message short at every length, keeping its header's claim:
+        // the framing or an attribute no longer adds up.
+        for cut in NLMSG_HDRLEN..first_len {
+            assert!(parse_all(&dump[..cut]).is_err(), "cut at {cut}");
+        }
+        // Shrink the message's own length instead: its last attributes are cut.
+        for shrink in (1..first_len - NLMSG_HDRLEN - 16).filter(|s| s % 4 != 0) {
+            let mut msg = dump[..first_len].to_vec();
+            let len = u32::try_from(first_len - shrink).unwrap();
+            msg[..4].copy_from_slice(&len.to_ne_bytes());
+            msg.truncate(first_len - shrink);
+            let _ = parse_all(&msg);
+        }
+    }
+
+    #[test]
+    fn odd_attribute_lengths_are_errors() {
+        let dump = captured_dump();
+        let first_len = u32::from_ne_bytes(dump[..4].try_into().unwrap()) as usize;
+        let payload = &dump[NLMSG_HDRLEN..first_len];
+        // Find IFLA_MTU (8 bytes) and claim 7.
+        let mut offset = 16;
+        let mut patched = payload.to_vec();
+        loop {
+            let len = usize::from(u16::from_ne_bytes([patched[offset], patched[offset + 1]]));
+            let ty = u16::from_ne_bytes([patched[offset + 2], patched[offset + 3]]);
+            if ty == super::rtnl::IFLA_MTU {
+                patched[offset] = 7;
+                break;
+            }
+            offset += len.next_multiple_of(4);
+        }
+        assert_eq!(
+            Link::parse(&patched),
+            Err(Malformed("u32 attribute of another length"))
+        );
+        assert!(Link::parse(&payload[..15]).is_err());
+    }
+
+    #[test]
+    fn random_bytes_never_panic_the_decoders() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let dump = captured_dump();
+        for _ in 0..2000 {
+            // Flip a few bytes of the real dump, then decode it all.
+            let mut bytes = dump.clone();
+            for _ in 0..4 {
+                let at = (next() as usize) % bytes.len();
+                bytes[at] = next() as u8;
+            }
+            let _ = parse_all_lenient(&bytes);
+        }
+    }
+
+    /// Like `parse_all`, without asserting on message types.
+    fn parse_all_lenient(datagram: &[u8]) -> Vec<std::result::Result<Link, Malformed>> {
+        messages(datagram)
+            .map(|msg| msg.and_then(|m| Link::parse(m.payload)))
+            .collect()
+    }
 }

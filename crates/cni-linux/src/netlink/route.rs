@@ -3,19 +3,16 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use futures::StreamExt;
+use cni_netlink::wire::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, attrs, u32_ne};
+use cni_netlink::{Malformed, Writer};
 use ipnetwork::IpNetwork;
-use rtnetlink::RouteMessageBuilder;
-use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
-};
-use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::RouteNetlinkMessage;
-use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope, RouteType,
-};
 
-use super::{Family, Netlink, collect, exec};
+use super::rtnl::{
+    AF_INET, AF_INET6, RT_SCOPE_NOWHERE, RT_TABLE_MAIN, RTA_DST, RTA_GATEWAY, RTA_METRICS, RTA_OIF,
+    RTA_PRIORITY, RTA_TABLE, RTAX_ADVMSS, RTAX_MTU, RTM_DELROUTE, RTM_GETROUTE, RTM_NEWROUTE,
+    RTN_UNICAST, RtMsg, ip_bytes, ip_value,
+};
+use super::{Family, Netlink};
 use crate::error::{Error, Result};
 
 /// RTPROT_BOOT: what Go's netlink stamps on routes by default, so routes we
@@ -61,80 +58,106 @@ impl Route {
         }
     }
 
-    fn to_message(self) -> Result<RouteMessage> {
-        let invalid = |reason: String| Error::InvalidRoute {
-            route: self.to_string(),
-            reason,
-        };
-        let mut builder = RouteMessageBuilder::<IpAddr>::new()
-            .destination_prefix(self.dst.ip(), self.dst.prefix())
-            .map_err(|e| invalid(e.to_string()))?;
-        if let Some(gw) = self.gw {
-            if Family::of(gw) != Family::of(self.dst.ip()) {
-                return Err(invalid("gateway and destination differ in family".into()));
+    /// Writes the route as `rtmsg` and attributes; `wildcards` leaves protocol
+    /// and scope unset, so that a deletion matches whatever they are.
+    fn write(&self, w: &mut Writer, wildcards: bool) -> Result<()> {
+        let (family, dst) = ip_bytes(self.dst.ip());
+        let gw = match self.gw {
+            Some(gw) if Family::of(gw) != Family::of(self.dst.ip()) => {
+                return Err(Error::InvalidRoute {
+                    route: self.to_string(),
+                    reason: "gateway and destination differ in family".into(),
+                });
             }
-            builder = builder.gateway(gw).map_err(|e| invalid(e.to_string()))?;
+            gw => gw.map(|gw| ip_bytes(gw).1),
+        };
+        // Tables above 255 only fit the attribute; the header then says main.
+        let table = self.table.unwrap_or(u32::from(RT_TABLE_MAIN));
+        let header_table = u8::try_from(table).unwrap_or(RT_TABLE_MAIN);
+        let (protocol, scope) = if wildcards {
+            (0, RT_SCOPE_NOWHERE)
+        } else {
+            (
+                self.protocol.unwrap_or(RTPROT_BOOT),
+                self.scope.unwrap_or(0),
+            )
+        };
+        RtMsg {
+            family,
+            dst_len: self.dst.prefix(),
+            table: header_table,
+            protocol,
+            scope,
+            kind: RTN_UNICAST,
+        }
+        .write(w);
+        w.attr(RTA_DST, &dst);
+        if let Some(gw) = gw {
+            w.attr(RTA_GATEWAY, &gw);
         }
         if let Some(oif) = self.oif {
-            builder = builder.output_interface(oif);
+            w.attr_u32(RTA_OIF, oif);
         }
         if let Some(metric) = self.metric {
-            builder = builder.priority(metric);
+            w.attr_u32(RTA_PRIORITY, metric);
         }
-        if let Some(table) = self.table {
-            builder = builder.table_id(table);
+        if table > 255 {
+            w.attr_u32(RTA_TABLE, table);
         }
-        builder = builder
-            .scope(RouteScope::from(self.scope.unwrap_or(0)))
-            .protocol(RouteProtocol::from(self.protocol.unwrap_or(RTPROT_BOOT)));
-        let mut msg = builder.build();
-        let metrics: Vec<RouteMetric> = [
-            self.mtu.map(RouteMetric::Mtu),
-            self.advmss.map(RouteMetric::Advmss),
-        ]
-        .into_iter()
-        .flatten()
-        .collect();
-        if !metrics.is_empty() {
-            msg.attributes.push(RouteAttribute::Metrics(metrics));
+        if self.mtu.is_some() || self.advmss.is_some() {
+            let metrics = w.nest_start(RTA_METRICS);
+            if let Some(mtu) = self.mtu {
+                w.attr_u32(RTAX_MTU, mtu);
+            }
+            if let Some(mss) = self.advmss {
+                w.attr_u32(RTAX_ADVMSS, mss);
+            }
+            w.nest_end(metrics);
         }
-        Ok(msg)
+        Ok(())
     }
 
-    fn from_message(msg: &RouteMessage) -> Option<Self> {
-        if msg.header.kind != RouteType::Unicast {
-            return None;
+    /// Decodes an RTM_NEWROUTE message; `None` for a route that is not unicast
+    /// or not IP.
+    fn parse(payload: &[u8]) -> std::result::Result<Option<Self>, Malformed> {
+        let (header, attributes) = RtMsg::parse(payload)?;
+        if header.kind != RTN_UNICAST {
+            return Ok(None);
         }
-        let mut route = Self::new(default_dst(msg.header.address_family)?);
-        let mut dst_ip = None;
-        route.table = Some(u32::from(msg.header.table));
-        route.scope = Some(msg.header.scope.into());
-        route.protocol = Some(msg.header.protocol.into());
-        for attr in &msg.attributes {
-            match attr {
-                RouteAttribute::Destination(addr) => dst_ip = ip_of(addr),
-                RouteAttribute::Gateway(addr) => route.gw = ip_of(addr),
-                RouteAttribute::Oif(oif) => route.oif = Some(*oif),
-                RouteAttribute::Priority(metric) => route.metric = Some(*metric),
-                RouteAttribute::Table(table) => route.table = Some(*table),
-                RouteAttribute::Metrics(metrics) => route.apply_metrics(metrics),
+        let unspecified: IpAddr = match header.family {
+            AF_INET => std::net::Ipv4Addr::UNSPECIFIED.into(),
+            AF_INET6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            _ => return Ok(None),
+        };
+        let mut dst_ip = unspecified;
+        let mut route = Self::new(IpNetwork::from(unspecified));
+        route.table = Some(u32::from(header.table));
+        route.scope = Some(header.scope);
+        route.protocol = Some(header.protocol);
+        for attr in attrs(attributes) {
+            let (ty, v) = attr?;
+            match ty {
+                RTA_DST => dst_ip = ip_value(header.family, v)?,
+                RTA_GATEWAY => route.gw = Some(ip_value(header.family, v)?),
+                RTA_OIF => route.oif = Some(u32_ne(v)?),
+                RTA_PRIORITY => route.metric = Some(u32_ne(v)?),
+                RTA_TABLE => route.table = Some(u32_ne(v)?),
+                RTA_METRICS => {
+                    for metric in attrs(v) {
+                        let (ty, v) = metric?;
+                        match ty {
+                            RTAX_MTU => route.mtu = Some(u32_ne(v)?),
+                            RTAX_ADVMSS => route.advmss = Some(u32_ne(v)?),
+                            _ => {}
+                        }
+                    }
+                }
                 _ => {}
             }
         }
-        if let Some(ip) = dst_ip {
-            route.dst = IpNetwork::new(ip, msg.header.destination_prefix_length).ok()?;
-        }
-        Some(route)
-    }
-
-    fn apply_metrics(&mut self, metrics: &[RouteMetric]) {
-        for metric in metrics {
-            match metric {
-                RouteMetric::Mtu(mtu) => self.mtu = Some(*mtu),
-                RouteMetric::Advmss(mss) => self.advmss = Some(*mss),
-                _ => {}
-            }
-        }
+        route.dst = IpNetwork::new(dst_ip, header.dst_len)
+            .map_err(|_| Malformed("route prefix length out of range"))?;
+        Ok(Some(route))
     }
 }
 
@@ -158,77 +181,153 @@ impl fmt::Display for Route {
     }
 }
 
-fn default_dst(family: AddressFamily) -> Option<IpNetwork> {
-    let unspecified: IpAddr = match family {
-        AddressFamily::Inet => std::net::Ipv4Addr::UNSPECIFIED.into(),
-        AddressFamily::Inet6 => std::net::Ipv6Addr::UNSPECIFIED.into(),
-        _ => return None,
-    };
-    IpNetwork::new(unspecified, 0).ok()
-}
-
-fn ip_of(addr: &RouteAddress) -> Option<IpAddr> {
-    match addr {
-        RouteAddress::Inet(v4) => Some((*v4).into()),
-        RouteAddress::Inet6(v6) => Some((*v6).into()),
-        _ => None,
-    }
-}
-
 impl Netlink {
     /// Adds a route; an identical existing route fails with `is_exists()`.
     ///
     /// Sent with CREATE but without EXCL, like the reference's `RouteAddEcmp`: a
     /// second default route via another interface (a pod on two networks) is added
     /// beside the first (IPv4) or as another next hop (IPv6) instead of failing.
-    pub async fn add_route(&self, route: &Route) -> Result<()> {
-        let mut request = NetlinkMessage::from(RouteNetlinkMessage::NewRoute(route.to_message()?));
-        request.header.flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE;
-        let mut handle = self.handle.clone();
-        let sent = async move {
-            let mut answers = handle.request(request)?;
-            while let Some(answer) = answers.next().await {
-                if let NetlinkPayload::Error(err) = answer.payload {
-                    return Err(rtnetlink::Error::NetlinkError(err));
-                }
-            }
-            Ok(())
-        };
-        exec(sent, || format!("failed to add route {route}")).await
+    pub fn add_route(&self, route: &Route) -> Result<()> {
+        let mut w = Writer::new();
+        route.write(&mut w, false)?;
+        self.exec(
+            RTM_NEWROUTE,
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
+            |out| out.bytes(w.as_bytes()),
+            || format!("failed to add route {route}"),
+        )
     }
 
     /// Deletes a route matching `route`'s destination, gateway, interface, metric and table.
-    pub async fn del_route(&self, route: &Route) -> Result<()> {
-        let mut msg = route.to_message()?;
-        // Leave protocol and scope as wildcards so any matching route goes.
-        msg.header.protocol = RouteProtocol::Unspec;
-        msg.header.scope = RouteScope::NoWhere;
-        exec(self.handle.route().del(msg).execute(), || {
-            format!("failed to delete route {route}")
-        })
-        .await
+    pub fn del_route(&self, route: &Route) -> Result<()> {
+        let mut w = Writer::new();
+        route.write(&mut w, true)?;
+        self.exec(
+            RTM_DELROUTE,
+            NLM_F_REQUEST | NLM_F_ACK,
+            |out| out.bytes(w.as_bytes()),
+            || format!("failed to delete route {route}"),
+        )
     }
 
     /// Lists unicast routes of one family, optionally of one table only.
-    pub async fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>> {
-        let mut filter = match family {
-            Family::V4 => RouteMessageBuilder::<std::net::Ipv4Addr>::new().build(),
-            Family::V6 => RouteMessageBuilder::<std::net::Ipv6Addr>::new().build(),
+    pub fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>> {
+        let mut routes = Vec::new();
+        self.request(
+            RTM_GETROUTE,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            |w| {
+                // Everything of this family: without strict checking the kernel
+                // ignores header filters in dumps anyway.
+                RtMsg {
+                    family: match family {
+                        Family::V4 => AF_INET,
+                        Family::V6 => AF_INET6,
+                    },
+                    ..RtMsg::default()
+                }
+                .write(w);
+            },
+            |msg| {
+                if msg.ty == RTM_NEWROUTE {
+                    routes.extend(
+                        Route::parse(msg.payload)?
+                            .filter(|r| table.is_none_or(|t| r.table == Some(t))),
+                    );
+                }
+                Ok(())
+            },
+            || format!("failed to list {family:?} routes"),
+        )?;
+        Ok(routes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::tests::{hex, message};
+
+    fn route(text: &str) -> Route {
+        Route::new(text.parse().unwrap())
+    }
+
+    #[test]
+    fn a_route_is_what_ip_route_add_sends() {
+        // `ip route add 10.0.0.0/8 via 10.0.0.9 dev cni0 metric 5 proto boot` (#5),
+        // strace'd; flags CREATE without EXCL, and our attribute order.
+        let r = Route {
+            gw: Some("10.0.0.9".parse().unwrap()),
+            oif: Some(5),
+            metric: Some(5),
+            ..route("10.0.0.0/8")
         };
-        // Without strict checking the kernel ignores header filters in dumps;
-        // clear them anyway so the request means "everything of this family".
-        filter.header.table = 0;
-        filter.header.protocol = RouteProtocol::Unspec;
-        filter.header.scope = RouteScope::Universe;
-        filter.header.kind = RouteType::Unspec;
-        let messages = collect(self.handle.route().get(filter).execute(), || {
-            format!("failed to list {family:?} routes")
-        })
-        .await?;
-        Ok(messages
-            .iter()
-            .filter_map(Route::from_message)
-            .filter(|r| table.is_none_or(|t| r.table == Some(t)))
-            .collect())
+        let got = message(RTM_NEWROUTE, 0x405, |w| r.write(w, false).unwrap());
+        let want = hex(
+            "3c000000 1800 0504 01000000 00000000              02080000 fe030001 00000000              08000100 0a000000              08000500 0a000009              08000400 05000000              08000600 05000000",
+        );
+        assert_eq!(got, want);
+        // Decoding it gives the route back, with the header's fields filled in.
+        let back = Route::parse(&got[16..]).unwrap().unwrap();
+        assert_eq!(
+            back,
+            Route {
+                table: Some(254),
+                scope: Some(0),
+                protocol: Some(3),
+                ..r
+            }
+        );
+    }
+
+    #[test]
+    fn deletion_leaves_protocol_and_scope_as_wildcards() {
+        let got = message(RTM_DELROUTE, 0x5, |w| route("::/0").write(w, true).unwrap());
+        // rtmsg: AF_INET6, /0, table main, protocol 0, scope nowhere, unicast.
+        assert_eq!(got[16..28], hex("0a000000 fe00ff01 00000000"));
+    }
+
+    #[test]
+    fn big_tables_and_metrics_travel_as_attributes() {
+        let r = Route {
+            table: Some(1000),
+            mtu: Some(1400),
+            advmss: Some(1360),
+            ..route("fd00::/64")
+        };
+        let got = message(RTM_NEWROUTE, 0x405, |w| r.write(w, false).unwrap());
+        assert_eq!(got[20], 254, "the header says main");
+        let back = Route::parse(&got[16..]).unwrap().unwrap();
+        assert_eq!(
+            (back.table, back.mtu, back.advmss),
+            (Some(1000), Some(1400), Some(1360))
+        );
+        assert_eq!(back.dst, r.dst);
+    }
+
+    #[test]
+    fn mixed_families_are_refused() {
+        let r = Route {
+            gw: Some("10.0.0.1".parse().unwrap()),
+            ..route("fd00::/64")
+        };
+        let mut w = Writer::new();
+        let e = r.write(&mut w, false).unwrap_err();
+        assert!(matches!(e, Error::InvalidRoute { .. }), "{e}");
+    }
+
+    #[test]
+    fn other_routes_are_skipped_and_broken_ones_refused() {
+        let mut local = message(RTM_NEWROUTE, 0, |w| {
+            route("10.0.0.1/32").write(w, false).unwrap()
+        });
+        local[16 + 7] = 2; // RTN_LOCAL
+        assert_eq!(Route::parse(&local[16..]), Ok(None));
+        let mut odd = message(RTM_NEWROUTE, 0, |w| {
+            route("10.0.0.0/8").write(w, false).unwrap()
+        });
+        odd[16 + 12] = 7; // RTA_DST of 3 bytes
+        assert!(Route::parse(&odd[16..]).is_err());
+        assert!(Route::parse(&[2, 8, 0]).is_err());
     }
 }

@@ -2,9 +2,7 @@
 //! IPv6 addresses leaving the tentative state. The kernel offers no cheap
 //! one-shot event for either, so both poll.
 
-use std::time::Duration;
-
-use tokio::time::{Instant, sleep};
+use std::time::{Duration, Instant};
 
 use super::{Family, Netlink, OperState};
 use crate::error::{Error, Result};
@@ -30,22 +28,6 @@ pub const OPER_UP_DELAYS: [Duration; 14] = [
     Duration::from_millis(1000),
 ];
 
-/// Pauses below this are slept on the thread: the runtime's timer has millisecond
-/// granularity, which would turn a 50 µs pause into up to 2 ms. Nothing else runs on
-/// the (current-thread) runtime while a command waits for the kernel.
-const TIMER_GRANULARITY: Duration = Duration::from_millis(2);
-
-async fn pause(delay: Duration) {
-    if delay.is_zero() {
-        return;
-    }
-    if delay < TIMER_GRANULARITY {
-        std::thread::sleep(delay);
-    } else {
-        sleep(delay).await;
-    }
-}
-
 /// First and longest pause between checks of tentative addresses: the kernel clears
 /// the flag asynchronously just after link-up, so short pauses first, doubling up to
 /// the reference's 50 ms interval.
@@ -54,11 +36,11 @@ const SETTLE_MAX_INTERVAL: Duration = Duration::from_millis(50);
 
 impl Netlink {
     /// Polls a link after each delay until it is oper-up; returns it, or `LinkNotUp`.
-    pub async fn wait_oper_up(&self, index: u32, delays: &[Duration]) -> Result<Link> {
+    pub fn wait_oper_up(&self, index: u32, delays: &[Duration]) -> Result<Link> {
         let mut last = None;
         for delay in delays {
-            pause(*delay).await;
-            let link = self.require_index(index).await?;
+            std::thread::sleep(*delay);
+            let link = self.require_index(index)?;
             if link.oper_state == OperState::Up {
                 return Ok(link);
             }
@@ -66,7 +48,7 @@ impl Netlink {
         }
         let link = match last {
             Some(link) => link,
-            None => self.require_index(index).await?,
+            None => self.require_index(index)?,
         };
         Err(Error::LinkNotUp {
             link: link.name,
@@ -79,13 +61,13 @@ impl Netlink {
     /// An address in DADFAILED state fails at once. If addresses are still
     /// tentative at the deadline this is an error only while the link is
     /// oper-up: without carrier DAD cannot run yet, and it finishes later.
-    pub async fn wait_addresses_settled(&self, index: u32, timeout: Duration) -> Result<()> {
+    pub fn wait_addresses_settled(&self, index: u32, timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         let mut interval = SETTLE_FIRST_INTERVAL;
         loop {
-            let addresses = self.addresses(index, Some(Family::V6)).await?;
+            let addresses = self.addresses(index, Some(Family::V6))?;
             if let Some(failed) = addresses.iter().find(|a| a.is_dad_failed()) {
-                let link = self.require_index(index).await?;
+                let link = self.require_index(index)?;
                 return Err(Error::AddressDadFailed {
                     link: link.name,
                     address: failed.ip.ip(),
@@ -95,7 +77,7 @@ impl Netlink {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                let link = self.require_index(index).await?;
+                let link = self.require_index(index)?;
                 if link.oper_state != OperState::Up {
                     return Ok(());
                 }
@@ -104,14 +86,13 @@ impl Netlink {
                     timeout,
                 });
             }
-            pause(interval).await;
+            std::thread::sleep(interval);
             interval = (interval * 2).min(SETTLE_MAX_INTERVAL);
         }
     }
 
-    async fn require_index(&self, index: u32) -> Result<Link> {
-        self.link_by_index(index)
-            .await?
+    fn require_index(&self, index: u32) -> Result<Link> {
+        self.link_by_index(index)?
             .ok_or_else(|| Error::LinkNotFound {
                 name: format!("#{index}"),
             })

@@ -4,9 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::future::Future;
-
-use cni_linux::{NetNs, Netlink, runtime};
+use cni_linux::{NetNs, Netlink};
 use nix::sched::{CloneFlags, unshare};
 
 /// True if the test may run. Without root: a skip locally, a failure under CI=true.
@@ -22,10 +20,9 @@ pub fn require_root(test: &str) -> bool {
 }
 
 /// Runs `body` with a netlink handle in a private netns ("host" of the test).
-pub fn in_private_netns<F, Fut>(test: &str, body: F)
+pub fn in_private_netns<F>(test: &str, body: F)
 where
-    F: FnOnce(Netlink) -> Fut + Send,
-    Fut: Future<Output = ()>,
+    F: FnOnce(Netlink) + Send,
 {
     if !require_root(test) {
         return;
@@ -33,11 +30,8 @@ where
     std::thread::scope(|scope| {
         let worker = scope.spawn(|| {
             unshare(CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-            let rt = runtime().expect("tokio runtime");
-            rt.block_on(async {
-                let nl = Netlink::connect().expect("netlink in private netns");
-                body(nl).await;
-            });
+            let nl = Netlink::connect().expect("netlink in private netns");
+            body(nl);
         });
         if let Err(panic) = worker.join() {
             std::panic::resume_unwind(panic);

@@ -1,0 +1,165 @@
+//! A blocking netlink socket and the request/answer exchange on it.
+//!
+//! The kernel handles a request to rtnetlink or nf_tables inside the `send`
+//! that carries it, so by the time `send` returns, the answer is queued: the
+//! exchange is a send and a few reads, with no event loop.
+
+use std::io;
+
+use netlink_sys::SocketAddr;
+use nix::libc;
+
+pub use netlink_sys::protocols::{NETLINK_NETFILTER, NETLINK_ROUTE};
+
+use crate::Error;
+use crate::wire::{
+    Malformed, Message, NLM_F_ACK, NLM_F_DUMP, NLMSG_DONE, NLMSG_ERROR, NLMSG_HDRLEN, NLMSG_NOOP,
+    i32_ne, messages,
+};
+
+/// Largest datagram the kernel sends: a dump fills at most 32 KiB
+/// (`netlink_dump` caps its buffer there), acknowledgements are smaller.
+const RECV_BUF: usize = 64 * 1024;
+
+/// A netlink socket of one protocol, in the network namespace of the thread
+/// that opened it (for its whole life, whichever thread uses it later).
+#[derive(Debug)]
+pub struct Socket {
+    sock: netlink_sys::Socket,
+    buf: Vec<u8>,
+    seq: u32,
+}
+
+impl Socket {
+    /// Opens a socket of `protocol` (e.g. [`NETLINK_ROUTE`]) talking to the kernel.
+    pub fn open(protocol: isize) -> io::Result<Self> {
+        let sock = netlink_sys::Socket::new(protocol)?;
+        // Refusals come with the kernel's explanation where it has one, and
+        // without a copy of the request (which nobody reads).
+        let _ = sock.set_ext_ack(true);
+        let _ = sock.set_cap_ack(true);
+        sock.connect(&SocketAddr::new(0, 0))?;
+        Ok(Self {
+            sock,
+            buf: Vec::new(),
+            // Distinct from a concurrent process's numbers in error reports
+            // only; answers are matched on this socket anyway.
+            seq: std::process::id().wrapping_shl(12),
+        })
+    }
+
+    /// The sequence number for the next request.
+    pub fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// The last sequence number handed out.
+    pub fn last_seq(&self) -> u32 {
+        self.seq
+    }
+
+    /// Moves the sequence counter on to `seq` (after numbering a batch by hand).
+    pub fn set_last_seq(&mut self, seq: u32) {
+        self.seq = seq;
+    }
+
+    /// Sends one datagram (one message or a batch of them).
+    pub fn send(&self, bytes: &[u8]) -> Result<(), Error> {
+        let sent = self.sock.send(bytes, 0)?;
+        if sent != bytes.len() {
+            return Err(Malformed("short write to the netlink socket").into());
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram; `Ok(None)` when `nonblocking` and nothing is queued.
+    pub fn recv(&mut self, nonblocking: bool) -> Result<Option<&[u8]>, Error> {
+        let flags = libc_flags(nonblocking);
+        if self.buf.capacity() < RECV_BUF {
+            self.buf.reserve(RECV_BUF);
+        }
+        loop {
+            self.buf.clear();
+            match self.sock.recv(&mut self.buf, flags) {
+                // MSG_TRUNC: the datagram's real length, even if it did not fit.
+                Ok(n) if n > self.buf.len() => {
+                    return Err(Malformed("netlink answer larger than the buffer").into());
+                }
+                Ok(_) => return Ok(Some(&self.buf)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if nonblocking && e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Sends `request` (one message, numbered with [`Socket::next_seq`]) and
+    /// reads its answer, handing each reply message to `on_reply`.
+    ///
+    /// A dump (`NLM_F_DUMP`) ends with its `NLMSG_DONE`; a request with
+    /// `NLM_F_ACK` with its acknowledgement; any other with its first reply.
+    /// A refusal is [`Error::Kernel`]. Messages of other sequence numbers
+    /// (answers to an earlier, abandoned request) are skipped.
+    pub fn request(
+        &mut self,
+        request: &[u8],
+        mut on_reply: impl FnMut(&Message<'_>),
+    ) -> Result<(), Error> {
+        let header = request
+            .get(..NLMSG_HDRLEN)
+            .ok_or(Malformed("request shorter than a netlink header"))?;
+        let flags = u16::from_ne_bytes([header[6], header[7]]);
+        let seq = u32::from_ne_bytes([header[8], header[9], header[10], header[11]]);
+        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
+        let wants_ack = flags & NLM_F_ACK != 0;
+        self.send(request)?;
+        loop {
+            let Some(datagram) = self.recv(false)? else {
+                continue;
+            };
+            for msg in messages(datagram) {
+                let msg = msg?;
+                if msg.seq != seq {
+                    continue;
+                }
+                match msg.ty {
+                    NLMSG_NOOP => {}
+                    NLMSG_ERROR => {
+                        return match msg.error_code()? {
+                            0 => Ok(()),
+                            errno => Err(Error::Kernel {
+                                errno,
+                                message: msg.ext_ack_message(),
+                            }),
+                        };
+                    }
+                    NLMSG_DONE => {
+                        // A dump that failed midway says so in its DONE.
+                        let code = match msg.payload.get(..4) {
+                            Some(b) => i32_ne(b)?,
+                            None => 0,
+                        };
+                        return match code {
+                            0 => Ok(()),
+                            code => Err(Error::Kernel {
+                                errno: code.checked_neg().unwrap_or(i32::MAX),
+                                message: None,
+                            }),
+                        };
+                    }
+                    _ => {
+                        on_reply(&msg);
+                        if !dump && !wants_ack {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn libc_flags(nonblocking: bool) -> i32 {
+    libc::MSG_TRUNC | if nonblocking { libc::MSG_DONTWAIT } else { 0 }
+}
