@@ -15,23 +15,15 @@
 
 use std::io;
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+use cni_netlink::Socket;
+use cni_netlink::socket::NETLINK_NETFILTER;
+use cni_netlink::wire::{
+    NLA_F_NESTED, NLM_F_ACK, NLM_F_APPEND, NLM_F_CREATE, NLM_F_DUMP, NLM_F_DUMP_INTR,
+    NLM_F_REQUEST, NLMSG_ERROR, NLMSG_HDRLEN, c_string, messages,
+};
 use nix::libc;
 
 use crate::error::{Error, Result};
-
-// Netlink header constants (linux/netlink.h).
-const NLMSG_HDRLEN: usize = 16;
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP_INTR: u16 = 0x10;
-const NLM_F_DUMP: u16 = 0x300;
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
-const NLA_F_NESTED: u16 = 0x8000;
-const NLA_TYPE_MASK: u16 = 0x3fff;
 
 // nfnetlink (linux/netfilter/nfnetlink.h).
 const NFGENMSG_LEN: usize = 4;
@@ -120,10 +112,6 @@ pub(crate) const VERDICT_DROP: i32 = 0;
 /// `NF_ACCEPT`, as a base chain policy.
 pub(crate) const POLICY_ACCEPT: u32 = 1;
 
-/// Largest datagram the kernel sends us: dumps fill at most 32 KiB
-/// (`netlink_dump` caps its buffer there), acks are smaller.
-const RECV_BUF: usize = 64 * 1024;
-
 /// The value of an `immediate` expression.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Data {
@@ -206,68 +194,49 @@ impl Rule {
     }
 }
 
-/// Builds netlink messages in one buffer.
+/// Builds nf_tables messages: `cni_netlink`'s framing, plus what nf_tables
+/// expects of it: an `nfgenmsg` after each header, integers in network byte
+/// order, and nests always flagged as such.
 #[derive(Debug, Default)]
 struct Writer {
-    buf: Vec<u8>,
+    w: cni_netlink::Writer,
 }
 
 impl Writer {
     /// Starts a message; returns its offset for [`Writer::end_msg`].
     fn begin_msg(&mut self, ty: u16, flags: u16, seq: u32, family: u8, res_id: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched later
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(&flags.to_ne_bytes());
-        self.buf.extend_from_slice(&seq.to_ne_bytes());
-        self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel
-        self.buf.push(family);
-        self.buf.push(0); // NFNETLINK_V0
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
+        let start = self.w.begin_msg(ty, flags, seq);
+        self.w.bytes(&[family, 0]); // NFNETLINK_V0
+        self.w.bytes(&res_id.to_be_bytes());
         start
     }
 
     fn end_msg(&mut self, start: usize) {
-        let len = u32::try_from(self.buf.len() - start).unwrap_or(u32::MAX);
-        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+        self.w.end_msg(start);
     }
 
     fn attr(&mut self, ty: u16, value: &[u8]) {
-        let len = u16::try_from(4 + value.len()).unwrap_or(u16::MAX);
-        self.buf.extend_from_slice(&len.to_ne_bytes());
-        self.buf.extend_from_slice(&ty.to_ne_bytes());
-        self.buf.extend_from_slice(value);
-        self.pad();
-    }
-
-    fn pad(&mut self) {
-        while self.buf.len() % 4 != 0 {
-            self.buf.push(0);
-        }
+        self.w.attr(ty, value);
     }
 
     fn attr_str(&mut self, ty: u16, value: &str) {
-        let mut bytes = Vec::with_capacity(value.len() + 1);
-        bytes.extend_from_slice(value.as_bytes());
-        bytes.push(0);
-        self.attr(ty, &bytes);
+        self.w.attr_str(ty, value);
     }
 
     fn attr_u32(&mut self, ty: u16, value: u32) {
-        self.attr(ty, &value.to_be_bytes());
+        self.w.attr_u32_be(ty, value);
     }
 
     fn nest_start(&mut self, ty: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf
-            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
-        start
+        self.w.nest_start(ty | NLA_F_NESTED)
     }
 
     fn nest_end(&mut self, start: usize) {
-        let len = u16::try_from(self.buf.len() - start).unwrap_or(u16::MAX);
-        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        self.w.nest_end(start);
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        self.w.as_bytes()
     }
 
     fn data_value(&mut self, ty: u16, value: &[u8]) {
@@ -568,7 +537,7 @@ impl Batch {
             NFNL_SUBSYS_NFTABLES,
         );
         self.w.end_msg(start);
-        (self.w.buf, self.ops)
+        (self.w.w.into_bytes(), self.ops)
     }
 }
 
@@ -612,18 +581,31 @@ fn nl_error(target: impl Into<String>, detail: impl Into<String>) -> Error {
     }
 }
 
-fn errno_error(target: impl Into<String>, errno: i32) -> Error {
+/// A refusal, with the kernel's own explanation after ours when it gave one.
+fn kernel_error(target: impl Into<String>, errno: i32, message: Option<String>) -> Error {
+    let detail = match message {
+        Some(text) if !text.is_empty() => format!("{}: {text}", explain(errno)),
+        _ => explain(errno),
+    };
     Error::Netlink {
         target: target.into(),
-        detail: explain(errno),
+        detail,
         errno: Some(errno),
     }
 }
 
 fn io_error(target: &str, e: &io::Error) -> Error {
     match e.raw_os_error() {
-        Some(errno) => errno_error(target, errno),
+        Some(errno) => kernel_error(target, errno, None),
         None => nl_error(target, e.to_string()),
+    }
+}
+
+fn netlink_error(target: &str, e: cni_netlink::Error) -> Error {
+    match e {
+        cni_netlink::Error::Kernel { errno, message } => kernel_error(target, errno, message),
+        cni_netlink::Error::Io(e) => io_error(target, &e),
+        cni_netlink::Error::Malformed(m) => nl_error(target, m.to_string()),
     }
 }
 
@@ -656,58 +638,11 @@ pub(crate) fn is_not_found(e: &Error) -> bool {
     )
 }
 
-/// One message of a received datagram.
-#[derive(Debug)]
-struct Message<'a> {
-    ty: u16,
-    flags: u16,
-    seq: u32,
-    /// After the netlink header.
-    payload: &'a [u8],
-}
-
-/// Splits a datagram into messages; malformed framing ends the list with an
-/// error.
-fn messages(datagram: &[u8]) -> impl Iterator<Item = std::result::Result<Message<'_>, String>> {
-    let mut rest = datagram;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let header = rest.get(..NLMSG_HDRLEN);
-        let len = header.map_or(0, |h| u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize);
-        let (Some(h), true) = (header, len >= NLMSG_HDRLEN && len <= rest.len()) else {
-            rest = &[];
-            return Some(Err("truncated netlink message".into()));
-        };
-        let msg = Message {
-            ty: u16::from_ne_bytes([h[4], h[5]]),
-            flags: u16::from_ne_bytes([h[6], h[7]]),
-            seq: u32::from_ne_bytes([h[8], h[9], h[10], h[11]]),
-            payload: &rest[NLMSG_HDRLEN..len],
-        };
-        rest = rest.get(len.next_multiple_of(4)..).unwrap_or_default();
-        Some(Ok(msg))
-    })
-}
-
-/// The errno of an `NLMSG_ERROR` message (0 for an acknowledgement).
-fn error_code(payload: &[u8]) -> Option<i32> {
-    let b = payload.get(..4)?;
-    Some(-i32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-/// Attributes of a netlink attribute stream, as (type without flags, value).
-fn attrs(mut data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        let h = data.get(..4)?;
-        let len = usize::from(u16::from_ne_bytes([h[0], h[1]]));
-        let ty = u16::from_ne_bytes([h[2], h[3]]) & NLA_TYPE_MASK;
-        // A length below the header's own would never advance: malformed.
-        let value = data.get(4..len).filter(|_| len >= 4)?;
-        data = data.get(len.next_multiple_of(4)..).unwrap_or_default();
-        Some((ty, value))
-    })
+/// Attributes of a netlink attribute stream, as (type without flags, value);
+/// malformed framing ends the list (the decoders below treat what is missing
+/// as absent).
+fn attrs(data: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    cni_netlink::attrs(data).map_while(std::result::Result::ok)
 }
 
 fn attr(data: &[u8], ty: u16) -> Option<&[u8]> {
@@ -722,18 +657,13 @@ fn attr_u32(data: &[u8], ty: u16) -> Option<u32> {
     be_u32(attr(data, ty)?)
 }
 
-fn nul_str(v: &[u8]) -> String {
-    let text = v.split(|b| *b == 0).next().unwrap_or_default();
-    String::from_utf8_lossy(text).into_owned()
-}
-
 fn data_value(data: &[u8], ty: u16) -> Option<Vec<u8>> {
     attr(attr(data, ty)?, NFTA_DATA_VALUE).map(<[u8]>::to_vec)
 }
 
 /// Decodes one `NFTA_LIST_ELEM` of a rule's expressions.
 fn parse_expr(elem: &[u8]) -> Expr {
-    let name = attr(elem, NFTA_EXPR_NAME).map(nul_str).unwrap_or_default();
+    let name = attr(elem, NFTA_EXPR_NAME).map(c_string).unwrap_or_default();
     let d = attr(elem, NFTA_EXPR_DATA).unwrap_or_default();
     let decoded = match name.as_str() {
         "meta" => (|| {
@@ -774,7 +704,7 @@ fn parse_expr(elem: &[u8]) -> Expr {
             let data = if let Some(verdict) = attr(value, NFTA_DATA_VERDICT) {
                 Data::Verdict {
                     code: be_u32(attr(verdict, NFTA_VERDICT_CODE)?)? as i32,
-                    chain: attr(verdict, NFTA_VERDICT_CHAIN).map(nul_str),
+                    chain: attr(verdict, NFTA_VERDICT_CHAIN).map(c_string),
                 }
             } else {
                 Data::Value(attr(value, NFTA_DATA_VALUE)?.to_vec())
@@ -795,7 +725,7 @@ fn parse_rule(payload: &[u8]) -> Option<Rule> {
     let body = payload.get(NFGENMSG_LEN..)?;
     let handle = attr(body, NFTA_RULE_HANDLE)?;
     Some(Rule {
-        chain: nul_str(attr(body, NFTA_RULE_CHAIN)?),
+        chain: c_string(attr(body, NFTA_RULE_CHAIN)?),
         handle: u64::from_be_bytes(handle.get(..8)?.try_into().ok()?),
         comment: attr(body, NFTA_RULE_USERDATA).and_then(parse_udata_comment),
         exprs: attr(body, NFTA_RULE_EXPRESSIONS)
@@ -814,8 +744,6 @@ fn parse_rule(payload: &[u8]) -> Option<Rule> {
 pub(crate) struct Nfnl {
     /// Always `Some` until dropped.
     sock: Option<Socket>,
-    buf: Vec<u8>,
-    seq: u32,
 }
 
 /// Closing a netfilter socket can block for an RCU grace period (several
@@ -900,70 +828,22 @@ impl Drop for SocketsKept {
 impl Nfnl {
     /// Opens the socket (in the calling thread's network namespace).
     pub(crate) fn open() -> Result<Nfnl> {
-        let sock = Socket::new(NETLINK_NETFILTER)
+        let sock = Socket::open(NETLINK_NETFILTER)
             .map_err(|e| io_error("netlink socket (NETLINK_NETFILTER)", &e))?;
-        sock.connect(&SocketAddr::new(0, 0))
-            .map_err(|e| io_error("netlink socket (NETLINK_NETFILTER)", &e))?;
-        // Distinct from a concurrent process's numbers in error reports only;
-        // replies are matched on our own socket anyway.
-        let seq = std::process::id().wrapping_shl(12);
-        Ok(Nfnl {
-            sock: Some(sock),
-            buf: Vec::with_capacity(RECV_BUF),
-            seq,
-        })
+        Ok(Nfnl { sock: Some(sock) })
     }
 
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn socket(&self) -> io::Result<&Socket> {
+    fn socket(&mut self, target: &str) -> Result<&mut Socket> {
         self.sock
-            .as_ref()
-            .ok_or_else(|| io::Error::from(io::ErrorKind::NotConnected))
-    }
-
-    fn send(&self, bytes: &[u8], target: &str) -> Result<()> {
-        let sent = self
-            .socket()
-            .and_then(|sock| sock.send(bytes, 0))
-            .map_err(|e| io_error(target, &e))?;
-        if sent != bytes.len() {
-            return Err(nl_error(target, "short write to the netlink socket"));
-        }
-        Ok(())
-    }
-
-    /// Receives one datagram into `self.buf`; `Ok(false)` when `nonblocking`
-    /// and nothing is queued.
-    fn recv(&mut self, nonblocking: bool, target: &str) -> Result<bool> {
-        let flags = libc::MSG_TRUNC | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
-        loop {
-            self.buf.clear();
-            let sock = self.sock.as_ref();
-            match sock.map_or_else(
-                || Err(io::Error::from(io::ErrorKind::NotConnected)),
-                |sock| sock.recv(&mut self.buf, flags),
-            ) {
-                Ok(n) if n > self.buf.len() => {
-                    return Err(nl_error(target, "netlink reply larger than the buffer"));
-                }
-                Ok(_) => return Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if nonblocking && e.kind() == io::ErrorKind::WouldBlock => {
-                    return Ok(false);
-                }
-                Err(e) => return Err(io_error(target, &e)),
-            }
-        }
+            .as_mut()
+            .ok_or_else(|| nl_error(target, "the netlink socket is closed"))
     }
 
     /// Runs `batch` as one kernel transaction: all of it or nothing. Every
     /// refused message is reported, named in nft syntax.
     pub(crate) fn commit(&mut self, batch: Batch, target: &str) -> Result<()> {
-        let base = self.seq;
+        let sock = self.socket(target)?;
+        let base = sock.last_seq();
         let (mut bytes, ops) = batch.finish();
         // Renumber into this socket's sequence space so a reply from an
         // earlier request can never be mistaken for one of these.
@@ -981,28 +861,29 @@ impl Nfnl {
             bytes[offset + 8..offset + 12].copy_from_slice(&last.to_ne_bytes());
             offset += len.max(NLMSG_HDRLEN).next_multiple_of(4);
         }
-        self.seq = last;
-        self.send(&bytes, target)?;
+        sock.set_last_seq(last);
+        sock.send(&bytes).map_err(|e| netlink_error(target, e))?;
 
         let mut acked = vec![false; ops.len()];
         let mut errors = Vec::new();
-        while self.recv(true, target)? {
-            for msg in messages(&self.buf) {
-                let msg = msg.map_err(|detail| nl_error(target, detail))?;
+        while let Some(datagram) = sock.recv(true).map_err(|e| netlink_error(target, e))? {
+            for msg in messages(datagram) {
+                let msg = msg.map_err(|e| nl_error(target, e.to_string()))?;
                 if msg.ty != NLMSG_ERROR {
                     continue;
                 }
-                let code = error_code(msg.payload).unwrap_or(libc::EINVAL);
+                let code = msg.error_code().unwrap_or(libc::EINVAL);
                 let index = msg.seq.wrapping_sub(base).wrapping_sub(1) as usize;
+                let refusal = |what: String| kernel_error(what, code, msg.ext_ack_message());
                 match ops.get(index) {
                     Some(_) if code == 0 => acked[index] = true,
                     Some((_, what)) => {
                         acked[index] = true;
-                        errors.push(errno_error(what.clone(), code));
+                        errors.push(refusal(what.clone()));
                     }
                     // The batch framing itself (begin/end) or the commit.
                     None if code != 0 => {
-                        errors.push(errno_error(format!("{target} (transaction)"), code));
+                        errors.push(refusal(format!("{target} (transaction)")));
                     }
                     None => {}
                 }
@@ -1027,45 +908,23 @@ impl Nfnl {
         attrs: impl FnOnce(&mut Writer),
         target: &str,
     ) -> Result<Vec<(u16, u16, Vec<u8>)>> {
-        let seq = self.next_seq();
+        let sock = self.socket(target)?;
         let mut w = Writer::default();
         let msg = w.begin_msg(
             (NFNL_SUBSYS_NFTABLES << 8) | ty,
             NLM_F_REQUEST | flags,
-            seq,
+            sock.next_seq(),
             family,
             0,
         );
         attrs(&mut w);
         w.end_msg(msg);
-        self.send(&w.buf, target)?;
-        let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
         let mut out = Vec::new();
-        loop {
-            self.recv(false, target)?;
-            for msg in messages(&self.buf) {
-                let msg = msg.map_err(|detail| nl_error(target, detail))?;
-                if msg.seq != seq {
-                    continue;
-                }
-                match msg.ty {
-                    NLMSG_ERROR => match error_code(msg.payload) {
-                        Some(0) => return Ok(out),
-                        code => return Err(errno_error(target, code.unwrap_or(libc::EINVAL))),
-                    },
-                    NLMSG_DONE => match error_code(msg.payload) {
-                        Some(code) if code != 0 => return Err(errno_error(target, code)),
-                        _ => return Ok(out),
-                    },
-                    ty => {
-                        out.push((ty, msg.flags, msg.payload.to_vec()));
-                        if !dump {
-                            return Ok(out);
-                        }
-                    }
-                }
-            }
-        }
+        sock.request(w.as_bytes(), |msg| {
+            out.push((msg.ty, msg.flags, msg.payload.to_vec()));
+        })
+        .map_err(|e| netlink_error(target, e))?;
+        Ok(out)
     }
 
     /// All rules of `table` (of one chain if given), in chain order.
@@ -1156,8 +1015,8 @@ impl Nfnl {
                 .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN)
                 .filter_map(|(_, _, payload)| {
                     let body = payload.get(NFGENMSG_LEN..)?;
-                    let in_table = attr(body, NFTA_CHAIN_TABLE).map(nul_str)? == table;
-                    in_table.then(|| attr(body, NFTA_CHAIN_NAME).map(nul_str))?
+                    let in_table = attr(body, NFTA_CHAIN_TABLE).map(c_string)? == table;
+                    in_table.then(|| attr(body, NFTA_CHAIN_NAME).map(c_string))?
                 })
                 .collect());
         }
@@ -1294,7 +1153,7 @@ mod tests {
         let mut payload = msg.payload.to_vec();
         let mut w = Writer::default();
         w.attr(NFTA_RULE_HANDLE, &5u64.to_be_bytes());
-        payload.extend_from_slice(&w.buf);
+        payload.extend_from_slice(w.as_bytes());
         let rule = parse_rule(&payload).unwrap();
         assert_eq!(rule.exprs, exprs);
         assert_eq!(rule.comment.as_deref(), Some("hi"));
@@ -1328,7 +1187,7 @@ mod tests {
             w.attr(NFTA_RULE_EXPRESSIONS, &junk);
             w.attr(NFTA_RULE_USERDATA, &junk);
             let mut payload = vec![1, 0, 0, 0];
-            payload.extend_from_slice(&w.buf);
+            payload.extend_from_slice(w.as_bytes());
             assert!(parse_rule(&payload).is_some());
         }
     }
