@@ -863,26 +863,24 @@ mod tests {
         let other: IpNetwork = "10.8.0.1/24".parse().unwrap();
         let on_bridge =
             || -> Vec<IpNetwork> { host.snapshot().0.addresses.iter().map(|a| a.ip).collect() };
-        {
-            ensure_addr(&host, &bridge, gw, false).unwrap();
-            // A second ADD of the same network keeps it.
-            ensure_addr(&host, &bridge, gw, false).unwrap();
-            assert_eq!(on_bridge(), [gw]);
-            let e = ensure_addr(&host, &bridge, other, false).unwrap_err();
-            assert_eq!(
-                e.msg,
-                "\"br-unit\" already has an IP address different from 10.8.0.1/24"
-            );
-            assert_eq!(on_bridge(), [gw]);
-            ensure_addr(&host, &bridge, other, true).unwrap();
-            assert_eq!(on_bridge(), [other]);
-            // IPv6 gateways of other subnets live side by side.
-            let v6a: IpNetwork = "fd00:1::1/64".parse().unwrap();
-            let v6b: IpNetwork = "fd00:2::1/64".parse().unwrap();
-            ensure_addr(&host, &bridge, v6a, false).unwrap();
-            ensure_addr(&host, &bridge, v6b, false).unwrap();
-            assert_eq!(on_bridge(), [other, v6a, v6b]);
-        }
+        ensure_addr(&host, &bridge, gw, false).unwrap();
+        // A second ADD of the same network keeps it.
+        ensure_addr(&host, &bridge, gw, false).unwrap();
+        assert_eq!(on_bridge(), [gw]);
+        let e = ensure_addr(&host, &bridge, other, false).unwrap_err();
+        assert_eq!(
+            e.msg,
+            "\"br-unit\" already has an IP address different from 10.8.0.1/24"
+        );
+        assert_eq!(on_bridge(), [gw]);
+        ensure_addr(&host, &bridge, other, true).unwrap();
+        assert_eq!(on_bridge(), [other]);
+        // IPv6 gateways of other subnets live side by side.
+        let v6a: IpNetwork = "fd00:1::1/64".parse().unwrap();
+        let v6b: IpNetwork = "fd00:2::1/64".parse().unwrap();
+        ensure_addr(&host, &bridge, v6a, false).unwrap();
+        ensure_addr(&host, &bridge, v6b, false).unwrap();
+        assert_eq!(on_bridge(), [other, v6a, v6b]);
     }
 
     /// Dual-stack layer 3 with every external effect ADD has: IPAM, the gateway on

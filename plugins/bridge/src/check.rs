@@ -317,53 +317,49 @@ mod tests {
     #[test]
     fn bridge_verdicts() {
         let (host, _, [bridge, port, ..]) = world();
-        {
-            assert!(check_bridge(&host, &entry(&bridge, ""), &conf(false)).is_ok());
-            let e = check_bridge(&host, &entry(&bridge, ""), &conf(true));
-            assert_eq!(
-                e.unwrap_err().msg,
-                "Bridge interface br-unit configured Promisc Mode true doesn't match current state: false "
-            );
-            let e = check_bridge(&host, &entry(&port, ""), &conf(false));
-            assert_eq!(
-                e.unwrap_err().msg,
-                "Interface veth0001 does not have link type of bridge"
-            );
-            let mut wrong_mac = entry(&bridge, "");
-            wrong_mac.mac = "02:00:00:00:00:99".into();
-            let e = check_bridge(&host, &wrong_mac, &conf(false));
-            assert_eq!(
-                e.unwrap_err().msg,
-                "Bridge interface br-unit Mac doesn't match: 02:00:00:00:00:99"
-            );
-            let gone = Interface {
-                name: "br-gone".into(),
-                ..Interface::default()
-            };
-            let e = check_bridge(&host, &gone, &conf(false));
-            assert_eq!(e.unwrap_err().msg, "Interface name br-gone not found");
-        }
+        assert!(check_bridge(&host, &entry(&bridge, ""), &conf(false)).is_ok());
+        let e = check_bridge(&host, &entry(&bridge, ""), &conf(true));
+        assert_eq!(
+            e.unwrap_err().msg,
+            "Bridge interface br-unit configured Promisc Mode true doesn't match current state: false "
+        );
+        let e = check_bridge(&host, &entry(&port, ""), &conf(false));
+        assert_eq!(
+            e.unwrap_err().msg,
+            "Interface veth0001 does not have link type of bridge"
+        );
+        let mut wrong_mac = entry(&bridge, "");
+        wrong_mac.mac = "02:00:00:00:00:99".into();
+        let e = check_bridge(&host, &wrong_mac, &conf(false));
+        assert_eq!(
+            e.unwrap_err().msg,
+            "Bridge interface br-unit Mac doesn't match: 02:00:00:00:00:99"
+        );
+        let gone = Interface {
+            name: "br-gone".into(),
+            ..Interface::default()
+        };
+        let e = check_bridge(&host, &gone, &conf(false));
+        assert_eq!(e.unwrap_err().msg, "Interface name br-gone not found");
     }
 
     #[test]
     fn the_host_veth_is_the_container_links_peer_on_the_bridge() {
         let (host, _, [bridge, port, eth0, stray]) = world();
-        {
-            let found = check_host_veth(&host, &entry(&port, ""), &bridge, &eth0);
-            let (veth, container_mac) = found.unwrap().unwrap();
-            assert_eq!((veth.index, container_mac), (2, eth0.mac));
-            let other = check_host_veth(&host, &entry(&stray, ""), &bridge, &eth0);
-            assert_eq!(other.unwrap(), None);
-            let in_pod = check_host_veth(&host, &entry(&port, "/x"), &bridge, &eth0);
-            assert_eq!(in_pod.unwrap(), None);
-            let mut wrong_mac = entry(&port, "");
-            wrong_mac.mac = "02:00:00:00:00:99".into();
-            let e = check_host_veth(&host, &wrong_mac, &bridge, &eth0);
-            assert_eq!(
-                e.unwrap_err().msg,
-                "Interface veth0001 Mac doesn't match: 02:00:00:00:00:99 not found"
-            );
-        }
+        let found = check_host_veth(&host, &entry(&port, ""), &bridge, &eth0);
+        let (veth, container_mac) = found.unwrap().unwrap();
+        assert_eq!((veth.index, container_mac), (2, eth0.mac));
+        let other = check_host_veth(&host, &entry(&stray, ""), &bridge, &eth0);
+        assert_eq!(other.unwrap(), None);
+        let in_pod = check_host_veth(&host, &entry(&port, "/x"), &bridge, &eth0);
+        assert_eq!(in_pod.unwrap(), None);
+        let mut wrong_mac = entry(&port, "");
+        wrong_mac.mac = "02:00:00:00:00:99".into();
+        let e = check_host_veth(&host, &wrong_mac, &bridge, &eth0);
+        assert_eq!(
+            e.unwrap_err().msg,
+            "Interface veth0001 Mac doesn't match: 02:00:00:00:00:99 not found"
+        );
     }
 
     #[test]
@@ -377,26 +373,24 @@ mod tests {
             }],
             ..CniResult::default()
         };
-        {
-            let e = check_addresses(&pod, "eth0", 3, &prev).unwrap_err();
-            assert_eq!(e.msg, "Failed to match addr 10.9.0.5/24 on interface eth0");
-            pod.with_world(|w| {
-                w.pod.addresses.push(Address {
-                    ip: "10.9.0.5/24".parse().unwrap(),
-                    index: 3,
-                    scope: 0,
-                    flags: 0,
-                });
+        let e = check_addresses(&pod, "eth0", 3, &prev).unwrap_err();
+        assert_eq!(e.msg, "Failed to match addr 10.9.0.5/24 on interface eth0");
+        pod.with_world(|w| {
+            w.pod.addresses.push(Address {
+                ip: "10.9.0.5/24".parse().unwrap(),
+                index: 3,
+                scope: 0,
+                flags: 0,
             });
-            let e = check_addresses(&pod, "eth0", 3, &prev).unwrap_err();
-            assert_eq!(e.msg, "Failed to find route 10.9.0.0/24 for interface eth0");
-            let subnet = KernelRoute {
-                oif: Some(3),
-                ..KernelRoute::new("10.9.0.0/24".parse().unwrap())
-            };
-            pod.with_world(|w| w.pod.routes.push(subnet));
-            check_addresses(&pod, "eth0", 3, &prev).unwrap();
-        }
+        });
+        let e = check_addresses(&pod, "eth0", 3, &prev).unwrap_err();
+        assert_eq!(e.msg, "Failed to find route 10.9.0.0/24 for interface eth0");
+        let subnet = KernelRoute {
+            oif: Some(3),
+            ..KernelRoute::new("10.9.0.0/24".parse().unwrap())
+        };
+        pod.with_world(|w| w.pod.routes.push(subnet));
+        check_addresses(&pod, "eth0", 3, &prev).unwrap();
     }
 
     #[test]
@@ -411,14 +405,12 @@ mod tests {
         let route = |dst: &str, gw: Option<&str>| {
             cni_protocol::Route::new(dst.parse().unwrap(), gw.map(|g| g.parse().unwrap()))
         };
-        {
-            // Any default route will do: later plugins may change its gateway.
-            check_routes(&pod, &[route("0.0.0.0/0", Some("10.9.0.254"))]).unwrap();
-            let e = check_routes(&pod, &[route("10.20.0.0/16", None)]);
-            assert_eq!(
-                e.unwrap_err().msg,
-                "Expected Route {Dst:10.20.0.0/16 GW:<nil>} not found in routing table"
-            );
-        }
+        // Any default route will do: later plugins may change its gateway.
+        check_routes(&pod, &[route("0.0.0.0/0", Some("10.9.0.254"))]).unwrap();
+        let e = check_routes(&pod, &[route("10.20.0.0/16", None)]);
+        assert_eq!(
+            e.unwrap_err().msg,
+            "Expected Route {Dst:10.20.0.0/16 GW:<nil>} not found in routing table"
+        );
     }
 }
