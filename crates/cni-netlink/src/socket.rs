@@ -163,3 +163,51 @@ impl Socket {
 fn libc_flags(nonblocking: bool) -> i32 {
     libc::MSG_TRUNC | if nonblocking { libc::MSG_DONTWAIT } else { 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{NLM_F_REQUEST, Writer};
+
+    const RTM_NEWLINK: u16 = 16;
+    const RTM_GETLINK: u16 = 18;
+
+    /// A GETLINK for `index` (0 and `NLM_F_DUMP`: every link).
+    fn getlink(sock: &mut Socket, index: u32, flags: u16) -> Vec<u8> {
+        let mut w = Writer::new();
+        let start = w.begin_msg(RTM_GETLINK, NLM_F_REQUEST | flags, sock.next_seq());
+        w.bytes(&[0; 4]);
+        w.bytes(&index.to_ne_bytes());
+        w.bytes(&[0; 8]);
+        w.end_msg(start);
+        w.into_bytes()
+    }
+
+    /// Reads links of the test's own netns (no privilege needed, nothing changes):
+    /// a get ends with its one reply, a dump with its DONE, a refusal is the errno.
+    #[test]
+    fn requests_end_with_their_reply_their_done_or_the_errno() {
+        let mut sock = Socket::open(NETLINK_ROUTE).expect("a NETLINK_ROUTE socket");
+        let mut replies = Vec::new();
+        let get = getlink(&mut sock, 1, 0);
+        sock.request(&get, |m| replies.push(m.ty)).unwrap();
+        assert_eq!(replies, [RTM_NEWLINK], "loopback is always index 1");
+
+        replies.clear();
+        let dump = getlink(&mut sock, 0, NLM_F_DUMP);
+        sock.request(&dump, |m| replies.push(m.ty)).unwrap();
+        assert!(!replies.is_empty() && replies.iter().all(|t| *t == RTM_NEWLINK));
+
+        let missing = getlink(&mut sock, u32::MAX >> 1, NLM_F_ACK);
+        match sock.request(&missing, |_| panic!("no such link")) {
+            Err(Error::Kernel { errno, .. }) => assert_eq!(errno, libc::ENODEV),
+            other => panic!("{other:?}"),
+        }
+        // The socket stays usable after a refusal.
+        replies.clear();
+        let again = getlink(&mut sock, 1, 0);
+        sock.request(&again, |m| replies.push(m.ty)).unwrap();
+        assert_eq!(replies, [RTM_NEWLINK]);
+        assert!(sock.request(&[1, 2, 3], |_| {}).is_err());
+    }
+}

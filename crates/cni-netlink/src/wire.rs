@@ -15,16 +15,12 @@ pub const NLMSG_DONE: u16 = 3;
 
 /// Request flags.
 pub const NLM_F_REQUEST: u16 = 0x1;
-/// Part of a multi-message answer.
-pub const NLM_F_MULTI: u16 = 0x2;
 /// Ask for an acknowledgement.
 pub const NLM_F_ACK: u16 = 0x4;
 /// A dump that overlapped a change and may be inconsistent.
 pub const NLM_F_DUMP_INTR: u16 = 0x10;
 /// Dump everything (`NLM_F_ROOT | NLM_F_MATCH`).
 pub const NLM_F_DUMP: u16 = 0x300;
-/// Replace an existing object (NEW requests).
-pub const NLM_F_REPLACE: u16 = 0x100;
 /// Fail if the object exists (NEW requests).
 pub const NLM_F_EXCL: u16 = 0x200;
 /// Create the object if it does not exist (NEW requests).
@@ -38,8 +34,6 @@ pub const NLM_F_ACK_TLVS: u16 = 0x200;
 
 /// Attribute type flag: the value is a list of attributes.
 pub const NLA_F_NESTED: u16 = 0x8000;
-/// Attribute type flag: the value is in network byte order.
-pub const NLA_F_NET_BYTEORDER: u16 = 0x4000;
 /// The attribute type without its flags.
 pub const NLA_TYPE_MASK: u16 = 0x3fff;
 
@@ -157,11 +151,6 @@ impl Writer {
     /// What was written so far.
     pub fn as_bytes(&self) -> &[u8] {
         &self.buf
-    }
-
-    /// Mutable access, to renumber finished messages.
-    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
-        &mut self.buf
     }
 
     /// The finished buffer.
