@@ -3,19 +3,122 @@
 //! as they are because interface names may contain them (`cni0.100`).
 //! `/proc/sys/net` resolves in the netns of the calling *thread*, hence
 //! the `*_in` variants that run on a netns thread.
+//!
+//! Why `net/<dir>/...` is opened relative to per-thread directory handles rather
+//! than by full path: the dentry cache holds one `/proc/sys/net` entry, and one
+//! `/proc/sys/net/ipv4` (`ipv6`, `core`, ...) entry, per network namespace, all with
+//! the same parent and name, so they share one hash chain and every path walk
+//! through them compares against each namespace's entry in turn (under a global
+//! lock). With a few hundred pods on a node such a walk costs tens to hundreds of
+//! microseconds, and an ADD does several. Below `net/<dir>` the entries belong to
+//! one namespace, so a walk from a handle on it costs the same with 10 pods or 1000.
+//! See [`NetDirs`] for why a handle is never used for another namespace.
 
-use std::fs;
+use std::cell::RefCell;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
+
+use nix::fcntl::{OFlag, open, openat};
+use nix::sys::stat::{Mode, stat};
 
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 const PROC_SYS: &str = "/proc/sys";
 
+/// The calling thread's network namespace, as the kernel names it to this thread.
+const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+
+/// Handles on `/proc/sys/net` and `/proc/sys/net/<dir>` opened by one thread, and
+/// the network namespace they were opened in (device and inode of its nsfs file).
+///
+/// Sound reuse: every use first compares the thread's current namespace with
+/// `netns`, so a thread that moved (setns, unshare) opens new handles. Should
+/// `netns` have died meanwhile and its inode number been reused by the namespace
+/// the thread is in now, the handles are those of the dead namespace, whose
+/// sysctl tables are unregistered: every lookup through them fails (ENOENT) and
+/// never reaches another namespace's file, and a failure drops the handles and
+/// falls back to the full path. The handles do not keep the namespace alive: they
+/// pin only sysctl directory inodes, not the netns.
+struct NetDirs {
+    netns: (u64, u64),
+    net: OwnedFd,
+    dirs: Vec<(String, OwnedFd)>,
+}
+
+thread_local! {
+    static NET_DIRS: RefCell<Option<NetDirs>> = const { RefCell::new(None) };
+}
+
+fn thread_netns() -> Option<(u64, u64)> {
+    let st = stat(THREAD_NETNS).ok()?;
+    #[allow(clippy::useless_conversion)] // field widths differ between targets
+    Some((u64::from(st.st_dev), u64::from(st.st_ino)))
+}
+
+/// Splits `net/<dir>/<rest>` into (`<dir>`, `<rest>`).
+fn split_net(name: &str) -> Option<(&str, &str)> {
+    let (dir, rest) = name.strip_prefix("net/")?.split_once('/')?;
+    (!dir.is_empty() && !rest.is_empty()).then_some((dir, rest))
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_CLOEXEC);
+
+/// Opens `name` (already checked by [`full_path`]) through this thread's handle on
+/// its `net/<dir>` directory; `None` when that is not possible and the caller is to
+/// use the full path (which also reports errors as before).
+fn open_cached(name: &str, flags: OFlag) -> Option<File> {
+    let (dir, rest) = split_net(name)?;
+    let netns = thread_netns()?;
+    NET_DIRS.with(|cell| {
+        let mut cache = cell.borrow_mut();
+        if cache.as_ref().is_none_or(|c| c.netns != netns) {
+            let net = open(&Path::new(PROC_SYS).join("net"), DIR_FLAGS, Mode::empty()).ok()?;
+            *cache = Some(NetDirs {
+                netns,
+                net,
+                dirs: Vec::new(),
+            });
+        }
+        let entry = cache.as_mut()?;
+        let position = match entry.dirs.iter().position(|(d, _)| d == dir) {
+            Some(position) => Some(position),
+            None => openat(&entry.net, dir, DIR_FLAGS, Mode::empty())
+                .ok()
+                .map(|fd| {
+                    entry.dirs.push((dir.to_owned(), fd));
+                    entry.dirs.len() - 1
+                }),
+        };
+        let opened = position.and_then(|p| {
+            openat(
+                &entry.dirs[p].1,
+                rest,
+                flags | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()
+        });
+        if opened.is_none() {
+            // Missing, or handles of a namespace that is gone: the full path decides,
+            // and says why.
+            *cache = None;
+        }
+        opened.map(File::from)
+    })
+}
+
 /// Reads a sysctl of the calling thread's netns, without the trailing newline.
 pub fn read(name: &str) -> Result<String> {
     let path = full_path(name)?;
-    read_path(&path)
+    match open_cached(name, OFlag::O_RDONLY) {
+        Some(file) => read_file(file, &path),
+        None => read_path(&path),
+    }
 }
 
 /// Sets a sysctl of the calling thread's netns, writing only if the value differs.
@@ -23,13 +126,17 @@ pub fn read(name: &str) -> Result<String> {
 /// Reading first lets a read-only `/proc/sys` pass when the administrator
 /// has already set the value.
 pub fn write(name: &str, value: &str) -> Result<()> {
-    let path = full_path(name)?;
-    if let Ok(current) = read_path(&path) {
+    if let Ok(current) = read(name) {
         if current == value {
             return Ok(());
         }
     }
-    fs::write(&path, value).map_err(|source| Error::SysctlWrite {
+    let path = full_path(name)?;
+    let written = match open_cached(name, OFlag::O_WRONLY) {
+        Some(mut file) => file.write_all(value.as_bytes()),
+        None => fs::write(&path, value),
+    };
+    written.map_err(|source| Error::SysctlWrite {
         path,
         value: value.to_owned(),
         source,
@@ -47,10 +154,20 @@ pub fn write_in(netns: &NetNs, name: &str, value: &str) -> Result<()> {
 }
 
 fn read_path(path: &Path) -> Result<String> {
-    let text = fs::read_to_string(path).map_err(|source| Error::SysctlRead {
+    let file = File::open(path).map_err(|source| Error::SysctlRead {
         path: path.to_path_buf(),
         source,
     })?;
+    read_file(file, path)
+}
+
+fn read_file(mut file: File, path: &Path) -> Result<String> {
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|source: io::Error| Error::SysctlRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
     Ok(text.trim_end_matches('\n').to_owned())
 }
 
@@ -86,6 +203,27 @@ mod tests {
                 matches!(full_path(bad), Err(Error::InvalidSysctl { .. })),
                 "{bad:?} accepted"
             );
+        }
+    }
+
+    #[test]
+    fn only_names_below_a_net_directory_use_a_handle() {
+        assert_eq!(
+            split_net("net/ipv6/conf/eth0/accept_dad"),
+            Some(("ipv6", "conf/eth0/accept_dad"))
+        );
+        assert_eq!(
+            split_net("net/ipv4/ip_forward"),
+            Some(("ipv4", "ip_forward"))
+        );
+        for other in [
+            "kernel/ostype",
+            "net/ipv4",
+            "net//ip_forward",
+            "net/ipv4/",
+            "netx/a/b",
+        ] {
+            assert_eq!(split_net(other), None, "{other:?}");
         }
     }
 
