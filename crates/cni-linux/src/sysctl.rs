@@ -228,6 +228,32 @@ mod tests {
     }
 
     #[test]
+    fn net_sysctls_are_read_through_this_threads_handles() {
+        // On a thread of its own, so the cache starts empty.
+        std::thread::spawn(|| {
+            let direct = read_path(&full_path("net/ipv4/ip_forward").unwrap()).unwrap();
+            assert_eq!(read("net/ipv4/ip_forward").unwrap(), direct);
+            NET_DIRS.with(|cell| {
+                let cache = cell.borrow();
+                let cache = cache.as_ref().expect("handles opened");
+                assert_eq!(Some(cache.netns), thread_netns());
+                let dirs: Vec<&str> = cache.dirs.iter().map(|(d, _)| d.as_str()).collect();
+                assert_eq!(dirs, ["ipv4"]);
+            });
+            // A name that does not exist drops the handles and reports the full path.
+            let err = read("net/ipv4/conf/no-such-if0/arp_notify").unwrap_err();
+            assert!(
+                err.to_string()
+                    .contains("/proc/sys/net/ipv4/conf/no-such-if0"),
+                "{err}"
+            );
+            NET_DIRS.with(|cell| assert!(cell.borrow().is_none()));
+        })
+        .join()
+        .unwrap();
+    }
+
+    #[test]
     fn reads_a_global_sysctl() {
         // Readable by anyone, present on every Linux kernel.
         let value = read("kernel/ostype").unwrap();
