@@ -20,22 +20,24 @@ use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Component, Path, PathBuf};
 
-use nix::fcntl::{OFlag, open, openat};
-use nix::sys::stat::{Mode, stat};
+use nix::fcntl::{AtFlags, OFlag, open, openat};
+use nix::sys::stat::{Mode, fstatat};
 
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 const PROC_SYS: &str = "/proc/sys";
 
-/// The calling thread's network namespace, as the kernel names it to this thread.
-const THREAD_NETNS: &str = "/proc/thread-self/ns/net";
+/// The calling thread's namespace directory: its `net` entry always names the netns
+/// the thread is in *now* (the link is resolved at each lookup), and a lookup relative
+/// to a handle on the directory costs a fraction of a walk of the whole path.
+const THREAD_NS_DIR: &str = "/proc/thread-self/ns";
 
 /// Handles on `/proc/sys/net` and `/proc/sys/net/<dir>` opened by one thread, and
 /// the network namespace they were opened in (device and inode of its nsfs file).
 ///
-/// Sound reuse: every use first compares the thread's current namespace with
-/// `netns`, so a thread that moved (setns, unshare) opens new handles. Should
+/// Sound reuse: every read or write first compares the thread's current namespace
+/// with `netns`, so a thread that moved (setns, unshare) opens new handles. Should
 /// `netns` have died meanwhile and its inode number been reused by the namespace
 /// the thread is in now, the handles are those of the dead namespace, whose
 /// sysctl tables are unregistered: every lookup through them fails (ENOENT) and
@@ -48,14 +50,73 @@ struct NetDirs {
     dirs: Vec<(String, OwnedFd)>,
 }
 
-thread_local! {
-    static NET_DIRS: RefCell<Option<NetDirs>> = const { RefCell::new(None) };
+impl NetDirs {
+    /// Opens `<rest>` below `net/<dir>`; `None` if it cannot be opened.
+    fn open(&mut self, dir: &str, rest: &str, flags: OFlag) -> Option<File> {
+        let position = match self.dirs.iter().position(|(d, _)| d == dir) {
+            Some(position) => position,
+            None => {
+                let fd = openat(&self.net, dir, DIR_FLAGS, Mode::empty()).ok()?;
+                self.dirs.push((dir.to_owned(), fd));
+                self.dirs.len() - 1
+            }
+        };
+        openat(
+            &self.dirs[position].1,
+            rest,
+            flags | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
+        .map(File::from)
+    }
 }
 
-fn thread_netns() -> Option<(u64, u64)> {
-    let st = stat(THREAD_NETNS).ok()?;
-    #[allow(clippy::useless_conversion)] // field widths differ between targets
-    Some((u64::from(st.st_dev), u64::from(st.st_ino)))
+/// One thread's handles: its namespace directory, and the sysctl directories of the
+/// namespace it was last seen in.
+#[derive(Default)]
+struct ThreadDirs {
+    ns_dir: Option<OwnedFd>,
+    sysctl: Option<NetDirs>,
+}
+
+thread_local! {
+    static THREAD_DIRS: RefCell<ThreadDirs> = RefCell::new(ThreadDirs::default());
+}
+
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY
+    .union(OFlag::O_DIRECTORY)
+    .union(OFlag::O_CLOEXEC);
+
+/// Runs `f` on this thread's handles for the netns it is in now. `None` when they
+/// cannot be had or `f` gives up; then the handles are dropped and the caller uses
+/// the full path (which also reports errors as before: missing, or handles of a
+/// namespace that is gone).
+fn with_dirs<T>(f: impl FnOnce(&mut NetDirs) -> Option<T>) -> Option<T> {
+    THREAD_DIRS.with(|cell| {
+        let mut cache = cell.borrow_mut();
+        if cache.ns_dir.is_none() {
+            let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC;
+            cache.ns_dir = Some(open(THREAD_NS_DIR, flags, Mode::empty()).ok()?);
+        }
+        let ns_dir = cache.ns_dir.as_ref()?;
+        let st = fstatat(ns_dir, "net", AtFlags::empty()).ok()?;
+        #[allow(clippy::useless_conversion)] // field widths differ between targets
+        let netns = (u64::from(st.st_dev), u64::from(st.st_ino));
+        if cache.sysctl.as_ref().is_none_or(|d| d.netns != netns) {
+            let net = open(&Path::new(PROC_SYS).join("net"), DIR_FLAGS, Mode::empty()).ok();
+            cache.sysctl = net.map(|net| NetDirs {
+                netns,
+                net,
+                dirs: Vec::new(),
+            });
+        }
+        let outcome = f(cache.sysctl.as_mut()?);
+        if outcome.is_none() {
+            cache.sysctl = None;
+        }
+        outcome
+    })
 }
 
 /// Splits `net/<dir>/<rest>` into (`<dir>`, `<rest>`).
@@ -64,58 +125,12 @@ fn split_net(name: &str) -> Option<(&str, &str)> {
     (!dir.is_empty() && !rest.is_empty()).then_some((dir, rest))
 }
 
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_CLOEXEC);
-
-/// Opens `name` (already checked by [`full_path`]) through this thread's handle on
-/// its `net/<dir>` directory; `None` when that is not possible and the caller is to
-/// use the full path (which also reports errors as before).
-fn open_cached(name: &str, flags: OFlag) -> Option<File> {
-    let (dir, rest) = split_net(name)?;
-    let netns = thread_netns()?;
-    NET_DIRS.with(|cell| {
-        let mut cache = cell.borrow_mut();
-        if cache.as_ref().is_none_or(|c| c.netns != netns) {
-            let net = open(&Path::new(PROC_SYS).join("net"), DIR_FLAGS, Mode::empty()).ok()?;
-            *cache = Some(NetDirs {
-                netns,
-                net,
-                dirs: Vec::new(),
-            });
-        }
-        let entry = cache.as_mut()?;
-        let position = match entry.dirs.iter().position(|(d, _)| d == dir) {
-            Some(position) => Some(position),
-            None => openat(&entry.net, dir, DIR_FLAGS, Mode::empty())
-                .ok()
-                .map(|fd| {
-                    entry.dirs.push((dir.to_owned(), fd));
-                    entry.dirs.len() - 1
-                }),
-        };
-        let opened = position.and_then(|p| {
-            openat(
-                &entry.dirs[p].1,
-                rest,
-                flags | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-            .ok()
-        });
-        if opened.is_none() {
-            // Missing, or handles of a namespace that is gone: the full path decides,
-            // and says why.
-            *cache = None;
-        }
-        opened.map(File::from)
-    })
-}
-
 /// Reads a sysctl of the calling thread's netns, without the trailing newline.
 pub fn read(name: &str) -> Result<String> {
     let path = full_path(name)?;
-    match open_cached(name, OFlag::O_RDONLY) {
+    let cached = split_net(name)
+        .and_then(|(dir, rest)| with_dirs(|dirs| dirs.open(dir, rest, OFlag::O_RDONLY)));
+    match cached {
         Some(file) => read_file(file, &path),
         None => read_path(&path),
     }
@@ -126,21 +141,31 @@ pub fn read(name: &str) -> Result<String> {
 /// Reading first lets a read-only `/proc/sys` pass when the administrator
 /// has already set the value.
 pub fn write(name: &str, value: &str) -> Result<()> {
-    if let Ok(current) = read(name) {
+    let path = full_path(name)?;
+    let write_error = |source| Error::SysctlWrite {
+        path: path.clone(),
+        value: value.to_owned(),
+        source,
+    };
+    if let Some((dir, rest)) = split_net(name) {
+        let cached = with_dirs(|dirs| {
+            let current = read_file(dirs.open(dir, rest, OFlag::O_RDONLY)?, &path);
+            if current.is_ok_and(|current| current == value) {
+                return Some(Ok(()));
+            }
+            let mut file = dirs.open(dir, rest, OFlag::O_WRONLY)?;
+            Some(file.write_all(value.as_bytes()).map_err(write_error))
+        });
+        if let Some(outcome) = cached {
+            return outcome;
+        }
+    }
+    if let Ok(current) = read_path(&path) {
         if current == value {
             return Ok(());
         }
     }
-    let path = full_path(name)?;
-    let written = match open_cached(name, OFlag::O_WRONLY) {
-        Some(mut file) => file.write_all(value.as_bytes()),
-        None => fs::write(&path, value),
-    };
-    written.map_err(|source| Error::SysctlWrite {
-        path,
-        value: value.to_owned(),
-        source,
-    })
+    fs::write(&path, value).map_err(write_error)
 }
 
 /// Reads a sysctl inside `netns`.
@@ -233,11 +258,14 @@ mod tests {
         std::thread::spawn(|| {
             let direct = read_path(&full_path("net/ipv4/ip_forward").unwrap()).unwrap();
             assert_eq!(read("net/ipv4/ip_forward").unwrap(), direct);
-            NET_DIRS.with(|cell| {
+            THREAD_DIRS.with(|cell| {
                 let cache = cell.borrow();
-                let cache = cache.as_ref().expect("handles opened");
-                assert_eq!(Some(cache.netns), thread_netns());
-                let dirs: Vec<&str> = cache.dirs.iter().map(|(d, _)| d.as_str()).collect();
+                let handles = cache.sysctl.as_ref().expect("handles opened");
+                let st = nix::sys::stat::stat("/proc/thread-self/ns/net").unwrap();
+                #[allow(clippy::useless_conversion)] // field widths differ between targets
+                let netns = (u64::from(st.st_dev), u64::from(st.st_ino));
+                assert_eq!(handles.netns, netns);
+                let dirs: Vec<&str> = handles.dirs.iter().map(|(d, _)| d.as_str()).collect();
                 assert_eq!(dirs, ["ipv4"]);
             });
             // A name that does not exist drops the handles and reports the full path.
@@ -247,7 +275,7 @@ mod tests {
                     .contains("/proc/sys/net/ipv4/conf/no-such-if0"),
                 "{err}"
             );
-            NET_DIRS.with(|cell| assert!(cell.borrow().is_none()));
+            THREAD_DIRS.with(|cell| assert!(cell.borrow().sysctl.is_none()));
         })
         .join()
         .unwrap();
