@@ -11,12 +11,23 @@
 //! ```
 //!
 //! Where we differ is crash safety. The reference creates `<ip>` with `O_EXCL` and then
-//! writes it, so a killed plugin can leave an empty reservation nobody owns, and it
-//! rewrites `last_reserved_ip.N` in place. We write the reservation whole into a temp
-//! file first and publish it with link(2), which fails with `EEXIST` rather than replace
-//! a reservation; `last_reserved_ip.N` is replaced with rename(2). Temp files are named
-//! `.cni-tmp.*`: they never parse as an address, and since they only exist while their
-//! creator holds the lock, any one seen under the lock is stale and is removed.
+//! writes it, so a killed plugin can leave an empty reservation nobody owns. We write the
+//! reservation whole into a temp file first and publish it with link(2), which fails with
+//! `EEXIST` rather than replace a reservation. Temp files are named `.cni-tmp.*`: they
+//! never parse as an address, and since they only exist while their creator holds the
+//! lock, any one seen under the lock is stale and is removed.
+//!
+//! `last_reserved_ip.N` is rewritten in place, as the reference does, when it is a
+//! regular file with one link: one write at offset 0, then a truncate if the new address
+//! is shorter. Replacing it with a new file and rename(2) instead would delete an inode
+//! on every ADD, and ext4's inode allocator skips recently deleted inodes one by one, so
+//! every later file creation in the directory (each ADD's reservation) got slower with
+//! the number of pods started in the last minutes. The cursor only orders round-robin
+//! allocation, and every reader holds the lock, so the one thing the in-place write
+//! gives up is harmless: a crash in the middle of it can leave an address that is wrong
+//! or unparsable, which restarts or shifts round-robin order. A cursor that is missing, a
+//! symlink, shared with another name or anything but a regular file is replaced with
+//! rename(2) as before, never written through.
 //!
 //! Every step that changes the directory passes a failpoint named
 //! `host-local/<command>/<step>` ([`cni_protocol::failpoint`], debug builds only), so tests
@@ -46,7 +57,7 @@ use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -569,10 +580,42 @@ impl Locked<'_> {
         Ok(true)
     }
 
-    /// Replaces `last_reserved_ip.<set_index>` atomically.
+    /// Records `ip` in `last_reserved_ip.<set_index>`: in place when it is a regular
+    /// file with one link, otherwise replaced with rename(2) (see the module docs).
     fn set_last_reserved(&self, set_index: usize, ip: IpAddr) -> Result<()> {
         let name = format!("{LAST_RESERVED_PREFIX}{set_index}");
-        self.replace(&name, ip.to_string().as_bytes(), "cursor-temp-written")
+        let content = ip.to_string();
+        self.store.step("cursor-writing")?;
+        if self.rewrite_in_place(&name, content.as_bytes()) {
+            return Ok(());
+        }
+        self.replace(&name, content.as_bytes(), "cursor-temp-written")
+    }
+
+    /// Overwrites the existing small state file `name` in place; `false` (nothing
+    /// changed, or a failed write the caller's replace can still fix) when it is not a
+    /// regular file with exactly one link, or cannot be opened or written.
+    fn rewrite_in_place(&self, name: &str, content: &[u8]) -> bool {
+        // O_NONBLOCK: a FIFO planted under this name must not block the open.
+        let flags = OFlag::O_WRONLY
+            | OFlag::O_NOFOLLOW
+            | OFlag::O_NONBLOCK
+            | OFlag::O_NOCTTY
+            | OFlag::O_CLOEXEC;
+        let Ok(fd) = nix::fcntl::openat(&self.store.dir_fd, name, flags, Mode::empty()) else {
+            return false;
+        };
+        let file = File::from(fd);
+        let Ok(meta) = file.metadata() else {
+            return false;
+        };
+        if !meta.is_file() || meta.nlink() != 1 || meta.len() > MAX_STATE_FILE as u64 {
+            return false;
+        }
+        // New content first, then the truncate: a crash between them leaves a longer
+        // text (the old one's tail), never an empty cursor.
+        file.write_all_at(content, 0).is_ok()
+            && (meta.len() <= content.len() as u64 || file.set_len(content.len() as u64).is_ok())
     }
 
     /// Replaces state file `name` with `content` atomically (temp file, rename), passing
@@ -924,6 +967,47 @@ pub(crate) mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn cursor_is_rewritten_in_place() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = TempDir::new("cursor");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let cursor = store.dir().join("last_reserved_ip.0");
+        let mut locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert!(locked.reserve(ip("10.0.0.100"), "a", "eth0", 0).unwrap());
+        let inode = std::fs::metadata(&cursor).unwrap().ino();
+        // Shorter than what it replaces (the old tail is cut off), then longer.
+        for (next, who) in [("10.0.0.2", "b"), ("10.0.0.250", "c")] {
+            assert!(locked.reserve(ip(next), who, "eth0", 0).unwrap());
+            assert_eq!(std::fs::read(&cursor).unwrap(), next.as_bytes());
+            assert_eq!(
+                std::fs::metadata(&cursor).unwrap().ino(),
+                inode,
+                "no new inode per reservation"
+            );
+        }
+        assert_eq!(locked.last_reserved(0), Some(ip("10.0.0.250")));
+    }
+
+    #[test]
+    fn cursor_sharing_its_inode_is_replaced_not_written_through() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = TempDir::new("cursor-link");
+        let store = Store::open(&tmp.0, "n").unwrap();
+        let dir = store.dir().to_path_buf();
+        let other = tmp.0.join("other");
+        std::fs::write(&other, "10.0.0.77").unwrap();
+        std::fs::hard_link(&other, dir.join("last_reserved_ip.0")).unwrap();
+        let mut locked = store.lock(Duration::from_secs(1)).unwrap();
+        assert!(locked.reserve(ip("10.0.0.3"), "c", "eth0", 0).unwrap());
+        drop(locked);
+        assert_eq!(std::fs::read(&other).unwrap(), b"10.0.0.77");
+        let cursor = dir.join("last_reserved_ip.0");
+        assert_eq!(std::fs::read(&cursor).unwrap(), b"10.0.0.3");
+        assert_eq!(std::fs::metadata(&cursor).unwrap().nlink(), 1);
+        assert_eq!(std::fs::metadata(&cursor).unwrap().mode() & 0o777, 0o600);
     }
 
     #[test]
