@@ -4,7 +4,6 @@ mod common;
 
 use cni_linux::{Error, NetNs, Netlink, sysctl};
 use common::{in_private_netns, new_netns};
-use nix::sched::{CloneFlags, setns};
 
 #[test]
 fn open_reports_missing_and_non_netns_paths() {
@@ -60,36 +59,6 @@ fn sysctl_is_written_inside_the_target_netns_only() {
         let err = sysctl::write_in(&pod, "net/ipv4/conf/missing0/arp_notify", "1").unwrap_err();
         assert!(matches!(err, Error::SysctlWrite { .. }), "{err:?}");
     });
-}
-
-#[test]
-fn sysctl_follows_the_calling_thread_into_another_netns() {
-    in_private_netns(
-        "sysctl_follows_the_calling_thread_into_another_netns",
-        |_nl| async move {
-            // sysctl keeps per-thread handles on /proc/sys/net/<dir>: they must never
-            // answer for a namespace the thread has left. (New namespaces may inherit
-            // forwarding from the machine's: both values are set first.)
-            let name = "net/ipv4/ip_forward";
-            let here = NetNs::current().unwrap();
-            let pod = new_netns();
-            sysctl::write_in(&pod, name, "1").unwrap();
-            sysctl::write(name, "0").unwrap();
-            assert_eq!(sysctl::read(name).unwrap(), "0");
-            setns(&pod, CloneFlags::CLONE_NEWNET).unwrap();
-            assert_eq!(sysctl::read(name).unwrap(), "1", "read in the pod");
-            sysctl::write(name, "0").unwrap();
-            setns(&here, CloneFlags::CLONE_NEWNET).unwrap();
-            assert_eq!(sysctl::read(name).unwrap(), "0");
-            sysctl::write(name, "1").unwrap();
-            assert_eq!(
-                sysctl::read_in(&pod, name).unwrap(),
-                "0",
-                "written in the pod"
-            );
-            assert_eq!(sysctl::read(name).unwrap(), "1", "written here");
-        },
-    );
 }
 
 #[test]
