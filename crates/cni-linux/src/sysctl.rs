@@ -5,6 +5,8 @@
 //! the `*_in` variants that run on a netns thread.
 
 use std::fs;
+use std::io::Read;
+use std::os::unix::fs::FileExt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -20,20 +22,35 @@ pub fn read(name: &str) -> Result<String> {
 
 /// Sets a sysctl of the calling thread's netns, writing only if the value differs.
 ///
-/// Reading first lets a read-only `/proc/sys` pass when the administrator
-/// has already set the value.
+/// One open for both the read and the write: each lookup under `/proc/sys/net`
+/// costs more the more network namespaces the node has. Where the file cannot be
+/// opened for writing (a read-only `/proc/sys`, no privilege), it is read alone, so
+/// that a value the administrator has already set passes.
 pub fn write(name: &str, value: &str) -> Result<()> {
     let path = full_path(name)?;
-    if let Ok(current) = read_path(&path) {
-        if current == value {
-            return Ok(());
-        }
-    }
-    fs::write(&path, value).map_err(|source| Error::SysctlWrite {
+    let failed = |path: PathBuf, source| Error::SysctlWrite {
         path,
         value: value.to_owned(),
         source,
-    })
+    };
+    match fs::OpenOptions::new().read(true).write(true).open(&path) {
+        Ok(mut file) => {
+            let mut current = String::new();
+            // A failed read only means the value is written.
+            if file.read_to_string(&mut current).is_ok() && current.trim_end_matches('\n') == value
+            {
+                return Ok(());
+            }
+            // At offset 0: the read moved the file position, and the kernel takes
+            // a sysctl only from the start.
+            file.write_all_at(value.as_bytes(), 0)
+                .map_err(|source| failed(path, source))
+        }
+        Err(source) => match read_path(&path) {
+            Ok(current) if current == value => Ok(()),
+            _ => Err(failed(path, source)),
+        },
+    }
 }
 
 /// Reads a sysctl inside `netns`.

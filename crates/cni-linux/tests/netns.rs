@@ -70,3 +70,39 @@ fn sysctl_write_skips_when_value_already_set() {
         sysctl::write("net/ipv4/ip_forward", "1").unwrap();
     });
 }
+
+#[test]
+fn sysctl_write_on_a_read_only_proc_sys_passes_only_when_already_set() {
+    in_private_netns(
+        "sysctl_write_on_a_read_only_proc_sys_passes_only_when_already_set",
+        |_nl| {
+            use nix::sched::{CloneFlags, unshare};
+            let name = "net/ipv4/ip_forward";
+            sysctl::write(name, "1").unwrap();
+            // A mount namespace of this thread alone (its children, the `mount`s
+            // below, start in it), detached from the machine's, with /proc/sys
+            // bound read-only over itself.
+            unshare(CloneFlags::CLONE_NEWNS).expect("unshare(CLONE_NEWNS)");
+            for args in [
+                &["--make-rprivate", "/"][..],
+                &["--bind", "/proc/sys", "/proc/sys"],
+                &["-o", "remount,bind,ro", "/proc/sys"],
+            ] {
+                let status = std::process::Command::new("mount")
+                    .args(args)
+                    .status()
+                    .expect("run mount");
+                assert!(status.success(), "mount {args:?}: {status}");
+            }
+            sysctl::write(name, "1").expect("the value is already right");
+            let err = sysctl::write(name, "0").unwrap_err();
+            assert!(matches!(err, Error::SysctlWrite { .. }), "{err:?}");
+            assert_eq!(
+                err.errno(),
+                Some(nix::errno::Errno::EROFS as i32),
+                "{err:?}"
+            );
+            assert_eq!(sysctl::read(name).unwrap(), "1");
+        },
+    );
+}

@@ -425,6 +425,15 @@ impl Links for Fake {
         }))
     }
 
+    /// Not a step of its own: a failed read only means the sysctl is written.
+    fn forwarding(&self, family: Family) -> Result<bool> {
+        let name = match family {
+            Family::V4 => "net/ipv4/ip_forward",
+            Family::V6 => "net/ipv6/conf/all/forwarding",
+        };
+        Ok(self.ns(|ns| ns.sysctls.get(name).is_some_and(|v| v == "1")))
+    }
+
     fn write_sysctl(&self, name: &str, value: &str) -> Result<()> {
         self.step("write_sysctl")?;
         self.ns(|ns| {

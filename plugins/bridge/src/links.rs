@@ -3,7 +3,9 @@
 //! fake (`fake.rs`) so step order, rollback and CHECK's verdicts are tested without
 //! root. One value of the trait talks to one network namespace.
 
-use cni_linux::{Address, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry};
+use cni_linux::{
+    Address, Change, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry,
+};
 use ipnetwork::IpNetwork;
 use std::time::Duration;
 
@@ -34,7 +36,22 @@ pub(crate) trait Links {
     fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()>;
     fn wait_addresses_settled(&self, index: u32, timeout: Duration) -> Result<()>;
     fn add_route(&self, route: &Route) -> Result<()>;
+    /// Makes every change and returns each one's outcome, in order (see
+    /// [`Netlink::apply`]); by default one request after another.
+    fn apply(&self, changes: &[Change<'_>]) -> Vec<Result<()>> {
+        changes
+            .iter()
+            .map(|change| match change {
+                Change::AddAddress { index, ip } => self.add_address(*index, *ip),
+                Change::SetUp { index } => self.set_up(*index),
+                Change::AddRoute(route) => self.add_route(route),
+            })
+            .collect()
+    }
     fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>>;
+    /// Whether forwarding is on for `family` (`net.ipv4.ip_forward`,
+    /// `net.ipv6.conf.all.forwarding`), asked over netlink.
+    fn forwarding(&self, family: Family) -> Result<bool>;
     /// Writes a sysctl of this namespace. Only used on the host handle, whose
     /// namespace is the calling thread's.
     fn write_sysctl(&self, name: &str, value: &str) -> Result<()>;
@@ -101,8 +118,14 @@ impl Links for Netlink {
     fn add_route(&self, route: &Route) -> Result<()> {
         Netlink::add_route(self, route)
     }
+    fn apply(&self, changes: &[Change<'_>]) -> Vec<Result<()>> {
+        Netlink::apply(self, changes)
+    }
     fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>> {
         Netlink::routes(self, family, table)
+    }
+    fn forwarding(&self, family: Family) -> Result<bool> {
+        Netlink::forwarding(self, family)
     }
     fn write_sysctl(&self, name: &str, value: &str) -> Result<()> {
         cni_linux::sysctl::write(name, value)

@@ -8,8 +8,10 @@
 //! attributes the plugins use and skips the rest.
 
 mod addr;
+mod batch;
 mod bridge;
 mod link;
+mod netconf;
 mod route;
 mod rtnl;
 mod veth;
@@ -24,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 pub use addr::Address;
+pub use batch::Change;
 pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};
 pub use route::Route;
