@@ -14,7 +14,7 @@ pub mod sysctl;
 pub use cni_protocol::mac::{self, MacAddr};
 pub use error::{Error, Result};
 pub use netlink::{
-    Address, BridgePort, Change, Family, Link, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
+    Address, BridgePort, Family, Link, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
     VlanEntry,
 };
 pub use netns::NetNs;

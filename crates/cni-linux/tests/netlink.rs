@@ -7,8 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use cni_linux::{
-    Change, Error, Family, MacAddr, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry,
-    sysctl,
+    Error, Family, MacAddr, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry, sysctl,
 };
 use common::{in_private_netns, new_netns};
 use ipnetwork::IpNetwork;
@@ -502,82 +501,6 @@ fn duplicate_ipv6_address_fails_dad() {
             other => panic!("expected AddressDadFailed, got {other:?}"),
         }
     });
-}
-
-#[test]
-fn a_batch_makes_every_change_and_answers_each_in_order() {
-    in_private_netns(
-        "a_batch_makes_every_change_and_answers_each_in_order",
-        |nl| {
-            nl.create_veth_pair_local("va", "vb", None).unwrap();
-            let (va, vb) = (index_of(&nl, "va"), index_of(&nl, "vb"));
-            nl.set_up(vb).unwrap();
-            let (v4, v6) = (net("10.1.2.3/24"), net("fd00:1::5/64"));
-            let default = Route {
-                gw: Some(ip("10.1.2.1")),
-                oif: Some(va),
-                ..Route::new(net("0.0.0.0/0"))
-            };
-            let mixed = Route {
-                gw: Some(ip("fd00:1::1")),
-                oif: Some(va),
-                ..Route::new(net("10.9.0.0/16"))
-            };
-            let far = Route {
-                gw: Some(ip("10.1.2.1")),
-                oif: Some(va),
-                ..Route::new(net("10.8.0.0/16"))
-            };
-            let outcomes = nl.apply(&[
-                Change::AddAddress { index: va, ip: v4 },
-                Change::AddAddress { index: va, ip: v6 },
-                // Refused by the kernel: the address is there already.
-                Change::AddAddress { index: va, ip: v4 },
-                Change::SetUp { index: va },
-                Change::AddRoute(&default),
-                // Refused before the kernel: not sent at all.
-                Change::AddRoute(&mixed),
-                Change::AddRoute(&far),
-            ]);
-            assert_eq!(outcomes.len(), 7);
-            let errors: Vec<Option<String>> = outcomes
-                .iter()
-                .map(|o| o.as_ref().err().map(ToString::to_string))
-                .collect();
-            assert!(outcomes[2].as_ref().unwrap_err().is_exists(), "{errors:?}");
-            assert!(
-                errors[2].as_deref().unwrap().contains("10.1.2.3/24"),
-                "{errors:?}"
-            );
-            assert!(
-                matches!(outcomes[5], Err(Error::InvalidRoute { .. })),
-                "{errors:?}"
-            );
-            for ok in [0, 1, 3, 4, 6] {
-                assert!(outcomes[ok].is_ok(), "change {ok}: {errors:?}");
-            }
-            // Everything after the refusals was made anyway, as the kernel does.
-            let link = nl.link_by_index(va).unwrap().unwrap();
-            assert!(link.up);
-            let routes = nl.routes(Family::V4, None).unwrap();
-            assert!(
-                routes
-                    .iter()
-                    .any(|r| r.dst == default.dst && r.gw == default.gw)
-            );
-            assert!(routes.iter().any(|r| r.dst == far.dst));
-            let addrs: Vec<IpNetwork> = nl
-                .addresses(va, None)
-                .unwrap()
-                .iter()
-                .map(|a| a.ip)
-                .collect();
-            assert!(addrs.contains(&v4) && addrs.contains(&v6), "{addrs:?}");
-            // The socket's sequence numbers stay in step: a single request still works.
-            nl.add_address(va, net("10.1.3.3/24")).unwrap();
-            assert!(nl.apply(&[]).is_empty());
-        },
-    );
 }
 
 #[test]

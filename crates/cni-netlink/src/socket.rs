@@ -158,53 +158,6 @@ impl Socket {
             }
         }
     }
-
-    /// Sends `batch`, several requests in one datagram, and returns each one's
-    /// outcome in order. Every request must have its own sequence number and ask
-    /// for an acknowledgement (`NLM_F_ACK`), and none may be a dump.
-    ///
-    /// The kernel handles the requests one after another inside the one `send`;
-    /// a refused request does not stop the ones after it. The outer error is for
-    /// the exchange itself (a malformed batch, a failed socket call).
-    pub fn request_batch(&mut self, batch: &[u8]) -> Result<Vec<Result<(), Error>>, Error> {
-        let mut seqs = Vec::new();
-        for msg in messages(batch) {
-            let msg = msg?;
-            if msg.flags & NLM_F_ACK == 0 || msg.flags & NLM_F_DUMP == NLM_F_DUMP {
-                return Err(Malformed("a batched request must ask for an ACK and not dump").into());
-            }
-            if seqs.contains(&msg.seq) {
-                return Err(Malformed("two batched requests share a sequence number").into());
-            }
-            seqs.push(msg.seq);
-        }
-        let mut outcomes: Vec<Option<Result<(), Error>>> = seqs.iter().map(|_| None).collect();
-        self.send(batch)?;
-        let mut pending = seqs.len();
-        while pending > 0 {
-            let Some(datagram) = self.recv(false)? else {
-                continue;
-            };
-            for msg in messages(datagram) {
-                let msg = msg?;
-                let Some(at) = seqs.iter().position(|s| *s == msg.seq) else {
-                    continue;
-                };
-                if msg.ty != NLMSG_ERROR || outcomes[at].is_some() {
-                    continue;
-                }
-                outcomes[at] = Some(match msg.error_code()? {
-                    0 => Ok(()),
-                    errno => Err(Error::Kernel {
-                        errno,
-                        message: msg.ext_ack_message(),
-                    }),
-                });
-                pending -= 1;
-            }
-        }
-        Ok(outcomes.into_iter().flatten().collect())
-    }
 }
 
 fn libc_flags(nonblocking: bool) -> i32 {

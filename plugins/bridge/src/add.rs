@@ -7,9 +7,7 @@ use crate::config::BridgeConf;
 use crate::effects::{Effects, Pending, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
-use cni_linux::{
-    Change, Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair,
-};
+use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
 use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
@@ -471,12 +469,18 @@ fn configure_container(
     let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
     fx.container_sysctls(pod_ns, ifname, conf.enable_dad, has_v6)?;
     hit("bridge/add/container-sysctls")?;
-    let addresses: Vec<IpNetwork> = result
+    for ip in result
         .ips
         .iter()
         .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
-        .map(|ip| ip.address)
-        .collect();
+    {
+        pod.add_address(index, ip.address)
+            .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
+        hit("bridge/add/container-address")?;
+    }
+    pod.set_up(index)
+        .with_context(|| format!("failed to set {ifname:?} UP"))?;
+    hit("bridge/add/container-up")?;
     let family_gateway = |v4: bool| {
         result
             .ips
@@ -484,7 +488,12 @@ fn configure_container(
             .filter(|ip| ip.address.is_ipv4() == v4)
             .find_map(|ip| ip.gateway)
     };
-    let mut routes: Vec<KernelRoute> = Vec::new();
+    if family_gateway(false).is_some() {
+        pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
+            .with_context(|| format!("failed to settle addresses for {ifname:?}"))?;
+        hit("bridge/add/container-settled")?;
+    }
+    let mut installed: Vec<KernelRoute> = Vec::new();
     for r in &result.routes {
         let gw = r.gw.or_else(|| family_gateway(r.dst.is_ipv4()));
         let route = KernelRoute {
@@ -499,51 +508,15 @@ fn configure_container(
         };
         // The reference fails with EEXIST when IPAM and isDefaultGateway both yield the
         // same default route; installing it once is what the user meant.
-        if !routes.contains(&route) {
-            routes.push(route);
+        if installed.contains(&route) {
+            continue;
         }
-    }
-    let route_context = |route: &KernelRoute| {
-        let via = route
-            .gw
-            .map_or_else(|| "<nil>".to_string(), |g| g.to_string());
-        format!("failed to add route '{} via {via} dev {ifname}'", route.dst)
-    };
-    // Addresses, link up and (unless IPv6 addresses must settle first) routes go in
-    // one datagram: see `cni_linux::Change`. Outcomes are taken in order, so the
-    // first failure is reported with its step's context, as one request each would.
-    let settle = family_gateway(false).is_some();
-    let mut changes: Vec<Change<'_>> = addresses
-        .iter()
-        .map(|ip| Change::AddAddress { index, ip: *ip })
-        .collect();
-    changes.push(Change::SetUp { index });
-    if !settle {
-        changes.extend(routes.iter().map(Change::AddRoute));
-    }
-    let mut outcomes = pod.apply(&changes).into_iter();
-    let mut next = || outcomes.next().unwrap_or_else(|| Ok(()));
-    for ip in &addresses {
-        next().with_context(|| format!("failed to add IP addr {ip} to {ifname:?}"))?;
-        hit("bridge/add/container-address")?;
-    }
-    next().with_context(|| format!("failed to set {ifname:?} UP"))?;
-    hit("bridge/add/container-up")?;
-    if settle {
-        pod.wait_addresses_settled(index, SETTLE_TIMEOUT)
-            .with_context(|| format!("failed to settle addresses for {ifname:?}"))?;
-        hit("bridge/add/container-settled")?;
-        let changes: Vec<Change<'_>> = routes.iter().map(Change::AddRoute).collect();
-        let outcomes = pod.apply(&changes);
-        for (route, outcome) in routes.iter().zip(outcomes) {
-            outcome.with_context(|| route_context(route))?;
-            hit("bridge/add/container-route")?;
-        }
-    } else {
-        for route in &routes {
-            next().with_context(|| route_context(route))?;
-            hit("bridge/add/container-route")?;
-        }
+        pod.add_route(&route).with_context(|| {
+            let via = gw.map_or_else(|| "<nil>".to_string(), |g| g.to_string());
+            format!("failed to add route '{} via {via} dev {ifname}'", r.dst)
+        })?;
+        installed.push(route);
+        hit("bridge/add/container-route")?;
     }
     Ok(())
 }

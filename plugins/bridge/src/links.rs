@@ -3,9 +3,7 @@
 //! fake (`fake.rs`) so step order, rollback and CHECK's verdicts are tested without
 //! root. One value of the trait talks to one network namespace.
 
-use cni_linux::{
-    Address, Change, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry,
-};
+use cni_linux::{Address, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry};
 use ipnetwork::IpNetwork;
 use std::time::Duration;
 
@@ -36,18 +34,6 @@ pub(crate) trait Links {
     fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()>;
     fn wait_addresses_settled(&self, index: u32, timeout: Duration) -> Result<()>;
     fn add_route(&self, route: &Route) -> Result<()>;
-    /// Makes every change and returns each one's outcome, in order (see
-    /// [`Netlink::apply`]); by default one request after another.
-    fn apply(&self, changes: &[Change<'_>]) -> Vec<Result<()>> {
-        changes
-            .iter()
-            .map(|change| match change {
-                Change::AddAddress { index, ip } => self.add_address(*index, *ip),
-                Change::SetUp { index } => self.set_up(*index),
-                Change::AddRoute(route) => self.add_route(route),
-            })
-            .collect()
-    }
     fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>>;
     /// Whether forwarding is on for `family` (`net.ipv4.ip_forward`,
     /// `net.ipv6.conf.all.forwarding`), asked over netlink.
@@ -117,9 +103,6 @@ impl Links for Netlink {
     }
     fn add_route(&self, route: &Route) -> Result<()> {
         Netlink::add_route(self, route)
-    }
-    fn apply(&self, changes: &[Change<'_>]) -> Vec<Result<()>> {
-        Netlink::apply(self, changes)
     }
     fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>> {
         Netlink::routes(self, family, table)

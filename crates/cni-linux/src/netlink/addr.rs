@@ -131,7 +131,7 @@ impl Netlink {
 }
 
 /// `ip addr add <ip> dev #<index>`, plus `brd +` for IPv4 prefixes below /31.
-pub(super) fn address_message(w: &mut Writer, index: u32, ip: IpNetwork) {
+fn address_message(w: &mut Writer, index: u32, ip: IpNetwork) {
     let (family, bytes) = ip_bytes(ip.ip());
     IfAddr {
         family,

@@ -8,7 +8,6 @@
 //! attributes the plugins use and skips the rest.
 
 mod addr;
-mod batch;
 mod bridge;
 mod link;
 mod netconf;
@@ -26,7 +25,6 @@ use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 pub use addr::Address;
-pub use batch::Change;
 pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};
 pub use route::Route;

@@ -60,7 +60,7 @@ impl Route {
 
     /// Writes the route as `rtmsg` and attributes; `wildcards` leaves protocol
     /// and scope unset, so that a deletion matches whatever they are.
-    pub(super) fn write(&self, w: &mut Writer, wildcards: bool) -> Result<()> {
+    fn write(&self, w: &mut Writer, wildcards: bool) -> Result<()> {
         let (family, dst) = ip_bytes(self.dst.ip());
         let gw = match self.gw {
             Some(gw) if Family::of(gw) != Family::of(self.dst.ip()) => {
