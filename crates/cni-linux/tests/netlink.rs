@@ -521,3 +521,23 @@ fn forwarding_is_read_over_netlink_as_the_sysctl_says() {
         }
     });
 }
+
+#[test]
+fn arp_notify_is_set_over_netlink_as_the_sysctl_reads_it() {
+    in_private_netns(
+        "arp_notify_is_set_over_netlink_as_the_sysctl_reads_it",
+        |nl| {
+            nl.create_veth_pair_local("va", "vb", None).unwrap();
+            let va = index_of(&nl, "va");
+            let name = "net/ipv4/conf/va/arp_notify";
+            sysctl::write(name, "0").unwrap();
+            nl.set_arp_notify(va, true).unwrap();
+            assert_eq!(sysctl::read(name).unwrap(), "1");
+            assert_eq!(sysctl::read("net/ipv4/conf/vb/arp_notify").unwrap(), "0");
+            nl.set_arp_notify(va, false).unwrap();
+            assert_eq!(sysctl::read(name).unwrap(), "0");
+            let missing = nl.set_arp_notify(u32::MAX >> 1, true).unwrap_err();
+            assert!(missing.is_not_found(), "{missing:?}");
+        },
+    );
+}

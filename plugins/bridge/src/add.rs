@@ -468,6 +468,9 @@ fn configure_container(
 ) -> Result<(), CniError> {
     let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
     fx.container_sysctls(pod_ns, ifname, conf.enable_dad, has_v6)?;
+    // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.
+    // Over netlink rather than /proc/sys/net: see `Netlink::set_arp_notify`.
+    let _ = pod.set_arp_notify(index);
     hit("bridge/add/container-sysctls")?;
     for ip in result
         .ips
@@ -992,13 +995,15 @@ mod tests {
                 // Only the best-effort sysctl writes may fail without failing ADD, and the
                 // request for both port flags, which are then set one by one.
                 Ok(_) => assert!(
-                    failed.ends_with(":write_sysctl") || failed.ends_with(":set_port_flags"),
+                    failed.ends_with(":write_sysctl")
+                        || failed.ends_with(":set_arp_notify")
+                        || failed.ends_with(":set_port_flags"),
                     "{log:?}"
                 ),
             }
         }
         // All but the five best-effort sysctl writes (accept_ra of the bridge and the
-        // port; accept_dad, arp_notify and keep_addr_on_down in the pod) and the port
+        // port; accept_dad, arp_notify (over netlink) and keep_addr_on_down in the pod) and the port
         // flags' combined request.
         assert_eq!(failed_adds, calls.len() - 6, "{calls:?}");
     }

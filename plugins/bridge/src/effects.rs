@@ -219,8 +219,6 @@ pub(crate) fn container_sysctls(
     } else {
         let _ = write(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
     }
-    // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.
-    let _ = write(&format!("net/ipv4/conf/{ifname}/arp_notify"), "1");
     if has_v6 {
         for dev in ["lo", ifname] {
             write(&format!("net/ipv6/conf/{dev}/disable_ipv6"), "0")

@@ -285,6 +285,21 @@ impl Links for Fake {
         })
     }
 
+    /// Recorded as the sysctl it sets.
+    fn set_arp_notify(&self, index: u32) -> Result<()> {
+        self.step("set_arp_notify")?;
+        self.ns(|ns| {
+            let name = ns
+                .links
+                .get(&index)
+                .map(|l| l.name.clone())
+                .ok_or_else(|| kernel(Errno::ENODEV, "set_arp_notify"))?;
+            ns.sysctls
+                .insert(format!("net/ipv4/conf/{name}/arp_notify"), "1".into());
+            Ok(())
+        })
+    }
+
     fn set_promisc(&self, index: u32, on: bool) -> Result<()> {
         self.change("set_promisc", index, |l| l.promisc = on)
     }

@@ -17,6 +17,8 @@ pub(crate) trait Links {
     fn delete_link_by_name(&self, name: &str) -> Result<bool>;
     fn set_up(&self, index: u32) -> Result<()>;
     fn set_promisc(&self, index: u32, on: bool) -> Result<()>;
+    /// Turns the link's `net.ipv4.conf.<link>.arp_notify` on.
+    fn set_arp_notify(&self, index: u32) -> Result<()>;
     fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()>;
     fn set_port_hairpin(&self, index: u32, on: bool) -> Result<()>;
     fn set_port_isolated(&self, index: u32, on: bool) -> Result<()>;
@@ -64,6 +66,9 @@ impl Links for Netlink {
     }
     fn set_promisc(&self, index: u32, on: bool) -> Result<()> {
         Netlink::set_promisc(self, index, on)
+    }
+    fn set_arp_notify(&self, index: u32) -> Result<()> {
+        Netlink::set_arp_notify(self, index, true)
     }
     fn set_mac(&self, index: u32, mac: MacAddr) -> Result<()> {
         Netlink::set_mac(self, index, mac)

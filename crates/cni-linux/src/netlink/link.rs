@@ -10,14 +10,31 @@ use cni_netlink::{Malformed, Writer};
 
 use super::Netlink;
 use super::rtnl::{
-    IFF_PROMISC, IFF_UP, IFLA_ADDRESS, IFLA_BR_VLAN_FILTERING, IFLA_BRPORT_ISOLATED,
-    IFLA_BRPORT_MODE, IFLA_EXT_MASK, IFLA_IFNAME, IFLA_INFO_DATA, IFLA_INFO_KIND,
-    IFLA_INFO_SLAVE_DATA, IFLA_INFO_SLAVE_KIND, IFLA_LINK, IFLA_LINK_NETNSID, IFLA_LINKINFO,
-    IFLA_MASTER, IFLA_MTU, IFLA_OPERSTATE, IfInfo, RTEXT_FILTER_SKIP_STATS, RTM_DELLINK,
-    RTM_GETLINK, RTM_NEWLINK,
+    AF_INET, IFF_PROMISC, IFF_UP, IFLA_ADDRESS, IFLA_AF_SPEC, IFLA_BR_VLAN_FILTERING,
+    IFLA_BRPORT_ISOLATED, IFLA_BRPORT_MODE, IFLA_EXT_MASK, IFLA_IFNAME, IFLA_INFO_DATA,
+    IFLA_INFO_KIND, IFLA_INFO_SLAVE_DATA, IFLA_INFO_SLAVE_KIND, IFLA_LINK, IFLA_LINK_NETNSID,
+    IFLA_LINKINFO, IFLA_MASTER, IFLA_MTU, IFLA_OPERSTATE, IfInfo, RTEXT_FILTER_SKIP_STATS,
+    RTM_DELLINK, RTM_GETLINK, RTM_NEWLINK,
 };
 use crate::error::{Error, Result};
 use crate::mac::MacAddr;
+
+/// `IFLA_INET_CONF` inside `AF_INET` inside `IFLA_AF_SPEC`.
+const IFLA_INET_CONF: u16 = 1;
+/// `IPV4_DEVCONF_ARP_NOTIFY` (`include/uapi/linux/ip.h`).
+const IPV4_DEVCONF_ARP_NOTIFY: u16 = 22;
+
+/// One IPv4 per-link setting (`IPV4_DEVCONF_*`), nested as the kernel's
+/// `inet_set_link_af` takes it.
+fn ipv4_devconf(w: &mut Writer, setting: u16, value: u32) {
+    let spec = w.nest_start(IFLA_AF_SPEC);
+    let inet = w.nest_start(u16::from(AF_INET));
+    let conf = w.nest_start(IFLA_INET_CONF);
+    w.attr_u32(setting, value);
+    w.nest_end(conf);
+    w.nest_end(inet);
+    w.nest_end(spec);
+}
 
 /// A network interface as the kernel reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -271,6 +288,18 @@ impl Netlink {
         )
     }
 
+    /// Sets the link's `net.ipv4.conf.<link>.arp_notify` over netlink
+    /// (`IFLA_AF_SPEC` / `AF_INET` / `IFLA_INET_CONF`), as the sysctl write
+    /// would, without a lookup under `/proc/sys/net`: that costs more the more
+    /// network namespaces the node has.
+    pub fn set_arp_notify(&self, index: u32, on: bool) -> Result<()> {
+        self.change(
+            index,
+            |w| ipv4_devconf(w, IPV4_DEVCONF_ARP_NOTIFY, u32::from(on)),
+            || format!("failed to set arp_notify on link #{index}"),
+        )
+    }
+
     /// Sets the MTU.
     pub fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
         self.change(
@@ -390,5 +419,27 @@ impl Netlink {
             Err(e) if e.is_not_found() => Ok(None),
             Err(e) => Err(e),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::tests::{hex, message};
+
+    #[test]
+    fn arp_notify_is_one_ipv4_devconf_attribute_nested_as_the_kernel_takes_it() {
+        // No `ip` command sets IPv4 devconf over netlink; the layout is the one
+        // `inet_fill_link_af` reports (IFLA_AF_SPEC > AF_INET > IFLA_INET_CONF >
+        // attribute type = IPV4_DEVCONF_ARP_NOTIFY, u32), which `inet_set_link_af`
+        // takes back.
+        let got = message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, |w| {
+            IfInfo::index(7).write(w);
+            ipv4_devconf(w, IPV4_DEVCONF_ARP_NOTIFY, 1);
+        });
+        let want = hex("34000000 1000 0500 01000000 00000000 \
+             00000000 07000000 00000000 00000000 \
+             1400 1a00 1000 0200 0c00 0100 0800 1600 01000000");
+        assert_eq!(got, want);
     }
 }
