@@ -8,7 +8,7 @@ use cni_netlink::wire::{NLM_F_ACK, NLM_F_REQUEST, attrs, i32_ne};
 
 use super::rtnl::{AF_INET, AF_INET6};
 use super::{Family, Netlink};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 const RTM_NEWNETCONF: u16 = 80;
 const RTM_GETNETCONF: u16 = 82;
@@ -32,6 +32,7 @@ impl Netlink {
             Family::V4 => AF_INET,
             Family::V6 => AF_INET6,
         };
+        let context = || format!("failed to read the {family:?} forwarding setting");
         let mut forwarding = None;
         self.request(
             RTM_GETNETCONF,
@@ -48,11 +49,11 @@ impl Netlink {
                 }
                 Ok(())
             },
-            || format!("failed to read the {family:?} forwarding setting"),
+            context,
         )?;
         forwarding.ok_or_else(|| {
-            crate::error::Error::netlink(
-                format!("failed to read the {family:?} forwarding setting"),
+            Error::netlink(
+                context(),
                 cni_netlink::Malformed("netconf answer without NETCONFA_FORWARDING").into(),
             )
         })
