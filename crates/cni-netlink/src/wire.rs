@@ -27,6 +27,8 @@ pub const NLM_F_EXCL: u16 = 0x200;
 pub const NLM_F_CREATE: u16 = 0x400;
 /// Add at the end of a list (NEW requests).
 pub const NLM_F_APPEND: u16 = 0x800;
+/// Replace an existing object in place (NEW requests).
+pub const NLM_F_REPLACE: u16 = 0x100;
 /// On an error: the request was not echoed back (`NETLINK_CAP_ACK`).
 pub const NLM_F_CAPPED: u16 = 0x100;
 /// On an error: extended-ack attributes follow.

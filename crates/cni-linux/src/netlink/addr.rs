@@ -78,6 +78,15 @@ impl Address {
 impl Netlink {
     /// Lists the addresses on a link, optionally of one family only.
     pub fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>> {
+        self.addresses_where(Some(index), family)
+    }
+
+    /// Lists the addresses of every link, optionally of one family only.
+    pub fn all_addresses(&self, family: Option<Family>) -> Result<Vec<Address>> {
+        self.addresses_where(None, family)
+    }
+
+    fn addresses_where(&self, index: Option<u32>, family: Option<Family>) -> Result<Vec<Address>> {
         let mut found = Vec::new();
         self.request(
             RTM_GETADDR,
@@ -99,12 +108,16 @@ impl Netlink {
                 }
                 // Without strict checking the kernel dumps every link's addresses.
                 let wanted = |a: &Address| {
-                    a.index == index && family.is_none_or(|f| Family::of(a.ip.ip()) == f)
+                    index.is_none_or(|i| a.index == i)
+                        && family.is_none_or(|f| Family::of(a.ip.ip()) == f)
                 };
                 found.extend(Address::parse(msg.payload)?.filter(wanted));
                 Ok(())
             },
-            || format!("failed to list addresses of link #{index}"),
+            || match index {
+                Some(index) => format!("failed to list addresses of link #{index}"),
+                None => "failed to list addresses".to_owned(),
+            },
         )?;
         Ok(found)
     }

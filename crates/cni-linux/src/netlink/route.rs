@@ -1,9 +1,11 @@
-//! Routes: add (create, never replace), list, delete.
+//! Routes: add (create, never replace), replace, list, delete.
 
 use std::fmt;
 use std::net::IpAddr;
 
-use cni_netlink::wire::{NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REQUEST, attrs, u32_ne};
+use cni_netlink::wire::{
+    NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST, attrs, u32_ne,
+};
 use cni_netlink::{Malformed, Writer};
 use ipnetwork::IpNetwork;
 
@@ -198,6 +200,20 @@ impl Netlink {
         )
     }
 
+    /// Adds a route, or changes in place the one with the same destination, table,
+    /// metric and type: packets keep flowing through the old route until the new one
+    /// is in, with no gap as a delete-then-add would leave.
+    pub fn replace_route(&self, route: &Route) -> Result<()> {
+        let mut w = Writer::new();
+        route.write(&mut w, false)?;
+        self.exec(
+            RTM_NEWROUTE,
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            |out| out.bytes(w.as_bytes()),
+            || format!("failed to replace route {route}"),
+        )
+    }
+
     /// Deletes a route matching `route`'s destination, gateway, interface, metric and table.
     pub fn del_route(&self, route: &Route) -> Result<()> {
         let mut w = Writer::new();
@@ -277,6 +293,26 @@ mod tests {
                 protocol: Some(3),
                 ..r
             }
+        );
+    }
+
+    #[test]
+    fn a_replacement_is_what_ip_route_replace_sends() {
+        // `ip route replace 10.244.2.0/24 via 198.18.0.12 proto 77`, strace'd: flags
+        // REQUEST|ACK|REPLACE|CREATE (0x505).
+        let r = Route {
+            gw: Some("198.18.0.12".parse().unwrap()),
+            protocol: Some(77),
+            ..route("10.244.2.0/24")
+        };
+        let got = message(RTM_NEWROUTE, 0x505, |w| r.write(w, false).unwrap());
+        let want = hex(
+            "2c000000 1800 0505 01000000 00000000              02180000 fe4d0001 00000000              08000100 0af40200              08000500 c612000c",
+        );
+        assert_eq!(got, want);
+        assert_eq!(
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            0x505
         );
     }
 
