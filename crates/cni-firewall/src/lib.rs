@@ -1,5 +1,5 @@
 //! Firewall side of the CNI plugins: IP masquerade rules on iptables or
-//! nftables and the bridge plugin's MAC spoof check, named exactly like the
+//! nftables, the bridge plugin's MAC spoof check and the node agent's egress SNAT, named exactly like the
 //! reference plugins' rules so operators and the reference plugins recognise
 //! them.
 //!
@@ -9,6 +9,7 @@
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
 
+pub mod egress;
 pub mod error;
 mod exec;
 pub mod macspoof;

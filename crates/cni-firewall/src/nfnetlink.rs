@@ -33,6 +33,7 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 
 // nf_tables message types (linux/netfilter/nf_tables.h).
 const NFT_MSG_NEWTABLE: u16 = 0;
+const NFT_MSG_DELTABLE: u16 = 2;
 const NFT_MSG_GETTABLE: u16 = 1;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_GETCHAIN: u16 = 4;
@@ -464,6 +465,14 @@ impl Batch {
         let msg = self.begin(NFT_MSG_DELRULE, 0, family, what);
         self.w.attr_str(NFTA_RULE_TABLE, table);
         self.w.attr_str(NFTA_RULE_CHAIN, chain);
+        self.w.end_msg(msg);
+    }
+
+    /// `delete table` with everything in it.
+    pub(crate) fn delete_table(&mut self, family: u8, name: &str) {
+        let what = format!("delete table {} {name}", family_name(family));
+        let msg = self.begin(NFT_MSG_DELTABLE, 0, family, what);
+        self.w.attr_str(NFTA_TABLE_NAME, name);
         self.w.end_msg(msg);
     }
 

@@ -565,7 +565,7 @@ pub(crate) fn save(family: Family) -> Result<NatTable> {
 
 /// Reads one chain of the nat table of `family` (`iptables -S`): with
 /// iptables-nft this fetches that chain's rules, not the whole table.
-fn list(family: Family, chain: &str) -> Result<NatTable> {
+pub(crate) fn list(family: Family, chain: &str) -> Result<NatTable> {
     exec::run(
         family.name(),
         &["--wait=30", "-t", "nat", "-S", chain],
@@ -575,7 +575,7 @@ fn list(family: Family, chain: &str) -> Result<NatTable> {
     .map(|out| parse_listing(&out))
 }
 
-fn restore(family: Family, input: &str, target: &str) -> Result<()> {
+pub(crate) fn restore(family: Family, input: &str, target: &str) -> Result<()> {
     exec::run(
         family.restore_program(),
         RESTORE_ARGS,
@@ -586,7 +586,7 @@ fn restore(family: Family, input: &str, target: &str) -> Result<()> {
 }
 
 /// Whether `error` is the tool saying that a chain does not exist.
-fn is_no_such_chain(error: &Error) -> bool {
+pub(crate) fn is_no_such_chain(error: &Error) -> bool {
     matches!(error, Error::Command { stderr, .. } if stderr.contains(NO_SUCH_CHAIN))
 }
 

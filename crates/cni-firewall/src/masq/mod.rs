@@ -12,8 +12,8 @@
 //! tools are iptables-nft and nf_tables shows that there is nothing of ours
 //! in their `nat` tables.
 
-mod iptables;
-mod nftables;
+pub(crate) mod iptables;
+pub(crate) mod nftables;
 
 use std::collections::HashSet;
 use std::fmt;

@@ -101,8 +101,10 @@ fn nfproto(ip: IpAddr) -> [Expr; 2] {
 
 /// Which address of the IP header a match reads.
 #[derive(Debug, Clone, Copy)]
-enum Field {
+pub(crate) enum Field {
+    /// The source address.
     Saddr,
+    /// The destination address.
     Daddr,
 }
 
@@ -110,7 +112,7 @@ enum Field {
 /// address is loaded and compared; a byte-aligned prefix loads and compares
 /// only its bytes; any other prefix (also /0) loads the whole address and
 /// masks it first.
-fn addr_match(field: Field, op: u32, addr: IpAddr, prefix: u8) -> Vec<Expr> {
+pub(crate) fn addr_match(field: Field, op: u32, addr: IpAddr, prefix: u8) -> Vec<Expr> {
     let bytes = addr_bytes(addr);
     let full = bytes.len();
     let offset = match (addr.is_ipv4(), field) {
@@ -176,7 +178,7 @@ fn masq_rule(ip: &IpNetwork) -> Vec<Expr> {
     out
 }
 
-fn verdict(code: i32, chain: Option<&str>) -> Expr {
+pub(crate) fn verdict(code: i32, chain: Option<&str>) -> Expr {
     Expr::Immediate {
         dreg: REG_VERDICT,
         data: Data::Verdict {
