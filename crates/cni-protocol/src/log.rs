@@ -284,7 +284,7 @@ fn quote(text: &str) -> String {
 }
 
 /// `2026-11-23T03:55:01.123Z`.
-fn rfc3339_utc(time: SystemTime) -> String {
+pub fn rfc3339_utc(time: SystemTime) -> String {
     let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);

@@ -1,0 +1,134 @@
+//! What the agent reads of this host over netlink: its addresses and main-table
+//! routes (split into the agent's own and everyone else's), and the links' MTUs;
+//! and the pod MTU chosen from them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use cni_linux::netlink::{Family, Netlink, Route};
+use ipnetwork::IpNetwork;
+
+use crate::plan::{HostRoute, HostView};
+
+/// The main routing table's id.
+pub const MAIN_TABLE: u32 = 254;
+
+/// One reading of the host.
+#[derive(Debug, Clone, Default)]
+pub struct HostState {
+    /// Addresses and foreign routes, for the plan.
+    pub view: HostView,
+    /// The agent's own routes in the main table (marked with its protocol number).
+    pub ours: Vec<Route>,
+    /// Every other main-table unicast route, by destination.
+    pub foreign: BTreeMap<IpNetwork, Vec<Route>>,
+    /// Addresses with the MTU of the link that holds them.
+    pub address_mtus: Vec<(IpAddr, u32, String)>,
+    /// The MTU and name of the link of the IPv4 default route, if any.
+    pub default_route_link: Option<(u32, String)>,
+}
+
+/// Reads addresses, routes and links.
+pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
+    let links = nl.links()?;
+    let mtu_of = |index: u32| {
+        links
+            .iter()
+            .find(|l| l.index == index)
+            .map(|l| (l.mtu, l.name.clone()))
+    };
+    let mut state = HostState::default();
+    for address in nl.all_addresses(None)? {
+        state.view.addresses.push(address.ip.ip());
+        if let Some((mtu, name)) = mtu_of(address.index) {
+            state.address_mtus.push((address.ip.ip(), mtu, name));
+        }
+    }
+    for family in Family::ALL {
+        for route in nl.routes(family, Some(MAIN_TABLE))? {
+            if route.protocol == Some(protocol) {
+                state.ours.push(route);
+                continue;
+            }
+            if route.dst.prefix() == 0 && family == Family::V4 && state.default_route_link.is_none()
+            {
+                state.default_route_link = route.oif.and_then(mtu_of);
+            }
+            state.view.routes.push(HostRoute {
+                dst: route.dst,
+                gw: route.gw,
+            });
+            state.foreign.entry(route.dst).or_default().push(route);
+        }
+    }
+    Ok(state)
+}
+
+/// The pod MTU and why: the MTU of the link holding this node's InternalIP (the
+/// smaller one when the families differ), else the default route's link, else 1500.
+pub fn choose_mtu(state: &HostState, internal_ips: &[IpAddr]) -> (u32, String) {
+    let mut best: Option<(u32, String)> = None;
+    for ip in internal_ips {
+        if let Some((_, mtu, link)) = state.address_mtus.iter().find(|(a, _, _)| a == ip) {
+            let why = format!("the MTU of {link}, which holds the InternalIP {ip}");
+            if best.as_ref().is_none_or(|(m, _)| mtu < m) {
+                best = Some((*mtu, why));
+            }
+        }
+    }
+    if let Some(best) = best {
+        return best;
+    }
+    if let Some((mtu, link)) = &state.default_route_link {
+        let why = if internal_ips.is_empty() {
+            format!("the MTU of {link}, the default route's link (the node has no InternalIP yet)")
+        } else {
+            format!("the MTU of {link}, the default route's link (no link holds the InternalIP)")
+        };
+        return (*mtu, why);
+    }
+    (
+        1500,
+        "1500, the Ethernet default: no link holds the InternalIP and there is no default route"
+            .to_owned(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> HostState {
+        HostState {
+            address_mtus: vec![
+                ("198.18.0.11".parse().unwrap(), 1460, "eth0".into()),
+                ("fd00:18::11".parse().unwrap(), 1400, "eth1".into()),
+            ],
+            default_route_link: Some((9000, "bond0".into())),
+            ..HostState::default()
+        }
+    }
+
+    #[test]
+    fn the_smaller_uplink_wins() {
+        let ips = [
+            "198.18.0.11".parse().unwrap(),
+            "fd00:18::11".parse().unwrap(),
+        ];
+        let (mtu, why) = choose_mtu(&state(), &ips);
+        assert_eq!(mtu, 1400);
+        assert!(why.contains("eth1") && why.contains("fd00:18::11"), "{why}");
+        let (mtu, _) = choose_mtu(&state(), &ips[..1]);
+        assert_eq!(mtu, 1460);
+    }
+
+    #[test]
+    fn without_a_local_internal_ip_the_default_route_decides() {
+        let (mtu, why) = choose_mtu(&state(), &["203.0.113.1".parse().unwrap()]);
+        assert_eq!(mtu, 9000);
+        assert!(why.contains("bond0"), "{why}");
+        let (mtu, why) = choose_mtu(&HostState::default(), &[]);
+        assert_eq!(mtu, 1500);
+        assert!(why.contains("default"), "{why}");
+    }
+}

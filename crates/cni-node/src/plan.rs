@@ -1,0 +1,493 @@
+//! The desired state, as plain data: from the node map and what this host looks like,
+//! which pod CIDRs this node serves, which routes to other nodes it wants, and which
+//! destinations are inside the cluster (never masqueraded). No effects here.
+//!
+//! Node data is checked before anything is routed on it: a kubelet writes its own
+//! Node's addresses, and one bad or hostile node must not capture another node's (or
+//! this node's) traffic. A node that fails a check is skipped with a reason.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+
+use crate::node::NodeInfo;
+
+/// A route on this host that is not ours: what decides whether a node is on-link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoute {
+    /// Destination.
+    pub dst: IpNetwork,
+    /// Next hop, for a route through a gateway.
+    pub gw: Option<IpAddr>,
+}
+
+/// What the plan needs to know of this host.
+#[derive(Debug, Clone, Default)]
+pub struct HostView {
+    /// Every address on this host's links.
+    pub addresses: Vec<IpAddr>,
+    /// The main table's unicast routes, except the agent's own.
+    pub routes: Vec<HostRoute>,
+}
+
+impl HostView {
+    /// How this host reaches `ip`: the longest-prefix match of the main table.
+    fn reach(&self, ip: IpAddr) -> Reach {
+        let best = self
+            .routes
+            .iter()
+            .filter(|r| r.dst.is_ipv4() == ip.is_ipv4() && r.dst.contains(ip))
+            .max_by_key(|r| r.dst.prefix());
+        match best {
+            None => Reach::NoRoute,
+            Some(HostRoute { gw: Some(gw), .. }) => Reach::Gateway(*gw),
+            Some(HostRoute { gw: None, .. }) => Reach::OnLink,
+        }
+    }
+}
+
+enum Reach {
+    OnLink,
+    Gateway(IpAddr),
+    NoRoute,
+}
+
+/// Settings that shape the plan.
+#[derive(Debug, Clone, Default)]
+pub struct PlanSettings {
+    /// This node's name.
+    pub node_name: String,
+    /// When not empty, every pod CIDR must lie inside one of these.
+    pub cluster_cidrs: Vec<IpNetwork>,
+    /// Destinations never masqueraded beside the nodes' pod CIDRs.
+    pub no_masquerade: Vec<IpNetwork>,
+}
+
+/// What the node map asks of this host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// This node's pod CIDRs (one per family); empty until the controller assigns them.
+    pub own_pod_cidrs: Vec<IpNetwork>,
+    /// This node's InternalIPs.
+    pub own_internal_ips: Vec<IpAddr>,
+    /// Routes to other nodes' pod CIDRs: destination -> that node's InternalIP.
+    pub routes: BTreeMap<IpNetwork, IpAddr>,
+    /// Where pod traffic keeps its source address: every accepted pod CIDR and the
+    /// operator's extras.
+    pub in_cluster: Vec<IpNetwork>,
+    /// Nodes (or one family of a node) left out, with the reason.
+    pub skipped: BTreeMap<String, String>,
+}
+
+/// Computes the plan.
+pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &PlanSettings) -> Plan {
+    let mut out = Plan::default();
+    let skip = |out: &mut Plan, name: &str, why: String| {
+        out.skipped
+            .entry(name.to_owned())
+            .and_modify(|w| {
+                w.push_str("; ");
+                w.push_str(&why);
+            })
+            .or_insert(why);
+    };
+
+    // Pod CIDRs every accepted node may use, after the per-node checks.
+    let mut candidates: Vec<(&NodeInfo, IpNetwork)> = Vec::new();
+    for node in nodes.values() {
+        if !node.problems.is_empty() {
+            skip(&mut out, &node.name, node.problems.join("; "));
+            continue;
+        }
+        let own = node.name == settings.node_name;
+        for &cidr in &node.pod_cidrs {
+            if let Some(why) = cidr_problem(node, cidr, host, settings, own) {
+                skip(&mut out, &node.name, why);
+            } else {
+                candidates.push((node, cidr));
+            }
+        }
+    }
+    let overlapping = overlaps(&candidates, &settings.node_name);
+    let mut accepted: Vec<(&NodeInfo, IpNetwork)> = Vec::new();
+    for (node, cidr) in candidates {
+        if let Some(other) = overlapping.get(&(node.name.as_str(), cidr)) {
+            skip(
+                &mut out,
+                &node.name,
+                format!("pod CIDR {cidr} overlaps node {other:?}'s"),
+            );
+        } else {
+            accepted.push((node, cidr));
+        }
+    }
+
+    if let Some(me) = nodes.get(&settings.node_name) {
+        out.own_internal_ips = me.internal_ips.clone();
+    }
+    let own_pod_cidrs: Vec<IpNetwork> = accepted
+        .iter()
+        .filter(|(n, _)| n.name == settings.node_name)
+        .map(|&(_, c)| c)
+        .collect();
+    for &(node, cidr) in &accepted {
+        out.in_cluster.push(cidr);
+        if node.name == settings.node_name {
+            out.own_pod_cidrs.push(cidr);
+            continue;
+        }
+        match next_hop(node, cidr, host, &own_pod_cidrs) {
+            Ok(via) => {
+                out.routes.insert(cidr, via);
+            }
+            Err(why) => skip(&mut out, &node.name, why),
+        }
+    }
+    out.in_cluster
+        .extend(settings.no_masquerade.iter().copied());
+    out
+}
+
+/// Why a node's pod CIDR cannot be used, checked against this host alone.
+fn cidr_problem(
+    node: &NodeInfo,
+    cidr: IpNetwork,
+    host: &HostView,
+    settings: &PlanSettings,
+    own: bool,
+) -> Option<String> {
+    if !settings.cluster_cidrs.is_empty()
+        && !settings.cluster_cidrs.iter().any(|c| {
+            c.is_ipv4() == cidr.is_ipv4()
+                && c.contains(cidr.network())
+                && c.prefix() <= cidr.prefix()
+        })
+    {
+        return Some(format!("pod CIDR {cidr} is outside the cluster CIDRs"));
+    }
+    // This node's own range holds its bridge's gateway address; any other node's
+    // range that holds an address of this host would capture its traffic.
+    if let Some(ip) = host.addresses.iter().find(|a| !own && cidr.contains(**a)) {
+        return Some(format!("pod CIDR {cidr} holds this host's address {ip}"));
+    }
+    if let Some(ip) = node.internal_ips.iter().find(|a| cidr.contains(**a)) {
+        return Some(format!(
+            "pod CIDR {cidr} holds the node's own InternalIP {ip}"
+        ));
+    }
+    None
+}
+
+/// The overlapping pod CIDRs, each with a node it overlaps. Two nodes that claim
+/// overlapping ranges are both left out (which one is right cannot be told), except
+/// this node: its own range is what its pods use, so the other one goes.
+fn overlaps<'a>(
+    candidates: &[(&'a NodeInfo, IpNetwork)],
+    me: &str,
+) -> BTreeMap<(&'a str, IpNetwork), String> {
+    let mut out = BTreeMap::new();
+    for v4 in [true, false] {
+        // CIDRs either nest or are disjoint: sorted by start (widest first at a tie),
+        // a CIDR overlaps an earlier one exactly when it starts before the widest
+        // earlier end, and that widest one is the range holding it.
+        let mut sorted: Vec<(u128, u128, &str, IpNetwork)> = candidates
+            .iter()
+            .filter(|(_, c)| c.is_ipv4() == v4)
+            .map(|(n, c)| {
+                let (start, end) = bounds(*c);
+                (start, end, n.name.as_str(), *c)
+            })
+            .collect();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+        let mut widest: Option<(u128, &str, IpNetwork)> = None;
+        for (start, end, name, cidr) in sorted {
+            match widest {
+                Some((wend, wname, wcidr)) if start <= wend => {
+                    if name != me {
+                        out.insert((name, cidr), wname.to_owned());
+                    }
+                    if wname != me {
+                        out.entry((wname, wcidr)).or_insert_with(|| name.to_owned());
+                    }
+                }
+                _ => widest = Some((end, name, cidr)),
+            }
+        }
+    }
+    out
+}
+
+/// First and last address of a CIDR, as integers.
+fn bounds(cidr: IpNetwork) -> (u128, u128) {
+    let width = if cidr.is_ipv4() { 32 } else { 128 };
+    let start = match cidr.network() {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    };
+    let host_bits = width - u32::from(cidr.prefix());
+    let span = if host_bits >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << host_bits) - 1
+    };
+    (start, start.saturating_add(span))
+}
+
+/// The node address to route `cidr` through, or why there is none.
+fn next_hop(
+    node: &NodeInfo,
+    cidr: IpNetwork,
+    host: &HostView,
+    own_pod_cidrs: &[IpNetwork],
+) -> Result<IpAddr, String> {
+    let family = if cidr.is_ipv4() { "IPv4" } else { "IPv6" };
+    let via = node
+        .internal_ip(cidr.is_ipv4())
+        .ok_or_else(|| format!("no {family} InternalIP to route {cidr} through"))?;
+    if host.addresses.contains(&via) {
+        return Err(format!("InternalIP {via} is one of this host's addresses"));
+    }
+    if own_pod_cidrs.iter().any(|c| c.contains(via)) {
+        return Err(format!("InternalIP {via} is inside this node's pod CIDR"));
+    }
+    match host.reach(via) {
+        Reach::OnLink => Ok(via),
+        Reach::Gateway(gw) => Err(format!(
+            "InternalIP {via} is reached through the gateway {gw}, not on this node's link \
+             (routing pod CIDRs to node addresses needs the nodes on one L2 segment)"
+        )),
+        Reach::NoRoute => Err(format!("no route to InternalIP {via}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, cidrs: &[&str], ips: &[&str]) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+            internal_ips: ips.iter().map(|c| c.parse().unwrap()).collect(),
+            problems: Vec::new(),
+        }
+    }
+
+    fn map(nodes: Vec<NodeInfo>) -> BTreeMap<String, NodeInfo> {
+        nodes.into_iter().map(|n| (n.name.clone(), n)).collect()
+    }
+
+    /// A host on 198.18.0.0/24 and fd00:18::/64 with a default route via .1.
+    fn host(own: &[&str]) -> HostView {
+        HostView {
+            addresses: own.iter().map(|a| a.parse().unwrap()).collect(),
+            routes: vec![
+                HostRoute {
+                    dst: "198.18.0.0/24".parse().unwrap(),
+                    gw: None,
+                },
+                HostRoute {
+                    dst: "fd00:18::/64".parse().unwrap(),
+                    gw: None,
+                },
+                HostRoute {
+                    dst: "0.0.0.0/0".parse().unwrap(),
+                    gw: Some("198.18.0.1".parse().unwrap()),
+                },
+            ],
+        }
+    }
+
+    fn settings() -> PlanSettings {
+        PlanSettings {
+            node_name: "n1".into(),
+            ..PlanSettings::default()
+        }
+    }
+
+    fn three() -> Vec<NodeInfo> {
+        vec![
+            node(
+                "n1",
+                &["10.244.1.0/24", "fd00:244:0:1::/64"],
+                &["198.18.0.11", "fd00:18::11"],
+            ),
+            node(
+                "n2",
+                &["10.244.2.0/24", "fd00:244:0:2::/64"],
+                &["198.18.0.12", "fd00:18::12"],
+            ),
+            node(
+                "n3",
+                &["10.244.3.0/24", "fd00:244:0:3::/64"],
+                &["198.18.0.13", "fd00:18::13"],
+            ),
+        ]
+    }
+
+    fn route(plan: &Plan, dst: &str) -> Option<String> {
+        plan.routes
+            .get(&dst.parse().unwrap())
+            .map(ToString::to_string)
+    }
+
+    #[test]
+    fn every_other_node_gets_a_route_per_family() {
+        let p = plan(
+            &map(three()),
+            &host(&["198.18.0.11", "fd00:18::11"]),
+            &settings(),
+        );
+        assert_eq!(
+            p.own_pod_cidrs,
+            vec![
+                "10.244.1.0/24".parse::<IpNetwork>().unwrap(),
+                "fd00:244:0:1::/64".parse().unwrap()
+            ]
+        );
+        assert_eq!(p.routes.len(), 4, "{p:?}");
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+        assert_eq!(
+            route(&p, "fd00:244:0:3::/64").as_deref(),
+            Some("fd00:18::13")
+        );
+        assert_eq!(p.in_cluster.len(), 6);
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    }
+
+    #[test]
+    fn a_node_behind_a_gateway_is_skipped_with_the_reason() {
+        let mut nodes = three();
+        nodes[2].internal_ips = vec!["203.0.113.7".parse().unwrap()];
+        let p = plan(&map(nodes), &host(&["198.18.0.11"]), &settings());
+        assert_eq!(route(&p, "10.244.3.0/24"), None);
+        let why = &p.skipped["n3"];
+        assert!(why.contains("gateway 198.18.0.1"), "{why}");
+        assert!(why.contains("no IPv6 InternalIP"), "{why}");
+        // Its pod CIDRs are still the cluster's: traffic to them is not masqueraded.
+        assert!(p.in_cluster.contains(&"10.244.3.0/24".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_node_claiming_this_hosts_address_or_range_is_skipped() {
+        let mut nodes = three();
+        nodes[1].internal_ips = vec!["198.18.0.11".parse().unwrap()];
+        nodes[2].pod_cidrs = vec!["198.18.0.0/25".parse().unwrap()];
+        let p = plan(&map(nodes), &host(&["198.18.0.11"]), &settings());
+        assert!(
+            p.skipped["n2"].contains("one of this host's addresses"),
+            "{:?}",
+            p.skipped
+        );
+        assert!(
+            p.skipped["n3"].contains("holds this host's address"),
+            "{:?}",
+            p.skipped
+        );
+        assert!(!p.in_cluster.contains(&"198.18.0.0/25".parse().unwrap()));
+        assert_eq!(p.routes.len(), 0, "{:?}", p.routes);
+    }
+
+    #[test]
+    fn overlapping_claims_are_left_out_and_ours_wins() {
+        let mut nodes = three();
+        // n2 claims a range holding ours; n3 and n4 claim the same range.
+        nodes[1].pod_cidrs = vec!["10.244.0.0/16".parse().unwrap()];
+        nodes.push(node("n4", &["10.244.3.0/24"], &["198.18.0.14"]));
+        let p = plan(&map(nodes), &host(&["198.18.0.11"]), &settings());
+        assert!(p.own_pod_cidrs.contains(&"10.244.1.0/24".parse().unwrap()));
+        assert!(
+            p.skipped["n2"].contains("overlaps node \"n1\""),
+            "{:?}",
+            p.skipped
+        );
+        assert!(p.skipped["n3"].contains("overlaps"), "{:?}", p.skipped);
+        assert!(p.skipped["n4"].contains("overlaps"), "{:?}", p.skipped);
+        assert!(!p.skipped.contains_key("n1"));
+        assert_eq!(route(&p, "10.244.3.0/24"), None);
+        // IPv6 of n3 is fine and still routed.
+        assert_eq!(
+            route(&p, "fd00:244:0:3::/64").as_deref(),
+            Some("fd00:18::13")
+        );
+    }
+
+    #[test]
+    fn this_nodes_range_may_hold_its_own_gateway_address() {
+        let p = plan(
+            &map(three()),
+            &host(&["198.18.0.11", "10.244.1.1", "fd00:244:0:1::1"]),
+            &settings(),
+        );
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+        assert_eq!(p.own_pod_cidrs.len(), 2);
+    }
+
+    #[test]
+    fn a_node_with_problems_is_skipped_whole() {
+        let mut nodes = three();
+        nodes[2].problems = vec!["spec.podCIDRs entry \"x\": bad".into()];
+        let p = plan(&map(nodes), &host(&["198.18.0.11"]), &settings());
+        assert!(p.skipped["n3"].contains("bad"));
+        assert!(!p.routes.keys().any(|d| d.to_string().contains(":3::")));
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+    }
+
+    #[test]
+    fn cluster_cidrs_bound_what_is_accepted() {
+        let mut nodes = three();
+        nodes[2].pod_cidrs = vec!["172.16.0.0/24".parse().unwrap()];
+        let s = PlanSettings {
+            cluster_cidrs: vec![
+                "10.244.0.0/16".parse().unwrap(),
+                "fd00:244::/48".parse().unwrap(),
+            ],
+            no_masquerade: vec!["192.0.2.0/24".parse().unwrap()],
+            ..settings()
+        };
+        let p = plan(&map(nodes), &host(&["198.18.0.11"]), &s);
+        assert!(p.skipped["n3"].contains("outside the cluster CIDRs"));
+        assert!(p.in_cluster.contains(&"192.0.2.0/24".parse().unwrap()));
+    }
+
+    #[test]
+    fn before_the_controller_assigns_cidrs_there_is_nothing_to_do() {
+        let nodes = vec![node("n1", &[], &["198.18.0.11"])];
+        let p = plan(&map(nodes), &host(&["198.18.0.11"]), &settings());
+        assert!(p.own_pod_cidrs.is_empty());
+        assert!(p.routes.is_empty());
+    }
+
+    #[test]
+    fn bounds_cover_whole_families() {
+        assert_eq!(
+            bounds("0.0.0.0/0".parse().unwrap()),
+            (0, u128::from(u32::MAX))
+        );
+        assert_eq!(bounds("::/0".parse().unwrap()), (0, u128::MAX));
+        assert_eq!(
+            bounds("10.0.0.0/31".parse().unwrap()).1 - bounds("10.0.0.0/31".parse().unwrap()).0,
+            1
+        );
+    }
+
+    #[test]
+    fn five_thousand_nodes_plan_in_one_pass() {
+        let mut nodes = vec![node("n1", &["10.0.0.0/24"], &["198.18.0.11"])];
+        let mut host = host(&["198.18.0.11"]);
+        host.routes.push(HostRoute {
+            dst: "100.64.0.0/16".parse().unwrap(),
+            gw: None,
+        });
+        for i in 1..5000u32 {
+            nodes.push(node(
+                &format!("node-{i}"),
+                &[&format!("10.{}.{}.0/24", i / 256, i % 256)],
+                &[&format!("100.64.{}.{}", i / 250, i % 250 + 1)],
+            ));
+        }
+        let p = plan(&map(nodes), &host, &settings());
+        assert_eq!(p.routes.len(), 4999, "{:?}", p.skipped.iter().next());
+    }
+}
