@@ -4,7 +4,7 @@
 #   deploy/release.sh [--out DIR] [--profile PROFILE]
 #
 # makes DIR/cni-plugins-rs-linux-amd64-v<version>.tgz (flat: bridge, host-local, loopback,
-# cni-installer, README.md, LICENSE) and beside it .sha256 and .sha512 files holding
+# cni-installer, cni-node, README.md, LICENSE) and beside it .sha256 and .sha512 files holding
 # "<hash>  <file name>". DIR defaults to target/dist, PROFILE to release. bridge,
 # host-local and loopback are one multi-call executable (cni-plugins-rs), stored as hard
 # links of one file (tar keeps the link: one copy of the bytes in the archive).
@@ -49,7 +49,7 @@ name="cni-plugins-rs-linux-amd64-v${version}.tgz"
 echo "==> building v${version} (${profile}, static, ${triple})"
 RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
     cargo build --locked --profile "$profile" --target "$triple" \
-    -p cni-plugins -p cni-installer
+    -p cni-plugins -p cni-installer -p cni-node
 
 case "$profile" in
     dev) profile_dir=debug ;;
@@ -65,9 +65,10 @@ for plugin in "${plugins[@]:1}"; do
     ln "$stage/${plugins[0]}" "$stage/$plugin"
 done
 install -m 0755 "$bin_dir/cni-installer" "$stage/cni-installer"
+install -m 0755 "$bin_dir/cni-node" "$stage/cni-node"
 
 echo "==> checking the binaries"
-for bin in "${plugins[@]}" cni-installer; do
+for bin in "${plugins[@]}" cni-installer cni-node; do
     path="$stage/$bin"
     linkage=$(ldd "$path" 2>&1 || true)
     if [[ "$linkage" != *"not a dynamic executable"* ]]; then
@@ -75,7 +76,7 @@ for bin in "${plugins[@]}" cni-installer; do
         echo "$linkage" >&2
         exit 1
     fi
-    if [[ "$bin" == cni-installer ]]; then
+    if [[ "$bin" == cni-installer || "$bin" == cni-node ]]; then
         about=$(env -i "$path" --version)
     else
         # With no CNI_COMMAND a plugin prints its about line on stderr.

@@ -5,7 +5,7 @@
 //! test that needs a binary runs `cargo build` for the multi-call plugin binary and
 //! cnitool, once per test process, then lays them out as they ship: a directory
 //! (`<target>/<profile>/cni-bin/`) in which `bridge`, `host-local` and `loopback` are hard
-//! links of the one multi-call executable, plus `cnitool`. If the combined build fails,
+//! links of the one multi-call executable, plus `cnitool` and the node agent `cni-node`. If the combined build fails,
 //! each package is built on its own, so that the tests that can still run do (the others
 //! fail with the compiler output). Cargo itself reports where it put the executables (JSON
 //! messages), which keeps `CARGO_TARGET_DIR` and `build.target-dir` settings working.
@@ -22,11 +22,12 @@ use std::sync::OnceLock;
 /// with the package and bin target that provides it. The three plugins are one
 /// executable; `cnitool` (the runtime-side tool, not a plugin) is built alongside so its
 /// tests find it in the same dir.
-pub const PLUGINS: [(&str, &str, &str); 4] = [
+pub const PLUGINS: [(&str, &str, &str); 5] = [
     ("loopback", "cni-plugins", MULTICALL),
     ("host-local", "cni-plugins", MULTICALL),
     ("bridge", "cni-plugins", MULTICALL),
     ("cnitool", "cnitool", "cnitool"),
+    ("cni-node", "cni-node", "cni-node"),
 ];
 
 /// The bin target of the multi-call plugin executable.

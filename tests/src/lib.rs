@@ -19,6 +19,7 @@
 //! - [`kernel`]: `ip -j …` and sysctl readers that run inside a namespace.
 //! - [`json`]: Go-compatible pretty printing, to compare result text byte for byte.
 //! - [`check_cases`]: table-driven tests that report every failing row.
+//! - [`underlay`]: a layer-2 segment between test hosts and UDP probes across it.
 
 pub mod bins;
 pub mod cases;
@@ -31,6 +32,7 @@ pub mod plugin;
 pub mod podman;
 pub mod privilege;
 pub mod tempdir;
+pub mod underlay;
 
 pub use bins::{bin_dir, multicall_path, plugin_path, workspace_root};
 pub use cases::{check_cases, parallel};

@@ -86,6 +86,19 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
         )),
         "{version_line}"
     );
+    let agent_line = podman.ok(&[
+        "run",
+        "--rm",
+        "--network=none",
+        "--entrypoint",
+        "/cni-plugins-rs/cni-node",
+        &image,
+        "--version",
+    ]);
+    assert!(
+        agent_line.starts_with(&format!("cni-node v{VERSION} (cni-plugins-rs, commit ")),
+        "{agent_line}"
+    );
 
     // 3. The node: reference bridge and portmap, an older host-local of ours.
     let node = TempDir::new("cnibb-node");
@@ -312,13 +325,22 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
 
 #[test]
 fn daemonset_runs_this_release_as_the_test_above_does() {
-    // The manifest is text for kubectl; these are the lines the image test relies on, and
-    // the image tag, which must follow the workspace version.
+    // The manifest is text for kubectl; these are the lines the image test relies on
+    // (the installer as the init container, the agent as the main one, with the flags and
+    // the service account rbac.yaml defines), and the image tag, which must follow the
+    // workspace version.
     let path = workspace_root().join("deploy/kubernetes/daemonset.yaml");
     let manifest = fs::read_to_string(&path).expect("read daemonset.yaml");
     for want in [
         format!("image: cni-plugins-rs:v{VERSION}"),
-        r#"args: ["--dest", "/host/opt/cni/bin", "--sleep-forever"]"#.to_owned(),
+        r#"args: ["--dest", "/host/opt/cni/bin"]"#.to_owned(),
+        r#"command: ["/cni-plugins-rs/cni-installer"]"#.to_owned(),
+        r#"command: ["/cni-plugins-rs/cni-node"]"#.to_owned(),
+        "- --cni-conf-dir=/host/etc/cni/net.d".to_owned(),
+        "- --cni-bin-dir=/host/opt/cni/bin".to_owned(),
+        "fieldPath: spec.nodeName".to_owned(),
+        "serviceAccountName: cni-node".to_owned(),
+        r#"add: ["NET_ADMIN"]"#.to_owned(),
         "mountPath: /host/opt/cni/bin".to_owned(),
         "path: /opt/cni/bin".to_owned(),
         "hostNetwork: true".to_owned(),
@@ -395,6 +417,7 @@ impl Release {
                 "./README.md",
                 "./bridge",
                 "./cni-installer",
+                "./cni-node",
                 "./host-local",
                 "./loopback"
             ]
@@ -428,7 +451,7 @@ impl Release {
             inodes.iter().all(|i| *i == inodes[0]),
             "the released plugins are not hard links of one file: {inodes:?}"
         );
-        for name in PLUGINS.iter().chain(&["cni-installer"]) {
+        for name in PLUGINS.iter().chain(&["cni-installer", "cni-node"]) {
             let out = Command::new("ldd")
                 .arg(self.context.join(name))
                 .output()

@@ -19,10 +19,9 @@
 //!   (what the README recommends): every pod sees every other pod's IP, on the same node
 //!   and across nodes, and egress is still masqueraded to the node IP.
 
-use std::fs::File;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::time::{Duration, Instant};
+use std::net::IpAddr;
 
+use cni_blackbox::underlay::{address, attach, source_seen};
 use cni_blackbox::{Netns, Plugin, TempDir, require_root, unique_name};
 use serde_json::{Value, json};
 
@@ -105,14 +104,14 @@ impl Cluster {
         sh(&underlay, &["ip", "link", "add", "ulbr", "type", "bridge"]);
         sh(&underlay, &["ip", "link", "set", "ulbr", "up"]);
         let internet = Netns::new("cnibb-mn-internet");
-        attach(&underlay, &internet, "inet");
+        attach(&underlay, "ulbr", &internet, "inet");
         address(&internet, INTERNET_V4, "24");
         address(&internet, INTERNET_V6, "64");
 
         let mut nodes = Vec::new();
         for n in 1..=NODES {
             let ns = Netns::new("cnibb-mn-node");
-            attach(&underlay, &ns, &format!("node{n}"));
+            attach(&underlay, "ulbr", &ns, &format!("node{n}"));
             address(&ns, &node_v4(n).to_string(), "24");
             address(&ns, &node_v6(n).to_string(), "64");
             // A node routes: its pods' traffic leaves through the underlay.
@@ -249,94 +248,6 @@ impl Cluster {
             );
         }
     }
-}
-
-/// A veth from the underlay bridge into `ns` (as `ul0`, up), named `port` on the bridge.
-fn attach(underlay: &Netns, ns: &Netns, port: &str) {
-    sh(
-        underlay,
-        &[
-            "ip",
-            "link",
-            "add",
-            port,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "ul0",
-            "netns",
-            ns.name(),
-        ],
-    );
-    sh(
-        underlay,
-        &["ip", "link", "set", port, "master", "ulbr", "up"],
-    );
-    sh(ns, &["ip", "link", "set", "lo", "up"]);
-    sh(ns, &["ip", "link", "set", "ul0", "up"]);
-}
-
-fn address(ns: &Netns, ip: &str, prefix: &str) {
-    // nodad: the address is usable at once (the test's own underlay, no duplicates).
-    let cidr = format!("{ip}/{prefix}");
-    let mut argv = vec!["ip", "addr", "add", &cidr, "dev", "ul0"];
-    if ip.contains(':') {
-        argv.push("nodad");
-    }
-    sh(ns, &argv);
-}
-
-/// A UDP socket bound to `addr` inside `ns`: a short-lived thread enters the namespace
-/// and makes it; the socket stays in that namespace whichever thread uses it.
-fn socket_in(ns: &Netns, addr: SocketAddr) -> UdpSocket {
-    let path = ns.path().to_path_buf();
-    std::thread::spawn(move || {
-        let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
-        UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", path.display()))
-    })
-    .join()
-    .unwrap_or_else(|_| panic!("the thread making a socket in {} panicked", ns.name()))
-}
-
-/// Sends datagrams from a socket in `from` to `to` (a socket bound there) until one
-/// arrives, and returns the source address the receiver saw. Bounded: the first packets
-/// may wait for neighbour resolution.
-fn source_seen(from: &Netns, to_ns: &Netns, to: IpAddr) -> Result<IpAddr, String> {
-    let receiver = socket_in(to_ns, SocketAddr::new(to, 0));
-    let target = receiver
-        .local_addr()
-        .map_err(|e| format!("local_addr: {e}"))?;
-    let any: IpAddr = if to.is_ipv4() {
-        "0.0.0.0".parse().unwrap_or_else(|e| panic!("{e}"))
-    } else {
-        "::".parse().unwrap_or_else(|e| panic!("{e}"))
-    };
-    let sender = socket_in(from, SocketAddr::new(any, 0));
-    receiver
-        .set_read_timeout(Some(Duration::from_millis(200)))
-        .map_err(|e| e.to_string())?;
-    let token = unique_name("mn-token");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut last_error = String::new();
-    while Instant::now() < deadline {
-        if let Err(e) = sender.send_to(token.as_bytes(), target) {
-            // Unreachable until neighbours resolve: retry like the datagram case.
-            last_error = format!("send_to {target}: {e}");
-        }
-        let mut buf = [0u8; 128];
-        match receiver.recv_from(&mut buf) {
-            Ok((len, source)) if buf[..len] == *token.as_bytes() => return Ok(source.ip()),
-            Ok(_) => {}
-            Err(e) => last_error = format!("recv_from: {e}"),
-        }
-    }
-    Err(format!(
-        "nothing from {} reached {target}: {last_error}",
-        from.name()
-    ))
 }
 
 /// For every ordered pair of pods and both families, what the receiver saw; compared
