@@ -440,7 +440,15 @@ fn stream_changes(
             sent = rv;
         }
         if bookmarks && last_bookmark.elapsed() >= shared.bookmark_interval() {
-            let rv = shared.lock().rv.max(sent);
+            // Only a version whose changes were all sent: a change that came in since
+            // the lines above were taken goes out first, on the next turn.
+            let rv = {
+                let store = shared.lock();
+                if store.changes_after(sent).next().is_some() {
+                    continue;
+                }
+                store.rv.max(sent)
+            };
             let line = event_line(
                 "BOOKMARK",
                 format!(

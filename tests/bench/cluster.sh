@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Scale benchmark of the node agent (README "Kubernetes cluster network"): the API
+# test server holds N realistic Nodes (~15 KB each) and one cni-node, built as the
+# release builds it, syncs them in a throwaway network namespace. Prints, per size:
+# initial sync to every route in the kernel, peak RSS, and the time from a served
+# node change to its route (p50/p99 over 200 additions).
+#
+#   sudo tests/bench/cluster.sh            # 500 and 5000 nodes
+#   CLUSTER_SIZES="1000" sudo tests/bench/cluster.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
+    # shellcheck source=/dev/null
+    . "${HOME:-/root}/.cargo/env"
+fi
+triple=x86_64-unknown-linux-gnu
+RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
+    cargo build --locked --release --target "$triple" -p cni-node
+agent="${CARGO_TARGET_DIR:-target}/$triple/release/cni-node"
+echo "agent: $agent ($(stat -c %s "$agent") bytes)"
+for n in ${CLUSTER_SIZES:-500 5000}; do
+    CNI_RS_SCALE_NODES=$n CNI_NODE_BIN=$PWD/$agent \
+        cargo test -p cni-blackbox --test cluster_scale -- --nocapture 2>&1 |
+        grep '^cluster-scale '
+done

@@ -1,0 +1,185 @@
+//! The node agent at scale: the API test server holds N realistic Nodes (about 15 KB
+//! each, 40 images) on one node's link, and one `cni-node` syncs them.
+//!
+//! Measured (printed, never asserted: timing belongs in the benchmark, which runs this
+//! with `CNI_RS_SCALE_NODES=500` and `5000`, see `tests/bench/cluster.sh`): the initial
+//! sync from the agent's start to every route in the kernel, the peak RSS, and for 200
+//! node additions one at a time the time from the change being served to its route
+//! being in the kernel (seen by `ip monitor route`). Asserted: every route is there,
+//! and every addition arrives. The default here is 300 nodes, so the test suite runs
+//! it quickly.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
+use cni_kube_api::{ApiServer, realistic_node};
+
+fn pod_cidr(i: u32) -> String {
+    format!("10.{}.{}.0/24", i / 256, i % 256)
+}
+
+fn node_ip(i: u32) -> String {
+    format!("100.64.{}.{}", i / 250, i % 250 + 2)
+}
+
+fn node(i: u32) -> serde_json::Value {
+    realistic_node(&format!("scale-{i}"), &[&pod_cidr(i)], &[&node_ip(i)], 40)
+}
+
+fn route_count(ns: &Netns) -> usize {
+    ns.exec_ok(&["ip", "-4", "route", "show", "proto", "77"])
+        .lines()
+        .count()
+}
+
+fn vm_hwm_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_agent_syncs_thousands_of_nodes() {
+    if !require_root() {
+        return;
+    }
+    let nodes: u32 = std::env::var("CNI_RS_SCALE_NODES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300)
+        .clamp(2, 60_000);
+    let agent =
+        std::env::var_os("CNI_NODE_BIN").map_or_else(|| plugin_path("cni-node"), Into::into);
+    let dir = TempDir::new("cnibb-scale");
+    let ns = Netns::new("cnibb-scale");
+    ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    ns.exec_ok(&[
+        "ip", "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
+    ]);
+    ns.exec_ok(&["ip", "addr", "add", "100.64.0.1/16", "dev", "ul0"]);
+    ns.exec_ok(&["ip", "link", "set", "ul0", "up"]);
+    ns.exec_ok(&["ip", "link", "set", "ul1", "up"]);
+    let api = ApiServer::start_in_netns(
+        ns.path(),
+        "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+    );
+    let me = realistic_node("scale-0", &["10.255.0.0/24"], &["100.64.0.1"], 40);
+    api.apply_node(me);
+    for i in 1..nodes {
+        api.apply_node(node(i));
+    }
+    let kubeconfig = dir.path().join("kubeconfig");
+    api.write_kubeconfig(&kubeconfig);
+    let log = dir.path().join("agent.log");
+    let start = Instant::now();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .arg(&agent)
+        .args([
+            "--node-name=scale-0",
+            "--masquerade-backend=nftables",
+            "--health-addr=off",
+        ])
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg(format!(
+            "--cni-conf-dir={}",
+            dir.path().join("net.d").display()
+        ))
+        .arg(format!("--cni-bin-dir={}", dir.path().display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {}: {e}", agent.display()));
+    let want = usize::try_from(nodes - 1).unwrap_or(usize::MAX);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while route_count(&ns) < want {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {want} routes after 120 s; agent log:\n{}",
+            route_count(&ns),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let initial_sync = start.elapsed();
+    let rss_after_sync = vm_hwm_kib(child.id());
+
+    // Additions one at a time, timed from the change being served to the route.
+    // stdbuf: `ip monitor` writes through stdio, block-buffered into a pipe.
+    let mut monitor = Command::new("stdbuf")
+        .args(["-oL", "ip", "-n", ns.name(), "-4", "monitor", "route"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("ip monitor: {e}"));
+    let stdout = monitor
+        .stdout
+        .take()
+        .unwrap_or_else(|| panic!("no monitor stdout"));
+    let (tx, rx) = mpsc::channel::<(String, Instant)>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("proto 77") && !line.starts_with("Deleted") {
+                let dst = line
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_owned();
+                if tx.send((dst, Instant::now())).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let mut latencies = Vec::new();
+    let mut seen: HashMap<String, Instant> = HashMap::new();
+    for k in 0..200 {
+        let i = nodes + k;
+        let served = Instant::now();
+        api.apply_node(node(i));
+        let cidr = pod_cidr(i);
+        let deadline = served + Duration::from_secs(10);
+        let arrived = loop {
+            if let Some(t) = seen.remove(&cidr) {
+                break t;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok((dst, t)) => {
+                    seen.insert(dst, t);
+                }
+                Err(_) => panic!(
+                    "the route for {cidr} did not arrive within 10 s; agent log:\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            }
+        };
+        latencies.push(arrived.saturating_duration_since(served));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let rss_peak = vm_hwm_kib(child.id());
+    let _ = monitor.kill();
+    let _ = monitor.wait();
+    let _ = child.kill();
+    let _ = child.wait();
+    latencies.sort();
+    let pct = |p: usize| latencies[(latencies.len() * p / 100).min(latencies.len() - 1)];
+    println!(
+        "cluster-scale nodes={nodes} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2}",
+        initial_sync.as_secs_f64() * 1000.0,
+        rss_after_sync as f64 / 1024.0,
+        rss_peak as f64 / 1024.0,
+        pct(50).as_secs_f64() * 1000.0,
+        pct(99).as_secs_f64() * 1000.0,
+        latencies[latencies.len() - 1].as_secs_f64() * 1000.0,
+    );
+}
