@@ -178,6 +178,10 @@ impl Agent {
         failures.extend(changes.failed.iter().cloned());
         if let Some(egress) = &self.egress {
             match egress.sync(&plan.own_pod_cidrs, &plan.in_cluster) {
+                Ok(true) if plan.own_pod_cidrs.is_empty() => log::info(&format!(
+                    "egress SNAT ({}): no pod CIDR on this node, nothing is masqueraded",
+                    egress.name()
+                )),
                 Ok(true) => log::info(&format!(
                     "egress SNAT ({}): pods of {} masquerade outside {} in-cluster prefixes",
                     egress.name(),

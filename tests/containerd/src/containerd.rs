@@ -57,6 +57,17 @@ impl Containerd {
     /// this fixture, so that the machine can be checked for it afterwards), imports the sandbox image and connects
     /// the CRI client. NetworkReady is false until [`Cri::update_pod_cidr`].
     pub fn start(template: &str) -> Self {
+        Self::start_with(Some(template))
+    }
+
+    /// Starts containerd with no `conf_template`: the conflist must come from elsewhere
+    /// (the node agent writes it into [`Containerd::conf_dir`]), as on a CRI-O node or a
+    /// containerd node that kubelet never hands a pod CIDR.
+    pub fn start_without_template() -> Self {
+        Self::start_with(None)
+    }
+
+    fn start_with(template: Option<&str>) -> Self {
         let host = Netns::new("cnibb-ctrd");
         // containerd's streaming server listens on 127.0.0.1.
         host.exec_ok(&["ip", "link", "set", "lo", "up"]);
@@ -105,6 +116,26 @@ impl Containerd {
         &self.cgroup_parent
     }
 
+    /// containerd's CNI `conf_dir`.
+    pub fn conf_dir(&self) -> PathBuf {
+        self.path("net.d")
+    }
+
+    /// containerd's CNI `bin_dir` (our plugins).
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.path("bin")
+    }
+
+    /// host-local's `dataDir` (networks live in subdirectories named after them).
+    pub fn ipam_dir(&self) -> PathBuf {
+        self.path("ipam")
+    }
+
+    /// A path for the test's own files, removed with the fixture.
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        self.path(name)
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -124,12 +155,14 @@ impl Containerd {
         serde_json::from_str(&text).ok()
     }
 
-    /// Links in the host netns other than `lo` and the bridge (the host ends of veths).
+    /// Links in the host netns whose peer is in another netns: the host ends of pod
+    /// veths (a test's own links within the host netns do not count).
     pub fn host_veths(&self) -> Vec<String> {
         kernel::links(&self.host)
             .as_array()
             .into_iter()
             .flatten()
+            .filter(|l| l.get("link_netnsid").is_some())
             .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
             .filter(|n| n != "lo" && *n != self.bridge)
             .collect()
@@ -154,13 +187,19 @@ impl Containerd {
         }
     }
 
-    fn write_config(&self, template: &str) {
-        write(
-            &self.path("template.json"),
-            &template
-                .replace("@DATADIR@", &self.path_str("ipam"))
-                .replace("@BRIDGE@", &self.bridge),
-        );
+    fn write_config(&self, template: Option<&str>) {
+        let template_line = match template {
+            Some(template) => {
+                write(
+                    &self.path("template.json"),
+                    &template
+                        .replace("@DATADIR@", &self.path_str("ipam"))
+                        .replace("@BRIDGE@", &self.bridge),
+                );
+                format!("conf_template = \"{}\"", self.path_str("template.json"))
+            }
+            None => String::new(),
+        };
         let config = format!(
             r#"version = 2
 root = "{root}"
@@ -194,7 +233,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "{bin}"
     conf_dir = "{netd}"
     max_conf_num = 1
-    conf_template = "{template}"
+    {template_line}
 "#,
             root = self.path_str("root"),
             state = self.path_str("state"),
@@ -202,7 +241,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             opt = self.path_str("opt"),
             bin = self.path_str("bin"),
             netd = self.path_str("net.d"),
-            template = self.path_str("template.json"),
         );
         write(&self.path("config.toml"), &config);
     }

@@ -8,8 +8,10 @@
 //! operator would: addresses from the node's CIDR, pods reaching each other and the
 //! gateway over IPv4 and IPv6, nothing left (reservation, veth, masquerade rule, process,
 //! cgroup) after removal, a failed ADD that leaves nothing, pods that survive a
-//! containerd restart. Every test also checks that the machine's own netns, /run and
-//! /var/lib were not touched.
+//! containerd restart. One test replaces the template with the node agent (`cni-node`
+//! against the Kubernetes API test server): containerd uses the conflist the agent
+//! writes, and the agent routes another node's pod CIDRs and masquerades egress. Every
+//! test also checks that the machine's own netns, /run and /var/lib were not touched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -17,8 +19,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use cni_blackbox::{require_root, unique_name};
+use cni_blackbox::{plugin_path, require_root, unique_name};
 use cni_containerd_suite::{Containerd, NETWORK, ping_from};
+use cni_kube_api::{ApiServer, realistic_node};
 
 /// The template a node operator would install: our bridge with host-local over every
 /// range kubelet gives (one per family), default routes for each, masquerade on, and
@@ -615,4 +618,211 @@ fn pods_stay_reachable_across_a_containerd_restart_and_are_removed_cleanly() {
         node.bridge().to_owned()
     };
     machine.assert_untouched(&bridge, &cidrs);
+}
+
+/// A running `cni-node` in the fixture's host netns; SIGKILLed and reaped on drop.
+struct NodeAgent {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl NodeAgent {
+    /// Starts the agent for Node `name` with the fixture's conf, bin and IPAM dirs, its
+    /// bridge and its network name, as the DaemonSet's container would.
+    fn start(node: &Containerd, name: &str, kubeconfig: &Path) -> Self {
+        let log = node.scratch("cni-node.log");
+        let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let child = Command::new("ip")
+            .args(["netns", "exec", node.host().name()])
+            .arg(plugin_path("cni-node"))
+            .arg(format!("--node-name={name}"))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--cni-conf-dir={}", node.conf_dir().display()))
+            .arg(format!("--cni-bin-dir={}", node.plugin_dir().display()))
+            .arg(format!("--ipam-data-dir={}", node.ipam_dir().display()))
+            .arg(format!("--bridge={}", node.bridge()))
+            .arg(format!("--network-name={NETWORK}"))
+            .arg("--resync-interval=1")
+            .arg("--verbose")
+            .env_remove("KUBECONFIG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(file)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start cni-node: {e}"));
+        Self { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (bounded) for a line of the agent's log containing `needle`.
+    #[track_caller]
+    fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + SETTLE_LIMIT;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "cni-node never logged {needle:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for NodeAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The agent's conflist in containerd's `conf_dir`, if written.
+fn agent_conflist(node: &Containerd) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(node.conf_dir().join("10-cni-plugins-rs.conflist")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The MTU of `eth0` inside the sandbox with pid `pid`.
+fn pod_mtu(pid: u32) -> String {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .args(["ip", "-j", "link", "show", "eth0"])
+        .output()
+        .expect("run nsenter ip link");
+    let links: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    links[0]["mtu"].to_string()
+}
+
+#[test]
+fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes() {
+    if !require_containerd() {
+        return;
+    }
+    let own = ["10.244.7.0/24", "fd00:10:244:7::/64"];
+    let other = ["10.244.8.0/24", "fd00:10:244:8::/64"];
+    let own_ips = ["192.168.77.1", "fd00:77::1"];
+    let other_ips = ["192.168.77.2", "fd00:77::2"];
+    let machine = MachineState::now();
+    let bridge = {
+        // No conf_template: kubelet's UpdateRuntimeConfig would render nothing, and the
+        // only conflist containerd can find is the one the agent writes.
+        let node = Containerd::start_without_template();
+        let host = node.host();
+        // The node's uplink holds its InternalIPs, with a cloud NIC's MTU; the other node
+        // is on the same link.
+        host.exec_ok(&[
+            "ip", "link", "add", "uplink0", "mtu", "1450", "type", "veth", "peer", "name",
+            "uplink1", "mtu", "1450",
+        ]);
+        for link in ["uplink0", "uplink1"] {
+            host.exec_ok(&["ip", "link", "set", link, "up"]);
+        }
+        host.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/24", own_ips[0]),
+            "dev",
+            "uplink0",
+        ]);
+        host.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}/64", own_ips[1]),
+            "dev",
+            "uplink0",
+            "nodad",
+        ]);
+        let api = ApiServer::start_in_netns(
+            host.path(),
+            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+        );
+        let kubeconfig = node.scratch("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        api.apply_node(realistic_node("node-a", &[], &own_ips, 5));
+        let agent = NodeAgent::start(&node, "node-a", &kubeconfig);
+
+        // Until the controller gives this node a pod CIDR there is no config, and
+        // containerd keeps the node's network NotReady.
+        agent.wait_for_log("has no usable pod CIDR yet");
+        assert!(agent_conflist(&node).is_none(), "{}", agent.log());
+        let status = node.cri().status().expect("Status");
+        assert!(status.runtime_ready && !status.network_ready, "{status:?}");
+
+        api.apply_node(realistic_node("node-a", &own, &own_ips, 5));
+        wait_network_ready(&node);
+        let conflist = agent_conflist(&node).expect("the agent wrote the conflist");
+        assert_eq!(conflist["name"], NETWORK, "{conflist}");
+        let bridge_conf = &conflist["plugins"][0];
+        assert_eq!(bridge_conf["type"], "bridge", "{conflist}");
+        assert_eq!(bridge_conf["bridge"], node.bridge(), "{conflist}");
+        assert_eq!(bridge_conf["mtu"], 1450, "the uplink's MTU: {conflist}");
+        assert_eq!(bridge_conf["ipam"]["ranges"][0][0]["subnet"], own[0]);
+        assert_eq!(bridge_conf["ipam"]["ranges"][1][0]["subnet"], own[1]);
+
+        // Another node joins: its pod CIDRs are routed through its InternalIPs.
+        api.apply_node(realistic_node("node-b", &other, &other_ips, 5));
+        let want = [
+            format!("{} via {} dev uplink0", other[0], other_ips[0]),
+            format!("{} via {} dev uplink0", other[1], other_ips[1]),
+        ];
+        let deadline = Instant::now() + SETTLE_LIMIT;
+        loop {
+            let routes =
+                String::from_utf8_lossy(&host.exec(&["ip", "route", "show", "proto", "77"]).stdout)
+                    .into_owned()
+                    + &String::from_utf8_lossy(
+                        &host
+                            .exec(&["ip", "-6", "route", "show", "proto", "77"])
+                            .stdout,
+                    );
+            if want.iter().all(|w| routes.contains(w.as_str())) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "routes to node-b missing: {routes}\n{}",
+                agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+
+        // Pods get addresses from this node's pod CIDRs, the uplink's MTU, reach each
+        // other and the gateways; traffic leaving the cluster is masqueraded by the
+        // agent's rule for the pod CIDRs (the bridge's own ipMasq is off).
+        let a = run_pod(&node);
+        let b = run_pod(&node);
+        for pod in [&a, &b] {
+            assert!(contains(own[0], pod.v4), "{} outside {}", pod.v4, own[0]);
+            assert!(contains(own[1], pod.v6), "{} outside {}", pod.v6, own[1]);
+            assert_eq!(pod_mtu(pod.pid), "1450", "{} eth0 MTU", pod.name);
+        }
+        assert_eq!(node.reservations(), expected_reservations(&[&a, &b]));
+        assert_all_reach(&[&a, &b], &[gateway(own[0]), gateway(own[1])]);
+        let egress = String::from_utf8_lossy(
+            &host
+                .exec(&["nft", "list", "table", "inet", "cni_node_egress"])
+                .stdout,
+        )
+        .into_owned();
+        for cidr in own {
+            assert!(
+                egress
+                    .lines()
+                    .any(|l| l.contains(cidr) && l.contains("masquerade")),
+                "no egress masquerade for {cidr}:\n{egress}"
+            );
+        }
+
+        remove_pods(&node, &[&a, &b], &[]);
+        drop(agent);
+        drop(api);
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &[own[0], own[1], other[0], other[1]]);
 }
