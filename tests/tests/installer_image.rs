@@ -8,14 +8,14 @@
 //! 2. Podman builds `deploy/Containerfile` from the unpacked tarball, offline (`FROM
 //!    scratch`, `--pull=never`), into a private storage root.
 //! 3. A throwaway "node" directory stands in for the host's `/opt/cni/bin`: it holds the
-//!    reference Go `bridge` and `portmap`, and an older build of our `host-local` that is
+//!    reference Go `bridge`, `portmap` and `tuning`, and an older build of our `host-local` that is
 //!    *running*: an ADD blocked on its network's lock, which this test holds with flock.
 //! 4. The image runs as the DaemonSet runs it (read-only root, no capabilities, the node
 //!    dir mounted at /host/opt/cni/bin): the install succeeds, although writing into the
 //!    running file fails with ETXTBSY; the running ADD still runs its old, now unlinked
 //!    binary and, once the lock is released, finishes normally. The installed binaries are
 //!    the released ones, hard links of one file, and work (VERSION, the about line, an
-//!    ADD); `portmap` is untouched;
+//!    ADD); `tuning`, which we do not ship, is untouched;
 //!    a second run changes nothing; `--sleep-forever` exits 0 on `podman stop`.
 //!
 //! Podman runs like in `podman.rs`: in a throwaway netns, in a private mount namespace
@@ -36,7 +36,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde_json::json;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
-const PLUGINS: [&str; 3] = ["bridge", "host-local", "loopback"];
+const PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", "portmap"];
 /// The reference Go plugins (Debian's containernetworking-plugins).
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 /// Cgroup dirs the cgroupfs manager creates; removed at the end if they were not there.
@@ -100,11 +100,11 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
         "{agent_line}"
     );
 
-    // 3. The node: reference bridge and portmap, an older host-local of ours.
+    // 3. The node: reference bridge, portmap and tuning, an older host-local of ours.
     let node = TempDir::new("cnibb-node");
     let bin = node.path().join("opt/cni/bin");
     fs::create_dir_all(&bin).expect("mkdir node bin");
-    for name in ["bridge", "portmap"] {
+    for name in ["bridge", "portmap", "tuning"] {
         fs::copy(Path::new(REFERENCE_DIR).join(name), bin.join(name)).unwrap_or_else(|e| {
             panic!("copy reference {name} (install containernetworking-plugins): {e}")
         });
@@ -112,7 +112,7 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
     let (older, older_bytes) = older_build(&release.context.join("host-local"));
     fs::write(bin.join("host-local"), &older_bytes).expect("write older host-local");
     set_mode(&bin.join("host-local"), 0o755);
-    let portmap_before = fs::read(bin.join("portmap")).expect("read portmap");
+    let tuning_before = fs::read(bin.join("tuning")).expect("read tuning");
 
     // An ADD with the older host-local, blocked on the network's lock held here.
     let host = Netns::new("cnibb-img-host");
@@ -187,6 +187,9 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
                 "/host/opt/cni/bin/host-local: replaced cni-plugins-rs {older} with {new_stamp}"
             ),
             format!("/host/opt/cni/bin/loopback: installed {new_stamp}"),
+            format!(
+                "/host/opt/cni/bin/portmap: installed {new_stamp}, replacing a binary that is not cni-plugins-rs (e.g. the reference plugin)"
+            ),
         ] {
             assert!(
                 installed.lines().any(|l| l == want),
@@ -248,8 +251,8 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
             .assert_success_silent();
     }
     assert_eq!(
-        fs::read(bin.join("portmap")).expect("read portmap"),
-        portmap_before
+        fs::read(bin.join("tuning")).expect("read tuning"),
+        tuning_before
     );
 
     // Idempotent: a second run (a restarted pod) changes nothing.
@@ -268,7 +271,7 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
         &volume,
         &image,
     ]);
-    assert_eq!(again.matches(": unchanged, v").count(), 3, "{again}");
+    assert_eq!(again.matches(": unchanged, v").count(), 4, "{again}");
     assert_eq!(
         PLUGINS
             .iter()
@@ -282,7 +285,10 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["bridge", "host-local", "loopback", "portmap"]);
+    assert_eq!(
+        names,
+        ["bridge", "host-local", "loopback", "portmap", "tuning"]
+    );
 
     // The DaemonSet's container: install, sleep, and exit 0 on SIGTERM (pid 1, no shell).
     let name = unique_name("cnibb-ds");
@@ -419,7 +425,8 @@ impl Release {
                 "./cni-installer",
                 "./cni-node",
                 "./host-local",
-                "./loopback"
+                "./loopback",
+                "./portmap"
             ]
         );
         for (ext, tool, hex_len) in [("sha256", "sha256sum", 64), ("sha512", "sha512sum", 128)] {

@@ -1,5 +1,6 @@
 //! Firewall side of the CNI plugins: IP masquerade rules on iptables or
-//! nftables, the bridge plugin's MAC spoof check and the node agent's egress SNAT, named exactly like the
+//! nftables, the bridge plugin's MAC spoof check, the portmap plugin's host ports and
+//! the node agent's egress SNAT, named exactly like the
 //! reference plugins' rules so operators and the reference plugins recognise
 //! them.
 //!
@@ -9,9 +10,11 @@
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
 
+pub mod conntrack;
 pub mod egress;
 pub mod error;
 mod exec;
+pub mod hostport;
 pub mod macspoof;
 pub mod masq;
 pub mod naming;

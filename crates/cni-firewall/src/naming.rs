@@ -46,6 +46,52 @@ pub fn iptables_chain_name(network: &str, container_id: &str) -> String {
     format!("{IPTABLES_CHAIN_PREFIX}{hash}")
 }
 
+/// The portmap plugin's per-container iptables chain: `CNI-DN-` + the first
+/// 21 hex digits of SHA-512(network + containerID).
+pub fn hostport_dnat_chain(network: &str, container_id: &str) -> String {
+    const PREFIX: &str = "CNI-DN-";
+    let hash = hash_prefix(
+        &format!("{network}{container_id}"),
+        IPTABLES_CHAIN_LEN - PREFIX.len(),
+    );
+    format!("{PREFIX}{hash}")
+}
+
+/// The per-container chain of portmap versions before 0.7 (`CNI-SN-`),
+/// which teardown still removes, as the reference does.
+pub fn hostport_old_snat_chain(network: &str, container_id: &str) -> String {
+    const PREFIX: &str = "CNI-SN-";
+    let hash = hash_prefix(
+        &format!("{network}{container_id}"),
+        IPTABLES_CHAIN_LEN - PREFIX.len(),
+    );
+    format!("{PREFIX}{hash}")
+}
+
+/// The comment on the portmap plugin's jumps to its per-container chain:
+/// `dnat name: "<network>" id: "<containerID>"`, cut to the 255 bytes
+/// iptables takes (the reference cuts to 256, which iptables refuses).
+pub fn hostport_comment(network: &str, container_id: &str) -> String {
+    let full = format!(
+        "dnat name: {} id: {}",
+        go_quote(network),
+        go_quote(container_id)
+    );
+    if full.len() <= 255 {
+        return full;
+    }
+    let mut cut = 252;
+    while !full.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &full[..cut])
+}
+
+/// Parses a [`hostport_comment`] back into `(network, containerID)`.
+pub fn parse_hostport_comment(comment: &str) -> Option<(String, String)> {
+    parse_iptables_comment(comment.strip_prefix("dnat ")?)
+}
+
 /// The comment on every iptables masquerade rule:
 /// `name: "<network>" id: "<containerID>"` (Go `%q` quoting).
 pub fn iptables_comment(network: &str, container_id: &str) -> String {
@@ -218,6 +264,24 @@ mod tests {
             "CNI-f55d1ff5e9696738bd206b7d"
         );
         assert_eq!(iptables_chain_name("mynet", "ctrA").len(), 28);
+    }
+
+    #[test]
+    fn hostport_names_match_reference() {
+        // What the reference portmap 1.1.1 created for network "net1", container "cid1".
+        assert_eq!(
+            hostport_dnat_chain("net1", "cid1"),
+            "CNI-DN-e8f6f419596f7f47b3468"
+        );
+        assert_eq!(
+            hostport_comment("net1", "cid1"),
+            r#"dnat name: "net1" id: "cid1""#
+        );
+        assert_eq!(
+            parse_hostport_comment(r#"dnat name: "net1" id: "cid1""#),
+            Some(("net1".to_owned(), "cid1".to_owned()))
+        );
+        assert_eq!(hostport_comment("n", &"x".repeat(300)).len(), 255);
     }
 
     #[test]

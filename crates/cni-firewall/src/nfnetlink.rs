@@ -82,8 +82,27 @@ pub(crate) const NFPROTO_IPV4: u8 = 2;
 pub(crate) const NFPROTO_IPV6: u8 = 10;
 pub(crate) const NFPROTO_BRIDGE: u8 = 7;
 
-/// `NF_INET_POST_ROUTING`.
+/// `NF_INET_PRE_ROUTING`, `NF_INET_LOCAL_OUT`, `NF_INET_POST_ROUTING`.
+pub(crate) const HOOK_PREROUTING: u32 = 0;
+pub(crate) const HOOK_OUTPUT: u32 = 3;
 pub(crate) const HOOK_POSTROUTING: u32 = 4;
+/// nft's `dstnat` priority (`NF_IP_PRI_NAT_DST`).
+pub(crate) const PRIORITY_DSTNAT: i32 = -100;
+/// The second 16-byte register (nft's "reg 2").
+pub(crate) const REG_2: u32 = 2;
+/// `NFT_META_L4PROTO`.
+pub(crate) const META_L4PROTO: u32 = 16;
+/// `NFT_PAYLOAD_TRANSPORT_HEADER`.
+pub(crate) const BASE_TRANSPORT: u32 = 2;
+/// `NFT_FIB_RESULT_ADDRTYPE` and `NFTA_FIB_F_DADDR`.
+pub(crate) const FIB_RESULT_ADDRTYPE: u32 = 3;
+pub(crate) const FIB_F_DADDR: u32 = 2;
+/// `RTN_LOCAL`: what `fib daddr type` yields for a local address.
+pub(crate) const RTN_LOCAL: u32 = 2;
+/// `NFT_NAT_DNAT`.
+pub(crate) const NAT_DNAT: u32 = 1;
+/// `NF_NAT_RANGE_PROTO_SPECIFIED`.
+pub(crate) const NAT_F_PROTO_SPECIFIED: u32 = 2;
 /// `NF_BR_PRE_ROUTING`.
 pub(crate) const HOOK_BRIDGE_PREROUTING: u32 = 0;
 /// nft's `srcnat` priority (`NF_IP_PRI_NAT_SRC`).
@@ -152,6 +171,20 @@ pub(crate) enum Expr {
         data: Data,
     },
     Masq {
+        flags: u32,
+    },
+    /// `fib <flags> <result> => dreg` (e.g. `fib daddr type`).
+    Fib {
+        dreg: u32,
+        result: u32,
+        flags: u32,
+    },
+    /// `snat`/`dnat` from an address register and a port register.
+    Nat {
+        nat_type: u32,
+        family: u32,
+        reg_addr: u32,
+        reg_proto: u32,
         flags: u32,
     },
     Other(String),
@@ -255,6 +288,8 @@ impl Writer {
             Expr::Bitwise { .. } => "bitwise",
             Expr::Immediate { .. } => "immediate",
             Expr::Masq { .. } => "masq",
+            Expr::Fib { .. } => "fib",
+            Expr::Nat { .. } => "nat",
             Expr::Other(name) => name,
         };
         self.attr_str(NFTA_EXPR_NAME, name);
@@ -314,6 +349,28 @@ impl Writer {
                 if *flags != 0 {
                     self.attr_u32(1, *flags);
                 }
+            }
+            Expr::Fib {
+                dreg,
+                result,
+                flags,
+            } => {
+                self.attr_u32(3, *flags);
+                self.attr_u32(2, *result);
+                self.attr_u32(1, *dreg);
+            }
+            Expr::Nat {
+                nat_type,
+                family,
+                reg_addr,
+                reg_proto,
+                flags,
+            } => {
+                self.attr_u32(1, *nat_type);
+                self.attr_u32(2, *family);
+                self.attr_u32(3, *reg_addr);
+                self.attr_u32(5, *reg_proto);
+                self.attr_u32(7, *flags);
             }
             Expr::Other(_) => {}
         }
@@ -723,6 +780,31 @@ fn parse_expr(elem: &[u8]) -> Expr {
         "masq" if attr(d, 2).is_none() => Some(Expr::Masq {
             flags: attr_u32(d, 1).unwrap_or(0),
         }),
+        "fib" => (|| {
+            Some(Expr::Fib {
+                dreg: attr_u32(d, 1)?,
+                result: attr_u32(d, 2)?,
+                flags: attr_u32(d, 3)?,
+            })
+        })(),
+        // Only the single-address, single-port form we write (the kernel
+        // reports the max registers equal to the min ones then).
+        "nat" => (|| {
+            let reg_addr = attr_u32(d, 3)?;
+            let reg_proto = attr_u32(d, 5)?;
+            let single = attr_u32(d, 4).is_none_or(|r| r == reg_addr)
+                && attr_u32(d, 6).is_none_or(|r| r == reg_proto);
+            single.then_some(())?;
+            Some(Expr::Nat {
+                nat_type: attr_u32(d, 1)?,
+                family: attr_u32(d, 2)?,
+                reg_addr,
+                reg_proto,
+                // The kernel adds NF_NAT_RANGE_MAP_IPS (1) itself when an
+                // address register is given; what was asked for is the rest.
+                flags: attr_u32(d, 7).unwrap_or(0) & !1,
+            })
+        })(),
         _ => None,
     };
     decoded.unwrap_or(Expr::Other(name))

@@ -107,13 +107,13 @@ pub(crate) struct SavedRule {
 }
 
 impl SavedRule {
-    fn jumps_to(&self, chain: &str) -> bool {
+    pub(crate) fn jumps_to(&self, chain: &str) -> bool {
         self.args
             .windows(2)
             .any(|w| (w[0] == "-j" || w[0] == "-g") && w[1] == chain)
     }
 
-    fn comment(&self) -> Option<&str> {
+    pub(crate) fn comment(&self) -> Option<&str> {
         self.args
             .windows(2)
             .find(|w| w[0] == "--comment")
@@ -129,11 +129,11 @@ pub(crate) struct NatTable {
 }
 
 impl NatTable {
-    fn has_chain(&self, chain: &str) -> bool {
+    pub(crate) fn has_chain(&self, chain: &str) -> bool {
         self.chains.iter().any(|c| c == chain)
     }
 
-    fn has_rule(&self, chain: &str, args: &[String]) -> bool {
+    pub(crate) fn has_rule(&self, chain: &str, args: &[String]) -> bool {
         self.rules
             .iter()
             .any(|r| r.chain == chain && r.args == args)
@@ -251,7 +251,7 @@ fn quote(arg: &str) -> String {
 }
 
 /// One restore/save line: `head` is e.g. `-A POSTROUTING` or `-I CHAIN 1`.
-fn line(head: &str, args: &[String]) -> String {
+pub(crate) fn line(head: &str, args: &[String]) -> String {
     let mut l = head.to_owned();
     for a in args {
         l.push(' ');
@@ -632,7 +632,10 @@ fn setup_family(family: Family, chain: &str, comment: &str, ips: &[IpNetwork]) -
 
 /// Runs `work` for each family at once: the v4 and v6 tables are independent, and each
 /// family's read + restore is a few milliseconds of process start and kernel commit.
-fn per_family<T: Send>(families: &[Family], work: impl Fn(Family) -> T + Sync) -> Vec<T> {
+pub(crate) fn per_family<T: Send>(
+    families: &[Family],
+    work: impl Fn(Family) -> T + Sync,
+) -> Vec<T> {
     std::thread::scope(|scope| {
         let work = &work;
         let handles: Vec<_> = families

@@ -1,0 +1,546 @@
+//! The portmap plugin chained after our bridge, the way libcni chains it (the bridge's
+//! result is portmap's `prevResult`), on both backends, IPv4 and IPv6, with real
+//! connections: a TCP server in the pod answers with the address it saw.
+//!
+//! The "node" is a throwaway netns with an uplink to a "client" netns (another machine
+//! on the node's network). A host port must answer from that client through the node's
+//! address, from the node itself (also on 127.0.0.1), from another pod on the bridge and
+//! from the pod itself (hairpin); CHECK must fail once a rule is removed by hand; DEL
+//! (without `prevResult`) must leave no rule. Mappings made by the reference `portmap`
+//! are removed by ours and the other way round. A UDP client that keeps sending to a host
+//! port reaches the new pod after the old one is replaced (stale conntrack entries).
+
+use std::fs::File;
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cni_blackbox::underlay::socket_in;
+use cni_blackbox::{Netns, Plugin, TempDir, require_root, unique_name};
+use serde_json::{Value, json};
+
+const NODE_V4: &str = "192.0.2.1";
+const NODE_V6: &str = "fd00:2::1";
+const CLIENT_V4: &str = "192.0.2.2";
+const CLIENT_V6: &str = "fd00:2::2";
+const REFERENCE: &str = "/usr/lib/cni/portmap";
+
+/// Runs `work` on a thread inside `ns`.
+fn in_netns<T: Send + 'static>(ns: &Netns, work: impl FnOnce() -> T + Send + 'static) -> T {
+    let path = ns.path().to_path_buf();
+    std::thread::spawn(move || {
+        let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
+        work()
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("thread in netns panicked"))
+}
+
+/// A TCP server on port 80 (both families) in a pod: answers each connection with the
+/// peer address it saw, until the pod's netns goes away.
+fn serve(pod: &Netns) {
+    let listener = in_netns(pod, || {
+        TcpListener::bind("[::]:80").unwrap_or_else(|e| panic!("bind [::]:80 in pod: {e}"))
+    });
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let peer = stream
+                .peer_addr()
+                .map(|a| a.ip().to_canonical().to_string())
+                .unwrap_or_default();
+            let _ = stream.write_all(peer.as_bytes());
+        }
+    });
+}
+
+/// Connects from `from` to `to` and returns what the pod's server saw as the source.
+fn connect(from: &Netns, to: SocketAddr) -> Result<String, String> {
+    in_netns(from, move || {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let attempt =
+                TcpStream::connect_timeout(&to, Duration::from_secs(2)).and_then(|mut s| {
+                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                    let mut seen = String::new();
+                    s.read_to_string(&mut seen)?;
+                    Ok(seen)
+                });
+            match attempt {
+                Ok(seen) if !seen.is_empty() => return Ok(seen),
+                Ok(_) if Instant::now() < deadline => {}
+                Err(_) if Instant::now() < deadline => {}
+                Ok(_) => return Err(format!("{to}: empty answer")),
+                Err(e) => return Err(format!("{to}: {e}")),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    })
+}
+
+fn addr(ip: &str, port: u16) -> SocketAddr {
+    SocketAddr::new(ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}")), port)
+}
+
+/// The node with its uplink and client, and the data dir of host-local.
+struct Node {
+    host: Netns,
+    client: Netns,
+    dir: TempDir,
+    bridge: String,
+}
+
+impl Node {
+    fn new() -> Self {
+        let host = Netns::new("cnibb-pm-node");
+        let client = Netns::new("cnibb-pm-client");
+        host.exec_ok(&["ip", "link", "set", "lo", "up"]);
+        client.exec_ok(&["ip", "link", "set", "lo", "up"]);
+        host.exec_ok(&[
+            "ip",
+            "link",
+            "add",
+            "uplink",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "uplink-peer",
+        ]);
+        host.exec_ok(&["ip", "link", "set", "uplink-peer", "netns", client.name()]);
+        host.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{NODE_V4}/24"),
+            "dev",
+            "uplink",
+        ]);
+        host.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{NODE_V6}/64"),
+            "dev",
+            "uplink",
+            "nodad",
+        ]);
+        host.exec_ok(&["ip", "link", "set", "uplink", "up"]);
+        client.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{CLIENT_V4}/24"),
+            "dev",
+            "uplink-peer",
+        ]);
+        client.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{CLIENT_V6}/64"),
+            "dev",
+            "uplink-peer",
+            "nodad",
+        ]);
+        client.exec_ok(&["ip", "link", "set", "uplink-peer", "up"]);
+        for sysctl in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+            host.exec_ok(&["sysctl", "-qw", sysctl]);
+        }
+        Self {
+            host,
+            client,
+            dir: TempDir::new("cnibb-pm"),
+            bridge: cni_blackbox::unique_ifname("cnibb"),
+        }
+    }
+
+    fn bridge_conf(&self) -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "pmnet",
+            "type": "bridge",
+            "bridge": self.bridge,
+            "isGateway": true,
+            "hairpinMode": true,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": self.dir.path_str(),
+                "ranges": [[{"subnet": "10.99.0.0/24"}], [{"subnet": "fd00:99::/64"}]],
+                "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
+            }
+        })
+    }
+
+    /// A pod attached by our bridge; returns its netns, id and the bridge's result.
+    fn pod(&self) -> (Netns, String, Value) {
+        let pod = Netns::new("cnibb-pm-pod");
+        pod.exec_ok(&["ip", "link", "set", "lo", "up"]);
+        let id = unique_name("pm");
+        let out = Plugin::new("bridge", &self.host)
+            .command("ADD")
+            .attachment(&id, &pod, "eth0")
+            .config(&self.bridge_conf())
+            .run();
+        out.assert_success();
+        (pod, id, out.json())
+    }
+
+    /// Firewall state of the node (iptables nat of both families, nft ruleset).
+    fn firewall(&self) -> String {
+        let mut text = String::new();
+        for argv in [
+            &["iptables-save", "-t", "nat"][..],
+            &["ip6tables-save", "-t", "nat"][..],
+            &["nft", "list", "ruleset"][..],
+        ] {
+            text.push_str(&String::from_utf8_lossy(&self.host.exec(argv).stdout));
+        }
+        text
+    }
+}
+
+fn portmap_conf(backend: Option<&str>, prev: Option<&Value>, mappings: &Value) -> Value {
+    let mut conf = json!({
+        "cniVersion": "1.0.0",
+        "name": "pmnet",
+        "type": "portmap",
+        "runtimeConfig": {"portMappings": mappings},
+    });
+    if let Some(b) = backend {
+        conf["backend"] = json!(b);
+    }
+    if let Some(prev) = prev {
+        conf["prevResult"] = prev.clone();
+    }
+    conf
+}
+
+fn web_mappings() -> Value {
+    json!([
+        {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+        {"hostPort": 8081, "containerPort": 80, "protocol": "tcp", "hostIP": NODE_V4},
+        {"hostPort": 8082, "containerPort": 80, "protocol": "tcp", "hostIP": NODE_V6}
+    ])
+}
+
+fn run(
+    binary: Option<&Path>,
+    node: &Node,
+    command: &str,
+    id: &str,
+    pod: &Netns,
+    conf: &Value,
+) -> cni_blackbox::Outcome {
+    let plugin = match binary {
+        Some(path) => Plugin::at(path, &node.host).cni_path("/usr/lib/cni"),
+        None => Plugin::new("portmap", &node.host),
+    };
+    plugin
+        .command(command)
+        .attachment(id, pod, "eth0")
+        .config(conf)
+        .run()
+}
+
+/// No rule of container `id` is left in either backend.
+#[track_caller]
+fn assert_no_rules(node: &Node, id: &str) {
+    let fw = node.firewall();
+    let chain = cni_firewall_names::dnat_chain("pmnet", id);
+    assert!(!fw.contains(&chain), "chain {chain} left:\n{fw}");
+    assert!(!fw.contains(id), "a rule of {id} left:\n{fw}");
+}
+
+/// The reference's naming, computed the same way (SHA-512 of network + id).
+mod cni_firewall_names {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+
+    pub fn dnat_chain(network: &str, id: &str) -> String {
+        let mut child = Command::new("sha512sum")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("sha512sum");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(format!("{network}{id}").as_bytes())
+                .expect("write to sha512sum");
+        }
+        let out = child.wait_with_output().expect("sha512sum");
+        let hex = String::from_utf8_lossy(&out.stdout);
+        format!("CNI-DN-{}", &hex[..21])
+    }
+}
+
+fn chained_ports_work_and_leave_nothing(backend: &str) {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let (pod, id, result) = node.pod();
+    let (other, other_id, _) = node.pod();
+    serve(&pod);
+    let conf = portmap_conf(Some(backend), Some(&result), &web_mappings());
+    let out = run(None, &node, "ADD", &id, &pod, &conf);
+    out.assert_success();
+    assert_eq!(
+        out.json(),
+        result,
+        "portmap passes the previous result through"
+    );
+
+    let pod_v4 = result["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    // From another machine, through the node's addresses: the client's own address.
+    for to in [
+        addr(NODE_V4, 8080),
+        addr(NODE_V6, 8080),
+        addr(NODE_V4, 8081),
+        addr(NODE_V6, 8082),
+    ] {
+        let seen = connect(&node.client, to)
+            .unwrap_or_else(|e| panic!("{backend}: client: {e}\n{}", node.firewall()));
+        assert!(
+            seen == CLIENT_V4 || seen == CLIENT_V6,
+            "{backend}: {to} saw {seen}"
+        );
+    }
+    // A hostIP mapping answers only on that address.
+    assert!(
+        connect(&node.client, addr(NODE_V6, 8081)).is_err(),
+        "{backend}: 8081 answered on IPv6"
+    );
+    // From the node itself, also on localhost (IPv4).
+    for to in [
+        addr(NODE_V4, 8080),
+        addr(NODE_V6, 8080),
+        addr("127.0.0.1", 8080),
+    ] {
+        connect(&node.host, to)
+            .unwrap_or_else(|e| panic!("{backend}: node: {e}\n{}", node.firewall()));
+    }
+    // Another pod on the bridge, and the pod itself (hairpin, masqueraded).
+    for to in [addr(NODE_V4, 8080), addr(NODE_V6, 8080)] {
+        connect(&other, to).unwrap_or_else(|e| panic!("{backend}: other pod: {e}"));
+        let seen = connect(&pod, to)
+            .unwrap_or_else(|e| panic!("{backend}: hairpin: {e}\n{}", node.firewall()));
+        assert_ne!(seen, pod_v4, "{backend}: hairpin not masqueraded");
+    }
+
+    run(None, &node, "CHECK", &id, &pod, &conf).assert_success();
+    // A rule removed by hand: CHECK fails.
+    let chain = cni_firewall_names::dnat_chain("pmnet", &id);
+    match backend {
+        "iptables" => node.host.exec_ok(&["iptables", "-t", "nat", "-F", &chain]),
+        _ => node
+            .host
+            .exec_ok(&["nft", "flush", "chain", "ip", "cni_hostport", "hostports"]),
+    };
+    let out = run(None, &node, "CHECK", &id, &pod, &conf);
+    out.assert_failure();
+
+    // DEL without prevResult removes everything of the pod.
+    let bare = portmap_conf(Some(backend), None, &web_mappings());
+    run(None, &node, "DEL", &id, &pod, &bare).assert_success();
+    run(None, &node, "DEL", &id, &pod, &bare).assert_success();
+    assert_no_rules(&node, &id);
+    drop(other_id);
+}
+
+#[test]
+fn iptables_host_ports_answer_everywhere_and_del_leaves_nothing() {
+    chained_ports_work_and_leave_nothing("iptables");
+}
+
+#[test]
+fn nftables_host_ports_answer_everywhere_and_del_leaves_nothing() {
+    chained_ports_work_and_leave_nothing("nftables");
+}
+
+#[test]
+fn mappings_of_the_reference_and_ours_remove_each_other() {
+    if !require_root() || !Path::new(REFERENCE).exists() {
+        return;
+    }
+    let node = Node::new();
+    let (pod, id, result) = node.pod();
+    serve(&pod);
+    let conf = portmap_conf(Some("iptables"), Some(&result), &web_mappings());
+    // Made by the reference, removed by ours.
+    let reference_conf = {
+        let mut c = conf.clone();
+        c.as_object_mut().map(|o| o.remove("backend"));
+        c
+    };
+    run(
+        Some(Path::new(REFERENCE)),
+        &node,
+        "ADD",
+        &id,
+        &pod,
+        &reference_conf,
+    )
+    .assert_success();
+    connect(&node.client, addr(NODE_V4, 8080)).unwrap_or_else(|e| panic!("reference: {e}"));
+    run(None, &node, "CHECK", &id, &pod, &conf).assert_success();
+    run(None, &node, "DEL", &id, &pod, &conf).assert_success();
+    assert_no_rules(&node, &id);
+    // Made by ours, removed by the reference.
+    run(None, &node, "ADD", &id, &pod, &conf).assert_success();
+    connect(&node.client, addr(NODE_V4, 8080)).unwrap_or_else(|e| panic!("ours: {e}"));
+    run(
+        Some(Path::new(REFERENCE)),
+        &node,
+        "DEL",
+        &id,
+        &pod,
+        &reference_conf,
+    )
+    .assert_success();
+    assert_no_rules(&node, &id);
+}
+
+#[test]
+fn bad_mappings_are_refused_with_code_7_and_leave_nothing() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let (pod, id, result) = node.pod();
+    let before = node.firewall();
+    for (mappings, words) in [
+        (
+            json!([{"hostPort": 0, "containerPort": 80}]),
+            "Invalid host port number: 0",
+        ),
+        (
+            json!([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}]),
+            "\"icmp\"",
+        ),
+        (
+            json!([{"hostPort": 80, "containerPort": 80, "hostIP": "nope"}]),
+            "hostIP",
+        ),
+    ] {
+        let out = run(
+            None,
+            &node,
+            "ADD",
+            &id,
+            &pod,
+            &portmap_conf(None, Some(&result), &mappings),
+        );
+        assert_eq!(out.error_code(), Some(7), "{out}");
+        assert!(out.error_msg().unwrap_or_default().contains(words), "{out}");
+    }
+    let out = run(
+        None,
+        &node,
+        "ADD",
+        &id,
+        &pod,
+        &portmap_conf(None, None, &web_mappings()),
+    );
+    out.assert_error(7, "must be called as chained plugin");
+    assert_eq!(
+        node.firewall(),
+        before,
+        "a refused ADD changed the firewall"
+    );
+}
+
+#[test]
+fn udp_clients_reach_the_new_pod_after_a_replacement() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let mappings = json!([{"hostPort": 5300, "containerPort": 53, "protocol": "udp"}]);
+    let (old, old_id, old_result) = node.pod();
+    let old_socket = socket_in(&old, addr("0.0.0.0", 53));
+    old_socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .ok();
+    run(
+        None,
+        &node,
+        "ADD",
+        &old_id,
+        &old,
+        &portmap_conf(None, Some(&old_result), &mappings),
+    )
+    .assert_success();
+    let client = socket_in(&node.client, addr(CLIENT_V4, 40000));
+    let send = || {
+        client.send_to(b"ping", addr(NODE_V4, 5300)).ok();
+    };
+    let mut buf = [0u8; 16];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        send();
+        if old_socket.recv_from(&mut buf).is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old pod never got a datagram"
+        );
+    }
+    // The old pod goes; the client keeps sending from the same port (the conntrack
+    // entry stays alive) while the new pod is added.
+    run(
+        None,
+        &node,
+        "DEL",
+        &old_id,
+        &old,
+        &portmap_conf(None, None, &mappings),
+    )
+    .assert_success();
+    Plugin::new("bridge", &node.host)
+        .command("DEL")
+        .attachment(&old_id, &old, "eth0")
+        .config(&node.bridge_conf())
+        .run()
+        .assert_success();
+    drop(old_socket);
+    old.delete();
+    send();
+    let (new, new_id, new_result) = node.pod();
+    let new_socket = socket_in(&new, addr("0.0.0.0", 53));
+    new_socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .ok();
+    send();
+    run(
+        None,
+        &node,
+        "ADD",
+        &new_id,
+        &new,
+        &portmap_conf(None, Some(&new_result), &mappings),
+    )
+    .assert_success();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        send();
+        if new_socket.recv_from(&mut buf).is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new pod never got a datagram: stale conntrack entry"
+        );
+    }
+    let _: IpAddr = CLIENT_V6.parse().unwrap_or_else(|e| panic!("{e}"));
+}
