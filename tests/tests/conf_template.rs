@@ -81,7 +81,7 @@ fn rendered_template_has_our_plugins_and_every_pod_cidr() {
         .iter()
         .filter_map(|p| p["type"].as_str())
         .collect();
-    assert_eq!(types, ["bridge", "loopback"]);
+    assert_eq!(types, ["bridge", "portmap", "loopback"]);
     let ipam = &dual["plugins"][0]["ipam"];
     assert_eq!(ipam["type"], "host-local");
     assert_eq!(
@@ -137,7 +137,23 @@ fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
         .run();
     added.assert_success();
     let result = added.json();
-    let loopback_conf = plugin_conf(1, Some(&result));
+    // portmap with the pod's host ports, as containerd passes the capability.
+    let mut portmap_conf = plugin_conf(1, Some(&result));
+    portmap_conf["runtimeConfig"] = json!({"portMappings": [
+        {"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}
+    ]});
+    let mapped = Plugin::new("portmap", &host)
+        .command("ADD")
+        .attachment(&id, &pod, "eth0")
+        .config(&portmap_conf)
+        .run();
+    mapped.assert_success();
+    assert_eq!(
+        mapped.json(),
+        result,
+        "portmap passes the bridge's result on"
+    );
+    let loopback_conf = plugin_conf(2, Some(&result));
     let chained = Plugin::new("loopback", &host)
         .command("ADD")
         .attachment(&id, &pod, "eth0")
@@ -184,6 +200,7 @@ fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
     // containerd deletes in reverse order, with the cached result.
     for (name, conf) in [
         ("loopback", &loopback_conf),
+        ("portmap", &portmap_conf),
         ("bridge", &plugin_conf(0, Some(&result))),
     ] {
         Plugin::new(name, &host)
@@ -199,4 +216,7 @@ fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
         0,
         "reservations left after DEL"
     );
+    let nat =
+        String::from_utf8_lossy(&host.exec(&["iptables-save", "-t", "nat"]).stdout).into_owned();
+    assert!(!nat.contains(&id), "host port rules left after DEL:\n{nat}");
 }

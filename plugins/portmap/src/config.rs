@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use cni_firewall::Backend;
 use cni_firewall::hostport::{DEFAULT_MARK_BIT, Mapping, Protocol, Snat};
+use cni_protocol::config::canonicalize_keys;
 use cni_protocol::{CniError, CniResult, ErrorCode};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
@@ -23,7 +24,29 @@ pub struct Config {
     pub conditions_v4: Vec<String>,
     /// `conditionsV6`.
     pub conditions_v6: Vec<String>,
+    /// Whether `externalSetMarkChain` was given (an iptables-only option, also
+    /// with `snat: false`).
+    pub external_chain_set: bool,
 }
+
+/// Every key the plugin reads. Go matches JSON keys ignoring case, and
+/// runtimes rely on it: containerd sends `portMappings` entries as
+/// `{"HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}`.
+const KNOWN_KEYS: &[&str] = &[
+    "snat",
+    "masqAll",
+    "markMasqBit",
+    "externalSetMarkChain",
+    "conditionsV4",
+    "conditionsV6",
+    "backend",
+    "runtimeConfig",
+    "portMappings",
+    "hostPort",
+    "containerPort",
+    "protocol",
+    "hostIP",
+];
 
 fn invalid(message: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::INVALID_NETWORK_CONFIG, message)
@@ -150,6 +173,13 @@ fn mappings(raw: &Value) -> Result<Vec<Mapping>, CniError> {
 impl Config {
     /// Parses the plugin's keys from the whole config.
     pub fn parse(raw: &Value) -> Result<Self, CniError> {
+        let mut raw = raw.clone();
+        if let Some(obj) = raw.as_object_mut() {
+            // prevResult is the previous plugin's, not ours to rename in.
+            obj.remove("prevResult");
+        }
+        canonicalize_keys(&mut raw, KNOWN_KEYS);
+        let raw = &raw;
         let snat_on = bool_key(raw, "snat")?.unwrap_or(true);
         let masq_all = bool_key(raw, "masqAll")?.unwrap_or(false);
         let mark_bit = match raw.get("markMasqBit") {
@@ -203,17 +233,20 @@ impl Config {
             }
         };
         let config = Config {
+            external_chain_set: raw
+                .get("externalSetMarkChain")
+                .is_some_and(|v| !v.is_null()),
             mappings: mappings(raw)?,
             snat,
             backend,
             conditions_v4,
             conditions_v6,
         };
-        config.check_backend_keys(raw)?;
+        config.check_backend_keys()?;
         // nft conditions are nft source text, which only `nft` compiles; this
         // plugin speaks netlink, and refuses them rather than ignore them.
         if let Some((_, key)) = config
-            .backend_options(raw)
+            .backend_options()
             .into_iter()
             .find(|(b, key)| *b == Backend::Nftables && key.starts_with("conditions"))
         {
@@ -225,12 +258,9 @@ impl Config {
     }
 
     /// The options that belong to one backend, by the backend they name.
-    fn backend_options(&self, raw: &Value) -> Vec<(Backend, &'static str)> {
+    fn backend_options(&self) -> Vec<(Backend, &'static str)> {
         let mut out = Vec::new();
-        if raw
-            .get("externalSetMarkChain")
-            .is_some_and(|v| !v.is_null())
-        {
+        if self.external_chain_set {
             out.push((Backend::Iptables, "externalSetMarkChain"));
         }
         for (conditions, key) in [
@@ -246,12 +276,12 @@ impl Config {
 
     /// Refuses options of the other backend than the one named (the
     /// reference's check); without `backend`, the options decide it.
-    fn check_backend_keys(&self, raw: &Value) -> Result<(), CniError> {
+    fn check_backend_keys(&self) -> Result<(), CniError> {
         let Some(backend) = self.backend else {
             return Ok(());
         };
         let wrong: Vec<&str> = self
-            .backend_options(raw)
+            .backend_options()
             .into_iter()
             .filter(|(b, _)| *b != backend)
             .map(|(_, key)| key)
@@ -270,9 +300,9 @@ impl Config {
 
     /// The backend to use: `backend`, else the one the options are written
     /// for, else the reference's default (iptables unless only nftables works).
-    pub fn backend(&self, raw: &Value) -> Backend {
+    pub fn backend(&self) -> Backend {
         self.backend
-            .or_else(|| self.backend_options(raw).first().map(|(b, _)| *b))
+            .or_else(|| self.backend_options().first().map(|(b, _)| *b))
             .unwrap_or_else(Backend::detect)
     }
 
@@ -335,6 +365,18 @@ mod tests {
     }
 
     #[test]
+    fn keys_match_ignoring_case_as_in_go() {
+        let c = parse(json!({"SNAT": false, "RuntimeConfig": {"PortMappings": [
+            {"HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": ""}
+        ]}}))
+        .unwrap();
+        assert_eq!(c.snat, Snat::Off);
+        assert_eq!(c.mappings.len(), 1);
+        assert_eq!(c.mappings[0].host_port, 8080);
+        assert_eq!(c.mappings[0].host_ip, None);
+    }
+
+    #[test]
     fn mappings_are_parsed() {
         let c = parse(json!({"runtimeConfig": {"portMappings": [
             {"hostPort": 8080, "containerPort": 80, "protocol": "TCP"},
@@ -393,7 +435,7 @@ mod tests {
     fn conditions_choose_the_backend() {
         let raw = json!({"conditionsV4": ["-d", "10.0.0.1"]});
         let c = parse(raw.clone()).unwrap();
-        assert_eq!(c.backend(&raw), Backend::Iptables);
+        assert_eq!(c.backend(), Backend::Iptables);
         let e = parse(json!({"conditionsV4": ["ip daddr 10.0.0.1"]})).unwrap_err();
         assert_eq!(e.code, ErrorCode::INVALID_NETWORK_CONFIG);
         assert!(e.msg.contains("conditionsV4"), "{}", e.msg);

@@ -52,7 +52,7 @@ impl Plugin for Portmap {
         if config.mappings.is_empty() {
             return Ok(prev);
         }
-        let backend = config.backend(&req.config.raw);
+        let backend = config.backend();
         let addresses = config::container_addresses(&prev, &req.args.ifname);
         let installed = addresses.iter().try_for_each(|&container| {
             let f = forward(req, &config, container);
@@ -90,7 +90,7 @@ impl Plugin for Portmap {
         if config.mappings.is_empty() {
             return Ok(());
         }
-        let backend = config.backend(&req.config.raw);
+        let backend = config.backend();
         for container in config::container_addresses(&prev, &req.args.ifname) {
             hostport::check(backend, &forward(req, &config, container))
                 .map_err(|e| firewall_error(&e))?;
@@ -108,7 +108,7 @@ impl Plugin for Portmap {
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let config = Config::parse(&req.config.raw)?;
-        let backend = config.backend(&req.config.raw);
+        let backend = config.backend();
         if hostport::usable(backend) {
             Ok(())
         } else {

@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+pub use k8s_cri::v1::Protocol;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     LinuxPodSandboxConfig, LinuxSandboxSecurityContext, NamespaceMode, NamespaceOption,
-    NetworkConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    NetworkConfig, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest, PortMapping,
     RemovePodSandboxRequest, RunPodSandboxRequest, RuntimeConfig, StatusRequest,
     StopPodSandboxRequest, UpdateRuntimeConfigRequest,
 };
@@ -39,6 +40,20 @@ pub struct RuntimeStatus {
     pub network_ready: bool,
     /// Why the network is not ready, when it is not.
     pub network_message: String,
+}
+
+/// One host port of a pod: protocol (TCP 0, UDP 1, SCTP 2, as in the CRI), the
+/// port in the pod, the port on the node, and the node address (empty: all).
+#[derive(Debug, Clone)]
+pub struct HostPort {
+    /// `Protocol` of the CRI API, as its number.
+    pub protocol: Protocol,
+    /// The port in the pod.
+    pub container_port: u16,
+    /// The port on the node.
+    pub host_port: u16,
+    /// The node address, or empty for all of them.
+    pub host_ip: String,
 }
 
 /// What `PodSandboxStatus` (verbose) says about a sandbox's network.
@@ -122,6 +137,18 @@ impl Cri {
     /// its cgroup under `cgroup_parent` (cgroupfs). Returns the sandbox id, or the error
     /// message containerd gave.
     pub fn run_pod(&self, name: &str, uid: &str, cgroup_parent: &str) -> Result<String, String> {
+        self.run_pod_with_ports(name, uid, cgroup_parent, &[])
+    }
+
+    /// [`Cri::run_pod`] with the pod's host ports, as kubelet passes a pod's
+    /// `hostPort`s (containerd hands them to the `portMappings` capability).
+    pub fn run_pod_with_ports(
+        &self,
+        name: &str,
+        uid: &str,
+        cgroup_parent: &str,
+        ports: &[HostPort],
+    ) -> Result<String, String> {
         let mut client = self.client.clone();
         let config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
@@ -131,6 +158,15 @@ impl Cri {
                 attempt: 0,
             }),
             hostname: name.to_owned(),
+            port_mappings: ports
+                .iter()
+                .map(|p| PortMapping {
+                    protocol: p.protocol as i32,
+                    container_port: i32::from(p.container_port),
+                    host_port: i32::from(p.host_port),
+                    host_ip: p.host_ip.clone(),
+                })
+                .collect(),
             labels: HashMap::from([("app".to_owned(), "cnibb".to_owned())]),
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent: cgroup_parent.to_owned(),

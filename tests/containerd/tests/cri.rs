@@ -20,12 +20,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cni_blackbox::{plugin_path, require_root, unique_name};
+use cni_containerd_suite::cri::{HostPort, Protocol};
 use cni_containerd_suite::{Containerd, NETWORK, ping_from};
 use cni_kube_api::{ApiServer, realistic_node};
 
 /// The template a node operator would install: our bridge with host-local over every
-/// range kubelet gives (one per family), default routes for each, masquerade on, and
-/// loopback chained after it (containerd then runs it with `CNI_IFNAME=eth0`).
+/// range kubelet gives (one per family), default routes for each, masquerade on, our
+/// portmap for host ports, and loopback chained after them (containerd then runs it
+/// with `CNI_IFNAME=eth0`).
 /// `@DATADIR@` and `@BRIDGE@` are filled in by the fixture.
 const TEMPLATE: &str = r#"{
   "cniVersion": "1.0.0",
@@ -44,6 +46,7 @@ const TEMPLATE: &str = r#"{
         "routes": [{{range $i, $r := .Routes}}{{if $i}}, {{end}}{"dst": "{{$r}}"}{{end}}]
       }
     },
+    {"type": "portmap", "capabilities": {"portMappings": true}},
     {"type": "loopback"}
   ]
 }
@@ -458,7 +461,8 @@ fn kubelet_flow_pods_get_dual_stack_addresses_reach_each_other_and_leave_nothing
         assert_eq!(conflist["name"], NETWORK);
         assert_eq!(conflist["plugins"][0]["type"], "bridge");
         assert_eq!(conflist["plugins"][0]["bridge"], node.bridge());
-        assert_eq!(conflist["plugins"][1]["type"], "loopback");
+        assert_eq!(conflist["plugins"][1]["type"], "portmap");
+        assert_eq!(conflist["plugins"][2]["type"], "loopback");
         let ranges = &conflist["plugins"][0]["ipam"]["ranges"];
         assert_eq!(ranges[0][0]["subnet"], cidrs[0], "{conflist}");
         assert_eq!(ranges[1][0]["subnet"], cidrs[1], "{conflist}");
@@ -825,4 +829,216 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         node.bridge().to_owned()
     };
     machine.assert_untouched(&bridge, &[own[0], own[1], other[0], other[1]]);
+}
+
+/// `busybox httpd` serving one page in a pod's netns; killed on drop.
+struct Httpd {
+    child: std::process::Child,
+    _dir: cni_blackbox::TempDir,
+}
+
+impl Httpd {
+    fn start(pod: &Pod, page: &str) -> Self {
+        let dir = cni_blackbox::TempDir::new("cnibb-httpd");
+        std::fs::write(dir.path().join("index.html"), format!("{page}\n"))
+            .expect("write index.html");
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/proc/{}/ns/net", pod.pid))
+            .args(["busybox", "httpd", "-f", "-p", "80", "-h"])
+            .arg(dir.path())
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("start busybox httpd in the pod");
+        Self { child, _dir: dir }
+    }
+}
+
+impl Drop for Httpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `GET /` of `http://<to>/` from the netns at `netns` (bounded retries for the
+/// server to come up); the page or the last error. busybox-static's `wget` crashes
+/// (static glibc), so the request is made here, from a thread in that netns.
+fn http_get(netns: &str, to: &str) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let netns = netns.to_owned();
+    let to: std::net::SocketAddr = to.parse().map_err(|e| format!("{to}: {e}"))?;
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&netns).map_err(|e| format!("open {netns}: {e}"))?;
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("setns {netns}: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let attempt = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))
+                .and_then(|mut s| {
+                    s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                    s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+                    let mut answer = String::new();
+                    s.read_to_string(&mut answer)?;
+                    Ok(answer)
+                });
+            match attempt {
+                Ok(answer) if answer.starts_with("HTTP/1.1 200") => {
+                    let body = answer.split_once("\r\n\r\n").map(|(_, b)| b);
+                    return Ok(body.unwrap_or_default().trim_end().to_owned());
+                }
+                Ok(answer) if Instant::now() > deadline => {
+                    return Err(format!("GET http://{to}/ from {netns}: {answer}"));
+                }
+                Err(e) if Instant::now() > deadline => {
+                    return Err(format!("GET http://{to}/ from {netns}: {e}"));
+                }
+                _ => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    })
+    .join()
+    .unwrap_or_else(|_| Err("the thread in the netns panicked".to_owned()))
+}
+
+/// A UDP socket bound in the netns at `netns`.
+fn udp_socket_in(netns: String, addr: &str) -> std::net::UdpSocket {
+    let addr: std::net::SocketAddr = addr.parse().expect("socket address");
+    std::thread::spawn(move || {
+        let file = std::fs::File::open(&netns).expect("open netns");
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+        std::net::UdpSocket::bind(addr).expect("bind UDP")
+    })
+    .join()
+    .expect("thread making a UDP socket")
+}
+
+fn tcp(container_port: u16, host_port: u16, host_ip: &str) -> HostPort {
+    HostPort {
+        protocol: Protocol::Tcp,
+        container_port,
+        host_port,
+        host_ip: host_ip.to_owned(),
+    }
+}
+
+#[test]
+fn host_ports_of_pods_answer_on_the_node_and_leave_no_rule() {
+    if !require_containerd() {
+        return;
+    }
+    let cidrs = ["10.244.9.0/24", "fd00:10:244:9::/64"];
+    const NODE_IP: &str = "192.168.78.1";
+    const CLIENT_IP: &str = "192.168.78.2";
+    let machine = MachineState::now();
+    let bridge = {
+        let node = Containerd::start(TEMPLATE);
+        let host = node.host();
+        // The node's address on its network, and a machine beside it.
+        let client = cni_blackbox::Netns::new("cnibb-ctrd-client");
+        host.exec_ok(&[
+            "ip", "link", "add", "uplink0", "type", "veth", "peer", "name", "uplink1",
+        ]);
+        host.exec_ok(&["ip", "link", "set", "uplink1", "netns", client.name()]);
+        host.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{NODE_IP}/24"),
+            "dev",
+            "uplink0",
+        ]);
+        host.exec_ok(&["ip", "link", "set", "uplink0", "up"]);
+        host.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        client.exec_ok(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{CLIENT_IP}/24"),
+            "dev",
+            "uplink1",
+        ]);
+        client.exec_ok(&["ip", "link", "set", "uplink1", "up"]);
+        node.cri()
+            .update_pod_cidr(&cidrs.join(","))
+            .expect("UpdateRuntimeConfig");
+        wait_network_ready(&node);
+
+        let run_with = |ports: &[HostPort]| {
+            let name = unique_name("cnibb-pod");
+            let id = node
+                .cri()
+                .run_pod_with_ports(&name, &unique_name("uid"), node.cgroup_parent(), ports)
+                .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", node.log()));
+            let status = node.cri().sandbox(&id).expect("PodSandboxStatus");
+            let [v4, v6] = [0, 1].map(|i| {
+                status.ips[i]
+                    .parse::<IpAddr>()
+                    .unwrap_or_else(|e| panic!("{:?}: {e}", status.ips))
+            });
+            Pod {
+                name,
+                id,
+                v4,
+                v6,
+                pid: status.pid,
+            }
+        };
+        // hostPort 8080 on the node's address (TCP), on 127.0.0.1 (TCP), and on the
+        // node's address for UDP: three pods, one port number.
+        let web = run_with(&[tcp(80, 8080, NODE_IP)]);
+        let local = run_with(&[tcp(80, 8080, "127.0.0.1")]);
+        let dns = run_with(&[HostPort {
+            protocol: Protocol::Udp,
+            container_port: 53,
+            host_port: 8080,
+            host_ip: NODE_IP.to_owned(),
+        }]);
+        let neighbour = run_with(&[]);
+        let _web_httpd = Httpd::start(&web, "web");
+        let _local_httpd = Httpd::start(&local, "local");
+        let udp = udp_socket_in(format!("/proc/{}/ns/net", dns.pid), "0.0.0.0:53");
+        udp.set_read_timeout(Some(Duration::from_millis(300))).ok();
+
+        let to = format!("{NODE_IP}:8080");
+        let page = |netns: &str, to: &str| {
+            http_get(netns, to).unwrap_or_else(|e| panic!("{e}\n{}", firewall(&node)))
+        };
+        assert_eq!(page(client.path_str(), &to), "web", "from another machine");
+        assert_eq!(page(host.path_str(), &to), "web", "from the node");
+        let neighbour_ns = format!("/proc/{}/ns/net", neighbour.pid);
+        assert_eq!(page(&neighbour_ns, &to), "web", "from a pod on the node");
+        let web_ns = format!("/proc/{}/ns/net", web.pid);
+        assert_eq!(page(&web_ns, &to), "web", "from the pod itself");
+        assert_eq!(
+            page(host.path_str(), "127.0.0.1:8080"),
+            "local",
+            "on localhost"
+        );
+
+        let sender = udp_socket_in(client.path_str().to_owned(), "0.0.0.0:0");
+        let mut buf = [0u8; 8];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            sender.send_to(b"query", to.as_str()).ok();
+            if let Ok((n, _)) = udp.recv_from(&mut buf) {
+                assert_eq!(&buf[..n], b"query");
+                break;
+            }
+            assert!(Instant::now() < deadline, "UDP {to} never reached the pod");
+        }
+
+        // The uplink's peer is in another netns, like a pod's veth: gone first, so
+        // that only pods' veths are counted.
+        host.exec_ok(&["ip", "link", "del", "uplink0"]);
+        let pods = [&web, &local, &dns, &neighbour];
+        remove_pods(&node, &pods, &[]);
+        let left: Vec<String> = firewall(&node)
+            .lines()
+            .filter(|l| l.contains("CNI-DN-") || l.contains("dnat name:"))
+            .map(str::to_owned)
+            .collect();
+        assert!(left.is_empty(), "host port rules left: {left:#?}");
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &cidrs);
 }
