@@ -20,9 +20,11 @@
 //! - [`json`]: Go-compatible pretty printing, to compare result text byte for byte.
 //! - [`check_cases`]: table-driven tests that report every failing row.
 //! - [`underlay`]: a layer-2 segment between test hosts and UDP probes across it.
+//! - [`hostport`]: TCP probes of host ports and a client beside the node.
 
 pub mod bins;
 pub mod cases;
+pub mod hostport;
 pub mod ipam;
 pub mod json;
 pub mod kernel;

@@ -7,8 +7,8 @@
 //! runtimeConfig from capabilities), chains prevResult through the list, joins CNI_ARGS,
 //! caches the final ADD result and feeds it back as prevResult to CHECK and DEL (in
 //! reverse order), and probes VERSION. Chains mix our binaries with the reference Go
-//! plugins from `/usr/lib/cni` (portmap, firewall, tuning), so results flow from ours
-//! to theirs and back.
+//! plugins from `/usr/lib/cni` (firewall, tuning), so results flow from ours to theirs
+//! and back; our portmap is driven on both backends with real connections.
 //!
 //! Each case gets its own host and pod netns, network name, bridge name, host-local
 //! `dataDir` and libcni cache dir; the driver runs inside the host netns (`ip netns exec`)
@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 
 mod libcni_support;
 
+use cni_blackbox::hostport::{
+    NODE_V4, NODE_V6, client_on_uplink, dnat_chain, peer_seen, serve_peer_address, socket,
+};
 use cni_blackbox::{
     Netns, Outcome, TempDir, bin_dir, check_cases, kernel, require_root, unique_ifname, unique_name,
 };
@@ -659,12 +662,12 @@ fn del_after_the_pod_netns_is_gone_releases_everything() {
     });
 }
 
-/// Our bridge + host-local, then the reference portmap, firewall and tuning, then our
-/// loopback: results go from ours to theirs (portmap and firewall read our IPs, tuning
-/// rewrites our MAC) and back (our loopback passes tuning's result on; DEL and CHECK give
-/// our bridge the cached result holding tuning's MAC).
+/// Our bridge + host-local and portmap, then the reference firewall and tuning, then our
+/// loopback: results go from ours to theirs (firewall reads our IPs, tuning rewrites our
+/// MAC) and back (our loopback passes tuning's result on; DEL and CHECK give our bridge
+/// the cached result holding tuning's MAC).
 #[test]
-fn chained_with_reference_portmap_firewall_tuning() {
+fn chained_with_reference_firewall_tuning() {
     if !require_root() {
         return;
     }
@@ -748,15 +751,71 @@ fn chained_with_reference_portmap_firewall_tuning() {
         }
         assert_pod_pings(&lab, "10.45.0.1");
 
-        // Debian's portmap 1.1.1 fails every CHECK that has port mappings ("could not
-        // check ipv6 dnat: ... not found in table nat": it looks for its IPv4 rules in
-        // ip6tables, also with the reference bridge), so CHECK runs without them: portmap
-        // then skips and every other plugin (our bridge and loopback included) checks.
-        assert_check(&lab, version, &conflist, None);
+        // With the port mappings (Debian's portmap 1.1.1 fails every such CHECK, "could
+        // not check ipv6 dnat": it looks for its IPv4 rules in ip6tables; ours does not).
+        assert_check(&lab, version, &conflist, Some(&ports));
 
         let del = lab.libcni("del", &conflist, Some(&ports));
         del.assert_success();
         assert_all_gone(&lab, &result_addresses(&result), "after chained DEL");
+    });
+}
+
+/// Our portmap after our bridge, as libcni chains them (capability `portMappings`), on
+/// both backends and both families: a host port answers a client through the node's
+/// addresses, the node itself and the pod itself (hairpin); CHECK with the mappings
+/// passes and fails once a rule is removed by hand; DEL leaves nothing.
+#[test]
+fn our_portmap_through_libcni_on_both_backends() {
+    if !require_root() {
+        return;
+    }
+    check_cases(&["iptables", "nftables"], |backend| {
+        let lab = Lab::new();
+        let client = client_on_uplink(&lab.host);
+        let ranges = json!([[{"subnet": "10.46.0.0/24"}], [{"subnet": "fd46::/64"}]]);
+        let mut bridge = lab.bridge_plugin(&ranges, true);
+        bridge["hairpinMode"] = json!(true);
+        let conflist = lab.conflist(
+            "1.0.0",
+            &[
+                bridge,
+                json!({"type": "portmap", "capabilities": {"portMappings": true}, "backend": backend}),
+                json!({"type": "loopback"}),
+            ],
+        );
+        let ports = json!({"portMappings": [
+            {"hostPort": 18080, "containerPort": 80, "protocol": "tcp"}
+        ]});
+        let result = lab.add(&conflist, Some(&ports));
+        serve_peer_address(lab.pod.path(), 80);
+        for to in [socket(NODE_V4, 18080), socket(NODE_V6, 18080)] {
+            for (who, from) in [
+                ("a client", client.path()),
+                ("the node", lab.host.path()),
+                ("the pod itself", lab.pod.path()),
+            ] {
+                peer_seen(from, to).unwrap_or_else(|e| panic!("{backend}: {who}: {e}"));
+            }
+        }
+        assert_check(&lab, "1.0.0", &conflist, Some(&ports));
+        match *backend {
+            "iptables" => lab.host.exec_ok(&[
+                "iptables",
+                "-t",
+                "nat",
+                "-F",
+                &dnat_chain(&lab.network, &lab.id),
+            ]),
+            _ => lab
+                .host
+                .exec_ok(&["nft", "flush", "chain", "ip", "cni_hostport", "hostports"]),
+        };
+        lab.libcni("check", &conflist, Some(&ports))
+            .assert_failure();
+        lab.libcni("del", &conflist, Some(&ports)).assert_success();
+        drop(client);
+        assert_all_gone(&lab, &result_addresses(&result), "after DEL");
     });
 }
 

@@ -10,79 +10,26 @@
 //! are removed by ours and the other way round. A UDP client that keeps sending to a host
 //! port reaches the new pod after the old one is replaced (stale conntrack entries).
 
-use std::fs::File;
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cni_blackbox::hostport::{
+    CLIENT_V4, CLIENT_V6, NODE_V4, NODE_V6, client_on_uplink, dnat_chain, peer_seen,
+    serve_peer_address, socket as addr,
+};
 use cni_blackbox::underlay::socket_in;
 use cni_blackbox::{Netns, Plugin, TempDir, require_root, unique_name};
 use serde_json::{Value, json};
 
-const NODE_V4: &str = "192.0.2.1";
-const NODE_V6: &str = "fd00:2::1";
-const CLIENT_V4: &str = "192.0.2.2";
-const CLIENT_V6: &str = "fd00:2::2";
 const REFERENCE: &str = "/usr/lib/cni/portmap";
 
-/// Runs `work` on a thread inside `ns`.
-fn in_netns<T: Send + 'static>(ns: &Netns, work: impl FnOnce() -> T + Send + 'static) -> T {
-    let path = ns.path().to_path_buf();
-    std::thread::spawn(move || {
-        let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
-        work()
-    })
-    .join()
-    .unwrap_or_else(|_| panic!("thread in netns panicked"))
-}
-
-/// A TCP server on port 80 (both families) in a pod: answers each connection with the
-/// peer address it saw, until the pod's netns goes away.
 fn serve(pod: &Netns) {
-    let listener = in_netns(pod, || {
-        TcpListener::bind("[::]:80").unwrap_or_else(|e| panic!("bind [::]:80 in pod: {e}"))
-    });
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { return };
-            let peer = stream
-                .peer_addr()
-                .map(|a| a.ip().to_canonical().to_string())
-                .unwrap_or_default();
-            let _ = stream.write_all(peer.as_bytes());
-        }
-    });
+    serve_peer_address(pod.path(), 80);
 }
 
-/// Connects from `from` to `to` and returns what the pod's server saw as the source.
 fn connect(from: &Netns, to: SocketAddr) -> Result<String, String> {
-    in_netns(from, move || {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let attempt =
-                TcpStream::connect_timeout(&to, Duration::from_secs(2)).and_then(|mut s| {
-                    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-                    let mut seen = String::new();
-                    s.read_to_string(&mut seen)?;
-                    Ok(seen)
-                });
-            match attempt {
-                Ok(seen) if !seen.is_empty() => return Ok(seen),
-                Ok(_) if Instant::now() < deadline => {}
-                Err(_) if Instant::now() < deadline => {}
-                Ok(_) => return Err(format!("{to}: empty answer")),
-                Err(e) => return Err(format!("{to}: {e}")),
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    })
-}
-
-fn addr(ip: &str, port: u16) -> SocketAddr {
-    SocketAddr::new(ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}")), port)
+    peer_seen(from.path(), to)
 }
 
 /// The node with its uplink and client, and the data dir of host-local.
@@ -96,60 +43,7 @@ struct Node {
 impl Node {
     fn new() -> Self {
         let host = Netns::new("cnibb-pm-node");
-        let client = Netns::new("cnibb-pm-client");
-        host.exec_ok(&["ip", "link", "set", "lo", "up"]);
-        client.exec_ok(&["ip", "link", "set", "lo", "up"]);
-        host.exec_ok(&[
-            "ip",
-            "link",
-            "add",
-            "uplink",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "uplink-peer",
-        ]);
-        host.exec_ok(&["ip", "link", "set", "uplink-peer", "netns", client.name()]);
-        host.exec_ok(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{NODE_V4}/24"),
-            "dev",
-            "uplink",
-        ]);
-        host.exec_ok(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{NODE_V6}/64"),
-            "dev",
-            "uplink",
-            "nodad",
-        ]);
-        host.exec_ok(&["ip", "link", "set", "uplink", "up"]);
-        client.exec_ok(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{CLIENT_V4}/24"),
-            "dev",
-            "uplink-peer",
-        ]);
-        client.exec_ok(&[
-            "ip",
-            "addr",
-            "add",
-            &format!("{CLIENT_V6}/64"),
-            "dev",
-            "uplink-peer",
-            "nodad",
-        ]);
-        client.exec_ok(&["ip", "link", "set", "uplink-peer", "up"]);
-        for sysctl in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
-            host.exec_ok(&["sysctl", "-qw", sysctl]);
-        }
+        let client = client_on_uplink(&host);
         Self {
             host,
             client,
@@ -250,31 +144,9 @@ fn run(
 #[track_caller]
 fn assert_no_rules(node: &Node, id: &str) {
     let fw = node.firewall();
-    let chain = cni_firewall_names::dnat_chain("pmnet", id);
+    let chain = dnat_chain("pmnet", id);
     assert!(!fw.contains(&chain), "chain {chain} left:\n{fw}");
     assert!(!fw.contains(id), "a rule of {id} left:\n{fw}");
-}
-
-/// The reference's naming, computed the same way (SHA-512 of network + id).
-mod cni_firewall_names {
-    use std::io::Write as _;
-    use std::process::{Command, Stdio};
-
-    pub fn dnat_chain(network: &str, id: &str) -> String {
-        let mut child = Command::new("sha512sum")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("sha512sum");
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(format!("{network}{id}").as_bytes())
-                .expect("write to sha512sum");
-        }
-        let out = child.wait_with_output().expect("sha512sum");
-        let hex = String::from_utf8_lossy(&out.stdout);
-        format!("CNI-DN-{}", &hex[..21])
-    }
 }
 
 fn chained_ports_work_and_leave_nothing(backend: &str) {
@@ -339,7 +211,7 @@ fn chained_ports_work_and_leave_nothing(backend: &str) {
 
     run(None, &node, "CHECK", &id, &pod, &conf).assert_success();
     // A rule removed by hand: CHECK fails.
-    let chain = cni_firewall_names::dnat_chain("pmnet", &id);
+    let chain = dnat_chain("pmnet", &id);
     match backend {
         "iptables" => node.host.exec_ok(&["iptables", "-t", "nat", "-F", &chain]),
         _ => node
