@@ -1,6 +1,6 @@
 //! Our plugins under Podman 4.3's CNI backend, the way a Podman user deploys them:
 //! `network_backend = "cni"`, our binaries first in `cni_plugin_dirs`, a conflist with
-//! our `bridge` + `host-local`, then the reference `portmap`, `firewall` and `tuning`.
+//! our `bridge` + `host-local` and `portmap`, then the reference `firewall` and `tuning`.
 //!
 //! Isolation. Podman would build its bridge, veths and iptables rules in the netns it
 //! runs in, and keep state under /var/lib and /run. So every podman command runs
@@ -29,6 +29,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use cni_blackbox::hostport::{NODE_V4, NODE_V6, client_on_uplink};
 use cni_blackbox::podman::{
     children_of, cmdline, eventually, hard_limits, missing_cgroup_dirs, pids, require_podman,
     spawn_holder, warn, write,
@@ -72,6 +73,11 @@ struct Podman {
 impl Podman {
     /// A podman with one network of ours whose conflist says `cni_version`.
     fn new(cni_version: &str) -> Self {
+        Self::with_portmap_backend(cni_version, None)
+    }
+
+    /// [`Podman::new`] with portmap's `backend` set (`None`: its default).
+    fn with_portmap_backend(cni_version: &str, backend: Option<&str>) -> Self {
         let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
         let new_cgroups = missing_cgroup_dirs();
         let host = Netns::new("cnibb-pm-host");
@@ -89,7 +95,7 @@ impl Podman {
             bridge: unique_ifname("pmbr"),
             new_cgroups,
         };
-        podman.write_configs(cni_version);
+        podman.write_configs(cni_version, backend);
         podman.import_image();
         podman
     }
@@ -103,7 +109,7 @@ impl Podman {
     }
 
     /// containers.conf, storage.conf and the network's conflist.
-    fn write_configs(&self, cni_version: &str) {
+    fn write_configs(&self, cni_version: &str, portmap_backend: Option<&str>) {
         let (nofile, nproc) = hard_limits();
         let containers_conf = format!(
             r#"[containers]
@@ -138,6 +144,11 @@ image_copy_tmp_dir = "{tmp}"
         write(&self.dir("storage.conf"), &storage_conf);
 
         // Podman's own default CNI network, with our bridge and host-local.
+        let mut portmap =
+            serde_json::json!({"type": "portmap", "capabilities": {"portMappings": true}});
+        if let Some(backend) = portmap_backend {
+            portmap["backend"] = serde_json::json!(backend);
+        }
         let conflist = serde_json::json!({
             "cniVersion": cni_version,
             "name": self.network,
@@ -158,7 +169,7 @@ image_copy_tmp_dir = "{tmp}"
                         "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]
                     }
                 },
-                {"type": "portmap", "capabilities": {"portMappings": true}},
+                portmap,
                 {"type": "firewall", "backend": "iptables"},
                 {"type": "tuning"}
             ]
@@ -445,13 +456,17 @@ fn two_containers_get_our_addresses_and_ping_each_other() {
     podman.assert_no_strays();
 }
 
-#[test]
-fn published_port_reaches_the_container_through_reference_portmap() {
+/// `podman run --publish` through our portmap on `backend`: the published port answers
+/// on the bridge's and the uplink's addresses, from the host, from a client beside the
+/// node and from the container itself (hairpin), over IPv4 and IPv6; stop and start run
+/// DEL and ADD; `rm` leaves nothing.
+fn published_port_reaches_the_container(backend: &str) {
     if !require_podman() {
         return;
     }
     const HOST_PORT: &str = "18080";
-    let podman = Podman::new("0.4.0");
+    let podman = Podman::with_portmap_backend("0.4.0", Some(backend));
+    let client = client_on_uplink(&podman.host);
     let web = unique_name("cnibb-web");
     let id = podman.run(
         &web,
@@ -460,22 +475,26 @@ fn published_port_reaches_the_container_through_reference_portmap() {
     );
     let (ip4, ip6) = podman.addresses(&web);
 
-    // portmap (reference) chained after our bridge got our result: a DNAT to our address.
-    let nat = podman.host.exec_ok(&["iptables-save", "-t", "nat"]);
+    // portmap chained after our bridge got our result: a DNAT to our address.
+    let rules = match backend {
+        "iptables" => podman.host.exec_ok(&["iptables-save", "-t", "nat"]),
+        _ => podman
+            .host
+            .exec_ok(&["nft", "list", "table", "ip", "cni_hostport"]),
+    };
     assert!(
-        nat.contains(&format!("--to-destination {ip4}:80")),
-        "no DNAT to {ip4}:80:\n{nat}"
+        rules.contains(&format!("{ip4}:80")),
+        "{backend}: no DNAT to {ip4}:80:\n{rules}"
     );
 
-    // From the host netns to the published port on its own address (the bridge's
-    // gateway address). bash's /dev/tcp is the client: the static busybox's wget crashes
-    // outside its image.
-    let fetch = |target: &str| {
+    // bash's /dev/tcp is the client outside the container: the static busybox's wget
+    // crashes outside its image.
+    let fetch_from = |ns: &Netns, target: &str| {
         let script = format!(
             "exec 3<>/dev/tcp/{target}/{HOST_PORT} && \
              printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' >&3 && cat <&3"
         );
-        let get = || podman.host.exec(&["timeout", "5", "bash", "-c", &script]);
+        let get = || ns.exec(&["timeout", "5", "bash", "-c", &script]);
         eventually(Duration::from_secs(15), || {
             let out = get();
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -490,16 +509,34 @@ fn published_port_reaches_the_container_through_reference_portmap() {
         .unwrap_or_else(|| {
             let last = get();
             panic!(
-                "nothing answered on {target} port {HOST_PORT}: {}{}\ncontainer: {}\nnat: {}",
+                "{backend}: nothing answered on {target} port {HOST_PORT}: {}{}\ncontainer: {}\nrules: {}",
                 String::from_utf8_lossy(&last.stdout),
                 String::from_utf8_lossy(&last.stderr),
                 podman.ok(&["exec", &web, "sh", "-c", "ip addr; ip route; ps"]),
-                podman.host.exec_ok(&["iptables-save", "-t", "nat"]),
+                rules,
             )
         })
     };
+    let fetch = |target: &str| fetch_from(&podman.host, target);
     assert_eq!(fetch("10.89.3.1"), PAGE);
     assert_eq!(fetch("fd89:3::1"), PAGE, "over IPv6");
+    assert_eq!(fetch_from(&client, NODE_V4), PAGE, "from a client");
+    assert_eq!(
+        fetch_from(&client, NODE_V6),
+        PAGE,
+        "from a client over IPv6"
+    );
+    let hairpin = podman.ok(&[
+        "exec",
+        &web,
+        "wget",
+        "-q",
+        "-O",
+        "-",
+        &format!("http://{NODE_V4}:{HOST_PORT}/index.html"),
+    ]);
+    assert_eq!(hairpin, PAGE.trim_end(), "from the container itself");
+    drop(client);
 
     // Stop runs CNI DEL (podman or conmon's cleanup command, both with our config), start
     // runs ADD again.
@@ -522,4 +559,14 @@ fn published_port_reaches_the_container_through_reference_portmap() {
     podman.ok(&["rm", "--force", "--time", "0", &web]);
     podman.assert_nothing_left(&[&id], &[&ip4, &ip6, &again4, &again6]);
     podman.assert_no_strays();
+}
+
+#[test]
+fn published_port_reaches_the_container_through_our_portmap_on_iptables() {
+    published_port_reaches_the_container("iptables");
+}
+
+#[test]
+fn published_port_reaches_the_container_through_our_portmap_on_nftables() {
+    published_port_reaches_the_container("nftables");
 }
