@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use cni_firewall::hostport::{self, Forward};
+use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, CniResult, ErrorCode, Plugin, Request, log};
 use ipnetwork::IpNetwork;
 
@@ -52,11 +53,20 @@ impl Plugin for Portmap {
         if config.mappings.is_empty() {
             return Ok(prev);
         }
+        hit("portmap/parsed")?;
         let backend = config.backend();
         let addresses = config::container_addresses(&prev, &req.args.ifname);
-        let installed = addresses.iter().try_for_each(|&container| {
+        // All or nothing: until disarmed, the guard removes whatever this ADD
+        // installed, also when a step panics.
+        let mut undo = Undo {
+            network: &req.config.name,
+            container_id: &req.args.container_id,
+            armed: true,
+        };
+        for &container in &addresses {
             let f = forward(req, &config, container);
             hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
+            hit("portmap/rules-installed")?;
             log::info(&format!(
                 "{backend}: {} host port(s) to {}",
                 f.mappings().count(),
@@ -64,23 +74,19 @@ impl Plugin for Portmap {
             ));
             if container.is_ipv4() && config.snat != hostport::Snat::Off {
                 enable_localnet_routing(container.ip())?;
+                hit("portmap/route-localnet")?;
             }
-            Ok::<(), CniError>(())
-        });
-        if let Err(e) = installed {
-            // All or nothing: what the first family installed goes too.
-            if let Err(undo) = hostport::teardown(&req.config.name, &req.args.container_id) {
-                log::info(&format!("undoing a failed ADD: {undo}"));
-            }
-            return Err(e);
         }
         forget_stale_udp(&config, &addresses);
+        hit("portmap/conntrack")?;
+        undo.armed = false;
         Ok(prev)
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
         // No prevResult, netns or mapping list is needed: the rules are found
         // by the network and container, in both backends.
+        hit("portmap/del")?;
         hostport::teardown(&req.config.name, &req.args.container_id).map_err(|e| firewall_error(&e))
     }
 
@@ -116,6 +122,24 @@ impl Plugin for Portmap {
                 ErrorCode::PLUGIN_NOT_AVAILABLE,
                 format!("the {backend} backend cannot be used on this node"),
             ))
+        }
+    }
+}
+
+/// Removes the host port rules of an ADD that did not finish.
+struct Undo<'a> {
+    network: &'a str,
+    container_id: &'a str,
+    armed: bool,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Err(e) = hostport::teardown(self.network, self.container_id) {
+            log::info(&format!("undoing a failed ADD: {e}"));
         }
     }
 }
