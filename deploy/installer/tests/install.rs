@@ -18,7 +18,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 const INSTALLER: &str = env!("CARGO_BIN_EXE_cni-installer");
-const PLUGINS: [&str; 3] = ["bridge", "host-local", "loopback"];
+const PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", "portmap"];
 
 /// A directory under the system temp dir, removed on drop.
 struct Dir(PathBuf);
@@ -76,7 +76,7 @@ fn source(commit: &str) -> Dir {
 fn assert_one_file(dir: &Path) {
     let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&dir.join(n))).collect();
     assert!(inodes.iter().all(|i| *i == inodes[0]), "{inodes:?}");
-    assert_eq!(fs::metadata(dir.join(PLUGINS[0])).unwrap().nlink(), 3);
+    assert_eq!(fs::metadata(dir.join(PLUGINS[0])).unwrap().nlink(), 4);
 }
 
 fn install(src: &Dir, dest: &Path, extra: &[&str]) -> Output {
@@ -131,7 +131,7 @@ fn fresh_install_then_second_run_changes_nothing() {
     assert_one_file(&dest);
     let inodes: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
     let second = ok(&install(&src, &dest, &[]));
-    assert_eq!(second.matches(": unchanged, v").count(), 3, "{second}");
+    assert_eq!(second.matches(": unchanged, v").count(), 4, "{second}");
     let again: Vec<u64> = PLUGINS.iter().map(|n| inode(&dest.join(n))).collect();
     assert_eq!(inodes, again, "an unchanged file was rewritten");
     let mut names: Vec<String> = fs::read_dir(&dest)
@@ -154,7 +154,7 @@ fn separate_copies_of_the_same_file_become_one_file() {
     assert_eq!(
         out.matches("now a hard link of the plugins' one file")
             .count(),
-        3,
+        4,
         "{out}"
     );
     assert_one_file(&dest.0);
@@ -179,11 +179,12 @@ fn reference_and_unknown_binaries_are_replaced_other_files_kept() {
     .unwrap();
     fs::write(dest.join("host-local"), "").unwrap();
     fs::write(dest.join("portmap"), "reference portmap").unwrap();
+    fs::write(dest.join("tuning"), "reference tuning").unwrap();
     let out = ok(&install(&src, &dest.0, &[]));
     assert_eq!(
         out.matches("replacing a binary that is not cni-plugins-rs")
             .count(),
-        2,
+        3,
         "{out}"
     );
     for name in PLUGINS {
@@ -192,10 +193,8 @@ fn reference_and_unknown_binaries_are_replaced_other_files_kept() {
             fs::read(src.join(name)).unwrap()
         );
     }
-    assert_eq!(
-        fs::read(dest.join("portmap")).unwrap(),
-        b"reference portmap"
-    );
+    // A plugin we do not ship is not ours to touch.
+    assert_eq!(fs::read(dest.join("tuning")).unwrap(), b"reference tuning");
 }
 
 #[test]
