@@ -191,7 +191,8 @@ fn interface_towards(ip: IpAddr) -> Result<Option<String>, CniError> {
 /// Deletes conntrack entries of the UDP host ports, so that a client that
 /// kept sending to one while the container was replaced reaches the new one
 /// (conntrack would otherwise keep translating to the old address). A
-/// failure only costs that, so it is logged, not returned.
+/// failure only costs that, so it is logged, not returned. The families are
+/// done at once: each is a walk of the kernel's whole conntrack table.
 fn forget_stale_udp(config: &Config, addresses: &[IpNetwork]) {
     let ports: Vec<u16> = config
         .mappings
@@ -199,18 +200,24 @@ fn forget_stale_udp(config: &Config, addresses: &[IpNetwork]) {
         .filter(|m| m.protocol == hostport::Protocol::Udp)
         .map(|m| m.host_port)
         .collect();
-    for container in addresses {
-        // AF_INET, AF_INET6.
-        let family = if container.is_ipv4() { 2 } else { 10 };
-        for port in &ports {
-            if let Err(e) = cni_firewall::conntrack::delete_udp_by_dst_port(family, *port) {
-                log::info(&format!(
-                    "failed to delete stale UDP conntrack entries for {}: {e}",
-                    container.ip()
-                ));
-            }
-        }
+    if ports.is_empty() {
+        return;
     }
+    std::thread::scope(|scope| {
+        for container in addresses {
+            let ports = &ports;
+            scope.spawn(move || {
+                // AF_INET, AF_INET6.
+                let family = if container.is_ipv4() { 2 } else { 10 };
+                if let Err(e) = cni_firewall::conntrack::delete_udp_by_dst_ports(family, ports) {
+                    log::info(&format!(
+                        "failed to delete stale UDP conntrack entries for {}: {e}",
+                        container.ip()
+                    ));
+                }
+            });
+        }
+    });
 }
 
 #[cfg(test)]

@@ -183,31 +183,44 @@ fn has_rule(rules: &[Rule], chain: &str, exprs: &[Expr], comment: Option<&str>) 
         .any(|r| r.chain == chain && r.exprs == exprs && r.comment.as_deref() == comment)
 }
 
-/// The transaction that installs `forward`, given the table's rules now
-/// (`None` when the table does not exist).
-pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&[Rule]>) -> Result<Batch> {
+/// The table as it is now: its chains and rules (`None` when it does not
+/// exist).
+pub(crate) struct Current {
+    pub(crate) chains: Vec<String>,
+    pub(crate) rules: Vec<Rule>,
+}
+
+/// The transaction that installs `forward`, given the table now.
+///
+/// The table and chains are added only when missing: adding what exists is
+/// an update transaction of its own, and the kernel then makes the next
+/// release of a netfilter socket (the process's exit) wait for an RCU grace
+/// period, tens of milliseconds, for nothing.
+pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&Current>) -> Result<Batch> {
     let family = family_of(forward.container.ip());
     let id = forward.container_id;
-    let rules = current.unwrap_or_default();
+    let rules = current.map(|c| c.rules.as_slice()).unwrap_or_default();
+    let has_chain = |name: &str| current.is_some_and(|c| c.chains.iter().any(|n| n == name));
     let mut b = Batch::new();
-    b.add_table(family, TABLE, Some(TABLE_COMMENT))?;
-    for chain in [HOSTPORTS, HOSTIP_HOSTPORTS, HOSTPORTS_ALL] {
-        b.add_chain(family, TABLE, chain, None, None)?;
+    if current.is_none() {
+        b.add_table(family, TABLE, Some(TABLE_COMMENT))?;
     }
-    b.add_chain(
-        family,
-        TABLE,
-        "prerouting",
-        Some(nat_hook(HOOK_PREROUTING, PRIORITY_DSTNAT)),
-        None,
-    )?;
-    b.add_chain(
-        family,
-        TABLE,
-        "output",
-        Some(nat_hook(HOOK_OUTPUT, PRIORITY_DSTNAT)),
-        None,
-    )?;
+    for chain in [HOSTPORTS, HOSTIP_HOSTPORTS, HOSTPORTS_ALL] {
+        if !has_chain(chain) {
+            b.add_chain(family, TABLE, chain, None, None)?;
+        }
+    }
+    for (chain, hook) in [("prerouting", HOOK_PREROUTING), ("output", HOOK_OUTPUT)] {
+        if !has_chain(chain) {
+            b.add_chain(
+                family,
+                TABLE,
+                chain,
+                Some(nat_hook(hook, PRIORITY_DSTNAT)),
+                None,
+            )?;
+        }
+    }
     // The fixed rules are written again only when they are not exactly as
     // they should be (the reference rewrites them on every ADD).
     let fixed = [
@@ -228,7 +241,7 @@ pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&[Rule]>) -> Re
             }
         }
     }
-    if forward.snat != Snat::Off {
+    if forward.snat != Snat::Off && !has_chain(MASQUERADING) {
         b.add_chain(
             family,
             TABLE,
@@ -258,6 +271,14 @@ fn table_rules(nl: &mut Nfnl, family: u8) -> Result<Option<Vec<Rule>>> {
     nl.rules(family, TABLE, None).map(Some)
 }
 
+fn current(nl: &mut Nfnl, family: u8) -> Result<Option<Current>> {
+    let Some(rules) = table_rules(nl, family)? else {
+        return Ok(None);
+    };
+    let chains = nl.chain_names(family, TABLE)?;
+    Ok(Some(Current { chains, rules }))
+}
+
 fn target(family: u8) -> String {
     format!("table {} {TABLE}", crate::nfnetlink::family_name(family))
 }
@@ -285,8 +306,8 @@ pub(crate) fn setup(forward: &Forward<'_>) -> Result<()> {
     refuse_conditions(forward)?;
     let family = family_of(forward.container.ip());
     let mut nl = Nfnl::open()?;
-    let current = table_rules(&mut nl, family)?;
-    let batch = setup_batch(forward, current.as_deref())?;
+    let current = current(&mut nl, family)?;
+    let batch = setup_batch(forward, current.as_ref())?;
     nl.commit(batch, &target(family))
 }
 
