@@ -140,3 +140,40 @@ fn quick_benchmark_completes_and_writes_its_csv() {
         .unwrap_or_default();
     assert!(files.is_empty(), "temporary files left: {files:?}");
 }
+
+/// The portmap benchmark (`tests/bench/portmap.sh`) in its quick mode: every suite
+/// (ours on both backends, the reference; TCP and TCP+UDP host ports) in the table, no
+/// failed call, no namespace left.
+#[test]
+fn quick_portmap_benchmark_completes() {
+    if !require_root() {
+        return;
+    }
+    let tag = unique_name("cps").replace('-', "");
+    let script = workspace_root().join("tests/bench/portmap.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("BENCH_QUICK", "1")
+        .env("BENCH_OURS_DIR", bin_dir())
+        .env("BENCH_TAG", &tag)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{} failed ({}):\n{stdout}\n{stderr}",
+        script.display(),
+        out.status
+    );
+    for op in ["ADD", "CHECK", "DEL"] {
+        for suite in ["ours iptables", "ref iptables", "ours nftables"] {
+            for ports in ["tcp", "tcp+udp"] {
+                let row = format!("| {op} | {suite} {ports} | 3 |");
+                assert!(stdout.contains(&row), "no {row:?} in:\n{stdout}");
+            }
+        }
+    }
+    let left = netns_names(&tag);
+    assert!(left.is_empty(), "namespaces left: {left:?}");
+}

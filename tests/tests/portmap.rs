@@ -416,3 +416,60 @@ fn udp_clients_reach_the_new_pod_after_a_replacement() {
     }
     let _: IpAddr = CLIENT_V6.parse().unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// GC removes the host ports of containers outside `cni.dev/valid-attachments` on both
+/// backends and keeps the valid ones; STATUS answers for the backend.
+#[test]
+fn gc_removes_only_attachments_outside_the_valid_list() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let (pod_a, id_a, result_a) = node.pod();
+    let (pod_b, id_b, result_b) = node.pod();
+    serve(&pod_a);
+    for (backend, port) in [("iptables", 8080), ("nftables", 9080)] {
+        let mappings = json!([{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]);
+        for (pod, id, result) in [(&pod_a, &id_a, &result_a), (&pod_b, &id_b, &result_b)] {
+            run(
+                None,
+                &node,
+                "ADD",
+                id,
+                pod,
+                &portmap_conf(Some(backend), Some(result), &mappings),
+            )
+            .assert_success();
+        }
+    }
+    let gc = |valid: Value| {
+        let mut conf = portmap_conf(None, None, &json!([]));
+        conf["cniVersion"] = json!("1.1.0");
+        conf["cni.dev/valid-attachments"] = valid;
+        Plugin::new("portmap", &node.host)
+            .command("GC")
+            .config(&conf)
+            .run()
+    };
+    gc(json!([{"containerID": id_a, "ifname": "eth0"}])).assert_success();
+    let fw = node.firewall();
+    assert!(!fw.contains(&id_b), "GC kept the rules of {id_b}:\n{fw}");
+    assert!(
+        fw.contains(&id_a),
+        "GC removed the rules of valid {id_a}:\n{fw}"
+    );
+    for port in [8080, 9080] {
+        connect(&node.client, addr(NODE_V4, port))
+            .unwrap_or_else(|e| panic!("the valid pod's port {port} after GC: {e}"));
+    }
+    gc(json!([])).assert_success();
+    assert_no_rules(&node, &id_a);
+
+    let mut status = portmap_conf(Some("nftables"), None, &json!([]));
+    status["cniVersion"] = json!("1.1.0");
+    Plugin::new("portmap", &node.host)
+        .command("STATUS")
+        .config(&status)
+        .run()
+        .assert_success();
+}
