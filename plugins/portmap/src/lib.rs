@@ -63,21 +63,35 @@ impl Plugin for Portmap {
             container_id: &req.args.container_id,
             armed: true,
         };
-        for &container in &addresses {
-            let f = forward(req, &config, container);
-            hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
-            hit("portmap/rules-installed")?;
-            log::info(&format!(
-                "{backend}: {} host port(s) to {}",
-                f.mappings().count(),
-                container.ip()
-            ));
-            if container.is_ipv4() && config.snat != hostport::Snat::Off {
-                enable_localnet_routing(container.ip())?;
-                hit("portmap/route-localnet")?;
+        let udp_ports: Vec<u16> = config
+            .mappings
+            .iter()
+            .filter(|m| m.protocol == hostport::Protocol::Udp)
+            .map(|m| m.host_port)
+            .collect();
+        // A family's stale UDP entries are forgotten as soon as its rules are in,
+        // while the next family's rules go in.
+        std::thread::scope(|scope| {
+            for &container in &addresses {
+                let f = forward(req, &config, container);
+                hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
+                hit("portmap/rules-installed")?;
+                log::info(&format!(
+                    "{backend}: {} host port(s) to {}",
+                    f.mappings().count(),
+                    container.ip()
+                ));
+                if !udp_ports.is_empty() {
+                    let ports = &udp_ports;
+                    scope.spawn(move || forget_stale_udp(container, ports));
+                }
+                if container.is_ipv4() && config.snat != hostport::Snat::Off {
+                    enable_localnet_routing(container.ip())?;
+                    hit("portmap/route-localnet")?;
+                }
             }
-        }
-        forget_stale_udp(&config, &addresses);
+            Ok::<(), CniError>(())
+        })?;
         hit("portmap/conntrack")?;
         undo.armed = false;
         Ok(prev)
@@ -197,36 +211,20 @@ fn interface_towards(ip: IpAddr) -> Result<Option<String>, CniError> {
     Ok(nl.link_by_index(index).map_err(linux)?.map(|l| l.name))
 }
 
-/// Deletes conntrack entries of the UDP host ports, so that a client that
-/// kept sending to one while the container was replaced reaches the new one
-/// (conntrack would otherwise keep translating to the old address). A
-/// failure only costs that, so it is logged, not returned. The families are
-/// done at once: each is a walk of the kernel's whole conntrack table.
-fn forget_stale_udp(config: &Config, addresses: &[IpNetwork]) {
-    let ports: Vec<u16> = config
-        .mappings
-        .iter()
-        .filter(|m| m.protocol == hostport::Protocol::Udp)
-        .map(|m| m.host_port)
-        .collect();
-    if ports.is_empty() {
-        return;
+/// Deletes the conntrack entries of the UDP host `ports` in `container`'s
+/// family, so that a client that kept sending to one while the container was
+/// replaced reaches the new one (conntrack would otherwise keep translating
+/// to the old address). A failure only costs that, so it is logged, not
+/// returned.
+fn forget_stale_udp(container: IpNetwork, ports: &[u16]) {
+    // AF_INET, AF_INET6.
+    let family = if container.is_ipv4() { 2 } else { 10 };
+    if let Err(e) = cni_firewall::conntrack::delete_udp_by_dst_ports(family, ports) {
+        log::info(&format!(
+            "failed to delete stale UDP conntrack entries for {}: {e}",
+            container.ip()
+        ));
     }
-    std::thread::scope(|scope| {
-        for container in addresses {
-            let ports = &ports;
-            scope.spawn(move || {
-                // AF_INET, AF_INET6.
-                let family = if container.is_ipv4() { 2 } else { 10 };
-                if let Err(e) = cni_firewall::conntrack::delete_udp_by_dst_ports(family, ports) {
-                    log::info(&format!(
-                        "failed to delete stale UDP conntrack entries for {}: {e}",
-                        container.ip()
-                    ));
-                }
-            });
-        }
-    });
 }
 
 #[cfg(test)]
