@@ -4,7 +4,7 @@
 
 use crate::common::{delete_link, fail, mac_text, open_netns};
 use crate::config::BridgeConf;
-use crate::effects::{Effects, Pending, System};
+use crate::effects::{ContainerSysctls, Effects, Pending, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
 use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
@@ -467,7 +467,15 @@ fn configure_container(
     result: &CniResult,
 ) -> Result<(), CniError> {
     let has_v6 = result.ips.iter().any(|ip| ip.address.is_ipv6());
-    fx.container_sysctls(pod_ns, ifname, conf.enable_dad, has_v6)?;
+    fx.container_sysctls(
+        pod_ns,
+        ifname,
+        ContainerSysctls {
+            enable_dad: conf.enable_dad,
+            has_v6,
+            accept_ra: conf.accept_router_advertisements,
+        },
+    )?;
     // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.
     // Over netlink rather than /proc/sys/net: see `Netlink::set_arp_notify`.
     let _ = pod.set_arp_notify(index);
@@ -1126,6 +1134,8 @@ mod tests {
         );
         assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/disable_ipv6"], "0");
         assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/accept_dad"], "0");
+        assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/accept_ra"], "0");
+        assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/autoconf"], "0");
         assert_eq!(pod_ns.sysctls["net/ipv4/conf/eth0/arp_notify"], "1");
         let routes: Vec<(IpNetwork, Option<std::net::IpAddr>, Option<u32>)> =
             pod_ns.routes.iter().map(|r| (r.dst, r.gw, r.oif)).collect();

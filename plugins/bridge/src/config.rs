@@ -24,6 +24,7 @@ const KNOWN_KEYS: &[&str] = &[
     "preserveDefaultVlan",
     "macspoofchk",
     "enabledad",
+    "acceptRouterAdvertisements",
     "disableContainerInterface",
     "portIsolation",
     "dns",
@@ -70,6 +71,8 @@ struct RawConf {
     macspoofchk: bool,
     #[serde(default)]
     enabledad: bool,
+    #[serde(rename = "acceptRouterAdvertisements", default)]
+    accept_router_advertisements: bool,
     #[serde(rename = "disableContainerInterface", default)]
     disable_container_interface: bool,
     #[serde(rename = "portIsolation", default)]
@@ -144,6 +147,10 @@ pub struct BridgeConf {
     pub macspoofchk: bool,
     /// Keep IPv6 DAD on in the container.
     pub enable_dad: bool,
+    /// Let the container interface take IPv6 router advertisements (off by default
+    /// when IPAM gives it its addresses: a neighbour's forged RA must not give it a
+    /// route or an address).
+    pub accept_router_advertisements: bool,
     /// Leave the container interface down.
     pub disable_container_interface: bool,
     /// Isolate the host port.
@@ -271,6 +278,7 @@ impl BridgeConf {
             preserve_default_vlan: raw.preserve_default_vlan,
             macspoofchk: raw.macspoofchk,
             enable_dad: raw.enabledad,
+            accept_router_advertisements: raw.accept_router_advertisements,
             disable_container_interface: raw.disable_container_interface,
             port_isolation: raw.port_isolation,
             dns,

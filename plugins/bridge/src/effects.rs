@@ -101,8 +101,7 @@ pub(crate) trait Effects {
         &self,
         pod_ns: &NetNs,
         ifname: &str,
-        enable_dad: bool,
-        has_v6: bool,
+        settings: ContainerSysctls,
     ) -> Result<(), CniError>;
 }
 
@@ -195,13 +194,24 @@ impl Effects for System {
         &self,
         pod_ns: &NetNs,
         ifname: &str,
-        enable_dad: bool,
-        has_v6: bool,
+        settings: ContainerSysctls,
     ) -> Result<(), CniError> {
         pod_ns
-            .run(|| container_sysctls(sysctl::write, ifname, enable_dad, has_v6))
+            .run(|| container_sysctls(sysctl::write, ifname, settings))
             .map_err(|e| internal(&e))?
     }
+}
+
+/// What the container end's sysctls are set from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ContainerSysctls {
+    /// `enabledad`.
+    pub(crate) enable_dad: bool,
+    /// The attachment has an IPv6 address.
+    pub(crate) has_v6: bool,
+    /// `acceptRouterAdvertisements`: when false, the interface takes no router
+    /// advertisement (no route, no SLAAC address), IPv4-only networks included.
+    pub(crate) accept_ra: bool,
 }
 
 /// The container end's sysctls, each written with `write`. The real `write` runs on a
@@ -209,9 +219,26 @@ impl Effects for System {
 pub(crate) fn container_sysctls(
     write: impl Fn(&str, &str) -> cni_linux::Result<()>,
     ifname: &str,
-    enable_dad: bool,
-    has_v6: bool,
+    settings: ContainerSysctls,
 ) -> Result<(), CniError> {
+    let ContainerSysctls {
+        enable_dad,
+        has_v6,
+        accept_ra,
+    } = settings;
+    if !accept_ra {
+        // Before the link comes up, so no advertisement is ever taken. A kernel
+        // without IPv6 has no such file and nothing to protect.
+        for (key, value) in [("accept_ra", "0"), ("autoconf", "0")] {
+            match write(&format!("net/ipv6/conf/{ifname}/{key}"), value) {
+                Err(cni_linux::Error::SysctlWrite { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                other => other.with_context(|| {
+                    format!("failed to turn off router advertisements on {ifname:?} ({key})")
+                })?,
+            }
+        }
+    }
     // DAD makes pods wait 1-2 s for addresses nobody else can own on a fresh veth.
     if enable_dad {
         let _ = write(&format!("net/ipv6/conf/{ifname}/enhanced_dad"), "1");

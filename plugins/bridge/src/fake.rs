@@ -572,13 +572,12 @@ impl Effects for Fake {
         &self,
         _pod_ns: &NetNs,
         ifname: &str,
-        enable_dad: bool,
-        has_v6: bool,
+        settings: effects::ContainerSysctls,
     ) -> std::result::Result<(), CniError> {
         let pod = Fake {
             shared: Rc::clone(&self.shared),
             pod: true,
         };
-        effects::container_sysctls(|n, v| pod.write_sysctl(n, v), ifname, enable_dad, has_v6)
+        effects::container_sysctls(|n, v| pod.write_sysctl(n, v), ifname, settings)
     }
 }

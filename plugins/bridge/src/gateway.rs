@@ -98,6 +98,7 @@ mod tests {
             preserve_default_vlan: false,
             macspoofchk: false,
             enable_dad: false,
+            accept_router_advertisements: false,
             disable_container_interface: false,
             port_isolation: false,
             dns: None,
