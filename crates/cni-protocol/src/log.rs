@@ -97,6 +97,26 @@ struct Logger {
     context: String,
     started: Instant,
     last_step: Mutex<Instant>,
+    /// The log file, opened at the first record (`None`: it cannot be used).
+    file: OnceLock<Option<std::fs::File>>,
+}
+
+/// Opens the operator's log for appending, once per process, and keeps it only if it is
+/// a regular file: the path may be in a directory others can write, so a symlink is not
+/// followed, a FIFO or device cannot block or swallow the command (`O_NONBLOCK`, then the
+/// type check), and a file created here is the owner's alone (0600). A log that cannot
+/// be opened is skipped: it never fails or delays the command.
+fn open_log(path: &std::path::Path) -> Option<std::fs::File> {
+    use nix::libc;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .ok()?;
+    file.metadata().ok()?.file_type().is_file().then_some(file)
 }
 
 static LOGGER: OnceLock<Logger> = OnceLock::new();
@@ -169,6 +189,7 @@ pub fn start(settings: Settings, plugin: &str, args: &CmdArgs) {
         context,
         started: now,
         last_step: Mutex::new(now),
+        file: OnceLock::new(),
     });
 }
 
@@ -257,10 +278,10 @@ fn record(level: Level, message: &str, extra: &str) {
             quote(message),
         )
     });
-    if let Ok(mut file) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&logger.settings.file)
+    if let Some(mut file) = logger
+        .file
+        .get_or_init(|| open_log(&logger.settings.file))
+        .as_ref()
     {
         let _ = file.write_all(line.as_bytes());
     }

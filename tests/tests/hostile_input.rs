@@ -1,0 +1,109 @@
+//! Paths and sizes that someone other than the runtime controls. The plugins run as root;
+//! the operator's log location may be in a directory others can write. Each test plants
+//! what an attacker could and checks that the plugin neither writes where it should not
+//! nor hangs, and still does its job.
+
+mod bridge_support;
+
+use std::os::unix::fs::{PermissionsExt as _, symlink};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bridge_support::Net;
+use cni_blackbox::{TempDir, plugin_path, require_root};
+use serde_json::json;
+
+/// Runs loopback ADD in a fresh netns with the operator's log at `log`, under `umask`,
+/// bounded by 10 s; returns whether it succeeded and how long it took.
+fn loopback_add_logging_to(log: &Path, umask: &str) -> (bool, Duration) {
+    let net = Net::new();
+    let pod = net.pod();
+    let started = Instant::now();
+    let out = Command::new("timeout")
+        .arg("10")
+        .args(["ip", "netns", "exec", net.host.name(), "sh", "-c"])
+        .arg(format!("umask {umask} && exec \"$0\" < \"$1\""))
+        .arg(plugin_path("loopback"))
+        .arg({
+            let conf = net.data.path().join("loopback.json");
+            std::fs::write(
+                &conf,
+                json!({"cniVersion": "1.0.0", "name": "lo", "type": "loopback"}).to_string(),
+            )
+            .expect("write config");
+            conf
+        })
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "hostile-log")
+        .env("CNI_NETNS", pod.path())
+        .env("CNI_IFNAME", "lo")
+        .env("CNI_PATH", "/nonexistent")
+        .env("CNI_RS_LOG_FILE", log)
+        .output()
+        .expect("run loopback");
+    (out.status.success(), started.elapsed())
+}
+
+#[test]
+fn the_log_does_not_follow_planted_symlinks() {
+    if !require_root() {
+        return;
+    }
+    let dir = TempDir::new("cnibb-hostile-log");
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "root's file\n").expect("write victim");
+    let log = dir.path().join("cni.log");
+    symlink(&victim, &log).expect("plant symlink");
+    let (ok, _) = loopback_add_logging_to(&log, "022");
+    assert!(ok, "the command failed because of its log");
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("read victim"),
+        "root's file\n",
+        "the log was appended through a symlink"
+    );
+
+    // A dangling symlink: nothing is created where it points.
+    let target = dir.path().join("created-elsewhere");
+    let dangling = dir.path().join("dangling.log");
+    symlink(&target, &dangling).expect("plant dangling symlink");
+    let (ok, _) = loopback_add_logging_to(&dangling, "022");
+    assert!(ok, "the command failed because of its log");
+    assert!(
+        !target.exists(),
+        "the log created a file through a dangling symlink"
+    );
+}
+
+#[test]
+fn a_fifo_as_the_log_neither_blocks_nor_fails_the_command() {
+    if !require_root() {
+        return;
+    }
+    let dir = TempDir::new("cnibb-hostile-fifo");
+    let fifo = dir.path().join("cni.log");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let (ok, took) = loopback_add_logging_to(&fifo, "022");
+    assert!(ok, "the command failed or hung (took {took:?})");
+    assert!(
+        took < Duration::from_secs(5),
+        "the log blocked for {took:?}"
+    );
+}
+
+#[test]
+fn a_new_log_is_the_owners_alone_whatever_the_umask() {
+    if !require_root() {
+        return;
+    }
+    let dir = TempDir::new("cnibb-hostile-umask");
+    let log = dir.path().join("cni.log");
+    let (ok, _) = loopback_add_logging_to(&log, "000");
+    assert!(ok);
+    let mode = std::fs::metadata(&log)
+        .expect("the log was written")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "log mode {:o}", mode & 0o777);
+}
