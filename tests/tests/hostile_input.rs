@@ -107,3 +107,53 @@ fn a_new_log_is_the_owners_alone_whatever_the_umask() {
         .mode();
     assert_eq!(mode & 0o777, 0o600, "log mode {:o}", mode & 0o777);
 }
+
+/// `ipam.type` naming the plugin that is running (or a chain back to it) is refused with
+/// a CNI error, in-process (the multi-call binary) and across exec'd processes alike;
+/// before, the in-process case overflowed the stack (exit 134, no JSON).
+#[test]
+fn delegation_back_to_a_running_plugin_is_refused() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let conf = json!({
+        "cniVersion": "1.0.0",
+        "name": "selfdelegation",
+        "type": "bridge",
+        "bridge": net.bridge,
+        "ipam": {"type": "bridge"}
+    });
+    // A copy of the executable is another file: the delegate is exec'd.
+    let copies = TempDir::new("cnibb-hostile-copies");
+    std::fs::copy(plugin_path("bridge"), copies.path().join("bridge")).expect("copy bridge");
+    for cni_path in [
+        cni_blackbox::bin_dir().to_path_buf(),
+        copies.path().to_path_buf(),
+    ] {
+        let pod = net.pod();
+        let started = Instant::now();
+        let out = net
+            .plugin("ADD", &conf)
+            .cni_path(&cni_path.display().to_string())
+            .attachment("hostile-loop", &pod, "eth0")
+            .run();
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{}: took {:?}",
+            cni_path.display(),
+            started.elapsed()
+        );
+        assert_eq!(out.code(), Some(1), "{}: {out}", cni_path.display());
+        assert_eq!(out.error_code(), Some(7), "{}: {out}", cni_path.display());
+        assert!(
+            out.error_msg().unwrap_or_default().contains("would loop"),
+            "{out}"
+        );
+        assert!(
+            net.host_veths().is_empty(),
+            "veths left: {:?}",
+            net.host_veths()
+        );
+    }
+}

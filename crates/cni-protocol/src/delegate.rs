@@ -35,9 +35,24 @@ pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
 /// with `CNI_COMMAND` replaced, and its stderr goes to ours. Returns its stdout, or the
 /// error it printed.
 pub fn exec_plugin(command: Command, plugin: &Path, stdin: &[u8]) -> Result<Vec<u8>, CniError> {
+    exec_plugin_in_chain(command, plugin, stdin, "")
+}
+
+/// [`exec_plugin`], telling the child which plugins run above it ([`CHAIN_VAR`]).
+fn exec_plugin_in_chain(
+    command: Command,
+    plugin: &Path,
+    stdin: &[u8],
+    chain: &str,
+) -> Result<Vec<u8>, CniError> {
+    let mut cmd = std::process::Command::new(plugin);
+    if chain.is_empty() {
+        cmd.env_remove(CHAIN_VAR);
+    } else {
+        cmd.env(CHAIN_VAR, chain);
+    }
     let child = crate::process::spawn_retrying(
-        std::process::Command::new(plugin)
-            .env("CNI_COMMAND", command.as_str())
+        cmd.env("CNI_COMMAND", command.as_str())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit()),
@@ -84,6 +99,69 @@ pub(crate) fn interpret_outcome(outcome: &Outcome) -> Result<Vec<u8>, CniError> 
     )
 }
 
+/// The environment variable that tells an exec'd delegate which plugins are running
+/// above it (comma-separated names), so that a loop is seen across processes too.
+pub const CHAIN_VAR: &str = "CNI_RS_DELEGATION_CHAIN";
+
+/// Plugins running in this process: its own and in-process delegates (which may run
+/// on other threads than the plugin that called them, so this is per process).
+static RUNNING: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+fn running_list() -> std::sync::MutexGuard<'static, Vec<String>> {
+    RUNNING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Marks `name` as running in this process until the guard is dropped.
+pub(crate) fn running(name: &str) -> RunningGuard {
+    running_list().push(name.to_owned());
+    RunningGuard(name.to_owned())
+}
+
+/// See [`running`].
+#[derive(Debug)]
+pub(crate) struct RunningGuard(String);
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        let mut list = running_list();
+        if let Some(i) = list.iter().rposition(|n| *n == self.0) {
+            list.remove(i);
+        }
+    }
+}
+
+/// The plugins above a delegate about to run: those of the processes that exec'd this
+/// one, then those running in this one.
+fn chain() -> Vec<String> {
+    let mut chain: Vec<String> = std::env::var(CHAIN_VAR)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned)
+        .collect();
+    chain.extend(running_list().iter().cloned());
+    chain
+}
+
+/// A delegate that is already running above itself would delegate again, forever (in
+/// this process: until the stack overflows).
+fn refuse_loop(name: &str, chain: &[String]) -> Result<(), CniError> {
+    if !chain.iter().any(|n| n == name) {
+        return Ok(());
+    }
+    Err(CniError::new(
+        crate::ErrorCode::INVALID_NETWORK_CONFIG,
+        format!(
+            "delegating to {name:?} would loop: {} is already running ({} -> {name}); \
+             check ipam.type",
+            name,
+            chain.join(" -> ")
+        ),
+    ))
+}
+
 /// Runs delegate `name`, found at `plugin`: in-process when `plugin` is this executable
 /// and `name` one of its plugins, else exec'd. Says which in the operator's log.
 pub fn run_plugin(
@@ -93,6 +171,8 @@ pub fn run_plugin(
     stdin: &[u8],
 ) -> Result<Vec<u8>, CniError> {
     let cmd = command.as_str();
+    let chain = chain();
+    refuse_loop(name, &chain)?;
     if let Some(builtin) = inproc::resolve(name, plugin) {
         let outcome = inproc::run(builtin, command, stdin);
         crate::log::info(&format!(
@@ -102,7 +182,7 @@ pub fn run_plugin(
         return interpret_outcome(&outcome);
     }
     crate::log::debug(&format!("IPAM {name} {cmd} exec'd: {}", plugin.display()));
-    exec_plugin(command, plugin, stdin)
+    exec_plugin_in_chain(command, plugin, stdin, &chain.join(","))
 }
 
 /// Runs delegate `name` for ADD and parses its result (in `config_version` unless it says otherwise).

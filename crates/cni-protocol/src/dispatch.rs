@@ -130,6 +130,9 @@ pub(crate) fn dispatch_as<P: Plugin + ?Sized>(
     stdin: &mut dyn Read,
     nesting: Nesting,
 ) -> Outcome {
+    // The process's own plugin heads the delegation chain (in-process delegates
+    // are marked by `inproc::run`).
+    let _running = matches!(nesting, Nesting::Process).then(|| crate::delegate::running(name));
     let command_text = env("CNI_COMMAND").unwrap_or_default();
     if command_text.is_empty() {
         let versions = SUPPORTED_VERSIONS.join(", ");

@@ -91,6 +91,7 @@ pub fn run(builtin: &Builtin, command: Command, stdin: &[u8]) -> Outcome {
             std::env::var(key).ok()
         }
     };
+    let _running = crate::delegate::running(builtin.name);
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         dispatch::dispatch_as(
             builtin.plugin,
