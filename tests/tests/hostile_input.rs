@@ -17,6 +17,7 @@ use serde_json::json;
 /// Runs loopback ADD in a fresh netns with the operator's log at `log`, under `umask`,
 /// bounded by 10 s; returns whether it succeeded and how long it took.
 fn loopback_add_logging_to(log: &Path, umask: &str) -> (bool, Duration) {
+    let loopback = plugin_path("loopback");
     let net = Net::new();
     let pod = net.pod();
     let started = Instant::now();
@@ -24,7 +25,7 @@ fn loopback_add_logging_to(log: &Path, umask: &str) -> (bool, Duration) {
         .arg("10")
         .args(["ip", "netns", "exec", net.host.name(), "sh", "-c"])
         .arg(format!("umask {umask} && exec \"$0\" < \"$1\""))
-        .arg(plugin_path("loopback"))
+        .arg(&loopback)
         .arg({
             let conf = net.data.path().join("loopback.json");
             std::fs::write(
@@ -116,6 +117,7 @@ fn delegation_back_to_a_running_plugin_is_refused() {
     if !require_root() {
         return;
     }
+    cni_blackbox::bin_dir();
     let net = Net::new();
     let conf = json!({
         "cniVersion": "1.0.0",
@@ -154,6 +156,74 @@ fn delegation_back_to_a_running_plugin_is_refused() {
             net.host_veths().is_empty(),
             "veths left: {:?}",
             net.host_veths()
+        );
+    }
+}
+
+/// A FIFO as `CNI_NETNS` is a clear error at once (a plain open would wait for a
+/// writer forever); the plugin's own netns (here through a symlink) is refused with
+/// code 8, and DEL does not touch the host link that `CNI_IFNAME` names.
+#[test]
+fn cni_netns_must_be_another_network_namespace() {
+    if !require_root() {
+        return;
+    }
+    // Built before anything is timed.
+    cni_blackbox::bin_dir();
+    let net = Net::new();
+    let conf = net.conf("1.0.0", &["10.64.0.0/24"], &json!({}));
+    let dir = TempDir::new("cnibb-hostile-netns");
+    let fifo = dir.path().join("netns");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    for command in ["ADD", "CHECK", "DEL"] {
+        let started = Instant::now();
+        let out = net
+            .plugin(command, &conf)
+            .container_id("hostile-fifo")
+            .netns(&fifo.display().to_string())
+            .ifname("eth0")
+            .run();
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{command} with a FIFO took {:?}",
+            started.elapsed()
+        );
+        if command != "DEL" {
+            assert_eq!(out.code(), Some(1), "{command}: {out}");
+            assert!(
+                out.error_msg()
+                    .unwrap_or_default()
+                    .contains("not a network namespace"),
+                "{command}: {out}"
+            );
+        }
+    }
+    assert!(net.host_veths().is_empty(), "{:?}", net.host_veths());
+
+    // The host's own netns, named through a symlink, with a host link as CNI_IFNAME.
+    net.host.exec_ok(&[
+        "ip", "link", "add", "victim0", "type", "veth", "peer", "name", "victim1",
+    ]);
+    let own = dir.path().join("own-netns");
+    symlink(net.host.path(), &own).expect("symlink");
+    for (plugin, command) in [("bridge", "DEL"), ("bridge", "ADD"), ("loopback", "DEL")] {
+        let out = cni_blackbox::Plugin::new(plugin, &net.host)
+            .command(command)
+            .container_id("hostile-own")
+            .netns(&own.display().to_string())
+            .ifname("victim0")
+            .config(&conf)
+            .run();
+        assert_eq!(out.error_code(), Some(8), "{plugin} {command}: {out}");
+        assert!(
+            cni_blackbox::kernel::link(&net.host, "victim0").is_some(),
+            "{plugin} {command} deleted the host's victim0"
         );
     }
 }

@@ -38,6 +38,12 @@ pub enum Error {
         /// Path that was opened.
         path: PathBuf,
     },
+    /// The container's netns is the plugin's own.
+    #[error("plugin's netns and netns from CNI_NETNS should not be the same ({path:?})")]
+    SameNetns {
+        /// Path that was opened.
+        path: PathBuf,
+    },
     /// fstat/fstatfs on a netns file failed.
     #[error("failed to inspect netns {path:?}")]
     NetnsStat {

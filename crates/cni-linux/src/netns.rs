@@ -27,9 +27,18 @@ pub struct NetNs {
 
 impl NetNs {
     /// Opens the netns at `path` (e.g. `/var/run/netns/x` or `/proc/<pid>/ns/net`).
+    ///
+    /// Opened without blocking (a FIFO given as a netns would block a plain open until
+    /// someone writes to it) and checked on the descriptor, which is then used for all
+    /// the work: a path swapped after the check cannot redirect it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt as _;
         let path = path.as_ref().to_path_buf();
-        let file = match File::open(&path) {
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+            .open(&path);
+        let file = match opened {
             Ok(file) => file,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(Error::NetnsNotFound { path });
@@ -40,6 +49,19 @@ impl NetNs {
             return Err(Error::NotNetns { path });
         }
         Ok(Self { file, path })
+    }
+
+    /// Opens the netns at `path` for a container: like [`NetNs::open`], and refused
+    /// with [`Error::SameNetns`] when it is the calling thread's own namespace (unless
+    /// `allow_own`), judged on the opened descriptor.
+    pub fn open_container(path: impl AsRef<Path>, allow_own: bool) -> Result<Self> {
+        let ns = Self::open(path)?;
+        if !allow_own && ns.is_current()? {
+            return Err(Error::SameNetns {
+                path: ns.path.clone(),
+            });
+        }
+        Ok(ns)
     }
 
     /// Opens the netns of the calling thread.
@@ -103,6 +125,22 @@ impl NetNs {
         })?;
         #[allow(clippy::useless_conversion)] // field widths differ between targets
         Ok((u64::from(st.st_dev), u64::from(st.st_ino)))
+    }
+}
+
+/// The CNI error for a failed open of a container's netns at `path`: the plugin's
+/// own netns is code 8 with the reference's words, anything else says what could not
+/// be opened and why.
+pub fn container_netns_error(e: Error, path: &str) -> cni_protocol::CniError {
+    use cni_protocol::Context as _;
+    match e {
+        Error::SameNetns { .. } => {
+            cni_protocol::CniError::new(cni_protocol::ErrorCode::INVALID_NETNS, e.to_string())
+        }
+        e => match Err::<(), _>(e).with_context(|| format!("failed to open netns {path:?}")) {
+            Err(cni) => cni,
+            Ok(()) => cni_protocol::CniError::internal(format!("failed to open netns {path:?}")),
+        },
     }
 }
 

@@ -67,7 +67,7 @@ pub fn add_attachment(req: &Request, conf: &BridgeConf) -> Result<CniResult, Cni
         // before creating anything rather than after, as the reference does.
         CniResult::default().ensure_convertible(&req.config.cni_version)?;
     }
-    let pod_ns = open_netns(&req.args.netns)?;
+    let pod_ns = open_netns(&req.args)?;
     let mut progress = Progress::default();
     hit("bridge/add/start")?;
     let outcome = catch_unwind(AssertUnwindSafe(|| {

@@ -15,7 +15,7 @@ use ipnetwork::IpNetwork;
 
 /// Runs CHECK.
 pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError> {
-    let pod_ns = open_netns(&req.args.netns)?;
+    let pod_ns = open_netns(&req.args)?;
     hit("bridge/check/start")?;
     let Some(prev) = req.config.prev_result.as_ref() else {
         if conf.is_layer3() {

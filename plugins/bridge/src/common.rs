@@ -3,11 +3,15 @@
 //! failed step that has no underlying cause.
 
 use crate::links::Links;
+use cni_linux::netns::container_netns_error;
 use cni_linux::{Link, NetNs};
-use cni_protocol::{CniError, Context};
+use cni_protocol::{CmdArgs, CniError, Context};
 
-pub(crate) fn open_netns(path: &str) -> Result<NetNs, CniError> {
-    NetNs::open(path).with_context(|| format!("failed to open netns {path:?}"))
+/// Opens the container's netns once, refusing the plugin's own (unless
+/// `CNI_NETNS_OVERRIDE`); the handle, not the path, is used from then on.
+pub(crate) fn open_netns(args: &CmdArgs) -> Result<NetNs, CniError> {
+    NetNs::open_container(&args.netns, args.netns_override)
+        .map_err(|e| container_netns_error(e, &args.netns))
 }
 
 /// Deletes `ifname` in the netns `nl` talks to; a missing link is fine.

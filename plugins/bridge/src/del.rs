@@ -9,7 +9,7 @@ use cni_linux::{NetNs, Netlink};
 use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
-use cni_protocol::{CniError, Command, Context, Errors, Request};
+use cni_protocol::{CniError, Command, Errors, Request};
 
 /// Runs DEL, collecting every failure and reporting them together.
 ///
@@ -24,10 +24,10 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     // one sooner would make the deletion of the veth's host end wait for nf_tables.
     let sockets = cni_firewall::keep_sockets();
     let (link, ipam, spoof, masq) = std::thread::scope(|scope| {
-        let link = req
-            .args
-            .netns_path()
-            .map(|netns| scope.spawn(move || delete_container_link(netns, ifname)));
+        let link = req.args.netns_path().map(|netns| {
+            let allow_own = req.args.netns_override;
+            scope.spawn(move || delete_container_link(netns, allow_own, ifname))
+        });
         let masq = masq_needed.then(|| {
             scope.spawn(|| masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)))
         });
@@ -78,11 +78,11 @@ fn note(
     errors.note(outcome);
 }
 
-fn delete_container_link(netns: &str, ifname: &str) -> Result<(), CniError> {
-    let ns = match NetNs::open(netns) {
+fn delete_container_link(netns: &str, allow_own: bool, ifname: &str) -> Result<(), CniError> {
+    let ns = match NetNs::open_container(netns, allow_own) {
         // The runtime may delete the netns before DEL; the veth died with it.
         Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
-        other => other.with_context(|| format!("failed to open netns {netns:?}"))?,
+        other => other.map_err(|e| cni_linux::netns::container_netns_error(e, netns))?,
     };
     let pod = Netlink::connect_in(&ns).map_err(|e| internal(&e))?;
     delete_link(&pod, ifname)

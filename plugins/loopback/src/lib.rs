@@ -2,8 +2,8 @@
 //! and reports it with its addresses in the requested version's shape.
 
 use cni_linux::netlink::{Family, Link, Netlink};
-use cni_linux::netns::NetNs;
-use cni_protocol::{CniError, CniResult, Context, Interface, IpConfig, Plugin, Request};
+use cni_linux::netns::{NetNs, container_netns_error};
+use cni_protocol::{CniError, CniResult, Interface, IpConfig, Plugin, Request};
 
 /// The loopback plugin.
 #[derive(Debug, Clone, Copy, Default)]
@@ -13,7 +13,7 @@ const LO: &str = "lo";
 
 impl Plugin for Loopback {
     fn add(&self, req: &Request) -> Result<CniResult, CniError> {
-        let ns = open_netns(&req.args.netns)?;
+        let ns = open_netns(&req.args)?;
         let ips = in_netns(&ns, |nl| {
             let lo = require_lo(&nl)?;
             nl.set_up(lo.index).map_err(linux_error)?;
@@ -37,12 +37,12 @@ impl Plugin for Loopback {
     }
 
     fn del(&self, req: &Request) -> Result<(), CniError> {
-        let Some(netns) = req.args.netns_path() else {
+        if req.args.netns_path().is_none() {
             return Ok(());
-        };
-        let ns = match NetNs::open(netns) {
+        }
+        let ns = match NetNs::open_container(&req.args.netns, req.args.netns_override) {
             Err(cni_linux::Error::NetnsNotFound { .. }) => return Ok(()),
-            other => other.map_err(linux_error)?,
+            other => other.map_err(|e| container_netns_error(e, &req.args.netns))?,
         };
         in_netns(&ns, |nl| {
             let lo = require_lo(&nl)?;
@@ -51,7 +51,7 @@ impl Plugin for Loopback {
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
-        let ns = open_netns(&req.args.netns)?;
+        let ns = open_netns(&req.args)?;
         in_netns(&ns, |nl| {
             match nl.link_by_name(LO).map_err(linux_error)? {
                 Some(lo) if lo.up => Ok(()),
@@ -66,8 +66,11 @@ fn linux_error(e: cni_linux::Error) -> CniError {
     cni_protocol::error::internal(&e)
 }
 
-fn open_netns(path: &str) -> Result<NetNs, CniError> {
-    NetNs::open(path).with_context(|| format!("failed to open netns {path:?}"))
+/// Opens the container's netns once, refusing the plugin's own (unless
+/// `CNI_NETNS_OVERRIDE`): bringing the plugin's own `lo` down is not the runtime's wish.
+fn open_netns(args: &cni_protocol::CmdArgs) -> Result<NetNs, CniError> {
+    NetNs::open_container(&args.netns, args.netns_override)
+        .map_err(|e| container_netns_error(e, &args.netns))
 }
 
 /// Runs `work` with a netlink connection inside `ns`.
