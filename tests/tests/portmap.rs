@@ -93,7 +93,11 @@ impl Node {
         ] {
             text.push_str(&String::from_utf8_lossy(&self.host.exec(argv).stdout));
         }
-        text
+        // Without the save tools' timestamp comments, so two states compare.
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect()
     }
 }
 
