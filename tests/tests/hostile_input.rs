@@ -227,3 +227,75 @@ fn cni_netns_must_be_another_network_namespace() {
         );
     }
 }
+
+/// A 300-character container ID makes the iptables comments of the bridge's masquerade
+/// and of portmap longer than iptables keeps (255): GC still tells a valid attachment's
+/// rules from a stale one's, and removes the stale ones.
+#[test]
+fn long_container_ids_are_still_found_by_gc() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let id = format!("c{}", "0123456789".repeat(30));
+    let conf = net.conf(
+        "1.1.0",
+        &["10.65.0.0/24"],
+        &json!({"isGateway": true, "ipMasq": true, "ipMasqBackend": "iptables"}),
+    );
+    let pod = net.pod();
+    let added = net.run("ADD", &conf, &id, &pod, "eth0");
+    added.assert_success();
+    let portmap = |command: &str, extra: serde_json::Value| {
+        let mut conf = json!({
+            "cniVersion": "1.1.0",
+            "name": net.name,
+            "type": "portmap",
+            "backend": "iptables",
+            "runtimeConfig": {"portMappings": [{"hostPort": 8080, "containerPort": 80}]},
+        });
+        bridge_support::merge(&mut conf, &extra);
+        let plugin = cni_blackbox::Plugin::new("portmap", &net.host)
+            .command(command)
+            .config(&conf);
+        if command == "GC" {
+            plugin.run()
+        } else {
+            plugin.attachment(&id, &pod, "eth0").run()
+        }
+    };
+    portmap("ADD", json!({"prevResult": added.json()})).assert_success();
+    let per_container = || -> Vec<String> {
+        net.iptables()
+            .lines()
+            .filter(|l| l.starts_with(":CNI-") && !l.starts_with(":CNI-HOSTPORT-"))
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(per_container().len(), 2, "{}", net.iptables());
+
+    // GC with the attachment valid keeps everything; without it, nothing is left.
+    let valid = json!({"cni.dev/valid-attachments": [{"containerID": id, "ifname": "eth0"}]});
+    let mut gc_conf = conf.clone();
+    bridge_support::merge(&mut gc_conf, &valid);
+    net.plugin("GC", &gc_conf).run().assert_success();
+    portmap("GC", valid).assert_success();
+    assert_eq!(
+        per_container().len(),
+        2,
+        "GC removed a valid attachment's rules"
+    );
+
+    let none = json!({"cni.dev/valid-attachments": []});
+    let mut gc_conf = conf.clone();
+    bridge_support::merge(&mut gc_conf, &none);
+    net.plugin("GC", &gc_conf).run().assert_success();
+    portmap("GC", none).assert_success();
+    assert_eq!(per_container(), Vec::<String>::new(), "{}", net.iptables());
+    // The jumps went with the chains.
+    let text = net.iptables();
+    assert!(
+        !text.contains(&id[..40]),
+        "rules of the container left:\n{text}"
+    );
+}

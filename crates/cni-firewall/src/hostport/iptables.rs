@@ -24,8 +24,9 @@ use ipnetwork::IpNetwork;
 
 use super::{Forward, Snat};
 use crate::error::{Error, Result};
+use crate::masq::iptables::COMMENT_KEPT;
 use crate::masq::iptables::{Family, NatTable, Tables as _, line, per_family, restore, save};
-use crate::naming::{hostport_comment, hostport_dnat_chain, parse_hostport_comment};
+use crate::naming::{go_quote, hostport_comment, hostport_dnat_chain, parse_hostport_comment};
 
 /// The shared chains; never renamed, or an upgrade would strand rules.
 pub(crate) const DNAT_CHAIN: &str = "CNI-HOSTPORT-DNAT";
@@ -260,9 +261,23 @@ pub(crate) fn stale_chains(
         .iter()
         .filter(|r| r.chain == DNAT_CHAIN)
         .filter_map(|r| {
-            let (net, cid) = parse_hostport_comment(r.comment()?)?;
-            let chain = hostport_dnat_chain(&net, &cid);
-            (net == network && !valid.contains(cid.as_str()) && r.jumps_to(&chain)).then_some(chain)
+            let comment = r.comment()?;
+            if let Some((net, cid)) = parse_hostport_comment(comment) {
+                let chain = hostport_dnat_chain(&net, &cid);
+                return (net == network && !valid.contains(cid.as_str()) && r.jumps_to(&chain))
+                    .then_some(chain);
+            }
+            // Cut by iptables (a long container ID): the jump's target tells whether
+            // it is a valid container's chain.
+            let prefix = format!("dnat name: {} id: \"", go_quote(network));
+            if comment.len() < COMMENT_KEPT - 1 || !comment.starts_with(&prefix) {
+                return None;
+            }
+            let target = r.jump_target()?;
+            let valid_chain = valid
+                .iter()
+                .any(|id| hostport_dnat_chain(network, id) == target);
+            (!valid_chain && target.starts_with("CNI-DN-")).then(|| target.to_owned())
         })
         .collect();
     out.sort();

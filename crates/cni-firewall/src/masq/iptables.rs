@@ -113,6 +113,14 @@ impl SavedRule {
             .any(|w| (w[0] == "-j" || w[0] == "-g") && w[1] == chain)
     }
 
+    /// The chain a `-j`/`-g` of this rule goes to.
+    pub(crate) fn jump_target(&self) -> Option<&str> {
+        self.args
+            .windows(2)
+            .find(|w| w[0] == "-j" || w[0] == "-g")
+            .map(|w| w[1].as_str())
+    }
+
     pub(crate) fn comment(&self) -> Option<&str> {
         self.args
             .windows(2)
@@ -461,15 +469,34 @@ pub(crate) fn stale_chains(
                 .rules
                 .iter()
                 .filter(|r| &r.chain == *chain || r.jumps_to(chain))
-                .filter_map(|r| parse_iptables_comment(r.comment()?))
-                .any(|(net, cid)| {
-                    net == network
-                        && iptables_chain_name(&net, &cid) == **chain
-                        && !valid_ids.contains(cid.as_str())
+                .filter_map(|r| r.comment())
+                .any(|comment| match parse_iptables_comment(comment) {
+                    Some((net, cid)) => {
+                        net == network
+                            && iptables_chain_name(&net, &cid) == **chain
+                            && !valid_ids.contains(cid.as_str())
+                    }
+                    None => {
+                        truncated_comment_of(comment, network)
+                            && !valid_ids
+                                .iter()
+                                .any(|id| iptables_chain_name(network, id) == **chain)
+                    }
                 })
         })
         .cloned()
         .collect()
+}
+
+/// iptables keeps at most this many bytes of a comment (longer ones are cut silently).
+pub(crate) const COMMENT_KEPT: usize = 255;
+
+/// Whether `comment` is one of ours for `network` that iptables cut (a long container
+/// ID): it then names no container, and the chain's name tells whether it is a valid
+/// one's, so that GC still finds what ADD made.
+pub(crate) fn truncated_comment_of(comment: &str, network: &str) -> bool {
+    let prefix = format!("name: {} id: \"", crate::naming::go_quote(network));
+    comment.len() >= COMMENT_KEPT - 1 && comment.starts_with(&prefix)
 }
 
 /// Input that removes the chains [`stale_chains`] finds.
