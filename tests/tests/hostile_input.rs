@@ -299,3 +299,44 @@ fn long_container_ids_are_still_found_by_gc() {
         "rules of the container left:\n{text}"
     );
 }
+
+/// Sizes: a container ID longer than the documented limit is refused at ADD before
+/// anything is reserved (a 70,000-character one used to get an address its DEL could
+/// never release), and `resolvConf` reads only a small regular file (`/dev/zero` used to
+/// be read for a gigabyte).
+#[test]
+fn oversized_inputs_are_refused_and_leave_nothing() {
+    if !require_root() {
+        return;
+    }
+    cni_blackbox::bin_dir();
+    let net = Net::new();
+    let conf = net.conf("1.0.0", &["10.66.0.0/24"], &json!({}));
+    let pod = net.pod();
+    let huge = format!("c{}", "x".repeat(70_000));
+    let out = net.run("ADD", &conf, &huge, &pod, "eth0");
+    assert_eq!(out.error_code(), Some(4), "{out}");
+    assert!(
+        out.error_msg().unwrap_or_default().contains("at most 1024"),
+        "{out}"
+    );
+    assert!(net.reservations().is_empty(), "{:?}", net.reservations());
+    assert!(net.host_veths().is_empty());
+
+    let mut zero = conf.clone();
+    zero["ipam"]["resolvConf"] = json!("/dev/zero");
+    let started = Instant::now();
+    let out = net.run("ADD", &zero, "hostile-resolv", &pod, "eth0");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(out.code(), Some(1), "{out}");
+    assert!(
+        out.error_msg().unwrap_or_default().contains("/dev/zero"),
+        "{out}"
+    );
+    assert!(net.reservations().is_empty(), "{:?}", net.reservations());
+    assert!(net.host_veths().is_empty(), "{:?}", net.host_veths());
+}

@@ -156,6 +156,11 @@ pub fn is_valid_identifier(text: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
+/// The longest `CNI_CONTAINERID` accepted, in bytes. Runtimes use 64 hex digits; a
+/// bound keeps every file, comment and name made from it within what reads it back
+/// (host-local reservation files, firewall comments).
+pub const MAX_CONTAINER_ID_LEN: usize = 1024;
+
 /// Validates `CNI_CONTAINERID`.
 pub fn validate_container_id(id: &str) -> Result<(), CniError> {
     if id.is_empty() {
@@ -170,6 +175,15 @@ pub fn validate_container_id(id: &str) -> Result<(), CniError> {
             "invalid characters in containerID",
         )
         .with_details(id));
+    }
+    if id.len() > MAX_CONTAINER_ID_LEN {
+        return Err(CniError::new(
+            ErrorCode::INVALID_ENVIRONMENT_VARIABLES,
+            format!(
+                "containerID is {} bytes long; at most {MAX_CONTAINER_ID_LEN} are accepted",
+                id.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -306,6 +320,8 @@ mod tests {
             ("-a", false),
             ("a/b", false),
             ("é", false),
+            (&"a".repeat(MAX_CONTAINER_ID_LEN), true),
+            (&"a".repeat(MAX_CONTAINER_ID_LEN + 1), false),
         ] {
             assert_eq!(validate_container_id(id).is_ok(), ok, "{id}");
         }

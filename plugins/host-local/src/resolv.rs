@@ -5,12 +5,42 @@ use crate::error::{Error, Result};
 use cni_protocol::Dns;
 use std::path::Path;
 
-/// Reads and parses `path`. A missing or unreadable file fails ADD, as in the reference.
+/// The most of a resolv.conf that is read (real ones are a few hundred bytes).
+pub const MAX_RESOLV_CONF: u64 = 64 * 1024;
+
+/// Reads and parses `path`. A missing or unreadable file fails ADD, as in the reference;
+/// so does anything but a regular file (a device such as `/dev/zero` would be read for
+/// ever, a FIFO would block: it is opened without blocking and checked first) and a file
+/// larger than [`MAX_RESOLV_CONF`].
 pub fn load(path: &Path) -> Result<Dns> {
-    let text = std::fs::read(path).map_err(|source| Error::ResolvConf {
+    use std::io::Read as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let failed = |source| Error::ResolvConf {
         path: path.to_path_buf(),
         source,
-    })?;
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_CLOEXEC)
+        .open(path)
+        .map_err(failed)?;
+    let meta = file.metadata().map_err(failed)?;
+    if !meta.file_type().is_file() {
+        return Err(failed(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file",
+        )));
+    }
+    if meta.len() > MAX_RESOLV_CONF {
+        return Err(failed(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{} bytes; at most {MAX_RESOLV_CONF} are read", meta.len()),
+        )));
+    }
+    let mut text = Vec::new();
+    file.take(MAX_RESOLV_CONF)
+        .read_to_end(&mut text)
+        .map_err(failed)?;
     Ok(parse(&String::from_utf8_lossy(&text)))
 }
 
