@@ -548,3 +548,49 @@ fn gc_deletes_stale_cached_attachments_and_releases_uncached_reservations() {
     assert!(!lab.cache_file(&keep).exists());
     assert!(!has_eth0(&keep));
 }
+
+/// A cache entry whose container ID climbs out of the cache (`../`) is reported and
+/// skipped by `gc`: no path is built from it, so nothing outside the cache is deleted.
+#[test]
+fn gc_skips_planted_cache_entries_with_bad_names() {
+    if !require_root() {
+        return;
+    }
+    let lab = Lab::new("1.1.0");
+    let results = lab.cache.path().join("results");
+    fs::create_dir_all(&results).expect("mkdir results");
+    let victim_dir = TempDir::new("cnibb-ct-victim");
+    let victim = victim_dir.path().join("victim-eth0");
+    fs::write(&victim, "not the cache's").expect("write victim");
+    // results/<net>-<id>-eth0 is built from the entry: with a planted directory
+    // results/<net>-X, the ID "X/../../../<victim dir>/victim" names the victim file.
+    fs::create_dir(results.join(format!("{}-X", lab.network))).expect("plant dir");
+    let victim_name = victim_dir
+        .path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    assert_eq!(
+        victim_dir.path().parent(),
+        lab.cache.path().parent(),
+        "the victim must sit beside the cache dir"
+    );
+    let climbing = format!("X/../../../{victim_name}/victim");
+    let entry = json!({
+        "kind": "cniCacheV1",
+        "containerId": climbing,
+        "config": "",
+        "ifName": "eth0",
+        "networkName": lab.network,
+        "netns": "/var/run/netns/none",
+    });
+    fs::write(
+        results.join(format!("{}-planted-eth0", lab.network)),
+        entry.to_string(),
+    )
+    .expect("plant entry");
+    let out = lab.cnitool(&["gc", &lab.network], &[]);
+    assert!(out.success(), "{out}");
+    assert!(victim.exists(), "gc deleted a file outside the cache");
+    assert!(out.stderr.contains("skipping cache entry"), "{out}");
+}

@@ -124,7 +124,23 @@ impl Entry {
     }
 }
 
-/// The cache file of one attachment; libcni refuses to name one with an empty part.
+/// Whether the parts of a cache file name are what libcni accepts on its command line
+/// (a network name and container ID of letters, digits, `_`, `.` and `-`, starting with
+/// a letter or digit; an interface name the kernel would take): a cache entry is a
+/// file anyone with write access to the cache dir may have planted, and its fields
+/// become a path.
+pub fn valid_parts(network: &str, container_id: &str, ifname: &str) -> Result<(), String> {
+    use cni_protocol::env::{is_valid_identifier, validate_container_id, validate_ifname};
+    if !is_valid_identifier(network) {
+        return Err(format!("invalid network name {network:?}"));
+    }
+    validate_container_id(container_id)
+        .map_err(|e| format!("invalid container ID {container_id:?}: {}", e.msg))?;
+    validate_ifname(ifname).map_err(|e| format!("invalid interface name {ifname:?}: {}", e.msg))
+}
+
+/// The cache file of one attachment; libcni refuses to name one with an empty part,
+/// and none is named from parts [`valid_parts`] refuses.
 pub fn file_path(
     cache_dir: &Path,
     network: &str,
@@ -136,6 +152,7 @@ pub fn file_path(
             "cache file path requires network name ({network:?}), container ID ({container_id:?}), and interface name ({ifname:?})"
         ));
     }
+    valid_parts(network, container_id, ifname)?;
     Ok(cache_dir
         .join("results")
         .join(format!("{network}-{container_id}-{ifname}")))
@@ -216,10 +233,19 @@ pub fn attachments(cache_dir: &Path) -> std::io::Result<Vec<Entry>> {
     names.sort();
     Ok(names
         .iter()
-        .filter_map(|path| std::fs::read(path).ok())
-        .filter_map(|bytes| Entry::from_json(&bytes))
-        .filter(|e| !e.ifname.is_empty() && !e.network.is_empty())
-        .map(|e| Entry { result: None, ..e })
+        .filter_map(|path| Some((path, std::fs::read(path).ok()?)))
+        .filter_map(|(path, bytes)| Some((path, Entry::from_json(&bytes)?)))
+        .filter(|(_, e)| !e.ifname.is_empty() && !e.network.is_empty())
+        .filter(
+            |(path, e)| match valid_parts(&e.network, &e.container_id, &e.ifname) {
+                Ok(()) => true,
+                Err(why) => {
+                    eprintln!("cnitool: skipping cache entry {}: {why}", path.display());
+                    false
+                }
+            },
+        )
+        .map(|(_, e)| Entry { result: None, ..e })
         .collect())
 }
 
