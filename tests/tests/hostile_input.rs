@@ -340,3 +340,64 @@ fn oversized_inputs_are_refused_and_leave_nothing() {
     assert!(net.reservations().is_empty(), "{:?}", net.reservations());
     assert!(net.host_veths().is_empty(), "{:?}", net.host_veths());
 }
+
+/// A `CNI_PATH` directory mounted `noexec` is honoured by in-process delegation: the
+/// IPAM delegate found there is this very executable, but exec would refuse it, so the
+/// ADD fails as it would with separate binaries, and leaves nothing.
+#[test]
+fn a_noexec_cni_path_is_not_run_in_process() {
+    if !require_root() {
+        return;
+    }
+    let bins = cni_blackbox::bin_dir();
+    let net = Net::new();
+    let pod = net.pod();
+    let noexec = TempDir::new("cnibb-hostile-noexec");
+    let conf = net.conf("1.0.0", &["10.67.0.0/24"], &json!({}));
+    let script =
+        r#"mount --bind "$1" "$2" && mount -o remount,bind,noexec "$2" && exec "$1/bridge""#;
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", net.host.name()])
+        .args([
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            script,
+            "sh",
+        ])
+        .arg(bins)
+        .arg(noexec.path())
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "hostile-noexec")
+        .env("CNI_NETNS", pod.path())
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", noexec.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run bridge");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(conf.to_string().as_bytes())
+            .expect("write config");
+    }
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "ADD ran a delegate from a noexec mount: {stdout}"
+    );
+    assert!(
+        stdout.contains("ermission denied"),
+        "not the error exec gives: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(net.reservations().is_empty(), "{:?}", net.reservations());
+    assert!(net.host_veths().is_empty(), "{:?}", net.host_veths());
+}

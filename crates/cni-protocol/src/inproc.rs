@@ -77,7 +77,18 @@ pub fn resolve(name: &str, path: &Path) -> Option<&'static Builtin> {
 
 fn resolve_against(name: &str, path: &Path, own: (u64, u64)) -> Option<&'static Builtin> {
     let builtin = builtin(name)?;
-    (identity(path)? == own).then_some(builtin)
+    (identity(path)? == own && exec_would_run(path)).then_some(builtin)
+}
+
+/// Whether exec'ing `path` would start it: it has an execute bit and its file system
+/// is not mounted `noexec`. Otherwise the delegate is exec'd, and fails as exec fails,
+/// rather than run in-process behind the mount's back.
+fn exec_would_run(path: &Path) -> bool {
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = std::fs::metadata(path).is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    let noexec = statvfs(path).map_or(true, |fs| fs.flags().contains(FsFlags::ST_NOEXEC));
+    executable && !noexec
 }
 
 /// Runs `builtin` for `command` in this process, as an exec of it would run: the
