@@ -4,7 +4,7 @@
 #
 # The development and CI machines run a kernel without bridge VLAN filtering, so the
 # `vlan`, `vlanTrunk` and `preserveDefaultVlan` keys can only be observed elsewhere. This
-# script boots Debian's `linux-image-amd64` kernel with virtme-ng under pure emulation
+# script boots Debian's stock kernel with virtme-ng under pure emulation
 # (`vng --disable-kvm`: this machine's KVM cannot boot a stock kernel), with the host's
 # files visible read-only and one directory shared read-write for the logs, and runs
 # inside it only the tests that need VLAN filtering, built here beforehand:
@@ -13,13 +13,21 @@
 # CNI_RS_REQUIRE_VLAN=1 in the guest makes a kernel without VLAN filtering a failure.
 # Exit status: the tests' (0 = all passed); 1 for a setup or guest failure.
 #
+# Nothing is installed into /boot or /lib/modules and no bootloader or initramfs hook
+# runs: the kernel package that linux-image-amd64 points at is downloaded
+# (`apt-get download`) and unpacked (`dpkg-deb -x`) into the cache directory, and booted
+# from there with its modules beside it; virtme-ng goes into a venv in the same cache. A
+# second run reuses both. The cache is $CNI_RS_VM_CACHE, else
+# $XDG_CACHE_HOME/cni-plugins-rs/vm, else target/vm-cache in the repository.
+#
 # Measured facts behind the choices: boot takes
 # 25-40 s, process starts are 20-60x slower than native, so binaries are copied into the
 # guest's tmpfs and the tests run one at a time; vng's output is piped through `cat`
 # (QEMU reopens stdout/stderr, a redirect to a file scrambles them).
 #
-# Environment: VLAN_TIER_TIMEOUT (seconds for the guest, default 900), VNG_VENV (where
-# virtme-ng is installed, default /opt/cni-rs-vng), VNG_VERSION (default 1.42).
+# Environment: VLAN_TIER_TIMEOUT (seconds for the guest, default 900), CNI_RS_VM_CACHE
+# (see above), VNG_VENV (where virtme-ng is installed, default <cache>/vng), VNG_VERSION
+# (default 1.42).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -30,14 +38,23 @@ die() { echo "error: [vlan tier] $*" >&2; exit 1; }
 
 tier_start=$(date +%s)
 timeout_s=${VLAN_TIER_TIMEOUT:-900}
-venv=${VNG_VENV:-/opt/cni-rs-vng}
+if [[ -n ${CNI_RS_VM_CACHE:-} ]]; then
+    cache=$CNI_RS_VM_CACHE
+elif [[ -n ${XDG_CACHE_HOME:-} ]]; then
+    cache=$XDG_CACHE_HOME/cni-plugins-rs/vm
+else
+    cache=$root/target/vm-cache
+fi
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+venv=${VNG_VENV:-$cache/vng}
 vng_version=${VNG_VERSION:-1.42}
 
-# --- what the tier needs: QEMU, Debian's kernel, virtme-ng (PyPI, in its own venv) ---
+# --- what the tier needs: QEMU, virtme-ng (PyPI, in its own venv), Debian's kernel ---
 # Debian's python3 (not a pyenv one that may come first in PATH) builds the venv, so the
 # venv outlives changes to the user's Python setup; pip into a venv needs no
-# --break-system-packages.
-packages=(qemu-system-x86 linux-image-amd64 python3-venv binutils iproute2 iputils-ping)
+# --break-system-packages. kmod's depmod indexes the unpacked modules.
+packages=(qemu-system-x86 python3-venv binutils kmod iproute2 iputils-ping)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -57,9 +74,35 @@ fi
 # vng starts its helpers (virtme-run) from PATH.
 export PATH="$venv/bin:$PATH"
 
-kernel=$(find /boot -maxdepth 1 -name 'vmlinuz-*-amd64' | sort -V | tail -n 1)
-[[ -n $kernel ]] || die "no /boot/vmlinuz-*-amd64 (is linux-image-amd64 installed?)"
-[[ -d /lib/modules/${kernel#/boot/vmlinuz-} ]] || die "no modules for $kernel"
+# The versioned kernel package the meta-package points at (linux-image-6.1.0-N-amd64).
+kernel_package() {
+    apt-cache depends linux-image-amd64 2>/dev/null |
+        awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}'
+}
+pkg=$(kernel_package)
+if [[ -z $pkg ]]; then
+    step "apt-get update (no package list names linux-image-amd64's kernel)"
+    apt-get update -q
+    pkg=$(kernel_package)
+fi
+[[ -n $pkg ]] || die "apt cannot tell which kernel package linux-image-amd64 depends on"
+kroot=$cache/$pkg
+if [[ ! -f $kroot/unpacked ]]; then
+    step "apt-get download $pkg; dpkg-deb -x into $kroot (nothing is installed)"
+    rm -rf "$kroot" "$kroot.tmp"
+    mkdir -p "$kroot.tmp"
+    (cd "$kroot.tmp" && apt-get download -q "$pkg")
+    dpkg-deb -x "$kroot.tmp/${pkg}"_*.deb "$kroot.tmp/root"
+    rm -f "$kroot.tmp/${pkg}"_*.deb
+    for dir in "$kroot.tmp/root/lib/modules/"*/; do
+        depmod -b "$kroot.tmp/root" "$(basename "$dir")"
+    done
+    touch "$kroot.tmp/unpacked"
+    mv "$kroot.tmp" "$kroot"
+fi
+kernel=$(find "$kroot/root/boot" -maxdepth 1 -name 'vmlinuz-*' | sort -V | tail -n 1)
+[[ -n $kernel ]] || die "no vmlinuz in $kroot/root/boot"
+[[ -d $kroot/root/lib/modules/${kernel##*/vmlinuz-} ]] || die "no modules for $kernel in $kroot"
 
 # --- build on the host: the plugins and the two test binaries ---
 if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
