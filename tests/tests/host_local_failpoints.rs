@@ -1,4 +1,4 @@
-//! Kill or fail `host-local` at every step (issue 11, item 5): the debug build passes a
+//! Kill or fail `host-local` at every step: the debug build passes a
 //! failpoint (`host-local/<command>/<step>`) between any two of its file operations;
 //! `CNI_RS_FAILPOINT=host-local:kill@N` dies by SIGKILL at the N-th, `error@N` fails there.
 //!

@@ -1,4 +1,4 @@
-//! Disk faults under `host-local` (issue 11, item 9): a read-only data directory, a full
+//! Disk faults under `host-local`: a read-only data directory, a full
 //! file system, foreign or corrupt files in the network directory, and symlinks planted
 //! where a reservation, `last_reserved_ip.N` or `lock` would go.
 //!

@@ -1,5 +1,5 @@
-//! Reservations made before a reboot are released by themselves (issue 13,
-//! `releaseOnReboot`, on by default).
+//! Reservations made before a reboot are released by themselves (`releaseOnReboot`,
+//! on by default).
 //!
 //! A reboot is simulated by running our binary in a private mount namespace
 //! ([`MountNs`]) where a file of ours is bound over `/proc/sys/kernel/random/boot_id`;

@@ -1,4 +1,4 @@
-//! A node in the middle of an upgrade (issue 11, item 6): our bridge + host-local and the
+//! A node in the middle of an upgrade: our bridge + host-local and the
 //! reference's (`/usr/lib/cni`, plugins v1.1.1) serve the same network at the same time,
 //! on one bridge, one IPAM `dataDir` and one set of masquerade rules, with pods added by
 //! one and deleted by the other in every combination.

@@ -1,4 +1,4 @@
-//! A multi-node pod network (issue 8, item 4), the Kubernetes network model in
+//! A multi-node pod network, the Kubernetes network model in
 //! namespaces: three "node" namespaces joined by an underlay bridge (itself in a
 //! namespace), each node with its own pod CIDR (10.244.N.0/24 and fd00:244:0:N::/64), our
 //! bridge + host-local run inside each node for its two pods, static routes between the

@@ -1,4 +1,4 @@
-//! Soak (issue 11, item 8): many ADD/DEL cycles of one pod slot (bridge + host-local,
+//! Soak: many ADD/DEL cycles of one pod slot (bridge + host-local,
 //! dual-stack, masquerade on), and afterwards nothing has grown: the same files in the
 //! network's state directory, the same links, addresses, routes, neighbours and bridge
 //! FDB entries in the host netns, the same iptables and nftables rules, nothing left in
