@@ -45,7 +45,7 @@ fn config_values_of_the_wrong_type_are_refused_by_name_and_leave_nothing() {
             6,
             "runtimeConfig.mac: invalid type",
         ),
-        (json!({"mtu": 1_u64 << 40}), 999, "1099511627776"),
+        (json!({"mtu": 1_u64 << 40}), 7, "1099511627776"),
         // Decoded by host-local, after the veth exists: the ADD is undone.
         (
             json!({"ipam": {"type": "host-local", "ranges": "10.79.0.0/24"}}),

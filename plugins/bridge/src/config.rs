@@ -38,6 +38,11 @@ const KNOWN_KEYS: &[&str] = &[
     "runtimeConfig",
 ];
 
+/// A mistake in the network config (code 7), in the reference's words where it has them.
+fn invalid_config(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::INVALID_NETWORK_CONFIG, msg)
+}
+
 /// The default bridge name.
 pub const DEFAULT_BRIDGE: &str = "cni0";
 
@@ -207,22 +212,26 @@ impl BridgeConf {
         env_mac: Option<String>,
     ) -> Result<Self, CniError> {
         if !(0..=4094).contains(&raw.vlan) {
-            return Err(CniError::internal(format!(
+            return Err(invalid_config(format!(
                 "invalid VLAN ID {} (must be between 0 and 4094)",
                 raw.vlan
             )));
         }
         let vlan_trunk = raw.vlan_trunk.as_deref().map(collect_trunk).transpose()?;
         let mtu = u32::try_from(raw.mtu).map_err(|_| {
-            CniError::internal(format!("invalid MTU {} (must not be negative)", raw.mtu))
+            invalid_config(format!(
+                "invalid MTU {} (mtu must be between 0 and {})",
+                raw.mtu,
+                u32::MAX
+            ))
         })?;
         if raw.disable_container_interface && !ipam_type.is_empty() {
-            return Err(CniError::internal(
+            return Err(invalid_config(
                 "cannot use IPAM when DisableContainerInterface flag is set",
             ));
         }
         if raw.hairpin_mode && raw.promisc_mode {
-            return Err(CniError::internal(
+            return Err(invalid_config(
                 "cannot set hairpin mode and promiscuous mode at the same time",
             ));
         }
@@ -237,7 +246,7 @@ impl BridgeConf {
             .or(env_mac.filter(|m| !m.is_empty()))
             .map(|text| {
                 text.parse::<MacAddr>()
-                    .map_err(|e| CniError::internal(e.to_string()))
+                    .map_err(|e| invalid_config(format!("{e} (the pod's MAC)")))
             })
             .transpose()?;
         let dns = raw.dns.and_then(|d| {
@@ -257,7 +266,7 @@ impl BridgeConf {
             .as_deref()
             .map(str::parse::<cni_firewall::Backend>)
             .transpose()
-            .map_err(|e| CniError::internal(e.to_string()))?;
+            .map_err(|e| invalid_config(format!("{e} (ipMasqBackend)")))?;
         Ok(Self {
             network: network.to_string(),
             bridge: if raw.bridge.is_empty() {
@@ -296,25 +305,25 @@ fn collect_trunk(entries: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
         match (entry.min_id, entry.max_id) {
             (Some(min), Some(max)) => {
                 if !valid(min) {
-                    return Err(CniError::internal("incorrect trunk minID parameter"));
+                    return Err(invalid_config("incorrect trunk minID parameter"));
                 }
                 if !valid(max) {
-                    return Err(CniError::internal("incorrect trunk maxID parameter"));
+                    return Err(invalid_config("incorrect trunk maxID parameter"));
                 }
                 if max < min {
-                    return Err(CniError::internal(
+                    return Err(invalid_config(
                         "minID is greater than maxID in trunk parameter",
                     ));
                 }
                 vlans.extend(min..=max);
             }
             (None, Some(_)) => {
-                return Err(CniError::internal(
+                return Err(invalid_config(
                     "minID and maxID should be configured simultaneously, minID is missing",
                 ));
             }
             (Some(_), None) => {
-                return Err(CniError::internal(
+                return Err(invalid_config(
                     "minID and maxID should be configured simultaneously, maxID is missing",
                 ));
             }
@@ -322,7 +331,7 @@ fn collect_trunk(entries: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
         }
         if let Some(id) = entry.id {
             if !valid(id) {
-                return Err(CniError::internal("incorrect trunk id parameter"));
+                return Err(invalid_config("incorrect trunk id parameter"));
             }
             vlans.insert(id);
         }
@@ -423,7 +432,12 @@ mod tests {
         for (keys, msg) in cases {
             let err = load(&format!(r#"{{"name": "n", {keys}}}"#), "").unwrap_err();
             assert!(err.msg.contains(msg), "{keys}: {}", err.msg);
-            assert_eq!(err.code.0, 999);
+            assert_eq!(
+                err.code,
+                ErrorCode::INVALID_NETWORK_CONFIG,
+                "{keys}: {}",
+                err.msg
+            );
         }
         let err = load(r#"{"name": "n", "portIsolation": "true"}"#, "").unwrap_err();
         assert!(

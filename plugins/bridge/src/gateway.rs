@@ -62,9 +62,13 @@ pub fn apply(result: &mut CniResult, conf: &BridgeConf) -> Result<Gateways, CniE
                 .ok()
                 .filter(|_| gw.is_ipv4() == v4)
                 .ok_or_else(|| {
-                    CniError::internal(format!(
-                        "IPAM result: gateway {gw} is not of the family of address {address}"
-                    ))
+                    // The gateway comes from the IPAM plugin's config.
+                    CniError::new(
+                        cni_protocol::ErrorCode::INVALID_NETWORK_CONFIG,
+                        format!(
+                            "IPAM result: gateway {gw} is not of the family of address {address} (check the ipam config)"
+                        ),
+                    )
                 })?;
             if v4 {
                 gateways.v4.push(net)
@@ -190,8 +194,9 @@ mod tests {
         let err = apply(&mut r, &conf(true, false)).unwrap_err();
         assert_eq!(
             err.msg,
-            "IPAM result: gateway 10.77.0.1 is not of the family of address fd00:77::2/64"
+            "IPAM result: gateway 10.77.0.1 is not of the family of address fd00:77::2/64 (check the ipam config)"
         );
+        assert_eq!(err.code, cni_protocol::ErrorCode::INVALID_NETWORK_CONFIG);
         let mut r = CniResult {
             ips: vec![ip("10.77.0.2/24", Some("fd00:77::1"))],
             ..CniResult::default()
