@@ -166,3 +166,31 @@ fn error_level_keeps_only_failures_and_the_environment_wins() {
         1
     );
 }
+
+/// GC sent with no valid-attachments list at all (as some tools send it) releases every
+/// attachment of the network, and the operator's log says so, for the bridge and for its
+/// IPAM delegate.
+#[test]
+fn gc_without_a_valid_list_says_it_releases_everything() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let logs = TempDir::new("cnibb-log");
+    let file = logs.path().join("cni.log");
+    let conf = net.conf("1.1.0", &[V4], &json!({"log": {"file": file}}));
+    let pod = net.pod();
+    net.run("ADD", &conf, CID, &pod, "eth0").assert_success();
+    net.plugin("GC", &conf).run().assert_success();
+    assert!(net.reservations().is_empty(), "{:?}", net.reservations());
+    let logged = lines(&file);
+    for plugin in ["plugin=bridge", "plugin=host-local"] {
+        assert!(
+            logged.iter().any(|l| l.contains(plugin)
+                && l.contains("cmd=GC")
+                && l.contains(&format!("releasing everything on network {}", net.name))),
+            "no {plugin} line saying so:\n{}",
+            logged.join("\n")
+        );
+    }
+}

@@ -122,13 +122,18 @@ impl NetConf {
     }
 
     /// The GC valid list: `cni.dev/valid-attachments`, else the older `cni.dev/attachments`;
-    /// absent means no attachment is valid.
+    /// absent means no attachment is valid (and the operator's log says so).
     pub fn valid_attachments(&self) -> Result<Vec<Attachment>, CniError> {
         let list = self
             .raw
             .get("cni.dev/valid-attachments")
             .or_else(|| self.raw.get("cni.dev/attachments"));
         let Some(list) = list.filter(|v| !v.is_null()) else {
+            // Some tools send GC without any list: every attachment is then stale.
+            crate::log::info(&format!(
+                "GC without cni.dev/valid-attachments: releasing everything on network {}",
+                self.name
+            ));
             return Ok(Vec::new());
         };
         let items = list.as_array().ok_or_else(|| {

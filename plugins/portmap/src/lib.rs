@@ -120,15 +120,6 @@ impl Plugin for Portmap {
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {
         let valid = req.config.valid_attachments()?;
-        let listed = ["cni.dev/valid-attachments", "cni.dev/attachments"]
-            .iter()
-            .any(|k| req.config.raw.get(k).is_some_and(|v| !v.is_null()));
-        if !listed {
-            log::info(&format!(
-                "GC without cni.dev/valid-attachments: releasing everything on network {}",
-                req.config.name
-            ));
-        }
         let valid: HashSet<&str> = valid.iter().map(|a| a.container_id.as_str()).collect();
         let network = req.config.name.clone();
         let elsewhere = |id: &str| attached_elsewhere(Path::new(LIBCNI_CACHE), &network, id);
