@@ -3,7 +3,7 @@
 # Run as root on Debian 12:  tests/run-all.sh
 #
 # Installs what the tests need (apt packages; crates come through cargo), then runs
-# format check, clippy, a debug build of the plugins, the whole test suite and the
+# format check, clippy, the API docs, a debug build of the plugins, the whole test suite and the
 # stock-kernel VM tier, and checks that the machine is left as it was found.
 # With CI=true (set by .ci/run) root tests fail instead of skipping when a privilege is
 # missing; the variable is passed through to cargo test untouched.
@@ -67,6 +67,9 @@ cargo fmt --all -- --check
 
 step "cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+
+step "cargo doc (API docs build without a warning)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 step "cargo build (debug, plugin binaries)"
 cargo build --workspace --bins

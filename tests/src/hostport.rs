@@ -11,10 +11,13 @@ use std::time::{Duration, Instant};
 
 use crate::Netns;
 
-/// The node's addresses on its uplink, and the client's beside it.
+/// The node's IPv4 address on its uplink.
 pub const NODE_V4: &str = "192.0.2.1";
+/// The node's IPv6 address on its uplink.
 pub const NODE_V6: &str = "fd00:2::1";
+/// The IPv4 address of the client beside the node.
 pub const CLIENT_V4: &str = "192.0.2.2";
+/// The IPv6 address of the client beside the node.
 pub const CLIENT_V6: &str = "fd00:2::2";
 
 /// Runs `work` on a thread inside the netns at `netns`.

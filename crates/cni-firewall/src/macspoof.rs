@@ -7,7 +7,7 @@
 //! `cni-br-iface-<cid>-<ifname>` and `…-mac`, every rule commented
 //! `macspoofchk-<cid>-<ifname>`.
 //!
-//! Changes are nf_tables transactions over netlink ([`crate::nfnetlink`]),
+//! Changes are nf_tables transactions over netlink (the crate's `nfnetlink` client),
 //! with the expressions nft generates for the reference's rules, so nothing
 //! is exec'd and names need no quoting. Each call is one transaction, so
 //! unlike the reference's two, a repeated setup replaces its PREROUTING rule
@@ -453,7 +453,7 @@ pub fn check(
 }
 
 /// Removes spoof-check chains of attachments not in `valid` (container id,
-/// interface name) whose host interface is gone (see [`gc_batch`] for why
+/// interface name) whose host interface is gone (see `gc_batch` for why
 /// live interfaces are spared).
 pub fn gc<C: AsRef<str>, I: AsRef<str>>(valid: &[(C, I)]) -> Result<()> {
     let valid: Vec<(&str, &str)> = valid

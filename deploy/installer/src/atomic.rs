@@ -56,7 +56,7 @@ fn write_temp(temp: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
 /// Writes `contents` once and makes every name in `names` (in `dir`) a hard link of that
 /// one file with `mode`, each name replaced atomically (a hard link of the complete,
 /// synced file is renamed over it), then syncs the directory. Where the filesystem
-/// refuses hard links, that name gets its own copy, written as [`write`] does. On failure
+/// refuses hard links, that name gets its own copy, written as [`write()`] does. On failure
 /// the names not yet replaced are untouched and no temp file is left.
 pub fn write_linked(dir: &Path, names: &[&str], contents: &[u8], mode: u32) -> io::Result<()> {
     let Some(first) = names.first() else {

@@ -4,7 +4,7 @@
 //! - a throwaway "host" netns ([`Netns`]) in which containerd runs (entered with
 //!   `nsenter --net=`, not `ip netns exec`, which would remount /sys and hide the cgroup
 //!   mounts runc needs): our bridge, the veths and the masquerade rules live there;
-//! - a private mount namespace held by a `sleep` ([`Containerd::holder`]) with a tmpfs
+//! - a private mount namespace held by a `sleep` ((the `holder` field)) with a tmpfs
 //!   on /run (containerd 1.6 hard-codes /run/containerd for shim sockets and runc state)
 //!   and on /var/lib (go-cni's result cache in /var/lib/cni): the pod netns pins, rootfs
 //!   overlays and shim sockets all die with that namespace;

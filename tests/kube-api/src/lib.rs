@@ -8,7 +8,7 @@
 //! No kube-apiserver can be installed where the tests run, so the agent's API side is
 //! tested against this server, with the real client (kube-rs), not against a cluster.
 //!
-//! - [`store`]: Nodes, versions and history; [`http`]: the protocol.
+//! - [`store`]: Nodes, versions and history; `http`: the protocol.
 //! - [`fixture::realistic_node`]: a Node as a kubelet writes it (~15 KB with 40 images).
 
 pub mod fixture;

@@ -4,7 +4,7 @@
 //!
 //! Every method is a plain blocking call: one request, answered by the
 //! kernel before the `send` carrying it returns (see `cni_netlink`). The
-//! messages are built and parsed in [`rtnl`], which knows only the
+//! messages are built and parsed in `rtnl`, which knows only the
 //! attributes the plugins use and skips the rest.
 
 mod addr;
