@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The machine state the test command must leave as it found it (README "Testing"):
+# The machine state the test command must leave as it found it (docs/testing.md):
 #
 #   tests/host-state.sh snapshot FILE    record it
 #   tests/host-state.sh compare FILE     exit 1, listing every difference, if it changed

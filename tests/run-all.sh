@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one test command of this repository (README "Testing"; .ci/run calls it).
+# The one test command of this repository (docs/testing.md; .ci/run calls it).
 # Run as root on Debian 12:  tests/run-all.sh
 #
 # Installs what the tests need (apt packages; crates come through cargo), then runs

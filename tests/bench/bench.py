@@ -2,7 +2,7 @@
 """Benchmark driver: bridge + host-local, ours against the reference and the kernel floor.
 
 Started by tests/bench/run.sh (which builds our release binaries and installs what this
-needs); see the README's "Performance" section for what it measures and how to read it.
+needs); see docs/performance.md for what it measures and how to read it.
 
 Every plugin call runs in a throwaway "host" network namespace per suite and scenario,
 with one throwaway pod namespace per pod; the driver enters the host namespace with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Scale benchmark of the node agent (README "Kubernetes cluster network"): the API
+# Scale benchmark of the node agent (docs/kubernetes.md, "Kubernetes cluster network"): the API
 # test server holds N realistic Nodes (~15 KB each) and one cni-node, built as the
 # release builds it, syncs them in a throwaway network namespace. Prints, per size:
 # initial sync to every route in the kernel, peak RSS, and the time from a served

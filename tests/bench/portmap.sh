@@ -8,8 +8,8 @@
 #
 # Environment: REFERENCE_DIR (default /usr/lib/cni), BENCH_OURS_DIR (default: build the
 # static release and use its cni-bin/), BENCH_ROUNDS, BENCH_PODS. Everything runs in
-# throwaway network namespaces, removed on exit. Prints a Markdown table (README,
-# "Performance"). Nothing here asserts on time.
+# throwaway network namespaces, removed on exit. Prints a Markdown table (docs/performance.md, "portmap").
+# Nothing here asserts on time.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

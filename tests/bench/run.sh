@@ -15,7 +15,7 @@
 # (comma-separated words: run only the parts whose names contain one, e.g. ipv4,nftables,
 # 250,concurrent,sizes).
 # Everything runs in throwaway network namespaces (never the machine's own), removed on
-# exit. Prints Markdown tables; see README "Performance". Nothing here asserts on time.
+# exit. Prints Markdown tables; see docs/performance.md. Nothing here asserts on time.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."

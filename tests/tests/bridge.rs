@@ -259,7 +259,7 @@ fn bridge_mac_stays_when_more_pods_join() {
         return;
     }
     // With a gateway address (the reference pins the MAC there) and in layer 2 mode
-    // (we also pin a bridge we create; README "Differences").
+    // (we also pin a bridge we create; docs/configuration.md, "Differences").
     check_cases(&["gateway", "l2"], |mode| {
         let net = Net::new();
         let subnets: &[&str] = if *mode == "gateway" { &[V4] } else { &[] };
@@ -1431,7 +1431,7 @@ fn one_pod_on_two_networks_with_default_gateways() {
 }
 
 /// Beyond the reference, CHECK also verifies the attachment's masquerade rules and spoof
-/// check (README "Differences"): removing them makes CHECK fail.
+/// check (docs/configuration.md, "Differences"): removing them makes CHECK fail.
 #[test]
 fn check_reports_missing_masquerade_and_spoof_check_rules() {
     if !require_root() {

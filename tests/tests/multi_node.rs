@@ -14,9 +14,9 @@
 //!   only the pod's own subnet. Pods on one node see each other's pod IPs, egress is
 //!   masqueraded to the node IP, and traffic to pods on *other* nodes is masqueraded too:
 //!   the receiver sees the sending node's IP. Not the Kubernetes model; the test pins it
-//!   so the README's warning stays true.
+//!   so the warning in docs/kubernetes.md stays true.
 //! - `ipMasq: false` plus one node-level rule "masquerade what leaves the cluster CIDR"
-//!   (what the README recommends): every pod sees every other pod's IP, on the same node
+//!   (what docs/kubernetes.md recommends): every pod sees every other pod's IP, on the same node
 //!   and across nodes, and egress is still masqueraded to the node IP.
 
 use std::net::IpAddr;
@@ -338,7 +338,7 @@ fn plugin_ip_masq_masquerades_egress_and_cross_node_traffic_like_the_reference()
     let cluster = Cluster::new(true);
     // Same node: the pod subnet is exempt, the receiver sees the pod IP. Another node:
     // the pod's rule masquerades everything outside its own subnet, so the receiver sees
-    // the sending node's underlay IP (the reference's behaviour; README "Multi-node").
+    // the sending node's underlay IP (the reference's behaviour; docs/kubernetes.md, "Multi-node pod network").
     check_pod_to_pod(&cluster, |from_node, from, to_node, v4| {
         match (from_node.n == to_node.n, v4) {
             (true, true) => from.v4,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stock-kernel tier: the bridge VLAN tests on Debian's own kernel (README "Testing").
+# Stock-kernel tier: the bridge VLAN tests on Debian's own kernel (docs/testing.md).
 # Run as root on Debian 12:  tests/vm/run-vlan-tier.sh      (tests/run-all.sh calls it)
 #
 # The development and CI machines run a kernel without bridge VLAN filtering, so the
