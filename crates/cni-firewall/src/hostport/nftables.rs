@@ -264,18 +264,42 @@ pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&Current>) -> R
     Ok(b)
 }
 
+/// The table's rules (`None` when it does not exist; a table with no rule holds
+/// nothing of ours either).
 fn table_rules(nl: &mut Nfnl, family: u8) -> Result<Option<Vec<Rule>>> {
-    if !nl.has_table(family, TABLE)? {
-        return Ok(None);
+    match nl.rules(family, TABLE, None) {
+        Err(e) if crate::nfnetlink::is_not_found(&e) => Ok(None),
+        Ok(rules) if rules.is_empty() => Ok(None),
+        other => other.map(Some),
     }
-    nl.rules(family, TABLE, None).map(Some)
 }
 
+/// The table as it is, read with as few requests as an ADD on a node in service needs:
+/// one rule dump names the chains that hold or are jumped to by rules (the fixed rules
+/// reach every chain but `masquerading`, which is asked for alone when it has no rule).
+/// Only an empty dump (a first ADD) asks whether the table exists and lists its chains.
 fn current(nl: &mut Nfnl, family: u8) -> Result<Option<Current>> {
-    let Some(rules) = table_rules(nl, family)? else {
-        return Ok(None);
+    let rules = match nl.rules(family, TABLE, None) {
+        Err(e) if crate::nfnetlink::is_not_found(&e) => return Ok(None),
+        other => other?,
     };
-    let chains = nl.chain_names(family, TABLE)?;
+    if rules.is_empty() {
+        if !nl.has_table(family, TABLE)? {
+            return Ok(None);
+        }
+        let chains = nl.chain_names(family, TABLE)?;
+        return Ok(Some(Current { chains, rules }));
+    }
+    let mut chains: Vec<String> = rules
+        .iter()
+        .flat_map(|r| [Some(r.chain.clone()), r.jump_target().map(str::to_owned)])
+        .flatten()
+        .collect();
+    if !chains.iter().any(|c| c == MASQUERADING) && nl.has_chain(family, TABLE, MASQUERADING)? {
+        chains.push(MASQUERADING.to_owned());
+    }
+    chains.sort();
+    chains.dedup();
     Ok(Some(Current { chains, rules }))
 }
 
