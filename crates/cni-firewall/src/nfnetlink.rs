@@ -812,21 +812,35 @@ fn parse_expr(elem: &[u8]) -> Expr {
 
 /// Decodes a `NFT_MSG_NEWRULE` message of a dump (payload after the netlink
 /// header).
+#[cfg(test)]
 fn parse_rule(payload: &[u8]) -> Option<Rule> {
+    parse_rule_of(payload, &|_| true)
+}
+
+/// [`parse_rule`], decoding the expressions only of rules in chains `decode` names
+/// (the others get none: a caller that needs only their handles and comments does
+/// not pay for them).
+fn parse_rule_of(payload: &[u8], decode: &dyn Fn(&str) -> bool) -> Option<Rule> {
     let body = payload.get(NFGENMSG_LEN..)?;
     let handle = attr(body, NFTA_RULE_HANDLE)?;
-    Some(Rule {
-        chain: c_string(attr(body, NFTA_RULE_CHAIN)?),
-        handle: u64::from_be_bytes(handle.get(..8)?.try_into().ok()?),
-        comment: attr(body, NFTA_RULE_USERDATA).and_then(parse_udata_comment),
-        exprs: attr(body, NFTA_RULE_EXPRESSIONS)
+    let chain = c_string(attr(body, NFTA_RULE_CHAIN)?);
+    let exprs = if decode(&chain) {
+        attr(body, NFTA_RULE_EXPRESSIONS)
             .map(|list| {
                 attrs(list)
                     .filter(|(t, _)| *t == NFTA_LIST_ELEM)
                     .map(|(_, e)| parse_expr(e))
                     .collect()
             })
-            .unwrap_or_default(),
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    Some(Rule {
+        chain,
+        handle: u64::from_be_bytes(handle.get(..8)?.try_into().ok()?),
+        comment: attr(body, NFTA_RULE_USERDATA).and_then(parse_udata_comment),
+        exprs,
     })
 }
 
@@ -1025,6 +1039,18 @@ impl Nfnl {
         table: &str,
         chain: Option<&str>,
     ) -> Result<Vec<Rule>> {
+        self.rules_decoding(family, table, chain, &|_| true)
+    }
+
+    /// [`Nfnl::rules`], with the expressions decoded only for the chains `decode`
+    /// names.
+    pub(crate) fn rules_decoding(
+        &mut self,
+        family: u8,
+        table: &str,
+        chain: Option<&str>,
+        decode: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<Rule>> {
         let target = match chain {
             Some(c) => format!("list chain {} {table} {c}", family_name(family)),
             None => format!("list table {} {table}", family_name(family)),
@@ -1053,7 +1079,8 @@ impl Nfnl {
                 .iter()
                 .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE)
                 .map(|(_, _, payload)| {
-                    parse_rule(payload).ok_or_else(|| nl_error(&target, "malformed rule in dump"))
+                    parse_rule_of(payload, decode)
+                        .ok_or_else(|| nl_error(&target, "malformed rule in dump"))
                 })
                 .collect();
         }

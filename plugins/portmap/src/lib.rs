@@ -69,29 +69,43 @@ impl Plugin for Portmap {
             .filter(|m| m.protocol == hostport::Protocol::Udp)
             .map(|m| m.host_port)
             .collect();
-        // A family's stale UDP entries are forgotten as soon as its rules are in,
-        // while the next family's rules go in.
-        std::thread::scope(|scope| {
-            for &container in &addresses {
-                let f = forward(req, &config, container);
-                hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
-                hit("portmap/rules-installed")?;
-                log::info(&format!(
-                    "{backend}: {} host port(s) to {}",
-                    f.mappings().count(),
-                    container.ip()
-                ));
-                if !udp_ports.is_empty() {
-                    let ports = &udp_ports;
-                    scope.spawn(move || forget_stale_udp(container, ports));
-                }
-                if container.is_ipv4() && config.snat != hostport::Snat::Off {
-                    enable_localnet_routing(container.ip())?;
-                    hit("portmap/route-localnet")?;
-                }
+        let install = |container: IpNetwork| -> Result<(), CniError> {
+            let f = forward(req, &config, container);
+            hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
+            hit("portmap/rules-installed")?;
+            log::info(&format!(
+                "{backend}: {} host port(s) to {}",
+                f.mappings().count(),
+                container.ip()
+            ));
+            if container.is_ipv4() && config.snat != hostport::Snat::Off {
+                enable_localnet_routing(container.ip())?;
+                hit("portmap/route-localnet")?;
             }
-            Ok::<(), CniError>(())
-        })?;
+            if !udp_ports.is_empty() {
+                forget_stale_udp(container, &udp_ports);
+            }
+            Ok(())
+        };
+        // On iptables each family is its own save/restore processes: both run at
+        // once. nf_tables commits of one netns are serialized by the kernel, and a
+        // family's work there is a fraction of a thread's start: one after the other.
+        let results: Vec<Result<(), CniError>> = match backend {
+            cni_firewall::Backend::Iptables => std::thread::scope(|scope| {
+                let workers: Vec<_> = addresses
+                    .iter()
+                    .map(|&container| scope.spawn(move || install(container)))
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            }),
+            cni_firewall::Backend::Nftables => addresses.iter().map(|&c| install(c)).collect(),
+        };
+        for result in results {
+            result?;
+        }
         hit("portmap/conntrack")?;
         undo.armed = false;
         Ok(prev)

@@ -279,7 +279,10 @@ fn table_rules(nl: &mut Nfnl, family: u8) -> Result<Option<Vec<Rule>>> {
 /// reach every chain but `masquerading`, which is asked for alone when it has no rule).
 /// Only an empty dump (a first ADD) asks whether the table exists and lists its chains.
 fn current(nl: &mut Nfnl, family: u8) -> Result<Option<Current>> {
-    let rules = match nl.rules(family, TABLE, None) {
+    // Only the fixed rules are compared expression by expression; of the containers'
+    // rules (two or three per pod) the chain, handle and comment are enough.
+    let fixed = |chain: &str| matches!(chain, HOSTPORTS_ALL | "prerouting" | "output");
+    let rules = match nl.rules_decoding(family, TABLE, None, &fixed) {
         Err(e) if crate::nfnetlink::is_not_found(&e) => return Ok(None),
         other => other?,
     };
