@@ -89,6 +89,18 @@ pub enum Error {
         errno: Option<i32>,
     },
 
+    /// The kernel refused a conntrack request made over netlink (ctnetlink),
+    /// or the netlink socket failed.
+    #[error("conntrack: {target} failed: {detail}")]
+    Conntrack {
+        /// The request, e.g. `delete udp dport 5353 (ipv4)`.
+        target: String,
+        /// What went wrong, with the kernel's errno.
+        detail: String,
+        /// The errno, when the kernel (or the socket call) answered with one.
+        errno: Option<i32>,
+    },
+
     /// CHECK found that a rule we installed is not there (any more).
     #[error("{backend}: {what} not found in {target}")]
     Missing {
