@@ -539,7 +539,8 @@ mod tests {
         .concat();
         let payload = [vec![10, 0, 0, 0], nla(CTA_TUPLE_ORIG | NLA_F_NESTED, &orig)].concat();
         let want = nlmsg(0x0102, NLM_F_REQUEST | NLM_F_ACK, 1, &payload);
-        assert_eq!(want.len(), 16 + 4 + 4 + 48 + 28);
+        // Header, nfgenmsg, and the tuple: its header, 44 of addresses, 28 of ports.
+        assert_eq!(want.len(), 16 + 4 + 4 + 44 + 28);
         assert_eq!(delete_request(&entry, 1), want);
     }
 

@@ -88,12 +88,14 @@ fn udp_entries_of_one_port_are_deleted_per_family() {
     }
     in_netns(|| {
         namespace_with_conntrack();
+        eprintln!("DBG before {:?}", conntrack::udp_entries(AF_INET6));
         let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
         for addr in [v4, v6] {
             send(addr, PORT_A);
             send(addr, PORT_B);
         }
+        eprintln!("DBG {:?}", conntrack::udp_entries(AF_INET6));
         deletes_only_the_port_asked_for(AF_INET, v4, v6);
         deletes_only_the_port_asked_for(AF_INET6, v6, v4);
         // Several ports at once, as portmap asks.

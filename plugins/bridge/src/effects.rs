@@ -119,11 +119,8 @@ impl Effects for System {
         Pending::spawn(
             "ipam",
             move || req.ipam_add(),
-            |e| {
-                Err(CniError::internal(format!(
-                    "failed to start the IPAM plugin: {e}"
-                )))
-            },
+            // No thread: a real internal failure (999), with the OS's cause.
+            |e| Err(e).context("failed to start the IPAM plugin"),
         )
     }
 
@@ -173,11 +170,7 @@ impl Effects for System {
         Pending::spawn(
             "masq",
             move || Self.masq_setup(backend, &network, &ifname, &id, &nets),
-            |e| {
-                Err(CniError::internal(format!(
-                    "failed to start the masquerade setup: {e}"
-                )))
-            },
+            |e| Err(e).context("failed to start the masquerade setup"),
         )
     }
 

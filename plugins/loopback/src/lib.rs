@@ -94,10 +94,14 @@ fn loopback_addresses(nl: &Netlink, index: u32) -> Result<Vec<IpConfig>, CniErro
     for family in [Family::V4, Family::V6] {
         let addrs = nl.addresses(index, Some(family)).map_err(linux_error)?;
         if let Some(bad) = addrs.iter().find(|a| !a.ip.ip().is_loopback()) {
-            return Err(CniError::internal(format!(
-                "loopback interface found with non-loopback address {:?}",
-                bad.ip.ip().to_string()
-            )));
+            // The namespace's state, not the config: the reference's words and code.
+            return Err(CniError::new(
+                cni_protocol::ErrorCode::INTERNAL,
+                format!(
+                    "loopback interface found with non-loopback address {:?}",
+                    bad.ip.ip().to_string()
+                ),
+            ));
         }
         if let Some(first) = addrs.first() {
             ips.push(IpConfig {

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use cni_firewall::hostport::{self, Forward};
 use cni_protocol::failpoint::hit;
-use cni_protocol::{CniError, CniResult, ErrorCode, Plugin, Request, log};
+use cni_protocol::{CniError, CniResult, Context as _, ErrorCode, Plugin, Request, log};
 use ipnetwork::IpNetwork;
 
 pub use config::Config;
@@ -193,9 +193,8 @@ fn enable_localnet_routing(container: IpAddr) -> Result<(), CniError> {
     let Some(ifname) = interface_towards(container)? else {
         return Ok(());
     };
-    cni_linux::sysctl::write(&format!("net/ipv4/conf/{ifname}/route_localnet"), "1").map_err(|e| {
-        CniError::internal(format!("unable to enable route_localnet on {ifname}: {e}"))
-    })
+    cni_linux::sysctl::write(&format!("net/ipv4/conf/{ifname}/route_localnet"), "1")
+        .with_context(|| format!("unable to enable route_localnet on {ifname}"))
 }
 
 /// The interface of the most specific main-table route to `ip`.
