@@ -401,3 +401,62 @@ fn a_noexec_cni_path_is_not_run_in_process() {
     assert!(net.reservations().is_empty(), "{:?}", net.reservations());
     assert!(net.host_veths().is_empty(), "{:?}", net.host_veths());
 }
+
+/// host-local works on the network directory it opened: a directory swapped in under
+/// the same path while an ADD waits for the network's lock does not receive the
+/// reservation (every file is reached through the held descriptor).
+#[test]
+fn a_swapped_network_directory_does_not_redirect_host_local() {
+    if !require_root() {
+        return;
+    }
+    use nix::fcntl::{Flock, FlockArg};
+    cni_blackbox::bin_dir();
+    let net = Net::new();
+    let pod = net.pod();
+    let network = "swapnet";
+    let dir = net.data.path().join(network);
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let lock_file = std::fs::File::create(dir.join("lock")).expect("lock file");
+    let held = Flock::lock(lock_file, FlockArg::LockExclusive).expect("flock");
+    let conf = json!({
+        "cniVersion": "1.0.0",
+        "name": network,
+        "type": "bridge",
+        "ipam": {
+            "type": "host-local",
+            "dataDir": net.data.path_str(),
+            "lockTimeout": 30,
+            "ranges": [[{"subnet": "10.69.0.0/24"}]]
+        }
+    });
+    let add = std::thread::scope(|scope| {
+        let running = scope.spawn(|| {
+            cni_blackbox::Plugin::new("host-local", &net.host)
+                .command("ADD")
+                .attachment("hostile-swap", &pod, "eth0")
+                .config(&conf)
+                .run()
+        });
+        // The ADD has opened the directory and waits for the lock.
+        std::thread::sleep(Duration::from_millis(1500));
+        let moved = net.data.path().join("swapnet.moved");
+        std::fs::rename(&dir, &moved).expect("move the directory away");
+        std::fs::create_dir(&dir).expect("a new directory in its place");
+        drop(held);
+        running.join().expect("ADD thread")
+    });
+    add.assert_success();
+    let moved = net.data.path().join("swapnet.moved");
+    assert!(
+        moved.join("10.69.0.2").exists(),
+        "the reservation is not in the directory the ADD opened"
+    );
+    let leaked: Vec<_> = std::fs::read_dir(&dir)
+        .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(
+        leaked.is_empty(),
+        "written into the swapped-in directory: {leaked:?}"
+    );
+}

@@ -65,16 +65,13 @@ fn entries_to(family: u8, addr: IpAddr, port: u16) -> usize {
     entries.len()
 }
 
-fn deletes_only_the_port_asked_for(family: u8, addr: IpAddr, other: IpAddr) {
+fn deletes_only_the_port_asked_for(family: u8, addr: IpAddr) {
     assert_eq!(entries_to(family, addr, PORT_A), CLIENTS);
     assert_eq!(entries_to(family, addr, PORT_B), CLIENTS);
     let deleted = conntrack::delete_udp_by_dst_port(family, PORT_A).unwrap();
     assert_eq!(deleted, CLIENTS);
     assert_eq!(entries_to(family, addr, PORT_A), 0);
     assert_eq!(entries_to(family, addr, PORT_B), CLIENTS);
-    // The other family's entries to the same port are left alone.
-    let other_family = if family == AF_INET { AF_INET6 } else { AF_INET };
-    assert_eq!(entries_to(other_family, other, PORT_A), CLIENTS);
     assert_eq!(
         conntrack::delete_udp_by_dst_port(family, PORT_A).unwrap(),
         0
@@ -88,16 +85,17 @@ fn udp_entries_of_one_port_are_deleted_per_family() {
     }
     in_netns(|| {
         namespace_with_conntrack();
-        eprintln!("DBG before {:?}", conntrack::udp_entries(AF_INET6));
         let v4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
         for addr in [v4, v6] {
             send(addr, PORT_A);
             send(addr, PORT_B);
         }
-        eprintln!("DBG {:?}", conntrack::udp_entries(AF_INET6));
-        deletes_only_the_port_asked_for(AF_INET, v4, v6);
-        deletes_only_the_port_asked_for(AF_INET6, v6, v4);
+        deletes_only_the_port_asked_for(AF_INET, v4);
+        // The other family's entries to the same port are left alone.
+        assert_eq!(entries_to(AF_INET6, v6, PORT_A), CLIENTS);
+        deletes_only_the_port_asked_for(AF_INET6, v6);
+        assert_eq!(entries_to(AF_INET, v4, PORT_B), CLIENTS);
         // Several ports at once, as portmap asks.
         for (family, addr) in [(AF_INET, v4), (AF_INET6, v6)] {
             let deleted = conntrack::delete_udp_by_dst_ports(family, &[PORT_A, PORT_B]).unwrap();

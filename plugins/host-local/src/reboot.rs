@@ -140,7 +140,7 @@ pub fn marker(store: &Store) -> Option<Marker> {
 
 /// Whether the sweep would release `entry` in boot `boot`.
 fn is_stale(store: &Store, entry: &Entry, boot: &str) -> bool {
-    matches!(stamp_of(&store.dir().join(&entry.name)), Stamp::Boot(b) if b != boot)
+    matches!(stamp_of(&store.file(&entry.name)), Stamp::Boot(b) if b != boot)
 }
 
 /// Sweeps the directory (see the module docs) unless it was already swept during boot
@@ -156,7 +156,7 @@ pub fn sweep(locked: &Locked<'_>, boot: &str) -> Result<BTreeMap<String, String>
     let mut released_count = 0;
     let mut errors = Errors::default();
     for entry in locked.scan()? {
-        let path = locked.store().dir().join(&entry.name);
+        let path = locked.store().file(&entry.name);
         match stamp_of(&path) {
             Stamp::Boot(b) if b != boot => {
                 let owner = locked.read(&entry.name).ok().flatten();

@@ -56,7 +56,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
 use std::net::IpAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -96,6 +96,10 @@ pub struct Store {
     /// The directory, opened without following a symlink; reservations are read relative
     /// to it (openat), which also saves a path walk per file in a 10,000-file scan.
     dir_fd: OwnedFd,
+    /// The directory as the held descriptor names it (`/proc/self/fd/<n>`): every file
+    /// is created, linked, renamed and removed through it, so a directory swapped for
+    /// another after the open cannot redirect a write. [`Store::dir`] without `/proc`.
+    at: PathBuf,
 }
 
 /// A reservation file found in the directory.
@@ -170,11 +174,12 @@ fn read_all(mut file: File, path: &Path) -> Result<Option<String>> {
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
 }
 
-fn remove_if_present(path: &Path) -> Result<bool> {
+/// Removes `path`; `shown` names it in an error.
+fn remove_if_present(path: &Path, shown: &Path) -> Result<bool> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(Error::io("remove", path, e)),
+        Err(e) => Err(Error::io("remove", shown, e)),
     }
 }
 
@@ -242,10 +247,17 @@ impl Store {
             }
             Err(e) => return Err(Error::io("open", &dir, e.into())),
         };
+        let through_fd = PathBuf::from(format!("/proc/self/fd/{}", dir_fd.as_raw_fd()));
+        let at = if through_fd.is_dir() {
+            through_fd
+        } else {
+            dir.clone()
+        };
         Ok(Self {
             command: "store",
             dir,
             dir_fd,
+            at,
         })
     }
 
@@ -267,6 +279,12 @@ impl Store {
         &self.dir
     }
 
+    /// File `name` of the directory this store opened, to act on (see `at`); messages
+    /// name `dir().join(name)`.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.at.join(name)
+    }
+
     /// Takes the network's exclusive lock, waiting at most `timeout`.
     ///
     /// Uncontended, this is one non-blocking flock(2). Contended, a helper thread blocks
@@ -276,6 +294,7 @@ impl Store {
     /// once, and process exit ends it anyway.
     pub fn lock(&self, timeout: Duration) -> Result<Locked<'_>> {
         let path = self.dir.join(LOCK_FILE);
+        let through = self.file(LOCK_FILE);
         let foreign = |path: &Path| Error::UnsafePath {
             path: path.to_path_buf(),
             reason: "the lock must be a regular file (found a symlink, directory or other file)",
@@ -283,7 +302,7 @@ impl Store {
         // The reference creates the lock O_RDONLY|O_CREAT with mode 0750. O_NONBLOCK
         // keeps a FIFO planted as `lock` from blocking the open.
         let fd = match nix::fcntl::open(
-            &path,
+            &through,
             OFlag::O_RDONLY
                 | OFlag::O_CREAT
                 | OFlag::O_NOFOLLOW
@@ -350,7 +369,7 @@ impl Store {
     /// (the reference walks in lexical order, which decides which duplicate it names).
     /// With `clean`, stale temp files are removed on the way (only valid under the lock).
     pub fn scan(&self, clean: bool) -> Result<Vec<Entry>> {
-        let read = std::fs::read_dir(&self.dir).map_err(|e| Error::io("readdir", &self.dir, e))?;
+        let read = std::fs::read_dir(&self.at).map_err(|e| Error::io("readdir", &self.dir, e))?;
         let own = format!("{TEMP_PREFIX}{}.", std::process::id());
         let mut entries = Vec::new();
         for item in read {
@@ -442,12 +461,12 @@ impl Store {
 
     /// Checks that the directory accepts new files (STATUS): create and remove a temp.
     pub fn probe_writable(&self) -> Result<()> {
-        let path = self.dir.join(temp_name("probe"));
+        let path = self.file(&temp_name("probe"));
         // One byte, not an empty file: a full file system still creates empty files but
         // cannot take a reservation's content.
         write_new(&path, b"\n").map_err(|e| Error::io("write in", &self.dir, e))?;
         self.step("probe-written")?;
-        remove_if_present(&path)?;
+        remove_if_present(&path, &self.dir)?;
         Ok(())
     }
 }
@@ -478,8 +497,9 @@ impl Drop for Locked<'_> {
 }
 
 impl Locked<'_> {
+    /// File `name`, to act on (through the held descriptor).
     fn path(&self, name: &str) -> PathBuf {
-        self.store.dir.join(name)
+        self.store.file(name)
     }
 
     /// The store this lock is held on.
@@ -535,13 +555,14 @@ impl Locked<'_> {
     ) -> Result<bool> {
         let content = reservation_content(id, ifname);
         let target = self.path(&ip.to_string());
+        let shown = self.store.dir.join(ip.to_string());
         if self.temp.as_ref().is_none_or(|(_, c)| *c != content) {
             if let Some((old, _)) = self.temp.take() {
                 let _ = std::fs::remove_file(old);
             }
             let path = self.path(&temp_name("ip"));
             let file = write_new(&path, content.as_bytes())
-                .map_err(|e| Error::io("write reservation", &target, e))?;
+                .map_err(|e| Error::io("write reservation", &shown, e))?;
             if let Some(boot) = &self.boot {
                 crate::reboot::stamp_file(&file, boot);
             }
@@ -554,7 +575,7 @@ impl Locked<'_> {
         match std::fs::hard_link(temp, &target) {
             Ok(()) => {}
             Err(e) if e.kind() == ErrorKind::AlreadyExists => return Ok(false),
-            Err(e) => return Err(Error::io("link", &target, e)),
+            Err(e) => return Err(Error::io("link", &shown, e)),
         }
         if let Err(e) = self.store.step("linked") {
             // Nothing half-done: the reservation goes again (the temp stays for reuse and
@@ -622,15 +643,16 @@ impl Locked<'_> {
     /// failpoint `step` in between.
     pub fn replace(&self, name: &str, content: &[u8], step: &str) -> Result<()> {
         let target = self.path(name);
+        let shown = self.store.dir.join(name);
         let temp = self.path(&temp_name("state"));
-        write_new(&temp, content).map_err(|e| Error::io("write", &target, e))?;
+        write_new(&temp, content).map_err(|e| Error::io("write", &shown, e))?;
         if let Err(e) = self.store.step(step) {
             let _ = std::fs::remove_file(&temp);
             return Err(e);
         }
         std::fs::rename(&temp, &target).map_err(|e| {
             let _ = std::fs::remove_file(&temp);
-            Error::io("rename", &target, e)
+            Error::io("rename", &shown, e)
         })
     }
 
@@ -648,7 +670,7 @@ impl Locked<'_> {
 
     /// Removes reservation `name`; `Ok(false)` if it was already gone.
     pub fn release(&self, name: &str) -> Result<bool> {
-        let removed = remove_if_present(&self.path(name))?;
+        let removed = remove_if_present(&self.path(name), &self.store.dir.join(name))?;
         if removed {
             self.store.step("released")?;
         }
