@@ -69,9 +69,19 @@ impl Plugin for Portmap {
             .filter(|m| m.protocol == hostport::Protocol::Udp)
             .map(|m| m.host_port)
             .collect();
+        // nf_tables: every family's rules in one transaction first.
+        if backend == cni_firewall::Backend::Nftables {
+            let forwards: Vec<Forward<'_>> = addresses
+                .iter()
+                .map(|&container| forward(req, &config, container))
+                .collect();
+            hostport::setup_all(backend, &forwards).map_err(|e| firewall_error(&e))?;
+        }
         let install = |container: IpNetwork| -> Result<(), CniError> {
             let f = forward(req, &config, container);
-            hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
+            if backend == cni_firewall::Backend::Iptables {
+                hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
+            }
             hit("portmap/rules-installed")?;
             log::info(&format!(
                 "{backend}: {} host port(s) to {}",
@@ -197,19 +207,12 @@ fn enable_localnet_routing(container: IpAddr) -> Result<(), CniError> {
         .with_context(|| format!("unable to enable route_localnet on {ifname}"))
 }
 
-/// The interface of the most specific main-table route to `ip`.
+/// The interface the kernel routes `ip` through (`ip route get`).
 fn interface_towards(ip: IpAddr) -> Result<Option<String>, CniError> {
-    use cni_linux::netlink::{Family, Netlink};
+    use cni_linux::netlink::Netlink;
     let linux = |e: cni_linux::Error| cni_protocol::error::internal(&e);
     let nl = Netlink::connect().map_err(linux)?;
-    let family = if ip.is_ipv4() { Family::V4 } else { Family::V6 };
-    let best = nl
-        .routes(family, Some(254))
-        .map_err(linux)?
-        .into_iter()
-        .filter(|r| r.dst.contains(ip) && r.oif.is_some())
-        .max_by_key(|r| r.dst.prefix());
-    let Some(index) = best.and_then(|r| r.oif) else {
+    let Some(index) = nl.route_get_oif(ip).map_err(linux)? else {
         return Ok(None);
     };
     Ok(nl.link_by_index(index).map_err(linux)?.map(|l| l.name))

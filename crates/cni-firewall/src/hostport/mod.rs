@@ -159,6 +159,16 @@ pub fn setup(backend: Backend, forward: &Forward<'_>) -> Result<()> {
     }
 }
 
+/// Installs the rules of all `forwards` (one container's addresses): on nftables in
+/// one transaction, on iptables one family after the other. On failure the caller
+/// removes what was installed ([`teardown`]).
+pub fn setup_all(backend: Backend, forwards: &[Forward<'_>]) -> Result<()> {
+    match backend {
+        Backend::Iptables => forwards.iter().try_for_each(iptables::setup),
+        Backend::Nftables => nftables::setup_all(forwards),
+    }
+}
+
 /// Whether the rules of `forward` are all in place.
 pub fn check(backend: Backend, forward: &Forward<'_>) -> Result<()> {
     match backend {

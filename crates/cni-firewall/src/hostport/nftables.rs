@@ -197,11 +197,17 @@ pub(crate) struct Current {
 /// release of a netfilter socket (the process's exit) wait for an RCU grace
 /// period, tens of milliseconds, for nothing.
 pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&Current>) -> Result<Batch> {
+    let mut b = Batch::new();
+    add_setup(&mut b, forward, current)?;
+    Ok(b)
+}
+
+/// Adds the changes that install `forward` to `b` (see [`setup_batch`]).
+fn add_setup(b: &mut Batch, forward: &Forward<'_>, current: Option<&Current>) -> Result<()> {
     let family = family_of(forward.container.ip());
     let id = forward.container_id;
     let rules = current.map(|c| c.rules.as_slice()).unwrap_or_default();
     let has_chain = |name: &str| current.is_some_and(|c| c.chains.iter().any(|n| n == name));
-    let mut b = Batch::new();
     if current.is_none() {
         b.add_table(family, TABLE, Some(TABLE_COMMENT))?;
     }
@@ -261,7 +267,7 @@ pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&Current>) -> R
     for rule in masq_rules(forward) {
         b.add_rule(family, TABLE, MASQUERADING, &rule, Some(id))?;
     }
-    Ok(b)
+    Ok(())
 }
 
 /// The table's rules (`None` when it does not exist; a table with no rule holds
@@ -326,6 +332,19 @@ fn refuse_conditions(forward: &Forward<'_>) -> Result<()> {
             reason: "nftables conditions are not supported; use \"backend\": \"iptables\" with iptables conditions",
         }),
     }
+}
+
+/// Installs the rules of every one of `forwards` (a container's addresses, one per
+/// family) in one transaction, over one socket.
+pub(crate) fn setup_all(forwards: &[Forward<'_>]) -> Result<()> {
+    let mut nl = Nfnl::open()?;
+    let mut batch = Batch::new();
+    for forward in forwards {
+        refuse_conditions(forward)?;
+        let current = current(&mut nl, family_of(forward.container.ip()))?;
+        add_setup(&mut batch, forward, current.as_ref())?;
+    }
+    nl.commit(batch, &format!("table ip/ip6 {TABLE}"))
 }
 
 /// Installs the rules of `forward`.

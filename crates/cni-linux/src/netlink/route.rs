@@ -226,6 +226,52 @@ impl Netlink {
         )
     }
 
+    /// The output interface the kernel would send a packet to `ip` through, as
+    /// `ip route get` asks it (one request, however many routes there are); `None`
+    /// when there is no route, or the answer has no interface or is not unicast.
+    pub fn route_get_oif(&self, ip: IpAddr) -> Result<Option<u32>> {
+        match self.route_get_oif_raw(ip) {
+            Err(e)
+                if matches!(
+                    e.errno(),
+                    Some(nix::libc::ENETUNREACH | nix::libc::EHOSTUNREACH)
+                ) =>
+            {
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    fn route_get_oif_raw(&self, ip: IpAddr) -> Result<Option<u32>> {
+        let (family, dst_len, octets) = match ip {
+            IpAddr::V4(a) => (AF_INET, 32, a.octets().to_vec()),
+            IpAddr::V6(a) => (AF_INET6, 128, a.octets().to_vec()),
+        };
+        let mut oif = None;
+        self.request(
+            RTM_GETROUTE,
+            NLM_F_REQUEST,
+            |w| {
+                RtMsg {
+                    family,
+                    dst_len,
+                    ..RtMsg::default()
+                }
+                .write(w);
+                w.attr(RTA_DST, &octets);
+            },
+            |msg| {
+                if msg.ty == RTM_NEWROUTE {
+                    oif = Route::parse(msg.payload)?.and_then(|r| r.oif);
+                }
+                Ok(())
+            },
+            || format!("failed to look up the route to {ip}"),
+        )?;
+        Ok(oif)
+    }
+
     /// Lists unicast routes of one family, optionally of one table only.
     pub fn routes(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>> {
         let mut routes = Vec::new();
