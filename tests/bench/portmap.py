@@ -13,7 +13,8 @@ Suites: "ours iptables", "ref iptables" (the reference 1.1.1 has only iptables) 
 mapping costs both plugins a walk of the kernel's conntrack table per family, to forget
 stale entries). "ours nftables" answers "what does portmap on nftables add to a pod's
 ADD": the runtime runs it as its own process after the bridge, so its whole wall time
-is what a pod start pays for it.
+is what a pod start pays for it. "ours no mappings" is the floor of any such call: a
+portmap ADD with nothing to map (exec, parse, print), timed the same way.
 """
 
 import argparse
@@ -26,7 +27,11 @@ import bench  # noqa: E402  (the shared timing and namespace helpers)
 
 
 def conf(i, backend, udp, with_prev):
-    mappings = [{"hostPort": 20000 + i, "containerPort": 80, "protocol": "tcp"}]
+    if udp is None:
+        # The floor: a portmap call with nothing to map (parses, prints prevResult).
+        mappings = []
+    else:
+        mappings = [{"hostPort": 20000 + i, "containerPort": 80, "protocol": "tcp"}]
     if udp:
         mappings.append({"hostPort": 30000 + i, "containerPort": 53, "protocol": "udp"})
     c = {
@@ -59,7 +64,7 @@ def main():
     args = ap.parse_args()
     rounds, pods = (1, 3) if args.quick else (args.rounds, args.pods)
     ours, ref = bench.Plugins("ours", args.ours), bench.Plugins("ref", args.ref)
-    suites = []
+    suites = [("ours no mappings", ours, "nftables", None)]
     for udp, ports in ((False, "tcp"), (True, "tcp+udp")):
         suites += [
             (f"ours iptables {ports}", ours, "iptables", udp),
@@ -99,7 +104,8 @@ def main():
     print("|---|---|---|---|---|---|")
     for op in ("ADD", "CHECK", "DEL"):
         for name, _, _, udp in suites:
-            ref = bench.pct(samples[(f"ref iptables {'tcp+udp' if udp else 'tcp'}", op)], 50)
+            ref_suite = "ref iptables " + ("tcp+udp" if udp else "tcp")
+            ref = bench.pct(samples[(ref_suite, op)], 50)
             ms = samples[(name, op)]
             p50, p99 = bench.pct(ms, 50), bench.pct(ms, 99)
             print(f"| {op} | {name} | {len(ms)} | {p50:.2f} | {p99:.2f} | "

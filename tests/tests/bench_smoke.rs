@@ -174,6 +174,10 @@ fn quick_portmap_benchmark_completes() {
             }
         }
     }
+    assert!(
+        stdout.contains("| ADD | ours no mappings | 3 |"),
+        "no floor row in:\n{stdout}"
+    );
     let left = netns_names(&tag);
     assert!(left.is_empty(), "namespaces left: {left:?}");
 }
