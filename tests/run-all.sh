@@ -13,6 +13,15 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 step() { printf '\n==> %s\n' "$*"; }
 
+skip_vm=false
+if [[ -n ${CNI_RS_SKIP_VM:-} && ${CNI_RS_SKIP_VM} != 0 ]]; then
+    if [[ ${CI:-} == true ]]; then
+        echo "error: CNI_RS_SKIP_VM is set under CI=true: CI runs every tier" >&2
+        exit 1
+    fi
+    skip_vm=true
+fi
+
 # Debian packages: iproute2/iptables/nftables/ping to drive and inspect namespaces and
 # firewall state; the reference Go plugins (containernetworking-plugins) and libcni
 # sources (golang-github-appc-cni-dev, with golang-go) for compatibility checks; podman,
@@ -81,11 +90,7 @@ cargo test --workspace --no-fail-fast
 # Debian's stock kernel in an emulated VM (installs qemu and kmod; the kernel and
 # virtme-ng go into a cache, see the script). CNI_RS_SKIP_VM=1 skips this slow tier on a
 # developer's machine; CI never skips it.
-if [[ -n ${CNI_RS_SKIP_VM:-} && ${CNI_RS_SKIP_VM} != 0 ]]; then
-    if [[ ${CI:-} == true ]]; then
-        echo "error: CNI_RS_SKIP_VM is set under CI=true: CI runs every tier" >&2
-        exit 1
-    fi
+if $skip_vm; then
     step "stock-kernel VM tier skipped (CNI_RS_SKIP_VM=$CNI_RS_SKIP_VM)"
 else
     step "stock-kernel VM tier (bridge VLAN tests)"
