@@ -113,3 +113,21 @@ pub fn sysctl(ns: &Netns, key: &str) -> String {
         .trim()
         .to_owned()
 }
+
+/// The nat tables of iptables and ip6tables and the nft rule set of `ns`, as text,
+/// without the save tools' comment lines (which carry timestamps), so that two states
+/// compare.
+pub fn nat_and_nft(ns: &Netns) -> String {
+    let mut text = String::new();
+    for argv in [
+        &["iptables-save", "-t", "nat"][..],
+        &["ip6tables-save", "-t", "nat"][..],
+        &["nft", "list", "ruleset"][..],
+    ] {
+        text.push_str(&String::from_utf8_lossy(&ns.exec(argv).stdout));
+    }
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}

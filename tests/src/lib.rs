@@ -21,9 +21,11 @@
 //! - [`check_cases`]: table-driven tests that report every failing row.
 //! - [`underlay`]: a layer-2 segment between test hosts and UDP probes across it.
 //! - [`hostport`]: TCP probes of host ports and a client beside the node.
+//! - [`fleet`]: which side, ours or the reference's, adds and deletes each pod of a mixed fleet.
 
 pub mod bins;
 pub mod cases;
+pub mod fleet;
 pub mod hostport;
 pub mod ipam;
 pub mod json;

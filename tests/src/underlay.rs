@@ -3,7 +3,6 @@
 //! namespaces (a thread enters the namespace, binds, and hands the socket back), so the
 //! receiver reads the sender's address as it arrived, without capture tools.
 
-use std::fs::File;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
@@ -45,15 +44,10 @@ pub fn address(ns: &Netns, ip: &str, prefix: &str) {
 /// A UDP socket bound to `addr` inside `ns`: a short-lived thread enters the namespace
 /// and makes it; the socket stays in that namespace whichever thread uses it.
 pub fn socket_in(ns: &Netns, addr: SocketAddr) -> UdpSocket {
-    let path = ns.path().to_path_buf();
-    std::thread::spawn(move || {
-        let file = File::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .unwrap_or_else(|e| panic!("setns {}: {e}", path.display()));
-        UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", path.display()))
+    let name = ns.name().to_owned();
+    crate::hostport::in_netns(ns.path(), move || {
+        UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {name}: {e}"))
     })
-    .join()
-    .unwrap_or_else(|_| panic!("the thread making a socket in {} panicked", ns.name()))
 }
 
 /// Sends datagrams from a socket in `from` to `to` (a socket bound there, in `to_ns`)

@@ -438,8 +438,18 @@ fn a_swapped_network_directory_does_not_redirect_host_local() {
                 .config(&conf)
                 .run()
         });
-        // The ADD has opened the directory and waits for the lock.
-        std::thread::sleep(Duration::from_millis(1500));
+        // The ADD has opened the directory and waits for the lock: it holds the lock
+        // file open (bounded wait, not a guess of how long that takes).
+        let lock = dir.join("lock");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !process_has_open("host-local", &lock) {
+            assert!(
+                Instant::now() < deadline,
+                "the ADD never opened {}",
+                lock.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let moved = net.data.path().join("swapnet.moved");
         std::fs::rename(&dir, &moved).expect("move the directory away");
         std::fs::create_dir(&dir).expect("a new directory in its place");
@@ -448,9 +458,20 @@ fn a_swapped_network_directory_does_not_redirect_host_local() {
     });
     add.assert_success();
     let moved = net.data.path().join("swapnet.moved");
+    let listing = |d: &Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     assert!(
         moved.join("10.69.0.2").exists(),
-        "the reservation is not in the directory the ADD opened"
+        "the reservation is not in the directory the ADD opened: {:?}; new one: {:?}\n{add}",
+        listing(&moved),
+        listing(&dir)
     );
     let leaked: Vec<_> = std::fs::read_dir(&dir)
         .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
@@ -459,4 +480,21 @@ fn a_swapped_network_directory_does_not_redirect_host_local() {
         leaked.is_empty(),
         "written into the swapped-in directory: {leaked:?}"
     );
+}
+
+/// Whether a process named `comm` has `path` open. By name, not "any other process":
+/// a child of this test between fork and exec still holds this test's descriptors.
+fn process_has_open(comm: &str, path: &Path) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    procs
+        .filter_map(Result::ok)
+        .filter(|p| {
+            std::fs::read_to_string(p.path().join("comm")).is_ok_and(|c| c.trim_end() == comm)
+        })
+        .filter_map(|p| std::fs::read_dir(p.path().join("fd")).ok())
+        .flatten()
+        .filter_map(Result::ok)
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == path))
 }

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use bridge_support::{Net, global_addrs, has_link, reference_available};
+use cni_blackbox::fleet::{Side, sides};
 use cni_blackbox::{Netns, Outcome, parallel, require_root};
 use serde_json::{Value, json};
 
@@ -27,24 +28,6 @@ const PODS: usize = 200;
 const WIDTH: usize = 16;
 const V4: &str = "10.78.0.0/16";
 const V6: &str = "fd00:78::/64";
-
-/// Which binary runs a call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Ours,
-    Reference,
-}
-
-/// Pod `i`'s ADD and DEL binaries: the four combinations in turn, so that half of each
-/// command is the reference's and every pod made by one side is deleted by both.
-fn sides(i: usize) -> (Side, Side) {
-    match i % 4 {
-        0 => (Side::Ours, Side::Ours),
-        1 => (Side::Reference, Side::Reference),
-        2 => (Side::Ours, Side::Reference),
-        _ => (Side::Reference, Side::Ours),
-    }
-}
 
 fn id(i: usize) -> String {
     format!("fleet-{i}")

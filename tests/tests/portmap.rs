@@ -10,7 +10,7 @@
 //! are removed by ours and the other way round. A UDP client that keeps sending to a host
 //! port reaches the new pod after the old one is replaced (stale conntrack entries).
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,21 @@ fn serve(pod: &Netns) {
 
 fn connect(from: &Netns, to: SocketAddr) -> Result<String, String> {
     peer_seen(from.path(), to)
+}
+
+/// Calls `send` until `socket` (with a read timeout) receives a datagram, for at most
+/// 5 s; `failure` is the assertion's message.
+#[track_caller]
+fn receive_while_sending(socket: &UdpSocket, send: &dyn Fn(), failure: &str) {
+    let mut buf = [0u8; 16];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        send();
+        if socket.recv_from(&mut buf).is_ok() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{failure}");
+    }
 }
 
 /// The node with its uplink and client, and the data dir of host-local.
@@ -85,19 +100,7 @@ impl Node {
 
     /// Firewall state of the node (iptables nat of both families, nft ruleset).
     fn firewall(&self) -> String {
-        let mut text = String::new();
-        for argv in [
-            &["iptables-save", "-t", "nat"][..],
-            &["ip6tables-save", "-t", "nat"][..],
-            &["nft", "list", "ruleset"][..],
-        ] {
-            text.push_str(&String::from_utf8_lossy(&self.host.exec(argv).stdout));
-        }
-        // Without the save tools' timestamp comments, so two states compare.
-        text.lines()
-            .filter(|l| !l.starts_with('#'))
-            .map(|l| format!("{l}\n"))
-            .collect()
+        cni_blackbox::kernel::nat_and_nft(&self.host)
     }
 }
 
@@ -159,7 +162,7 @@ fn chained_ports_work_and_leave_nothing(backend: &str) {
     }
     let node = Node::new();
     let (pod, id, result) = node.pod();
-    let (other, other_id, _) = node.pod();
+    let (other, _, _) = node.pod();
     serve(&pod);
     let conf = portmap_conf(Some(backend), Some(&result), &web_mappings());
     let out = run(None, &node, "ADD", &id, &pod, &conf);
@@ -230,7 +233,6 @@ fn chained_ports_work_and_leave_nothing(backend: &str) {
     run(None, &node, "DEL", &id, &pod, &bare).assert_success();
     run(None, &node, "DEL", &id, &pod, &bare).assert_success();
     assert_no_rules(&node, &id);
-    drop(other_id);
 }
 
 #[test]
@@ -360,18 +362,7 @@ fn udp_clients_reach_the_new_pod_after_a_replacement() {
     let send = || {
         client.send_to(b"ping", addr(NODE_V4, 5300)).ok();
     };
-    let mut buf = [0u8; 16];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        send();
-        if old_socket.recv_from(&mut buf).is_ok() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old pod never got a datagram"
-        );
-    }
+    receive_while_sending(&old_socket, &send, "the old pod never got a datagram");
     // The old pod goes; the client keeps sending from the same port (the conntrack
     // entry stays alive) while the new pod is added.
     run(
@@ -407,18 +398,11 @@ fn udp_clients_reach_the_new_pod_after_a_replacement() {
         &portmap_conf(None, Some(&new_result), &mappings),
     )
     .assert_success();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        send();
-        if new_socket.recv_from(&mut buf).is_ok() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the new pod never got a datagram: stale conntrack entry"
-        );
-    }
-    let _: IpAddr = CLIENT_V6.parse().unwrap_or_else(|e| panic!("{e}"));
+    receive_while_sending(
+        &new_socket,
+        &send,
+        "the new pod never got a datagram: stale conntrack entry",
+    );
 }
 
 /// GC removes the host ports of containers outside `cni.dev/valid-attachments` on both

@@ -86,16 +86,9 @@ impl Lab {
 
     /// Lines of the host's firewall that belong to the pod's host ports.
     fn rules(&self) -> Vec<String> {
-        let mut text = String::new();
-        for argv in [
-            &["iptables-save", "-t", "nat"][..],
-            &["ip6tables-save", "-t", "nat"][..],
-            &["nft", "list", "ruleset"][..],
-        ] {
-            text.push_str(&String::from_utf8_lossy(&self.host.exec(argv).stdout));
-        }
-        text.lines()
-            .filter(|l| l.contains(&self.id) || l.contains("CNI-DN-") && !l.starts_with('#'))
+        cni_blackbox::kernel::nat_and_nft(&self.host)
+            .lines()
+            .filter(|l| l.contains(&self.id) || l.contains("CNI-DN-"))
             .map(str::to_owned)
             .collect()
     }

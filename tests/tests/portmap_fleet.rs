@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::sync::Mutex;
 
+use cni_blackbox::fleet::{Side, sides};
 use cni_blackbox::hostport::dnat_chain;
 use cni_blackbox::{Netns, Outcome, Plugin, parallel, require_root};
 use serde_json::{Value, json};
@@ -20,22 +21,6 @@ const PODS: usize = 100;
 const WIDTH: usize = 16;
 const REFERENCE: &str = "/usr/lib/cni/portmap";
 const NETWORK: &str = "pmfleet";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Side {
-    Ours,
-    Reference,
-}
-
-/// Pod `i`'s ADD and DEL sides: the four combinations in turn.
-fn sides(i: usize) -> (Side, Side) {
-    match i % 4 {
-        0 => (Side::Ours, Side::Ours),
-        1 => (Side::Reference, Side::Reference),
-        2 => (Side::Ours, Side::Reference),
-        _ => (Side::Reference, Side::Ours),
-    }
-}
 
 fn id(i: usize) -> String {
     format!("pmfleet-{i}")

@@ -63,58 +63,39 @@ impl Plugin for Portmap {
             container_id: &req.args.container_id,
             armed: true,
         };
+        let forwards: Vec<Forward<'_>> = addresses
+            .iter()
+            .map(|&container| forward(req, &config, container))
+            .collect();
+        hostport::setup_all(backend, &forwards).map_err(|e| firewall_error(&e))?;
+        hit("portmap/rules-installed")?;
+        for f in &forwards {
+            log::info(&format!(
+                "{backend}: {} host port(s) to {}",
+                f.mappings().count(),
+                f.container.ip()
+            ));
+        }
+        if config.snat != hostport::Snat::Off
+            && let Some(v4) = addresses.iter().find(|a| a.is_ipv4())
+        {
+            enable_localnet_routing(v4.ip())?;
+            hit("portmap/route-localnet")?;
+        }
         let udp_ports: Vec<u16> = config
             .mappings
             .iter()
             .filter(|m| m.protocol == hostport::Protocol::Udp)
             .map(|m| m.host_port)
             .collect();
-        // nf_tables: every family's rules in one transaction first.
-        if backend == cni_firewall::Backend::Nftables {
-            let forwards: Vec<Forward<'_>> = addresses
-                .iter()
-                .map(|&container| forward(req, &config, container))
-                .collect();
-            hostport::setup_all(backend, &forwards).map_err(|e| firewall_error(&e))?;
-        }
-        let install = |container: IpNetwork| -> Result<(), CniError> {
-            let f = forward(req, &config, container);
-            if backend == cni_firewall::Backend::Iptables {
-                hostport::setup(backend, &f).map_err(|e| firewall_error(&e))?;
-            }
-            hit("portmap/rules-installed")?;
-            log::info(&format!(
-                "{backend}: {} host port(s) to {}",
-                f.mappings().count(),
-                container.ip()
-            ));
-            if container.is_ipv4() && config.snat != hostport::Snat::Off {
-                enable_localnet_routing(container.ip())?;
-                hit("portmap/route-localnet")?;
-            }
-            if !udp_ports.is_empty() {
-                forget_stale_udp(container, &udp_ports);
-            }
-            Ok(())
-        };
-        // On iptables each family is its own save/restore processes: both run at
-        // once. nf_tables commits of one netns are serialized by the kernel, and a
-        // family's work there is a fraction of a thread's start: one after the other.
-        let results: Vec<Result<(), CniError>> = match backend {
-            cni_firewall::Backend::Iptables => std::thread::scope(|scope| {
-                let workers: Vec<_> = addresses
-                    .iter()
-                    .map(|&container| scope.spawn(move || install(container)))
-                    .collect();
-                workers
-                    .into_iter()
-                    .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            }),
-            cni_firewall::Backend::Nftables => addresses.iter().map(|&c| install(c)).collect(),
-        };
-        for result in results {
-            result?;
+        if !udp_ports.is_empty() {
+            // Each family is a walk of the kernel's whole conntrack table: both at once.
+            std::thread::scope(|scope| {
+                for &container in &addresses {
+                    let ports = &udp_ports;
+                    scope.spawn(move || forget_stale_udp(container, ports));
+                }
+            });
         }
         hit("portmap/conntrack")?;
         undo.armed = false;

@@ -19,6 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use cni_blackbox::hostport::in_netns;
 use cni_blackbox::{plugin_path, require_root, unique_name};
 use cni_containerd_suite::cri::{HostPort, Protocol};
 use cni_containerd_suite::{Containerd, NETWORK, ping_from};
@@ -265,10 +266,16 @@ struct Pod {
 /// address (primary first, as kubelet reads them).
 #[track_caller]
 fn run_pod(node: &Containerd) -> Pod {
+    run_pod_with_ports(node, &[])
+}
+
+/// [`run_pod`] with the pod's host ports.
+#[track_caller]
+fn run_pod_with_ports(node: &Containerd, ports: &[HostPort]) -> Pod {
     let name = unique_name("cnibb-pod");
     let id = node
         .cri()
-        .run_pod(&name, &unique_name("uid"), node.cgroup_parent())
+        .run_pod_with_ports(&name, &unique_name("uid"), node.cgroup_parent(), ports)
         .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", node.log()));
     let status = node.cri().sandbox(&id).expect("PodSandboxStatus");
     assert_eq!(status.state, 0, "sandbox {name} not ready: {status:?}");
@@ -865,12 +872,10 @@ impl Drop for Httpd {
 /// (static glibc), so the request is made here, from a thread in that netns.
 fn http_get(netns: &str, to: &str) -> Result<String, String> {
     use std::io::{Read as _, Write as _};
-    let netns = netns.to_owned();
+    let from = netns.to_owned();
     let to: std::net::SocketAddr = to.parse().map_err(|e| format!("{to}: {e}"))?;
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&netns).map_err(|e| format!("open {netns}: {e}"))?;
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(|e| format!("setns {netns}: {e}"))?;
+    in_netns(Path::new(netns), move || {
+        let netns = from;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let attempt = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))
@@ -896,20 +901,14 @@ fn http_get(netns: &str, to: &str) -> Result<String, String> {
             }
         }
     })
-    .join()
-    .unwrap_or_else(|_| Err("the thread in the netns panicked".to_owned()))
 }
 
 /// A UDP socket bound in the netns at `netns`.
 fn udp_socket_in(netns: String, addr: &str) -> std::net::UdpSocket {
     let addr: std::net::SocketAddr = addr.parse().expect("socket address");
-    std::thread::spawn(move || {
-        let file = std::fs::File::open(&netns).expect("open netns");
-        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns");
+    in_netns(Path::new(&netns), move || {
         std::net::UdpSocket::bind(addr).expect("bind UDP")
     })
-    .join()
-    .expect("thread making a UDP socket")
 }
 
 fn tcp(container_port: u16, host_port: u16, host_ip: &str) -> HostPort {
@@ -963,26 +962,7 @@ fn host_ports_of_pods_answer_on_the_node_and_leave_no_rule() {
             .expect("UpdateRuntimeConfig");
         wait_network_ready(&node);
 
-        let run_with = |ports: &[HostPort]| {
-            let name = unique_name("cnibb-pod");
-            let id = node
-                .cri()
-                .run_pod_with_ports(&name, &unique_name("uid"), node.cgroup_parent(), ports)
-                .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", node.log()));
-            let status = node.cri().sandbox(&id).expect("PodSandboxStatus");
-            let [v4, v6] = [0, 1].map(|i| {
-                status.ips[i]
-                    .parse::<IpAddr>()
-                    .unwrap_or_else(|e| panic!("{:?}: {e}", status.ips))
-            });
-            Pod {
-                name,
-                id,
-                v4,
-                v6,
-                pid: status.pid,
-            }
-        };
+        let run_with = |ports: &[HostPort]| run_pod_with_ports(&node, ports);
         // hostPort 8080 on the node's address (TCP), on 127.0.0.1 (TCP), and on the
         // node's address for UDP: three pods, one port number.
         let web = run_with(&[tcp(80, 8080, NODE_IP)]);

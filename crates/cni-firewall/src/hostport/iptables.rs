@@ -24,9 +24,10 @@ use ipnetwork::IpNetwork;
 
 use super::{Forward, Snat};
 use crate::error::{Error, Result};
-use crate::masq::iptables::COMMENT_KEPT;
-use crate::masq::iptables::{Family, NatTable, Tables as _, line, per_family, restore, save};
-use crate::naming::{go_quote, hostport_comment, hostport_dnat_chain, parse_hostport_comment};
+use crate::masq::iptables::{
+    Family, NatTable, Tables as _, line, per_family, restore, save, truncated_comment_of,
+};
+use crate::naming::{hostport_comment, hostport_dnat_chain, parse_hostport_comment};
 
 /// The shared chains; never renamed, or an upgrade would strand rules.
 pub(crate) const DNAT_CHAIN: &str = "CNI-HOSTPORT-DNAT";
@@ -269,8 +270,7 @@ pub(crate) fn stale_chains(
             }
             // Cut by iptables (a long container ID): the jump's target tells whether
             // it is a valid container's chain.
-            let prefix = format!("dnat name: {} id: \"", go_quote(network));
-            if comment.len() < COMMENT_KEPT - 1 || !comment.starts_with(&prefix) {
+            if !truncated_comment_of(comment, "dnat ", network) {
                 return None;
             }
             let target = r.jump_target()?;
@@ -322,6 +322,24 @@ pub(crate) fn setup(forward: &Forward<'_>) -> Result<()> {
     transact(family, &target(&chain), |current| {
         Some(setup_input(forward, current))
     })
+}
+
+/// Installs the rules of every one of `forwards` (different families), at once.
+pub(crate) fn setup_all(forwards: &[Forward<'_>]) -> Result<()> {
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let workers: Vec<_> = forwards
+            .iter()
+            .map(|f| scope.spawn(move || setup(f)))
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    });
+    Error::collect(results.into_iter().filter_map(Result::err).collect())
 }
 
 /// Verifies every rule of `forward` with one transaction of `-C` lines

@@ -150,21 +150,13 @@ impl Forward<'_> {
     }
 }
 
-/// Installs the DNAT (and masquerade) rules of `forward`, replacing any rules
-/// the same attachment had. On failure nothing of this call is left.
-pub fn setup(backend: Backend, forward: &Forward<'_>) -> Result<()> {
-    match backend {
-        Backend::Iptables => iptables::setup(forward),
-        Backend::Nftables => nftables::setup(forward),
-    }
-}
-
-/// Installs the rules of all `forwards` (one container's addresses): on nftables in
-/// one transaction, on iptables one family after the other. On failure the caller
-/// removes what was installed ([`teardown`]).
+/// Installs the rules of all `forwards` (one container's addresses, one per family):
+/// on nftables in one transaction (the kernel serializes a netns's commits anyway),
+/// on iptables each family's save and restore at the same time. On failure the
+/// caller removes what was installed ([`teardown`]).
 pub fn setup_all(backend: Backend, forwards: &[Forward<'_>]) -> Result<()> {
     match backend {
-        Backend::Iptables => forwards.iter().try_for_each(iptables::setup),
+        Backend::Iptables => iptables::setup_all(forwards),
         Backend::Nftables => nftables::setup_all(forwards),
     }
 }

@@ -190,19 +190,12 @@ pub(crate) struct Current {
     pub(crate) rules: Vec<Rule>,
 }
 
-/// The transaction that installs `forward`, given the table now.
+/// Adds to `b` the changes that install `forward`, given the table now.
 ///
 /// The table and chains are added only when missing: adding what exists is
 /// an update transaction of its own, and the kernel then makes the next
 /// release of a netfilter socket (the process's exit) wait for an RCU grace
 /// period, tens of milliseconds, for nothing.
-pub(crate) fn setup_batch(forward: &Forward<'_>, current: Option<&Current>) -> Result<Batch> {
-    let mut b = Batch::new();
-    add_setup(&mut b, forward, current)?;
-    Ok(b)
-}
-
-/// Adds the changes that install `forward` to `b` (see [`setup_batch`]).
 fn add_setup(b: &mut Batch, forward: &Forward<'_>, current: Option<&Current>) -> Result<()> {
     let family = family_of(forward.container.ip());
     let id = forward.container_id;
@@ -347,16 +340,6 @@ pub(crate) fn setup_all(forwards: &[Forward<'_>]) -> Result<()> {
     nl.commit(batch, &format!("table ip/ip6 {TABLE}"))
 }
 
-/// Installs the rules of `forward`.
-pub(crate) fn setup(forward: &Forward<'_>) -> Result<()> {
-    refuse_conditions(forward)?;
-    let family = family_of(forward.container.ip());
-    let mut nl = Nfnl::open()?;
-    let current = current(&mut nl, family)?;
-    let batch = setup_batch(forward, current.as_ref())?;
-    nl.commit(batch, &target(family))
-}
-
 /// Whether every rule of `forward` is in place.
 pub(crate) fn check(forward: &Forward<'_>) -> Result<()> {
     refuse_conditions(forward)?;
@@ -364,29 +347,36 @@ pub(crate) fn check(forward: &Forward<'_>) -> Result<()> {
     let mut nl = Nfnl::open()?;
     let rules = table_rules(&mut nl, family)?.unwrap_or_default();
     let id = Some(forward.container_id);
-    let mut expected: Vec<(&str, Vec<Expr>, Option<&str>)> = vec![
-        ("prerouting", entry_rule(), None),
-        ("output", entry_rule(), None),
-        (HOSTPORTS_ALL, jump(HOSTPORTS), None),
+    let entry = "fib daddr type local jump hostports_all".to_owned();
+    let container = format!("a rule of container {}", forward.container_id);
+    // (chain, expressions, comment, what it is in words)
+    let mut expected: Vec<(&str, Vec<Expr>, Option<&str>, String)> = vec![
+        ("prerouting", entry_rule(), None, entry.clone()),
+        ("output", entry_rule(), None, entry),
+        (
+            HOSTPORTS_ALL,
+            jump(HOSTPORTS),
+            None,
+            "jump hostports".to_owned(),
+        ),
     ];
-    expected.extend(dnat_rules(forward).into_iter().map(|r| (HOSTPORTS, r, id)));
+    expected.extend(
+        dnat_rules(forward)
+            .into_iter()
+            .map(|r| (HOSTPORTS, r, id, container.clone())),
+    );
     expected.extend(
         masq_rules(forward)
             .into_iter()
-            .map(|r| (MASQUERADING, r, id)),
+            .map(|r| (MASQUERADING, r, id, container.clone())),
     );
     let errors: Vec<Error> = expected
-        .iter()
-        .enumerate()
-        .filter(|(_, (chain, exprs, comment))| !has_rule(&rules, chain, exprs, *comment))
-        .map(|(i, (chain, _, _))| Error::Missing {
+        .into_iter()
+        .filter(|(chain, exprs, comment, _)| !has_rule(&rules, chain, exprs, *comment))
+        .map(|(chain, _, _, what)| Error::Missing {
             backend: "nftables",
             target: format!("{} chain {chain}", target(family)),
-            what: match i {
-                0 | 1 => "fib daddr type local jump hostports_all".to_owned(),
-                2 => "jump hostports".to_owned(),
-                _ => format!("a rule of container {}", forward.container_id),
-            },
+            what,
         })
         .collect();
     Error::collect(errors)

@@ -477,7 +477,7 @@ pub(crate) fn stale_chains(
                             && !valid_ids.contains(cid.as_str())
                     }
                     None => {
-                        truncated_comment_of(comment, network)
+                        truncated_comment_of(comment, "", network)
                             && !valid_ids
                                 .iter()
                                 .any(|id| iptables_chain_name(network, id) == **chain)
@@ -489,13 +489,14 @@ pub(crate) fn stale_chains(
 }
 
 /// iptables keeps at most this many bytes of a comment (longer ones are cut silently).
-pub(crate) const COMMENT_KEPT: usize = 255;
+const COMMENT_KEPT: usize = 255;
 
 /// Whether `comment` is one of ours for `network` that iptables cut (a long container
 /// ID): it then names no container, and the chain's name tells whether it is a valid
-/// one's, so that GC still finds what ADD made.
-pub(crate) fn truncated_comment_of(comment: &str, network: &str) -> bool {
-    let prefix = format!("name: {} id: \"", crate::naming::go_quote(network));
+/// one's, so that GC still finds what ADD made. `kind` is what precedes `name:` in
+/// the comment (`""` for masquerade, `"dnat "` for host ports).
+pub(crate) fn truncated_comment_of(comment: &str, kind: &str, network: &str) -> bool {
+    let prefix = format!("{kind}name: {} id: \"", crate::naming::go_quote(network));
     comment.len() >= COMMENT_KEPT - 1 && comment.starts_with(&prefix)
 }
 
