@@ -36,8 +36,8 @@ const VARIANTS: [&str; 3] = ["iptables", "nftables", "layer2"];
 const WIDTH: usize = 3;
 
 /// The config of a variant: `iptables` or `nftables` (dual-stack with default gateways,
-/// masquerade on that backend and the spoof check), or `layer2` (no IPAM; spoof check,
-/// hairpin and port isolation).
+/// masquerade on that backend, the spoof check and port security), or `layer2` (no IPAM;
+/// spoof check, hairpin and port isolation).
 fn conf(net: &Net, variant: &str) -> Value {
     if variant == "layer2" {
         return net.conf(
@@ -55,6 +55,7 @@ fn conf(net: &Net, variant: &str) -> Value {
             "ipMasq": true,
             "ipMasqBackend": variant,
             "macspoofchk": true,
+            "portSecurity": true,
         }),
     )
 }

@@ -1,6 +1,6 @@
 //! Firewall side of the CNI plugins: IP masquerade rules on iptables or
 //! nftables, the bridge plugin's MAC spoof check, the portmap plugin's host ports and
-//! the node agent's egress SNAT, named exactly like the
+//! the node agent's egress SNAT, the bridge's port security, named exactly like the
 //! reference plugins' rules so operators and the reference plugins recognise
 //! them.
 //!
@@ -19,6 +19,7 @@ pub mod macspoof;
 pub mod masq;
 pub mod naming;
 mod nfnetlink;
+pub mod port_security;
 
 pub use error::{Error, Result};
 pub use masq::Backend;

@@ -475,7 +475,7 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(valid: &[(C, I)]) -> Result<()> {
 /// Interface names in the calling thread's network namespace (the one nft
 /// runs in); `None` if they cannot be read, in which case GC keeps every
 /// chain with an interface match.
-fn live_interfaces() -> Option<HashSet<String>> {
+pub(crate) fn live_interfaces() -> Option<HashSet<String>> {
     // `thread-self`, not `self`: the caller may have entered a namespace on
     // this thread only.
     let dev = std::fs::read_to_string("/proc/thread-self/net/dev").ok()?;

@@ -176,6 +176,20 @@ pub fn macspoof_comment(container_id: &str, ifname: &str) -> String {
     )
 }
 
+/// Prefix of the bridge's per-port `portSecurity` chains (ours; the reference has
+/// no such rules).
+pub const PORT_SECURITY_CHAIN_PREFIX: &str = "port-";
+
+/// The `portSecurity` chain of an attachment: `port-` + the first 24 hex digits
+/// of SHA-512(containerID + "/" + ifname). A hash, because container IDs may be
+/// far longer than nf_tables' names.
+pub fn port_security_chain(container_id: &str, ifname: &str) -> String {
+    format!(
+        "{PORT_SECURITY_CHAIN_PREFIX}{}",
+        hash_prefix(&format!("{container_id}/{ifname}"), 24)
+    )
+}
+
 /// Quotes like Go's `%q` (`strconv.Quote`), so that messages and comments
 /// match the reference byte for byte.
 pub fn go_quote(s: &str) -> String {

@@ -41,6 +41,10 @@ const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_GETRULE: u16 = 7;
 const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_GETSETELEM: u16 = 13;
+const NFT_MSG_DELSETELEM: u16 = 14;
 const NFT_MSG_GETGEN: u16 = 16;
 /// NFTA_GEN_ID of a NEWGEN answer.
 const NFTA_GEN_ID: u16 = 1;
@@ -64,6 +68,25 @@ const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_HANDLE: u16 = 3;
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
 const NFTA_RULE_USERDATA: u16 = 7;
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_DATA_TYPE: u16 = 6;
+const NFTA_SET_ID: u16 = 10;
+const NFTA_SET_USERDATA: u16 = 13;
+/// `NFT_SET_MAP`: the set maps keys to data.
+const SET_F_MAP: u32 = 0x8;
+/// `NFT_DATA_VERDICT`: a map's data are verdicts.
+const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+/// libnftnl's user-data TLV of a set's key type byte order (`NFTNL_UDATA_SET_KEYBYTEORDER`).
+const UDATA_SET_KEYBYTEORDER: u8 = 0;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
@@ -116,6 +139,12 @@ pub(crate) const REG_VERDICT: u32 = 0;
 pub(crate) const META_NFPROTO: u32 = 15;
 /// `NFT_META_IIFNAME`.
 pub(crate) const META_IIFNAME: u32 = 6;
+/// `NFT_META_PROTOCOL`: the frame's EtherType.
+pub(crate) const META_PROTOCOL: u32 = 1;
+/// nft's datatype of interface names (`TYPE_IFNAME`), so `nft list` prints a map
+/// keyed by them as `type ifname : verdict`.
+pub(crate) const TYPE_IFNAME: u32 = 41;
+
 /// `NFT_PAYLOAD_LL_HEADER`.
 pub(crate) const BASE_LINK: u32 = 0;
 /// `NFT_PAYLOAD_NETWORK_HEADER`.
@@ -178,6 +207,15 @@ pub(crate) enum Expr {
         dreg: u32,
         result: u32,
         flags: u32,
+    },
+    /// `lookup`: whether the register's value is in `set` (`invert`: is not), or,
+    /// with `dreg`, the map's data for it (a verdict map's `dreg` is the verdict
+    /// register: `vmap`).
+    Lookup {
+        sreg: u32,
+        dreg: Option<u32>,
+        set: String,
+        invert: bool,
     },
     /// `snat`/`dnat` from an address register and a port register.
     Nat {
@@ -290,6 +328,7 @@ impl Writer {
             Expr::Masq { .. } => "masq",
             Expr::Fib { .. } => "fib",
             Expr::Nat { .. } => "nat",
+            Expr::Lookup { .. } => "lookup",
             Expr::Other(name) => name,
         };
         self.attr_str(NFTA_EXPR_NAME, name);
@@ -371,6 +410,22 @@ impl Writer {
                 self.attr_u32(3, *reg_addr);
                 self.attr_u32(5, *reg_proto);
                 self.attr_u32(7, *flags);
+            }
+            Expr::Lookup {
+                sreg,
+                dreg,
+                set,
+                invert,
+            } => {
+                self.attr_u32(2, *sreg);
+                if let Some(dreg) = dreg {
+                    self.attr_u32(3, *dreg);
+                }
+                self.attr_str(1, set);
+                if *invert {
+                    // NFT_LOOKUP_F_INV
+                    self.attr_u32(5, 1);
+                }
             }
             Expr::Other(_) => {}
         }
@@ -542,6 +597,83 @@ impl Batch {
         self.w.end_msg(msg);
     }
 
+    /// `add map <name> { type <key_type> : verdict; }` (no error if it exists with
+    /// the same types); `key_len` is the key's size in bytes.
+    pub(crate) fn add_verdict_map(
+        &mut self,
+        family: u8,
+        table: &str,
+        name: &str,
+        key_type: u32,
+        key_len: u32,
+    ) {
+        let what = format!("add map {} {table} {name}", family_name(family));
+        let msg = self.begin(NFT_MSG_NEWSET, NLM_F_CREATE, family, what);
+        self.w.attr_str(NFTA_SET_TABLE, table);
+        self.w.attr_str(NFTA_SET_NAME, name);
+        self.w.attr_u32(NFTA_SET_FLAGS, SET_F_MAP);
+        self.w.attr_u32(NFTA_SET_KEY_TYPE, key_type);
+        self.w.attr_u32(NFTA_SET_KEY_LEN, key_len);
+        self.w.attr_u32(NFTA_SET_DATA_TYPE, DATA_TYPE_VERDICT);
+        self.w.attr_u32(NFTA_SET_ID, 1);
+        // Host-order keys (1), as nft records for interface names, so that `nft
+        // list` prints them as text.
+        let mut udata = vec![UDATA_SET_KEYBYTEORDER, 4];
+        udata.extend_from_slice(&1u32.to_ne_bytes());
+        self.w.attr(NFTA_SET_USERDATA, &udata);
+        self.w.end_msg(msg);
+    }
+
+    /// `add element <map> { <key> : jump <chain> }`.
+    pub(crate) fn add_map_jump(
+        &mut self,
+        family: u8,
+        table: &str,
+        map: &str,
+        key: &[u8],
+        chain: &str,
+    ) {
+        let what = format!(
+            "add element {} {table} {map} {{ {} : jump {chain} }}",
+            family_name(family),
+            printable_key(key)
+        );
+        let msg = self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, family, what);
+        self.set_elem(table, map, key, Some(chain));
+        self.w.end_msg(msg);
+    }
+
+    /// `delete element <map> { <key> }`.
+    pub(crate) fn delete_map_element(&mut self, family: u8, table: &str, map: &str, key: &[u8]) {
+        let what = format!(
+            "delete element {} {table} {map} {{ {} }}",
+            family_name(family),
+            printable_key(key)
+        );
+        let msg = self.begin(NFT_MSG_DELSETELEM, 0, family, what);
+        self.set_elem(table, map, key, None);
+        self.w.end_msg(msg);
+    }
+
+    /// The attributes of a one-element set message.
+    fn set_elem(&mut self, table: &str, map: &str, key: &[u8], jump: Option<&str>) {
+        self.w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
+        self.w.attr_str(NFTA_SET_ELEM_LIST_SET, map);
+        let list = self.w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
+        let elem = self.w.nest_start(NFTA_LIST_ELEM);
+        self.w.data_value(NFTA_SET_ELEM_KEY, key);
+        if let Some(chain) = jump {
+            let data = self.w.nest_start(NFTA_SET_ELEM_DATA);
+            let verdict = self.w.nest_start(NFTA_DATA_VERDICT);
+            self.w.attr(NFTA_VERDICT_CODE, &VERDICT_JUMP.to_be_bytes());
+            self.w.attr_str(NFTA_VERDICT_CHAIN, chain);
+            self.w.nest_end(verdict);
+            self.w.nest_end(data);
+        }
+        self.w.nest_end(elem);
+        self.w.nest_end(list);
+    }
+
     /// The changes in nft syntax, in order (for tests).
     #[cfg(test)]
     pub(crate) fn describe(&self) -> Vec<&str> {
@@ -604,6 +736,15 @@ impl Batch {
         );
         self.w.end_msg(start);
         (self.w.w.into_bytes(), self.ops)
+    }
+}
+
+/// A set key for messages: its text up to the first NUL (interface names), or hex.
+fn printable_key(key: &[u8]) -> String {
+    let text = key.split(|b| *b == 0).next().unwrap_or_default();
+    match std::str::from_utf8(text) {
+        Ok(t) if !t.is_empty() && t.chars().all(|c| c.is_ascii_graphic()) => format!("\"{t}\""),
+        _ => key.iter().map(|b| format!("{b:02x}")).collect(),
     }
 }
 
@@ -780,6 +921,14 @@ fn parse_expr(elem: &[u8]) -> Expr {
         "masq" if attr(d, 2).is_none() => Some(Expr::Masq {
             flags: attr_u32(d, 1).unwrap_or(0),
         }),
+        "lookup" => (|| {
+            Some(Expr::Lookup {
+                sreg: attr_u32(d, 2)?,
+                dreg: attr_u32(d, 3),
+                set: attr(d, 1).map(c_string)?,
+                invert: attr_u32(d, 5).unwrap_or(0) & 1 != 0,
+            })
+        })(),
         "fib" => (|| {
             Some(Expr::Fib {
                 dreg: attr_u32(d, 1)?,
@@ -842,6 +991,28 @@ fn parse_rule_of(payload: &[u8], decode: &dyn Fn(&str) -> bool) -> Option<Rule> 
         comment: attr(body, NFTA_RULE_USERDATA).and_then(parse_udata_comment),
         exprs,
     })
+}
+
+/// The (key, jump chain) pairs of a `NFT_MSG_NEWSETELEM` message (payload after the
+/// netlink header); malformed elements are left out.
+fn parse_map_elements(payload: &[u8]) -> Vec<(Vec<u8>, Option<String>)> {
+    let Some(list) = payload
+        .get(NFGENMSG_LEN..)
+        .and_then(|body| attr(body, NFTA_SET_ELEM_LIST_ELEMENTS))
+    else {
+        return Vec::new();
+    };
+    attrs(list)
+        .filter(|(t, _)| *t == NFTA_LIST_ELEM)
+        .filter_map(|(_, elem)| {
+            let key = data_value(elem, NFTA_SET_ELEM_KEY)?;
+            let chain = attr(elem, NFTA_SET_ELEM_DATA)
+                .and_then(|d| attr(d, NFTA_DATA_VERDICT))
+                .and_then(|v| attr(v, NFTA_VERDICT_CHAIN))
+                .map(c_string);
+            Some((key, chain))
+        })
+        .collect()
 }
 
 /// A `NETLINK_NETFILTER` socket in the calling thread's network namespace.
@@ -1142,6 +1313,85 @@ impl Nfnl {
             target,
             "the rule set kept changing during the dump",
         ))
+    }
+
+    /// The elements of verdict map `map`: key and the chain it jumps or goes to
+    /// (`None` for other verdicts). Fails with "not found" when the map does not
+    /// exist ([`is_not_found`]).
+    pub(crate) fn map_elements(
+        &mut self,
+        family: u8,
+        table: &str,
+        map: &str,
+    ) -> Result<Vec<(Vec<u8>, Option<String>)>> {
+        let target = format!("list map {} {table} {map}", family_name(family));
+        for _ in 0..10 {
+            let answers = self.request(
+                NFT_MSG_GETSETELEM,
+                NLM_F_DUMP,
+                family,
+                |w| {
+                    w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
+                    w.attr_str(NFTA_SET_ELEM_LIST_SET, map);
+                },
+                &target,
+            )?;
+            if answers
+                .iter()
+                .any(|(_, flags, _)| flags & NLM_F_DUMP_INTR != 0)
+            {
+                continue;
+            }
+            return Ok(answers
+                .iter()
+                .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM)
+                .flat_map(|(_, _, payload)| parse_map_elements(payload))
+                .collect());
+        }
+        Err(nl_error(
+            target,
+            "the rule set kept changing during the dump",
+        ))
+    }
+
+    /// The chain element `key` of verdict map `map` jumps to: `None` when there is
+    /// no such element (or map), `Some(None)` for a verdict without a chain.
+    pub(crate) fn map_element(
+        &mut self,
+        family: u8,
+        table: &str,
+        map: &str,
+        key: &[u8],
+    ) -> Result<Option<Option<String>>> {
+        let target = format!(
+            "get element {} {table} {map} {{ {} }}",
+            family_name(family),
+            printable_key(key)
+        );
+        let answers = self.request(
+            NFT_MSG_GETSETELEM,
+            0,
+            family,
+            |w| {
+                w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
+                w.attr_str(NFTA_SET_ELEM_LIST_SET, map);
+                let list = w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
+                let elem = w.nest_start(NFTA_LIST_ELEM);
+                w.data_value(NFTA_SET_ELEM_KEY, key);
+                w.nest_end(elem);
+                w.nest_end(list);
+            },
+            &target,
+        );
+        match answers {
+            Ok(answers) => Ok(answers
+                .iter()
+                .flat_map(|(_, _, payload)| parse_map_elements(payload))
+                .find(|(k, _)| k == key)
+                .map(|(_, chain)| chain)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// Asks for the rule set generation: succeeds when nf_tables is

@@ -743,3 +743,139 @@ fn traced_child() {
         assert_eq!(nat_rules("ip6tables-save"), Vec::<String>::new());
     });
 }
+
+mod port_security_rules {
+    use super::*;
+    use cni_firewall::port_security::{self, Port};
+    use std::net::IpAddr;
+
+    const MAC: cni_protocol::MacAddr = cni_protocol::MacAddr([0x02, 0x42, 0xac, 0x11, 0x00, 0x02]);
+
+    fn port<'a>(cid: &'a str, veth: &'a str, addrs: &'a [IpAddr]) -> Port<'a> {
+        Port {
+            container_id: cid,
+            ifname: "eth0",
+            host_veth: veth,
+            mac: MAC,
+            addresses: addrs,
+        }
+    }
+
+    #[test]
+    fn setup_check_teardown_as_nft_prints_it() {
+        if !privileged() {
+            return;
+        }
+        in_netns(|| {
+            let addrs: Vec<IpAddr> = vec!["10.1.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
+            let p = port("ctrA", "veth1234", &addrs);
+            port_security::teardown("ctrA", "eth0").unwrap();
+            port_security::setup(&p).unwrap();
+            let rs = ruleset();
+            let main = cni_firewall::naming::port_security_chain("ctrA", "eth0");
+            for line in [
+                "table bridge cni_port_security {".to_string(),
+                "\tmap ports {\n\t\ttype ifname : verdict\n\t\telements = { \"veth1234\" : jump MAIN }".replace("MAIN", &main),
+                "\t\ttype filter hook prerouting priority filter; policy accept;\n\t\tiifname vmap @ports".into(),
+                format!("\tchain {main} {{\n\t\tcomment \"ctrA eth0\"\n\t\tether saddr != 02:42:ac:11:00:02 drop"),
+                "ip saddr 10.1.0.2 accept".into(),
+                "arp htype 1 arp ptype ip arp hlen 6 arp plen 4 arp saddr ether 02:42:ac:11:00:02 arp saddr ip 10.1.0.2 accept".into(),
+                "icmpv6 type nd-router-advert drop".into(),
+                format!("icmpv6 type nd-neighbor-advert jump {main}-na"),
+                "ip6 saddr fe80::42:acff:fe11:2 accept".into(),
+                "ip6 saddr fd00::2 accept".into(),
+                "udp sport 68 udp dport 67 accept".into(),
+            ] {
+                assert!(rs.contains(&line), "{line:?} not in\n{rs}");
+            }
+            // A repeated setup replaces; never duplicates.
+            port_security::setup(&p).unwrap();
+            assert_eq!(ruleset(), rs);
+            port_security::check(&p).unwrap();
+
+            // CHECK names what is gone.
+            let handle = sh(
+                "nft",
+                &["-a", "list", "chain", "bridge", "cni_port_security", &main],
+            )
+            .lines()
+            .find(|l| l.contains("ip saddr 10.1.0.2 accept"))
+            .and_then(|l| l.rsplit("handle ").next().map(|h| h.trim().to_string()))
+            .unwrap();
+            sh(
+                "nft",
+                &[
+                    "delete",
+                    "rule",
+                    "bridge",
+                    "cni_port_security",
+                    &main,
+                    "handle",
+                    &handle,
+                ],
+            );
+            let err = port_security::check(&p).unwrap_err().to_string();
+            assert!(err.contains("ip saddr 10.1.0.2 accept"), "{err}");
+            let other: Vec<IpAddr> = vec!["10.1.0.9".parse().unwrap()];
+            assert!(port_security::check(&port("ctrA", "veth1234", &other)).is_err());
+
+            port_security::teardown("ctrA", "eth0").unwrap();
+            let rs = ruleset();
+            assert!(!rs.contains("port-"), "{rs}");
+            assert!(!rs.contains("veth1234"), "{rs}");
+            port_security::teardown("ctrA", "eth0").unwrap();
+            assert!(port_security::check(&p).is_err());
+        });
+    }
+
+    #[test]
+    fn gc_keeps_valid_and_live_ports_and_removes_the_rest() {
+        if !privileged() {
+            return;
+        }
+        in_netns(|| {
+            add_host_iface("vethA");
+            add_host_iface("vethC");
+            let addrs: Vec<IpAddr> = vec!["10.1.0.2".parse().unwrap()];
+            for (cid, veth) in [("ctrA", "vethA"), ("ctrB", "vethB"), ("ctrC", "vethC")] {
+                port_security::setup(&port(cid, veth, &addrs)).unwrap();
+            }
+            port_security::gc(&[("ctrA", "eth0")]).unwrap();
+            port_security::check(&port("ctrA", "vethA", &addrs)).unwrap();
+            port_security::check(&port("ctrC", "vethC", &addrs)).unwrap();
+            let rs = ruleset();
+            assert!(!rs.contains("ctrB"), "{rs}");
+            assert!(!rs.contains("vethB"), "{rs}");
+            assert_eq!(rs.matches("\tchain port-").count(), 4, "{rs}");
+        });
+    }
+
+    #[test]
+    fn concurrent_first_setups_make_one_dispatch_rule() {
+        if !privileged() {
+            return;
+        }
+        in_netns(|| {
+            let addrs: Vec<IpAddr> = vec!["10.1.0.2".parse().unwrap()];
+            let ids: Vec<(String, String)> = (0..8)
+                .map(|i| (format!("ctr{i}"), format!("vethc{i}")))
+                .collect();
+            let ns = std::fs::File::open("/proc/thread-self/ns/net").unwrap();
+            std::thread::scope(|s| {
+                for (cid, veth) in &ids {
+                    let ns = &ns;
+                    let addrs = &addrs;
+                    s.spawn(move || {
+                        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                        port_security::setup(&port(cid, veth, addrs)).unwrap();
+                    });
+                }
+            });
+            let rs = ruleset();
+            assert_eq!(rs.matches("iifname vmap @ports").count(), 1, "{rs}");
+            for (cid, veth) in &ids {
+                port_security::check(&port(cid, veth, &addrs)).unwrap();
+            }
+        });
+    }
+}

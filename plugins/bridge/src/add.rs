@@ -32,6 +32,8 @@ enum Undo {
     Ipam,
     /// The MAC spoof-check chains.
     MacSpoof,
+    /// The port-security rules.
+    PortSecurity,
     /// The masquerade rules.
     Masq,
 }
@@ -175,6 +177,29 @@ fn add(
         result.routes = ipam.routes;
         result.dns = ipam.dns;
         let gateways = gateway::apply(&mut result, conf)?;
+        if conf.port_security {
+            // Before the pod's link comes up: the port forwards nothing of the pod's
+            // until its rules are in place.
+            let mac = container.mac.ok_or_else(|| {
+                CniError::internal(format!("{ifname:?} has no MAC for portSecurity"))
+            })?;
+            let addresses: Vec<std::net::IpAddr> = result
+                .ips
+                .iter()
+                .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
+                .map(|ip| ip.address.ip())
+                .collect();
+            progress.undo.push(Undo::PortSecurity);
+            hit("bridge/add/port-security-before")?;
+            fx.port_security_setup(&cni_firewall::port_security::Port {
+                container_id: &req.args.container_id,
+                ifname,
+                host_veth: &host_veth.name,
+                mac,
+                addresses: &addresses,
+            })?;
+            hit("bridge/add/port-security-after")?;
+        }
         configure_container(pod_ns, pod, fx, conf, ifname, container.index, &result)?;
         if conf.is_gateway {
             setup_gateways(host, conf, &bridge, &gateways, &mut result)?;
@@ -245,6 +270,7 @@ fn rollback(
             },
             Undo::Ipam => fx.ipam_del(req),
             Undo::MacSpoof => fx.macspoof_teardown(id, ifname),
+            Undo::PortSecurity => fx.port_security_teardown(id, ifname),
             Undo::Masq => fx.masq_teardown(&conf.network, ifname, id),
         };
         match outcome {
@@ -474,6 +500,7 @@ fn configure_container(
             enable_dad: conf.enable_dad,
             has_v6,
             accept_ra: conf.accept_router_advertisements,
+            eui64_link_local: conf.port_security,
         },
     )?;
     // Gratuitous ARP on link up and MAC change, so neighbours learn the pod at once.

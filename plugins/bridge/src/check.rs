@@ -1,11 +1,11 @@
 //! CHECK: the attachment described by `prevResult` still exists as ADD made it:
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
-//! (beyond the reference) the masquerade and spoof-check rules.
+//! (beyond the reference) the masquerade, spoof-check and port-security rules.
 
 use crate::common::{fail, joined, mac_text, open_netns};
 use crate::config::BridgeConf;
 use crate::links::Links;
-use cni_firewall::{macspoof, masq};
+use cni_firewall::{macspoof, masq, port_security};
 use cni_linux::{Family, Link, MacAddr, Netlink};
 use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
@@ -63,8 +63,8 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
             outcome?;
             hit("bridge/check/masq")?;
         }
+        let (host_veth, container_mac) = host_veth;
         if conf.macspoofchk {
-            let (host_veth, container_mac) = host_veth;
             macspoof::check(
                 &req.args.container_id,
                 ifname,
@@ -73,6 +73,29 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
             )
             .map_err(|e| internal(&e))?;
             hit("bridge/check/macspoof")?;
+        }
+        if conf.port_security {
+            let mac = container_mac
+                .ok_or_else(|| fail(format!("{ifname:?} has no MAC for portSecurity")))?;
+            let container_index = prev
+                .interfaces
+                .iter()
+                .position(|i| i.name == ifname && i.sandbox == req.args.netns);
+            let addresses: Vec<std::net::IpAddr> = prev
+                .ips
+                .iter()
+                .filter(|ip| ip.interface.is_none() || ip.interface == container_index)
+                .map(|ip| ip.address.ip())
+                .collect();
+            port_security::check(&port_security::Port {
+                container_id: &req.args.container_id,
+                ifname,
+                host_veth: &host_veth.name,
+                mac,
+                addresses: &addresses,
+            })
+            .map_err(|e| internal(&e))?;
+            hit("bridge/check/port-security")?;
         }
         Ok(())
     })

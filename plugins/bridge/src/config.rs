@@ -23,6 +23,7 @@ const KNOWN_KEYS: &[&str] = &[
     "id",
     "preserveDefaultVlan",
     "macspoofchk",
+    "portSecurity",
     "enabledad",
     "acceptRouterAdvertisements",
     "disableContainerInterface",
@@ -74,6 +75,8 @@ struct RawConf {
     preserve_default_vlan: bool,
     #[serde(default)]
     macspoofchk: bool,
+    #[serde(rename = "portSecurity", default)]
+    port_security: bool,
     #[serde(default)]
     enabledad: bool,
     #[serde(rename = "acceptRouterAdvertisements", default)]
@@ -150,6 +153,9 @@ pub struct BridgeConf {
     pub preserve_default_vlan: bool,
     /// Install the MAC spoof check.
     pub macspoofchk: bool,
+    /// Let the pod send only as itself (its MAC, addresses and link-local address;
+    /// no router advertisements, redirects or DHCP server replies).
+    pub port_security: bool,
     /// Keep IPv6 DAD on in the container.
     pub enable_dad: bool,
     /// Let the container interface take IPv6 router advertisements (off by default
@@ -230,6 +236,11 @@ impl BridgeConf {
                 "cannot use IPAM when DisableContainerInterface flag is set",
             ));
         }
+        if raw.port_security && ipam_type.is_empty() {
+            return Err(invalid_config(
+                "portSecurity needs an ipam section: the pod may send only from the addresses IPAM gives it",
+            ));
+        }
         if raw.hairpin_mode && raw.promisc_mode {
             return Err(invalid_config(
                 "cannot set hairpin mode and promiscuous mode at the same time",
@@ -286,6 +297,7 @@ impl BridgeConf {
             vlan_trunk,
             preserve_default_vlan: raw.preserve_default_vlan,
             macspoofchk: raw.macspoofchk,
+            port_security: raw.port_security,
             enable_dad: raw.enabledad,
             accept_router_advertisements: raw.accept_router_advertisements,
             disable_container_interface: raw.disable_container_interface,

@@ -4,7 +4,7 @@
 
 use crate::common::{delete_link, joined};
 use crate::config::BridgeConf;
-use cni_firewall::{macspoof, masq};
+use cni_firewall::{macspoof, masq, port_security};
 use cni_linux::{NetNs, Netlink};
 use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
@@ -23,7 +23,7 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     // Netfilter sockets are closed once the veth is gone (see keep_sockets): closing
     // one sooner would make the deletion of the veth's host end wait for nf_tables.
     let sockets = cni_firewall::keep_sockets();
-    let (link, ipam, spoof, masq) = std::thread::scope(|scope| {
+    let (link, ipam, spoof, portsec, masq) = std::thread::scope(|scope| {
         let link = req.args.netns_path().map(|netns| {
             let allow_own = req.args.netns_override;
             scope.spawn(move || delete_container_link(netns, allow_own, ifname))
@@ -35,7 +35,10 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
         let spoof = conf
             .macspoofchk
             .then(|| macspoof::teardown(id, ifname).map_err(|e| internal(&e)));
-        (link.map(joined), ipam, spoof, masq.map(joined))
+        let portsec = conf
+            .port_security
+            .then(|| port_security::teardown(id, ifname).map_err(|e| internal(&e)));
+        (link.map(joined), ipam, spoof, portsec, masq.map(joined))
     });
     drop(sockets);
     let mut errors = Errors::default();
@@ -56,6 +59,12 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
             "removed the spoof-check rules".to_string()
         });
         hit("bridge/del/macspoof")?;
+    }
+    if let Some(outcome) = portsec {
+        note(&mut errors, outcome, || {
+            "removed the port-security rules".to_string()
+        });
+        hit("bridge/del/port-security")?;
     }
     if let Some(outcome) = masq {
         note(&mut errors, outcome, || {

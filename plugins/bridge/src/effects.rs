@@ -8,6 +8,7 @@
 //! own threads ([`Pending`]) while ADD goes on with netlink; the fake runs them inline,
 //! which keeps its call order deterministic.
 
+use cni_firewall::port_security::{self, Port};
 use cni_firewall::{Backend, macspoof, masq};
 use cni_linux::{MacAddr, NetNs, sysctl};
 use cni_protocol::error::internal;
@@ -71,6 +72,9 @@ pub(crate) trait Effects {
         container_mac: Option<MacAddr>,
     ) -> Result<(), CniError>;
     fn macspoof_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError>;
+    /// Installs the `portSecurity` rules of `port`.
+    fn port_security_setup(&self, port: &Port<'_>) -> Result<(), CniError>;
+    fn port_security_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError>;
     fn masq_setup(
         &self,
         backend: Backend,
@@ -143,6 +147,14 @@ impl Effects for System {
         macspoof::teardown(container_id, ifname).map_err(|e| internal(&e))
     }
 
+    fn port_security_setup(&self, port: &Port<'_>) -> Result<(), CniError> {
+        port_security::setup(port).context("failed to set up port security")
+    }
+
+    fn port_security_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError> {
+        port_security::teardown(container_id, ifname).map_err(|e| internal(&e))
+    }
+
     fn masq_setup(
         &self,
         backend: Backend,
@@ -205,6 +217,8 @@ pub(crate) struct ContainerSysctls {
     /// `acceptRouterAdvertisements`: when false, the interface takes no router
     /// advertisement (no route, no SLAAC address), IPv4-only networks included.
     pub(crate) accept_ra: bool,
+    /// `portSecurity`: the link-local address must be the EUI-64 one the rules allow.
+    pub(crate) eui64_link_local: bool,
 }
 
 /// The container end's sysctls, each written with `write`. The real `write` runs on a
@@ -218,7 +232,20 @@ pub(crate) fn container_sysctls(
         enable_dad,
         has_v6,
         accept_ra,
+        eui64_link_local,
     } = settings;
+    if eui64_link_local {
+        // Before the link comes up: the link-local address is generated then, and
+        // the rules allow only the one derived from the MAC. Mode 0 is EUI-64,
+        // whatever a stable secret or the netns default would choose.
+        match write(&format!("net/ipv6/conf/{ifname}/addr_gen_mode"), "0") {
+            Err(cni_linux::Error::SysctlWrite { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound => {}
+            other => other.with_context(|| {
+                format!("failed to set EUI-64 address generation on {ifname:?} for portSecurity")
+            })?,
+        }
+    }
     if !accept_ra {
         // Before the link comes up, so no advertisement is ever taken. A kernel
         // without IPv6 has no such file and nothing to protect.

@@ -534,6 +534,33 @@ impl Effects for Fake {
         Ok(())
     }
 
+    fn port_security_setup(
+        &self,
+        port: &cni_firewall::port_security::Port<'_>,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("port_security_setup")?;
+        let prefix = rule_prefix("portsec", port.container_id, port.ifname);
+        self.host(|ns| {
+            ns.rules.retain(|r| !r.starts_with(&prefix));
+            ns.rules.insert(format!(
+                "{prefix}iif {} from {} {:?}",
+                port.host_veth, port.mac, port.addresses
+            ));
+        });
+        Ok(())
+    }
+
+    fn port_security_teardown(
+        &self,
+        container_id: &str,
+        ifname: &str,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("port_security_teardown")?;
+        let prefix = rule_prefix("portsec", container_id, ifname);
+        self.host(|ns| ns.rules.retain(|r| !r.starts_with(&prefix)));
+        Ok(())
+    }
+
     fn masq_setup(
         &self,
         backend: Backend,

@@ -101,6 +101,7 @@ mod tests {
             vlan_trunk: None,
             preserve_default_vlan: false,
             macspoofchk: false,
+            port_security: false,
             enable_dad: false,
             accept_router_advertisements: false,
             disable_container_interface: false,

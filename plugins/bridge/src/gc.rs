@@ -1,5 +1,5 @@
-//! GC: forwards to IPAM, then removes masquerade rules and spoof-check chains of
-//! attachments outside the valid list; keeps going past failures.
+//! GC: forwards to IPAM, then removes masquerade rules, spoof-check and port-security
+//! chains of attachments outside the valid list; keeps going past failures.
 
 use crate::config::BridgeConf;
 use cni_protocol::error::internal;
@@ -24,5 +24,7 @@ pub fn collect_garbage(req: &Request, conf: &BridgeConf) -> Result<(), CniError>
     hit("bridge/gc/masq")?;
     errors.note(cni_firewall::macspoof::gc(&valid).map_err(|e| internal(&e)));
     hit("bridge/gc/macspoof")?;
+    errors.note(cni_firewall::port_security::gc(&valid).map_err(|e| internal(&e)));
+    hit("bridge/gc/port-security")?;
     errors.into_cni_result()
 }

@@ -40,6 +40,12 @@ impl Plugin for Bridge {
 
     fn status(&self, req: &Request) -> Result<(), CniError> {
         let conf = BridgeConf::load(req)?;
+        if conf.port_security && !cni_firewall::port_security::available() {
+            return Err(CniError::new(
+                cni_protocol::ErrorCode::PLUGIN_NOT_AVAILABLE,
+                "portSecurity needs nf_tables, which does not answer on this node",
+            ));
+        }
         if conf.is_layer3() {
             req.ipam(Command::Status)
         } else {
@@ -47,8 +53,9 @@ impl Plugin for Bridge {
         }
     }
 
-    /// Forwards GC to IPAM, then removes masquerade rules and spoof-check chains of
-    /// attachments outside the valid list; keeps going past failures.
+    /// Forwards GC to IPAM, then removes masquerade rules, spoof-check and
+    /// port-security chains of attachments outside the valid list; keeps going past
+    /// failures.
     fn gc(&self, req: &Request) -> Result<(), CniError> {
         gc::collect_garbage(req, &BridgeConf::load(req)?)
     }

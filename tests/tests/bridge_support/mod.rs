@@ -159,7 +159,8 @@ impl Net {
     }
 }
 
-/// Panics if any masquerade or spoof-check rule of ours is in the host netns.
+/// Panics if any masquerade, spoof-check or port-security rule of ours is in the host
+/// netns (the port-security table's empty base chain and map may stay).
 #[track_caller]
 pub fn assert_no_masq_rules(net: &Net, what: &str) {
     let ipt = net.iptables();
@@ -168,7 +169,13 @@ pub fn assert_no_masq_rules(net: &Net, what: &str) {
         "{what}: iptables masquerade rules left:\n{ipt}"
     );
     let nft = net.nft();
-    for needle in ["masquerade comment", "cni-br-iface-", "macspoofchk-"] {
+    for needle in [
+        "masquerade comment",
+        "cni-br-iface-",
+        "macspoofchk-",
+        "chain port-",
+        "elements =",
+    ] {
         assert!(
             !nft.contains(needle),
             "{what}: nftables rules left ({needle}):\n{nft}"
