@@ -138,6 +138,17 @@ class Plugins:
         return timed(argv, env, json.dumps(conf).encode())
 
 
+class WithKeys(Plugins):
+    """Our suite with extra config keys (e.g. `portSecurity`), under its own name."""
+
+    def __init__(self, name, bindir, keys):
+        super().__init__(name, bindir)
+        self.keys = keys
+
+    def call(self, binary, command, cid, pod, conf, ifname="eth0", rss_file=None):
+        return super().call(binary, command, cid, pod, dict(conf, **self.keys), ifname, rss_file)
+
+
 # --- scenarios -----------------------------------------------------------------------
 
 
@@ -287,6 +298,41 @@ def run_scale(scn, suites, pods, data_root, rows, raw, window):
         dels = sorted((x for x in samples if x[0] == "DEL"), key=lambda x: x[1])
         for label, part in (("ADD first", adds[:window]), ("ADD last", adds[-window:]),
                             ("DEL first", dels[:window]), ("DEL last", dels[-window:])):
+            summarize(scn["name"], s.name, [(label, x[1], x[2]) for x in part],
+                      [], rows, raw, ops=(label,))
+        if errors:
+            rows.append(error_row(scn["name"], s.name, errors))
+
+
+def run_interleaved_scale(scn, suites, pods, data_root, rows, raw, window):
+    """Many pods on one bridge per suite, the suites' ADDs interleaved pod by pod (so
+    the machine's state drifts alike for both); compares the first and last window."""
+    state = []
+    for s in suites:
+        host, conf = scenario_host(s, scn, data_root)
+        state.append((s, host, conf, [], []))
+    try:
+        for op in ("ADD", "DEL"):
+            for i in range(pods):
+                order = state if i % 2 == 0 else state[::-1]
+                for s, host, conf, samples, errors in order:
+                    pod = f"{TAG}-{s.name[:2]}{i}"
+                    if op == "ADD":
+                        ns_add(pod)
+                    enter(host)
+                    try:
+                        ok, ms, out = s.call("bridge", op, f"ctr{i}", pod, conf)
+                    finally:
+                        enter(None)
+                    record(op, i, ok, ms, out, samples, errors)
+                    if op == "DEL":
+                        ns_del([pod])
+    finally:
+        for s, host, *_ in state:
+            ns_del([f"{TAG}-{s.name[:2]}{i}" for i in range(pods)] + [host])
+    for s, _, _, samples, errors in state:
+        adds = sorted((x for x in samples if x[0] == "ADD"), key=lambda x: x[1])
+        for label, part in (("ADD first", adds[:window]), ("ADD last", adds[-window:])):
             summarize(scn["name"], s.name, [(label, x[1], x[2]) for x in part],
                       [], rows, raw, ops=(label,))
         if errors:
@@ -447,6 +493,17 @@ def print_tables(rows, conc_rows, size_rows, meta):
               f"| {fmt(cell(scn, op, 'ours', 'cpu_p50_ms'))} "
               f"| {fmt(cell(scn, op, 'ref', 'cpu_p50_ms'))} "
               f"| {fmt(cell(scn, op, 'floor', 'cpu_p50_ms'))} |")
+    with_keys = [(r["scenario"], r["op"]) for r in rows if r["suite"] == "ps"]
+    if with_keys:
+        print("\nportSecurity: our ADD with it against without it, pods interleaved, "
+              "wall ms p50 (p99):\n")
+        print("| scenario | op | without | with | with/without p50 |")
+        print("|---|---|---:|---:|---:|")
+        for scn, op in with_keys:
+            o50, o99 = cell(scn, op, "ours", "p50_ms"), cell(scn, op, "ours", "p99_ms")
+            p50, p99 = cell(scn, op, "ps", "p50_ms"), cell(scn, op, "ps", "p99_ms")
+            print(f"| {scn} | {op} | {fmt(o50)} ({fmt(o99)}) | {fmt(p50)} ({fmt(p99)}) "
+                  f"| {ratio(p50, o50)} |")
     errs = [r for r in rows if r["op"] == "errors"]
     for r in errs:
         print(f"\nerrors: {r['scenario']}/{r['suite']}: {r['n']}")
@@ -549,8 +606,10 @@ def main():
     ours, ref, floor = Plugins("ours", a.ours), Plugins("ref", a.ref), Floor()
     if a.quick:
         rounds, per_round, scale_pods, window, conc_pods, width = 1, 3, 12, 4, 16, 4
+        ps_pods = 12
     else:
         rounds, per_round, scale_pods, window, conc_pods, width = 3, 15, 250, 50, 200, 16
+        ps_pods = 200
     rounds = int(os.environ.get("BENCH_ROUNDS", rounds))
     per_round = int(os.environ.get("BENCH_PODS", per_round))
     only = [w.strip() for w in os.environ.get("BENCH_ONLY", "").split(",") if w.strip()]
@@ -577,6 +636,11 @@ def main():
         if wanted(scn["name"]):
             log(f"== {scn['name']} (first {window} vs last {window})")
             run_scale(scn, [ours, ref, floor], scale_pods, data_root, rows, raw, window)
+        scn = {"name": f"portSecurity {ps_pods} pods dual-stack", "dual": True, "masq": None}
+        if wanted(scn["name"]):
+            log(f"== {scn['name']} (ours without and with it, first {window} vs last {window})")
+            with_ps = WithKeys("ps", a.ours, {"portSecurity": True})
+            run_interleaved_scale(scn, [ours, with_ps], ps_pods, data_root, rows, raw, window)
         scn = {"name": "concurrent", "dual": False, "masq": "iptables"}
         if wanted(scn["name"]):
             log(f"== {conc_pods} pods {width} at a time (ipMasq iptables)")

@@ -403,41 +403,37 @@ fn port_security_keeps_the_pods_own_traffic_and_leaves_nothing() {
     n.net
         .run("CHECK", &check, &id, &pod, "eth0")
         .assert_success();
-    let chain = port_chain_of(&n.net, &id);
-    let listing = n.net.host.exec_ok(&[
-        "nft",
-        "-a",
-        "list",
-        "chain",
-        "bridge",
-        "cni_port_security",
-        &chain,
-    ]);
-    let handle = listing
-        .lines()
-        .find(|l| l.contains("ether saddr !="))
-        .and_then(|l| l.rsplit("handle ").next())
-        .map(|h| h.trim().to_owned())
-        .unwrap_or_else(|| panic!("no MAC rule in\n{listing}"));
+    // This attachment's MAC element, as nft prints it, removed by hand.
+    let rs = n.net.nft();
+    let veth = add.json()["interfaces"][1]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let mac = bridge_support::mac_of(&pod, "eth0");
+    assert!(rs.contains(&format!("\"{veth}\" . {mac}")), "{rs}");
     n.net.host.exec_ok(&[
         "nft",
         "delete",
-        "rule",
+        "element",
         "bridge",
         "cni_port_security",
-        &chain,
-        "handle",
-        &handle,
+        "port_macs",
+        &format!("{{ \"{veth}\" . {mac} }}"),
     ]);
     let out = n.net.run("CHECK", &check, &id, &pod, "eth0");
-    assert!(!out.success(), "CHECK passed without the MAC rule:\n{out}");
-    assert!(out.to_string().contains("ether saddr !="), "{out}");
+    assert!(
+        !out.success(),
+        "CHECK passed without the MAC element:\n{out}"
+    );
+    let msg = out.json()["msg"].as_str().unwrap_or_default().to_owned();
+    assert!(msg.contains(&format!("\"{veth}\" . {mac}")), "{out}");
 
     n.net
         .run("DEL", &n.conf, &id, &pod, "eth0")
         .assert_success();
     let rs = n.net.nft();
-    assert!(!rs.contains(&chain), "DEL left {chain}:\n{rs}");
+    assert!(!rs.contains(&veth), "DEL left {veth}'s elements:\n{rs}");
+    assert!(!rs.contains(&id), "DEL left {id}'s elements:\n{rs}");
 }
 
 /// The link-local address EUI-64 generation gives an interface with MAC `mac`.
@@ -454,23 +450,6 @@ fn eui64_link_local(mac: &str) -> String {
     ];
     let ip = std::net::Ipv6Addr::new(0xfe80, 0, 0, 0, groups[0], groups[1], groups[2], groups[3]);
     ip.to_string()
-}
-
-/// The port-security chain of attachment `id` (the one whose comment names it).
-fn port_chain_of(net: &Net, id: &str) -> String {
-    let rs = net.nft();
-    let mut chain = None;
-    for line in rs.lines().map(str::trim) {
-        if let Some(name) = line
-            .strip_prefix("chain ")
-            .and_then(|l| l.strip_suffix(" {"))
-        {
-            chain = Some(name.to_owned());
-        } else if line == format!("comment \"{id} eth0\"") {
-            return chain.unwrap_or_default();
-        }
-    }
-    panic!("no port-security chain for {id} in\n{rs}")
 }
 
 #[test]

@@ -176,18 +176,12 @@ pub fn macspoof_comment(container_id: &str, ifname: &str) -> String {
     )
 }
 
-/// Prefix of the bridge's per-port `portSecurity` chains (ours; the reference has
-/// no such rules).
-pub const PORT_SECURITY_CHAIN_PREFIX: &str = "port-";
-
-/// The `portSecurity` chain of an attachment: `port-` + the first 24 hex digits
-/// of SHA-512(containerID + "/" + ifname). A hash, because container IDs may be
-/// far longer than nf_tables' names.
-pub fn port_security_chain(container_id: &str, ifname: &str) -> String {
-    format!(
-        "{PORT_SECURITY_CHAIN_PREFIX}{}",
-        hash_prefix(&format!("{container_id}/{ifname}"), 24)
-    )
+/// The `portSecurity` id of an attachment, which every set element of its port
+/// carries first in its comment: the first 24 hex digits of SHA-512(containerID + "/" +
+/// ifname). A hash, because container IDs may be far longer than a comment holds.
+/// Ours; the reference has no such rules.
+pub fn port_security_id(container_id: &str, ifname: &str) -> String {
+    hash_prefix(&format!("{container_id}/{ifname}"), 24)
 }
 
 /// Quotes like Go's `%q` (`strconv.Quote`), so that messages and comments

@@ -73,18 +73,13 @@ const NFTA_SET_NAME: u16 = 2;
 const NFTA_SET_FLAGS: u16 = 3;
 const NFTA_SET_KEY_TYPE: u16 = 4;
 const NFTA_SET_KEY_LEN: u16 = 5;
-const NFTA_SET_DATA_TYPE: u16 = 6;
 const NFTA_SET_ID: u16 = 10;
 const NFTA_SET_USERDATA: u16 = 13;
-/// `NFT_SET_MAP`: the set maps keys to data.
-const SET_F_MAP: u32 = 0x8;
-/// `NFT_DATA_VERDICT`: a map's data are verdicts.
-const DATA_TYPE_VERDICT: u32 = 0xffff_ff00;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_SET_ELEM_KEY: u16 = 1;
-const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_USERDATA: u16 = 6;
 /// libnftnl's user-data TLV of a set's key type byte order (`NFTNL_UDATA_SET_KEYBYTEORDER`).
 const UDATA_SET_KEYBYTEORDER: u8 = 0;
 const NFTA_LIST_ELEM: u16 = 1;
@@ -141,9 +136,12 @@ pub(crate) const META_NFPROTO: u32 = 15;
 pub(crate) const META_IIFNAME: u32 = 6;
 /// `NFT_META_PROTOCOL`: the frame's EtherType.
 pub(crate) const META_PROTOCOL: u32 = 1;
-/// nft's datatype of interface names (`TYPE_IFNAME`), so `nft list` prints a map
-/// keyed by them as `type ifname : verdict`.
+/// nft's datatypes (`TYPE_*`) of set keys, so that `nft list` prints a set's type
+/// and elements; a concatenation `a . b` is `a << 6 | b`.
 pub(crate) const TYPE_IFNAME: u32 = 41;
+pub(crate) const TYPE_ETHERADDR: u32 = 9;
+pub(crate) const TYPE_IPADDR: u32 = 7;
+pub(crate) const TYPE_IP6ADDR: u32 = 8;
 
 /// `NFT_PAYLOAD_LL_HEADER`.
 pub(crate) const BASE_LINK: u32 = 0;
@@ -597,78 +595,76 @@ impl Batch {
         self.w.end_msg(msg);
     }
 
-    /// `add map <name> { type <key_type> : verdict; }` (no error if it exists with
-    /// the same types); `key_len` is the key's size in bytes.
-    pub(crate) fn add_verdict_map(
+    /// `add set <name> { type <key_type>; }` (no error if it exists with the same
+    /// type); `key_len` is the key's size in bytes, concatenated fields each padded to
+    /// 4 bytes. `host_order_key` records, as nft does for interface names, that the key
+    /// is text, so that `nft list` prints it as such.
+    pub(crate) fn add_set(
         &mut self,
         family: u8,
         table: &str,
         name: &str,
         key_type: u32,
         key_len: u32,
+        host_order_key: bool,
     ) {
-        let what = format!("add map {} {table} {name}", family_name(family));
+        let what = format!("add set {} {table} {name}", family_name(family));
         let msg = self.begin(NFT_MSG_NEWSET, NLM_F_CREATE, family, what);
         self.w.attr_str(NFTA_SET_TABLE, table);
         self.w.attr_str(NFTA_SET_NAME, name);
-        self.w.attr_u32(NFTA_SET_FLAGS, SET_F_MAP);
+        self.w.attr_u32(NFTA_SET_FLAGS, 0);
         self.w.attr_u32(NFTA_SET_KEY_TYPE, key_type);
         self.w.attr_u32(NFTA_SET_KEY_LEN, key_len);
-        self.w.attr_u32(NFTA_SET_DATA_TYPE, DATA_TYPE_VERDICT);
-        self.w.attr_u32(NFTA_SET_ID, 1);
-        // Host-order keys (1), as nft records for interface names, so that `nft
-        // list` prints them as text.
+        self.w.attr_u32(NFTA_SET_ID, self.next_seq);
+        let byteorder: u32 = if host_order_key { 1 } else { 0 };
         let mut udata = vec![UDATA_SET_KEYBYTEORDER, 4];
-        udata.extend_from_slice(&1u32.to_ne_bytes());
+        udata.extend_from_slice(&byteorder.to_ne_bytes());
         self.w.attr(NFTA_SET_USERDATA, &udata);
         self.w.end_msg(msg);
     }
 
-    /// `add element <map> { <key> : jump <chain> }`.
-    pub(crate) fn add_map_jump(
+    /// `add element <set> { <key> comment "<comment>" }`.
+    pub(crate) fn add_element(
         &mut self,
         family: u8,
         table: &str,
-        map: &str,
+        set: &str,
         key: &[u8],
-        chain: &str,
-    ) {
+        comment: &str,
+    ) -> Result<()> {
         let what = format!(
-            "add element {} {table} {map} {{ {} : jump {chain} }}",
+            "add element {} {table} {set} {{ {} }}",
             family_name(family),
             printable_key(key)
         );
+        let udata = udata_comment(comment)?;
         let msg = self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, family, what);
-        self.set_elem(table, map, key, Some(chain));
+        self.set_elem(table, set, key, Some(&udata));
         self.w.end_msg(msg);
+        Ok(())
     }
 
-    /// `delete element <map> { <key> }`.
-    pub(crate) fn delete_map_element(&mut self, family: u8, table: &str, map: &str, key: &[u8]) {
+    /// `delete element <set> { <key> }`.
+    pub(crate) fn delete_element(&mut self, family: u8, table: &str, set: &str, key: &[u8]) {
         let what = format!(
-            "delete element {} {table} {map} {{ {} }}",
+            "delete element {} {table} {set} {{ {} }}",
             family_name(family),
             printable_key(key)
         );
         let msg = self.begin(NFT_MSG_DELSETELEM, 0, family, what);
-        self.set_elem(table, map, key, None);
+        self.set_elem(table, set, key, None);
         self.w.end_msg(msg);
     }
 
     /// The attributes of a one-element set message.
-    fn set_elem(&mut self, table: &str, map: &str, key: &[u8], jump: Option<&str>) {
+    fn set_elem(&mut self, table: &str, set: &str, key: &[u8], udata: Option<&[u8]>) {
         self.w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
-        self.w.attr_str(NFTA_SET_ELEM_LIST_SET, map);
+        self.w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
         let list = self.w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
         let elem = self.w.nest_start(NFTA_LIST_ELEM);
         self.w.data_value(NFTA_SET_ELEM_KEY, key);
-        if let Some(chain) = jump {
-            let data = self.w.nest_start(NFTA_SET_ELEM_DATA);
-            let verdict = self.w.nest_start(NFTA_DATA_VERDICT);
-            self.w.attr(NFTA_VERDICT_CODE, &VERDICT_JUMP.to_be_bytes());
-            self.w.attr_str(NFTA_VERDICT_CHAIN, chain);
-            self.w.nest_end(verdict);
-            self.w.nest_end(data);
+        if let Some(udata) = udata {
+            self.w.attr(NFTA_SET_ELEM_USERDATA, udata);
         }
         self.w.nest_end(elem);
         self.w.nest_end(list);
@@ -993,9 +989,16 @@ fn parse_rule_of(payload: &[u8], decode: &dyn Fn(&str) -> bool) -> Option<Rule> 
     })
 }
 
-/// The (key, jump chain) pairs of a `NFT_MSG_NEWSETELEM` message (payload after the
-/// netlink header); malformed elements are left out.
-fn parse_map_elements(payload: &[u8]) -> Vec<(Vec<u8>, Option<String>)> {
+/// A set element as dumped: its key and its comment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SetElement {
+    pub(crate) key: Vec<u8>,
+    pub(crate) comment: Option<String>,
+}
+
+/// The elements of a `NFT_MSG_NEWSETELEM` message (payload after the netlink header);
+/// malformed elements are left out.
+fn parse_set_elements(payload: &[u8]) -> Vec<SetElement> {
     let Some(list) = payload
         .get(NFGENMSG_LEN..)
         .and_then(|body| attr(body, NFTA_SET_ELEM_LIST_ELEMENTS))
@@ -1005,12 +1008,10 @@ fn parse_map_elements(payload: &[u8]) -> Vec<(Vec<u8>, Option<String>)> {
     attrs(list)
         .filter(|(t, _)| *t == NFTA_LIST_ELEM)
         .filter_map(|(_, elem)| {
-            let key = data_value(elem, NFTA_SET_ELEM_KEY)?;
-            let chain = attr(elem, NFTA_SET_ELEM_DATA)
-                .and_then(|d| attr(d, NFTA_DATA_VERDICT))
-                .and_then(|v| attr(v, NFTA_VERDICT_CHAIN))
-                .map(c_string);
-            Some((key, chain))
+            Some(SetElement {
+                key: data_value(elem, NFTA_SET_ELEM_KEY)?,
+                comment: attr(elem, NFTA_SET_ELEM_USERDATA).and_then(parse_udata_comment),
+            })
         })
         .collect()
 }
@@ -1315,16 +1316,15 @@ impl Nfnl {
         ))
     }
 
-    /// The elements of verdict map `map`: key and the chain it jumps or goes to
-    /// (`None` for other verdicts). Fails with "not found" when the map does not
-    /// exist ([`is_not_found`]).
-    pub(crate) fn map_elements(
+    /// The elements of set `set`: key and comment. Fails with "not found" when the
+    /// set does not exist ([`is_not_found`]).
+    pub(crate) fn set_elements(
         &mut self,
         family: u8,
         table: &str,
-        map: &str,
-    ) -> Result<Vec<(Vec<u8>, Option<String>)>> {
-        let target = format!("list map {} {table} {map}", family_name(family));
+        set: &str,
+    ) -> Result<Vec<SetElement>> {
+        let target = format!("list set {} {table} {set}", family_name(family));
         for _ in 0..10 {
             let answers = self.request(
                 NFT_MSG_GETSETELEM,
@@ -1332,7 +1332,7 @@ impl Nfnl {
                 family,
                 |w| {
                     w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                    w.attr_str(NFTA_SET_ELEM_LIST_SET, map);
+                    w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
                 },
                 &target,
             )?;
@@ -1345,7 +1345,7 @@ impl Nfnl {
             return Ok(answers
                 .iter()
                 .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM)
-                .flat_map(|(_, _, payload)| parse_map_elements(payload))
+                .flat_map(|(_, _, payload)| parse_set_elements(payload))
                 .collect());
         }
         Err(nl_error(
@@ -1354,27 +1354,26 @@ impl Nfnl {
         ))
     }
 
-    /// The chain element `key` of verdict map `map` jumps to: `None` when there is
-    /// no such element (or map), `Some(None)` for a verdict without a chain.
-    pub(crate) fn map_element(
+    /// Whether set `set` has an element with key `key` (false when the set is missing).
+    pub(crate) fn has_element(
         &mut self,
         family: u8,
         table: &str,
-        map: &str,
+        set: &str,
         key: &[u8],
-    ) -> Result<Option<Option<String>>> {
+    ) -> Result<bool> {
         let target = format!(
-            "get element {} {table} {map} {{ {} }}",
+            "get element {} {table} {set} {{ {} }}",
             family_name(family),
             printable_key(key)
         );
-        let answers = self.request(
+        absent_is_false(self.request(
             NFT_MSG_GETSETELEM,
             0,
             family,
             |w| {
                 w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                w.attr_str(NFTA_SET_ELEM_LIST_SET, map);
+                w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
                 let list = w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
                 let elem = w.nest_start(NFTA_LIST_ELEM);
                 w.data_value(NFTA_SET_ELEM_KEY, key);
@@ -1382,16 +1381,7 @@ impl Nfnl {
                 w.nest_end(list);
             },
             &target,
-        );
-        match answers {
-            Ok(answers) => Ok(answers
-                .iter()
-                .flat_map(|(_, _, payload)| parse_map_elements(payload))
-                .find(|(k, _)| k == key)
-                .map(|(_, chain)| chain)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e),
-        }
+        ))
     }
 
     /// Asks for the rule set generation: succeeds when nf_tables is

@@ -2,14 +2,14 @@
 //! cannot pass itself off as a neighbour (IP or ARP spoofing, forged neighbour
 //! advertisements) or act as a router or DHCP server for them.
 //!
-//! Everything lives in the nftables table `bridge cni_port_security`. Its one base
-//! chain (`prerouting`, bridge filter priority) has a single rule,
-//! `meta iifname vmap @ports`: a hash lookup of the frame's input port, so the
-//! per-packet cost stays the same however many pods the bridge has. Each protected
-//! port has an element in `ports` that jumps to its own chain (`port-<hash>`, and
-//! `port-<hash>-na` for neighbour advertisements), built from the attachment's MAC
-//! and addresses; ports without an element are not filtered. Each change is one
-//! nf_tables transaction.
+//! Everything lives in the nftables table `bridge cni_port_security`: one base chain
+//! (`prerouting`, bridge filter priority) whose rules are the same for every pod, and
+//! four sets that say who each protected port's pod is: `ports` (the host ends of
+//! protected pods' veths), `port_macs` (port . MAC), `port_ipv4` and `port_ipv6`
+//! (port . address). Every check is a hash lookup keyed by the input port, so a packet
+//! costs the same however many pods the bridge has, and adding a pod adds set elements
+//! only (no rule, no chain), one nf_tables transaction that costs the same at the
+//! thousandth pod as at the first. Ports not in `ports` are not filtered.
 
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -17,24 +17,21 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use cni_protocol::MacAddr;
 
 use crate::error::{Error, Result};
-use crate::naming::{NFT_COMMENT_MAX, PORT_SECURITY_CHAIN_PREFIX, port_security_chain};
+use crate::naming::{NFT_COMMENT_MAX, port_security_id};
 use crate::nfnetlink::{
     BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Data, Expr,
     HOOK_BRIDGE_PREROUTING, Hook, META_IIFNAME, META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl,
-    POLICY_ACCEPT, REG_1, REG_VERDICT, Rule, TYPE_IFNAME, VERDICT_DROP, VERDICT_JUMP,
-    VERDICT_RETURN, is_not_found, is_restart,
+    POLICY_ACCEPT, REG_1, REG_2, REG_VERDICT, Rule, SetElement, TYPE_ETHERADDR, TYPE_IFNAME,
+    TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP, is_not_found, is_restart,
 };
 
-/// The table, its base chain and the port map.
+/// The table and its base chain.
 pub const TABLE: &str = "cni_port_security";
 const BASE_CHAIN: &str = "prerouting";
-const MAP: &str = "ports";
 /// nft's `filter` priority in the bridge family.
 const PRIORITY_FILTER: i32 = -200;
-/// `IFNAMSIZ`: the map's keys are NUL-padded interface names of this size.
+/// `IFNAMSIZ`: keys start with the input port's name, NUL-padded to this size.
 const IFNAMSIZ: usize = 16;
-/// Suffix of a port's neighbour-advertisement chain.
-const NA_SUFFIX: &str = "-na";
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
@@ -97,24 +94,43 @@ struct Expected {
     what: String,
 }
 
-/// The names of an attachment's chains.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Chains {
-    main: String,
-    na: String,
+/// One of the table's sets: name, nft key type, key length and whether the key is
+/// only an interface name.
+struct SetKind {
+    name: &'static str,
+    key_type: u32,
+    key_len: u32,
 }
 
-impl Chains {
-    fn of(container_id: &str, ifname: &str) -> Chains {
-        let main = port_security_chain(container_id, ifname);
-        let na = format!("{main}{NA_SUFFIX}");
-        Chains { main, na }
-    }
-}
+/// The protected ports.
+const PORTS: SetKind = SetKind {
+    name: "ports",
+    key_type: TYPE_IFNAME,
+    key_len: 16,
+};
+/// port . MAC (6 bytes, padded to 8).
+const PORT_MACS: SetKind = SetKind {
+    name: "port_macs",
+    key_type: TYPE_IFNAME << 6 | TYPE_ETHERADDR,
+    key_len: 24,
+};
+/// port . IPv4 address.
+const PORT_IPV4: SetKind = SetKind {
+    name: "port_ipv4",
+    key_type: TYPE_IFNAME << 6 | TYPE_IPADDR,
+    key_len: 20,
+};
+/// port . IPv6 address.
+const PORT_IPV6: SetKind = SetKind {
+    name: "port_ipv6",
+    key_type: TYPE_IFNAME << 6 | TYPE_IP6ADDR,
+    key_len: 32,
+};
+const SETS: [&SetKind; 4] = [&PORTS, &PORT_MACS, &PORT_IPV4, &PORT_IPV6];
 
-fn load(base: u32, offset: u32, len: u32) -> Expr {
+fn load(dreg: u32, base: u32, offset: u32, len: u32) -> Expr {
     Expr::Payload {
-        dreg: REG_1,
+        dreg,
         base,
         offset,
         len,
@@ -133,13 +149,10 @@ fn meta(key: u32) -> Expr {
     Expr::Meta { key, dreg: REG_1 }
 }
 
-fn verdict(code: i32, chain: Option<&str>) -> Expr {
+fn verdict(code: i32) -> Expr {
     Expr::Immediate {
         dreg: REG_VERDICT,
-        data: Data::Verdict {
-            code,
-            chain: chain.map(Into::into),
-        },
+        data: Data::Verdict { code, chain: None },
     }
 }
 
@@ -147,8 +160,8 @@ fn verdict(code: i32, chain: Option<&str>) -> Expr {
 const VERDICT_ACCEPT: i32 = 1;
 
 /// `meta protocol <ethertype>`.
-fn ethertype(proto: u16) -> [Expr; 2] {
-    [meta(META_PROTOCOL), cmp(CMP_EQ, &proto.to_be_bytes())]
+fn ethertype(proto: u16) -> Vec<Expr> {
+    vec![meta(META_PROTOCOL), cmp(CMP_EQ, &proto.to_be_bytes())]
 }
 
 /// `meta l4proto <proto>`.
@@ -158,166 +171,231 @@ fn l4proto(proto: u8) -> [Expr; 2] {
 
 /// `meta protocol ip6 meta l4proto icmpv6 icmpv6 type <ty>`.
 fn icmpv6_type(ty: u8) -> Vec<Expr> {
-    let mut e = ethertype(ETH_P_IPV6).to_vec();
+    let mut e = ethertype(ETH_P_IPV6);
     e.extend(l4proto(IPPROTO_ICMPV6));
-    e.extend([load(BASE_TRANSPORT, 0, 1), cmp(CMP_EQ, &[ty])]);
+    e.extend([load(REG_1, BASE_TRANSPORT, 0, 1), cmp(CMP_EQ, &[ty])]);
     e
 }
 
-fn rule(mut exprs: Vec<Expr>, code: i32, chain: Option<&str>, what: String) -> Expected {
-    exprs.push(verdict(code, chain));
-    Expected { exprs, what }
+/// `iifname . <field> [!=] @set`: the input port's name in register 1, the field
+/// (a payload load) in register 2, looked up as one key.
+fn port_and(field: Expr, set: &SetKind, invert: bool) -> [Expr; 3] {
+    [
+        meta(META_IIFNAME),
+        field,
+        Expr::Lookup {
+            sreg: REG_1,
+            dreg: None,
+            set: set.name.into(),
+            invert,
+        },
+    ]
 }
 
-/// The rules of a port's main chain, in order.
-fn main_rules(port: &Port<'_>, chains: &Chains) -> Vec<Expected> {
-    let mac = port.mac.octets();
-    let v4: Vec<Ipv4Addr> = port
-        .addresses
-        .iter()
-        .filter_map(|a| match a {
-            IpAddr::V4(a) => Some(*a),
-            IpAddr::V6(_) => None,
-        })
-        .collect();
-    let v6 = own_ipv6(port);
-    let mut out = vec![rule(
-        vec![load(BASE_LINK, 6, 6), cmp(CMP_NEQ, &mac)],
-        VERDICT_DROP,
-        None,
-        format!("ether saddr != {} drop", port.mac),
-    )];
-
-    // IPv4: no DHCP server, own sources, and a DHCP client's discovery.
-    let mut dhcp_server = ethertype(ETH_P_IP).to_vec();
-    dhcp_server.extend(l4proto(IPPROTO_UDP));
-    dhcp_server.extend([
-        load(BASE_TRANSPORT, 0, 2),
-        cmp(CMP_EQ, &67u16.to_be_bytes()),
-    ]);
-    out.push(rule(
-        dhcp_server,
-        VERDICT_DROP,
-        None,
-        "meta protocol ip udp sport 67 drop".into(),
-    ));
-    for a in &v4 {
-        let mut e = ethertype(ETH_P_IP).to_vec();
-        e.extend([load(BASE_NETWORK, 12, 4), cmp(CMP_EQ, &a.octets())]);
-        out.push(rule(
-            e,
-            VERDICT_ACCEPT,
-            None,
-            format!("meta protocol ip ip saddr {a} accept"),
-        ));
+fn rule(mut exprs: Vec<Expr>, code: i32, what: &str) -> Expected {
+    exprs.push(verdict(code));
+    Expected {
+        exprs,
+        what: what.into(),
     }
-    let mut discover = ethertype(ETH_P_IP).to_vec();
-    discover.extend([
-        load(BASE_NETWORK, 12, 8),
-        cmp(CMP_EQ, &[0, 0, 0, 0, 255, 255, 255, 255]),
-    ]);
-    discover.extend(l4proto(IPPROTO_UDP));
-    discover.extend([load(BASE_TRANSPORT, 0, 4), cmp(CMP_EQ, &[0, 68, 0, 67])]);
-    out.push(rule(
-        discover,
-        VERDICT_ACCEPT,
-        None,
-        "meta protocol ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 accept".into(),
-    ));
+}
 
-    // ARP: Ethernet/IPv4 only, the pod's MAC as sender, its addresses (or a
-    // probe's 0.0.0.0) as sender address; every other ARP packet meets the final
-    // drop. Written as matches that must all hold, so that `nft list` prints them
-    // with their meaning.
-    for a in v4.iter().chain([&Ipv4Addr::UNSPECIFIED]) {
-        let mut e = ethertype(ETH_P_ARP).to_vec();
-        e.extend([
-            load(BASE_NETWORK, 0, 6),
-            cmp(CMP_EQ, &[0, 1, 0x08, 0, 6, 4]),
-            load(BASE_NETWORK, 8, 6),
-            cmp(CMP_EQ, &mac),
-            load(BASE_NETWORK, 14, 4),
-            cmp(CMP_EQ, &a.octets()),
-        ]);
-        out.push(rule(
-            e,
-            VERDICT_ACCEPT,
-            None,
-            format!(
-                "arp htype 1 arp ptype ip arp hlen 6 arp plen 4 arp saddr ether {} arp saddr ip {a} accept",
-                port.mac
-            ),
-        ));
-    }
-
-    // IPv6: no router advertisements, redirects or DHCPv6 server; neighbour
-    // advertisements checked apart; own sources; DAD and MLD from `::`.
-    for (ty, name) in [
-        (ICMPV6_ROUTER_ADVERT, "nd-router-advert"),
-        (ICMPV6_REDIRECT, "nd-redirect"),
-    ] {
-        out.push(rule(
-            icmpv6_type(ty),
-            VERDICT_DROP,
-            None,
-            format!("meta protocol ip6 icmpv6 type {name} drop"),
-        ));
-    }
-    let mut dhcp6_server = ethertype(ETH_P_IPV6).to_vec();
-    dhcp6_server.extend(l4proto(IPPROTO_UDP));
-    dhcp6_server.extend([
-        load(BASE_TRANSPORT, 0, 2),
-        cmp(CMP_EQ, &547u16.to_be_bytes()),
-    ]);
-    out.push(rule(
-        dhcp6_server,
-        VERDICT_DROP,
-        None,
-        "meta protocol ip6 udp sport 547 drop".into(),
-    ));
-    out.push(rule(
-        icmpv6_type(ICMPV6_NEIGHBOR_ADVERT),
-        VERDICT_JUMP,
-        Some(&chains.na),
-        format!(
-            "meta protocol ip6 icmpv6 type nd-neighbor-advert jump {}",
-            chains.na
+/// The base chain's rules, the same for every pod, in order.
+fn base_rules() -> Vec<Expected> {
+    let (accept, drop) = (VERDICT_ACCEPT, VERDICT_DROP);
+    let arp_header = [
+        load(REG_1, BASE_NETWORK, 0, 6),
+        cmp(CMP_EQ, &[0, 1, 0x08, 0, 6, 4]),
+    ];
+    let na = || icmpv6_type(ICMPV6_NEIGHBOR_ADVERT);
+    let na_length =
+        |op: u32, len: u16| [load(REG_1, BASE_NETWORK, 4, 2), cmp(op, &len.to_be_bytes())];
+    let with = |mut first: Vec<Expr>, rest: &[Expr]| {
+        first.extend_from_slice(rest);
+        first
+    };
+    let mut rules = vec![
+        rule(
+            vec![
+                meta(META_IIFNAME),
+                Expr::Lookup {
+                    sreg: REG_1,
+                    dreg: None,
+                    set: PORTS.name.into(),
+                    invert: true,
+                },
+            ],
+            accept,
+            "iifname != @ports accept",
         ),
-    ));
-    for a in &v6 {
-        let mut e = ethertype(ETH_P_IPV6).to_vec();
-        e.extend([load(BASE_NETWORK, 8, 16), cmp(CMP_EQ, &a.octets())]);
-        out.push(rule(
-            e,
-            VERDICT_ACCEPT,
-            None,
-            format!("meta protocol ip6 ip6 saddr {a} accept"),
-        ));
-    }
+        rule(
+            port_and(load(REG_2, BASE_LINK, 6, 6), &PORT_MACS, true).to_vec(),
+            drop,
+            "iifname . ether saddr != @port_macs drop",
+        ),
+        // IPv4: no DHCP server, own sources, and a DHCP client's discovery.
+        rule(
+            with(
+                ethertype(ETH_P_IP),
+                &[
+                    l4proto(IPPROTO_UDP)[0].clone(),
+                    l4proto(IPPROTO_UDP)[1].clone(),
+                    load(REG_1, BASE_TRANSPORT, 0, 2),
+                    cmp(CMP_EQ, &67u16.to_be_bytes()),
+                ],
+            ),
+            drop,
+            "meta protocol ip udp sport 67 drop",
+        ),
+        rule(
+            with(
+                ethertype(ETH_P_IP),
+                &port_and(load(REG_2, BASE_NETWORK, 12, 4), &PORT_IPV4, false),
+            ),
+            accept,
+            "meta protocol ip iifname . ip saddr @port_ipv4 accept",
+        ),
+        rule(
+            with(
+                ethertype(ETH_P_IP),
+                &[
+                    load(REG_1, BASE_NETWORK, 12, 8),
+                    cmp(CMP_EQ, &[0, 0, 0, 0, 255, 255, 255, 255]),
+                    l4proto(IPPROTO_UDP)[0].clone(),
+                    l4proto(IPPROTO_UDP)[1].clone(),
+                    load(REG_1, BASE_TRANSPORT, 0, 4),
+                    cmp(CMP_EQ, &[0, 68, 0, 67]),
+                ],
+            ),
+            accept,
+            "ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 accept",
+        ),
+        // ARP: Ethernet/IPv4 ARP with the pod's MAC as sender and one of its addresses
+        // (or a probe's 0.0.0.0) as sender address; every other ARP packet meets the
+        // final drop.
+        rule(
+            with(
+                with(ethertype(ETH_P_ARP), &arp_header),
+                &[
+                    port_and(load(REG_2, BASE_NETWORK, 8, 6), &PORT_MACS, false).to_vec(),
+                    port_and(load(REG_2, BASE_NETWORK, 14, 4), &PORT_IPV4, false).to_vec(),
+                ]
+                .concat(),
+            ),
+            accept,
+            "arp htype 1 arp ptype ip arp hlen 6 arp plen 4 iifname . arp saddr ether @port_macs iifname . arp saddr ip @port_ipv4 accept",
+        ),
+        rule(
+            with(
+                with(ethertype(ETH_P_ARP), &arp_header),
+                &[
+                    port_and(load(REG_2, BASE_NETWORK, 8, 6), &PORT_MACS, false).to_vec(),
+                    vec![load(REG_1, BASE_NETWORK, 14, 4), cmp(CMP_EQ, &[0, 0, 0, 0])],
+                ]
+                .concat(),
+            ),
+            accept,
+            "arp htype 1 arp ptype ip arp hlen 6 arp plen 4 iifname . arp saddr ether @port_macs arp saddr ip 0.0.0.0 accept",
+        ),
+        // IPv6: no router advertisements, redirects or DHCPv6 server.
+        rule(
+            icmpv6_type(ICMPV6_ROUTER_ADVERT),
+            drop,
+            "icmpv6 type nd-router-advert drop",
+        ),
+        rule(
+            icmpv6_type(ICMPV6_REDIRECT),
+            drop,
+            "icmpv6 type nd-redirect drop",
+        ),
+        rule(
+            with(
+                ethertype(ETH_P_IPV6),
+                &[
+                    l4proto(IPPROTO_UDP)[0].clone(),
+                    l4proto(IPPROTO_UDP)[1].clone(),
+                    load(REG_1, BASE_TRANSPORT, 0, 2),
+                    cmp(CMP_EQ, &547u16.to_be_bytes()),
+                ],
+            ),
+            drop,
+            "meta protocol ip6 udp sport 547 drop",
+        ),
+        // Neighbour advertisements: no extension header, one of the pod's own
+        // addresses as target, and either no option or exactly one target link-layer
+        // address option with the pod's MAC.
+        rule(
+            with(
+                na(),
+                &[
+                    load(REG_1, BASE_NETWORK, 6, 1),
+                    cmp(CMP_NEQ, &[IPPROTO_ICMPV6]),
+                ],
+            ),
+            drop,
+            "icmpv6 type nd-neighbor-advert ip6 nexthdr != ipv6-icmp drop",
+        ),
+        rule(
+            with(
+                na(),
+                &port_and(load(REG_2, BASE_TRANSPORT, 8, 16), &PORT_IPV6, true),
+            ),
+            drop,
+            "icmpv6 type nd-neighbor-advert iifname . icmpv6 target != @port_ipv6 drop",
+        ),
+        rule(
+            with(with(na(), &na_length(CMP_NEQ, 24)), &na_length(CMP_NEQ, 32)),
+            drop,
+            "icmpv6 type nd-neighbor-advert ip6 length != 24 ip6 length != 32 drop",
+        ),
+        rule(
+            with(
+                with(na(), &na_length(CMP_EQ, 32)),
+                &[load(REG_1, BASE_TRANSPORT, 24, 2), cmp(CMP_NEQ, &[2, 1])],
+            ),
+            drop,
+            "icmpv6 type nd-neighbor-advert ip6 length 32 (first option not a target link-layer address) drop",
+        ),
+        rule(
+            with(
+                with(na(), &na_length(CMP_EQ, 32)),
+                &port_and(load(REG_2, BASE_TRANSPORT, 26, 6), &PORT_MACS, true),
+            ),
+            drop,
+            "icmpv6 type nd-neighbor-advert ip6 length 32 iifname . (target link-layer address) != @port_macs drop",
+        ),
+        rule(
+            with(
+                ethertype(ETH_P_IPV6),
+                &port_and(load(REG_2, BASE_NETWORK, 8, 16), &PORT_IPV6, false),
+            ),
+            accept,
+            "meta protocol ip6 iifname . ip6 saddr @port_ipv6 accept",
+        ),
+    ];
     for (ty, name) in [
         (ICMPV6_MLD_REPORT, "mld-listener-report"),
         (ICMPV6_NEIGHBOR_SOLICIT, "nd-neighbor-solicit"),
         (ICMPV6_MLD2_REPORT, "mld2-listener-report"),
     ] {
-        let mut e = ethertype(ETH_P_IPV6).to_vec();
+        let mut e = ethertype(ETH_P_IPV6);
         e.extend([
-            load(BASE_NETWORK, 8, 16),
+            load(REG_1, BASE_NETWORK, 8, 16),
             cmp(CMP_EQ, &Ipv6Addr::UNSPECIFIED.octets()),
-            load(BASE_NETWORK, 24, 2),
+            load(REG_1, BASE_NETWORK, 24, 2),
             cmp(CMP_EQ, &[0xff, 0x02]),
         ]);
         e.extend(l4proto(IPPROTO_ICMPV6));
-        e.extend([load(BASE_TRANSPORT, 0, 1), cmp(CMP_EQ, &[ty])]);
-        out.push(rule(
+        e.extend([load(REG_1, BASE_TRANSPORT, 0, 1), cmp(CMP_EQ, &[ty])]);
+        rules.push(rule(
             e,
-            VERDICT_ACCEPT,
-            None,
-            format!("meta protocol ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type {name} accept"),
+            accept,
+            &format!("ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type {name} accept"),
         ));
     }
     // Everything else: other sources, other EtherTypes.
-    out.push(rule(Vec::new(), VERDICT_DROP, None, "drop".into()));
-    out
+    rules.push(rule(Vec::new(), drop, "drop"));
+    rules
 }
 
 /// The pod's IPv6 addresses and its link-local address.
@@ -337,83 +415,53 @@ fn own_ipv6(port: &Port<'_>) -> Vec<Ipv6Addr> {
     v6
 }
 
-/// The rules of a port's neighbour-advertisement chain: the advertisement must
-/// carry no extension header, name one of the pod's own addresses as target, and
-/// either carry no option or exactly one target link-layer address option with the
-/// pod's MAC. Those that pass return to the main chain, which checks the source.
-fn na_rules(port: &Port<'_>) -> Vec<Expected> {
-    let mac = port.mac.octets();
-    let mut out = vec![rule(
-        vec![load(BASE_NETWORK, 6, 1), cmp(CMP_NEQ, &[IPPROTO_ICMPV6])],
-        VERDICT_DROP,
-        None,
-        "ip6 nexthdr != icmpv6 drop".into(),
-    )];
-    let mut tlla = vec![2, 1];
-    tlla.extend_from_slice(&mac);
-    for target in own_ipv6(port) {
-        out.push(rule(
-            vec![
-                load(BASE_NETWORK, 4, 2),
-                cmp(CMP_EQ, &24u16.to_be_bytes()),
-                load(BASE_TRANSPORT, 8, 16),
-                cmp(CMP_EQ, &target.octets()),
-            ],
-            VERDICT_RETURN,
-            None,
-            format!("ip6 length 24 icmpv6 target {target} return"),
-        ));
-        out.push(rule(
-            vec![
-                load(BASE_NETWORK, 4, 2),
-                cmp(CMP_EQ, &32u16.to_be_bytes()),
-                load(BASE_TRANSPORT, 8, 16),
-                cmp(CMP_EQ, &target.octets()),
-                load(BASE_TRANSPORT, 24, 8),
-                cmp(CMP_EQ, &tlla),
-            ],
-            VERDICT_RETURN,
-            None,
-            format!(
-                "ip6 length 32 icmpv6 target {target} option tll {} return",
-                port.mac
-            ),
-        ));
-    }
-    out.push(rule(Vec::new(), VERDICT_DROP, None, "drop".into()));
-    out
-}
-
-/// `meta iifname vmap @ports`.
-fn dispatch_rule() -> Vec<Expr> {
-    vec![
-        meta(META_IIFNAME),
-        Expr::Lookup {
-            sreg: REG_1,
-            dreg: Some(REG_VERDICT),
-            set: MAP.into(),
-            invert: false,
-        },
-    ]
-}
-
-/// A map key: the interface name, NUL-padded to `IFNAMSIZ`.
-fn port_key(host_veth: &str) -> Vec<u8> {
+/// A key that starts with the port's name, NUL-padded to `IFNAMSIZ`, then `rest`
+/// padded to a multiple of 4 bytes (as nf_tables lays out concatenations).
+fn key(host_veth: &str, rest: &[u8]) -> Vec<u8> {
     let mut key = host_veth.as_bytes().to_vec();
     key.resize(IFNAMSIZ, 0);
+    key.extend_from_slice(rest);
+    key.resize(key.len().next_multiple_of(4), 0);
     key
 }
 
-/// The interface name of a map key.
-fn key_name(key: &[u8]) -> String {
-    let name = key.split(|b| *b == 0).next().unwrap_or_default();
+/// The interface name a key starts with.
+fn key_port(key: &[u8]) -> String {
+    let name = key
+        .get(..IFNAMSIZ.min(key.len()))
+        .unwrap_or_default()
+        .split(|b| *b == 0)
+        .next()
+        .unwrap_or_default();
     String::from_utf8_lossy(name).into_owned()
 }
 
-/// `<containerID> <ifname>`, cut to what an nftables comment holds, for people
-/// reading `nft list` (nothing matches on it).
-fn chain_comment(container_id: &str, ifname: &str) -> String {
-    let mut text = format!("{container_id} {ifname}");
+/// The elements of `port`, set by set.
+fn elements_of(port: &Port<'_>) -> Vec<(&'static SetKind, Vec<u8>)> {
+    let veth = port.host_veth;
+    let mut out = vec![
+        (&PORTS, key(veth, &[])),
+        (&PORT_MACS, key(veth, &port.mac.octets())),
+    ];
+    for a in port.addresses {
+        if let IpAddr::V4(a) = a {
+            out.push((&PORT_IPV4, key(veth, &a.octets())));
+        }
+    }
+    for a in own_ipv6(port) {
+        out.push((&PORT_IPV6, key(veth, &a.octets())));
+    }
+    out
+}
+
+/// The comment of every element of an attachment: its id first (what DEL and GC
+/// match), then the container ID and interface name for people reading `nft list`,
+/// cut to what a comment holds.
+fn element_comment(container_id: &str, ifname: &str) -> String {
+    let mut text = format!(
+        "{} {container_id} {ifname}",
+        port_security_id(container_id, ifname)
+    );
     let mut end = text.len().min(NFT_COMMENT_MAX - 1);
     while !text.is_char_boundary(end) {
         end -= 1;
@@ -422,31 +470,25 @@ fn chain_comment(container_id: &str, ifname: &str) -> String {
     text
 }
 
+/// The attachment id an element's comment starts with.
+fn comment_id(element: &SetElement) -> Option<&str> {
+    element.comment.as_deref()?.split(' ').next()
+}
+
 fn check_port(port: &Port<'_>) -> Result<()> {
-    let bad = |what: &'static str, value: &str, reason: &'static str| {
+    let bad = |value: &str, reason: &'static str| {
         Err(Error::InvalidInput {
-            what,
+            what: "host interface name",
             value: value.into(),
             reason,
         })
     };
-    if port.host_veth.is_empty() || port.host_veth.len() >= IFNAMSIZ {
-        return bad(
-            "host interface name",
-            port.host_veth,
-            "must be 1 to 15 bytes",
-        );
+    let name = port.host_veth;
+    if name.is_empty() || name.len() >= IFNAMSIZ {
+        return bad(name, "must be 1 to 15 bytes");
     }
-    if port
-        .host_veth
-        .bytes()
-        .any(|b| b == 0 || b.is_ascii_control())
-    {
-        return bad(
-            "host interface name",
-            port.host_veth,
-            "contains control characters",
-        );
+    if name.bytes().any(|b| b == 0 || b.is_ascii_control()) {
+        return bad(name, "contains control characters");
     }
     Ok(())
 }
@@ -455,77 +497,78 @@ fn target() -> String {
     format!("table bridge {TABLE}")
 }
 
-/// What the setup transaction finds in place.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Found {
-    /// The table, base chain, map and dispatch rule exist.
-    base: bool,
-    /// The port's chains exist (an earlier setup of the same attachment).
-    chains: bool,
-    /// The port's map element exists, with the chain it jumps to.
-    element: Option<Option<String>>,
+/// The transaction that creates the table, its sets and its base chain with its rules.
+fn add_base(b: &mut Batch) -> Result<()> {
+    let f = NFPROTO_BRIDGE;
+    b.add_table(f, TABLE, None)?;
+    for set in SETS {
+        b.add_set(
+            f,
+            TABLE,
+            set.name,
+            set.key_type,
+            set.key_len,
+            set.key_type == TYPE_IFNAME,
+        );
+    }
+    let hook = Hook {
+        chain_type: "filter",
+        hooknum: HOOK_BRIDGE_PREROUTING,
+        priority: PRIORITY_FILTER,
+        policy: Some(POLICY_ACCEPT),
+    };
+    b.add_chain(f, TABLE, BASE_CHAIN, Some(hook), None)?;
+    for r in base_rules() {
+        b.add_rule(f, TABLE, BASE_CHAIN, &r.exprs, None)?;
+    }
+    Ok(())
 }
 
-/// The setup transaction, given what exists.
-fn setup_batch(port: &Port<'_>, found: &Found, generation: Option<u32>) -> Result<Batch> {
-    let chains = Chains::of(port.container_id, port.ifname);
-    let f = NFPROTO_BRIDGE;
+/// The setup transaction: the table if it is missing (`generation` set), the removal
+/// of `stale` elements (a previous port of the same name), then the port's elements.
+fn setup_batch(
+    port: &Port<'_>,
+    generation: Option<u32>,
+    stale: &[(&'static str, Vec<u8>)],
+) -> Result<Batch> {
     let mut b = match generation {
-        Some(g) => Batch::at_generation(g),
+        Some(g) => {
+            let mut b = Batch::at_generation(g);
+            add_base(&mut b)?;
+            b
+        }
         None => Batch::new(),
     };
-    if !found.base {
-        b.add_table(f, TABLE, None)?;
-        b.add_verdict_map(f, TABLE, MAP, TYPE_IFNAME, IFNAMSIZ as u32);
-        let hook = Hook {
-            chain_type: "filter",
-            hooknum: HOOK_BRIDGE_PREROUTING,
-            priority: PRIORITY_FILTER,
-            policy: Some(POLICY_ACCEPT),
-        };
-        b.add_chain(f, TABLE, BASE_CHAIN, Some(hook), None)?;
-        b.add_rule(f, TABLE, BASE_CHAIN, &dispatch_rule(), None)?;
+    for (set, key) in stale {
+        b.delete_element(NFPROTO_BRIDGE, TABLE, set, key);
     }
-    if found.chains {
-        b.flush_chain(f, TABLE, &chains.main);
-        b.flush_chain(f, TABLE, &chains.na);
-    } else {
-        let comment = chain_comment(port.container_id, port.ifname);
-        b.add_chain(f, TABLE, &chains.na, None, None)?;
-        b.add_chain(f, TABLE, &chains.main, None, Some(&comment))?;
-    }
-    for r in na_rules(port) {
-        b.add_rule(f, TABLE, &chains.na, &r.exprs, None)?;
-    }
-    for r in main_rules(port, &chains) {
-        b.add_rule(f, TABLE, &chains.main, &r.exprs, None)?;
-    }
-    let key = port_key(port.host_veth);
-    match &found.element {
-        Some(Some(to)) if *to == chains.main => {}
-        Some(_) => {
-            b.delete_map_element(f, TABLE, MAP, &key);
-            b.add_map_jump(f, TABLE, MAP, &key, &chains.main);
-        }
-        None => b.add_map_jump(f, TABLE, MAP, &key, &chains.main),
+    let comment = element_comment(port.container_id, port.ifname);
+    for (set, key) in elements_of(port) {
+        b.add_element(NFPROTO_BRIDGE, TABLE, set.name, &key, &comment)?;
     }
     Ok(b)
 }
 
-/// Whether `chain` exists in our table; a missing table is a missing chain.
-fn has_chain(nl: &mut Nfnl, chain: &str) -> Result<bool> {
-    match nl.has_chain(NFPROTO_BRIDGE, TABLE, chain) {
+/// Whether the base chain exists; a missing table is a missing chain.
+fn has_base(nl: &mut Nfnl) -> Result<bool> {
+    match nl.has_chain(NFPROTO_BRIDGE, TABLE, BASE_CHAIN) {
         Err(e) if is_not_found(&e) => Ok(false),
         other => other,
     }
 }
 
-/// The map's elements; none when the table or map is missing.
-fn elements(nl: &mut Nfnl) -> Result<Vec<(Vec<u8>, Option<String>)>> {
-    match nl.map_elements(NFPROTO_BRIDGE, TABLE, MAP) {
-        Err(e) if is_not_found(&e) => Ok(Vec::new()),
-        other => other,
+/// Every element of the table's sets, with its set's name; none when the table is
+/// missing.
+fn all_elements(nl: &mut Nfnl) -> Result<Vec<(&'static str, SetElement)>> {
+    let mut out = Vec::new();
+    for set in SETS {
+        match nl.set_elements(NFPROTO_BRIDGE, TABLE, set.name) {
+            Ok(elements) => out.extend(elements.into_iter().map(|e| (set.name, e))),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(out)
 }
 
 /// The operator's error when nf_tables cannot be used at all.
@@ -539,104 +582,74 @@ fn unavailable(e: &Error) -> Error {
     }
 }
 
-/// Installs (or replaces) the port's rules and its map element in one transaction.
-/// The port forwards nothing of the pod's until this returns.
+/// Adds the port's pod to the sets in one transaction (creating the table with the
+/// node's first protected port). The port forwards nothing of the pod's that the
+/// rules refuse from the moment this returns.
 pub fn setup(port: &Port<'_>) -> Result<()> {
     check_port(port)?;
-    let chains = Chains::of(port.container_id, port.ifname);
     let mut nl = Nfnl::open().map_err(|e| unavailable(&e))?;
-    let key = port_key(port.host_veth);
+    let port_key = key(port.host_veth, &[]);
     for _ in 0..8 {
-        let mut found = Found {
-            base: has_chain(&mut nl, BASE_CHAIN).map_err(|e| unavailable(&e))?,
-            ..Found::default()
-        };
-        // The first port of a node creates the table; concurrent first ports must
-        // not each add a dispatch rule, so that transaction runs only if nothing
-        // changed since the table was seen missing.
-        let generation = if found.base {
+        let mut base = has_base(&mut nl).map_err(|e| unavailable(&e))?;
+        // The first port of a node creates the table; concurrent first ports must not
+        // each add the rules, so that transaction runs only if nothing changed since
+        // the table was seen missing.
+        let generation = if base {
             None
         } else {
             let generation = nl.generation_id()?;
-            found.base = has_chain(&mut nl, BASE_CHAIN)?;
-            (!found.base).then_some(generation)
+            base = has_base(&mut nl)?;
+            (!base).then_some(generation)
         };
-        if found.base {
-            found.chains = has_chain(&mut nl, &chains.main)?;
-            found.element = nl.map_element(NFPROTO_BRIDGE, TABLE, MAP, &key)?;
-        }
-        let batch = setup_batch(port, &found, generation)?;
+        // A port name in use means an earlier attachment on a veth of the same name
+        // was never deleted: its elements go, or its addresses would stay allowed.
+        let stale: Vec<(&'static str, Vec<u8>)> =
+            if base && nl.has_element(NFPROTO_BRIDGE, TABLE, PORTS.name, &port_key)? {
+                all_elements(&mut nl)?
+                    .into_iter()
+                    .filter(|(_, e)| key_port(&e.key) == port.host_veth)
+                    .map(|(set, e)| (set, e.key))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+        let batch = setup_batch(port, generation, &stale)?;
         match nl.commit(batch, &target()) {
-            Err(e) if is_restart(&e) => continue,
+            Err(e) if is_restart(&e) || (!stale.is_empty() && is_not_found(&e)) => continue,
             other => return other,
         }
     }
     Err(Error::Netlink {
         target: target(),
-        detail: "the rule set kept changing while the table was being created".into(),
+        detail: "the rule set kept changing while the port was being added".into(),
         errno: None,
     })
 }
 
-/// The transaction that removes the given ports' elements and chains; `existing`
-/// are the table's chain names.
-fn removal_batch(
-    mains: &[String],
-    existing: &HashSet<String>,
-    elements: &[(Vec<u8>, Option<String>)],
-) -> Option<Batch> {
-    let f = NFPROTO_BRIDGE;
+/// The transaction that deletes `doomed` elements.
+fn removal_batch(doomed: &[(&'static str, SetElement)]) -> Option<Batch> {
+    if doomed.is_empty() {
+        return None;
+    }
     let mut b = Batch::new();
-    let mut any = false;
-    for (key, to) in elements {
-        if to.as_ref().is_some_and(|to| mains.contains(to)) {
-            b.delete_map_element(f, TABLE, MAP, key);
-            any = true;
-        }
+    for (set, e) in doomed {
+        b.delete_element(NFPROTO_BRIDGE, TABLE, set, &e.key);
     }
-    let mut doomed = Vec::new();
-    for main in mains {
-        let na = format!("{main}{NA_SUFFIX}");
-        for chain in [main.clone(), na] {
-            if existing.contains(&chain) {
-                doomed.push(chain);
-            }
-        }
-    }
-    for chain in &doomed {
-        b.flush_chain(f, TABLE, chain);
-    }
-    // The neighbour-advertisement chains first: the main chains jump to them.
-    for chain in doomed
-        .iter()
-        .filter(|c| c.ends_with(NA_SUFFIX))
-        .chain(doomed.iter().filter(|c| !c.ends_with(NA_SUFFIX)))
-    {
-        b.delete_chain(f, TABLE, chain);
-        any = true;
-    }
-    any.then_some(b)
+    Some(b)
 }
 
-/// Removes an attachment's rules and map element; nothing there is nothing to do.
-/// Needs neither the pod's netns nor its addresses.
+/// Removes an attachment's elements (found by its id, so neither the pod's netns nor
+/// its addresses are needed); nothing there is nothing to do.
 pub fn teardown(container_id: &str, ifname: &str) -> Result<()> {
-    let chains = Chains::of(container_id, ifname);
+    let id = port_security_id(container_id, ifname);
     let mut nl = Nfnl::open()?;
-    // A concurrent GC may remove part of it between listing and applying.
+    // A concurrent GC may remove some of them between listing and applying.
     for _ in 0..3 {
-        let mut existing = HashSet::new();
-        for chain in [&chains.main, &chains.na] {
-            if has_chain(&mut nl, chain)? {
-                existing.insert(chain.clone());
-            }
-        }
-        if existing.is_empty() {
-            return Ok(());
-        }
-        let elements = elements(&mut nl)?;
-        let Some(batch) = removal_batch(std::slice::from_ref(&chains.main), &existing, &elements)
-        else {
+        let doomed: Vec<_> = all_elements(&mut nl)?
+            .into_iter()
+            .filter(|(_, e)| comment_id(e) == Some(id.as_str()))
+            .collect();
+        let Some(batch) = removal_batch(&doomed) else {
             return Ok(());
         };
         match nl.commit(batch, &target()) {
@@ -647,48 +660,57 @@ pub fn teardown(container_id: &str, ifname: &str) -> Result<()> {
     Ok(())
 }
 
-/// Verifies the port's rules are what [`setup`] installs for `port`, in order, and
-/// that the port dispatches to them; the error names what is missing.
+/// Verifies that the table's rules are in place, in order, and that the port's pod
+/// is in the sets as [`setup`] put it; the error names what is missing.
 pub fn check(port: &Port<'_>) -> Result<()> {
-    let chains = Chains::of(port.container_id, port.ifname);
     let mut nl = Nfnl::open()?;
     let missing = |target: String, what: String| Error::Missing {
         backend: "nftables",
         target,
         what,
     };
-    let at = |chain: &str| format!("table bridge {TABLE} chain {chain}");
-    if !has_chain(&mut nl, BASE_CHAIN)? {
+    if !has_base(&mut nl)? {
         return Err(missing(target(), "the port-security table".into()));
     }
-    let mut errors = Vec::new();
-    let base = nl.rules(NFPROTO_BRIDGE, TABLE, Some(BASE_CHAIN))?;
-    if !base.iter().any(|r| r.exprs == dispatch_rule()) {
-        errors.push(missing(at(BASE_CHAIN), "meta iifname vmap @ports".into()));
-    }
-    let key = port_key(port.host_veth);
-    if nl.map_element(NFPROTO_BRIDGE, TABLE, MAP, &key)?.flatten() != Some(chains.main.clone()) {
-        errors.push(missing(
-            format!("table bridge {TABLE} map {MAP}"),
-            format!("\"{}\" : jump {}", port.host_veth, chains.main),
-        ));
-    }
-    for (chain, expected) in [
-        (&chains.main, main_rules(port, &chains)),
-        (&chains.na, na_rules(port)),
-    ] {
-        let rules = if has_chain(&mut nl, chain)? {
-            nl.rules(NFPROTO_BRIDGE, TABLE, Some(chain))?
-        } else {
-            Vec::new()
-        };
-        errors.extend(
-            differences(&rules, &expected)
-                .into_iter()
-                .map(|what| missing(at(chain), what)),
-        );
+    let rules = nl.rules(NFPROTO_BRIDGE, TABLE, Some(BASE_CHAIN))?;
+    let mut errors: Vec<Error> = differences(&rules, &base_rules())
+        .into_iter()
+        .map(|what| missing(format!("{} chain {BASE_CHAIN}", target()), what))
+        .collect();
+    for (set, key) in elements_of(port) {
+        if !nl.has_element(NFPROTO_BRIDGE, TABLE, set.name, &key)? {
+            errors.push(missing(
+                format!("{} set {}", target(), set.name),
+                describe_element(set, &key),
+            ));
+        }
     }
     Error::collect(errors)
+}
+
+/// An element as `nft list` prints it.
+fn describe_element(set: &SetKind, key: &[u8]) -> String {
+    let port = key_port(key);
+    let rest = key.get(IFNAMSIZ..).unwrap_or_default();
+    let field = match set.key_type & 0x3f {
+        TYPE_ETHERADDR => rest
+            .get(..6)
+            .and_then(|m| <[u8; 6]>::try_from(m).ok())
+            .map(|m| MacAddr(m).to_string()),
+        TYPE_IPADDR => rest
+            .get(..4)
+            .and_then(|a| <[u8; 4]>::try_from(a).ok())
+            .map(|a| Ipv4Addr::from(a).to_string()),
+        TYPE_IP6ADDR => rest
+            .get(..16)
+            .and_then(|a| <[u8; 16]>::try_from(a).ok())
+            .map(|a| Ipv6Addr::from(a).to_string()),
+        _ => None,
+    };
+    match field {
+        Some(field) if set.key_type != TYPE_IFNAME => format!("\"{port}\" . {field}"),
+        _ => format!("\"{port}\""),
+    }
 }
 
 /// What of `expected` the chain's `rules` lack, or that they are out of order.
@@ -709,52 +731,40 @@ fn differences(rules: &[Rule], expected: &[Expected]) -> Vec<String> {
     }
 }
 
-/// Removes the rules of ports whose attachment is not in `valid` (container id,
-/// interface name) and whose host interface is gone. The table serves every
-/// network on the node while `valid` covers one, so a port whose host interface
-/// still exists is kept, whatever network it is on.
+/// Removes the elements of attachments not in `valid` (container id, interface name)
+/// whose port is gone. The table serves every network on the node while `valid`
+/// covers one, so an element whose port still exists is kept, whatever network it
+/// is on.
 pub fn gc<C: AsRef<str>, I: AsRef<str>>(valid: &[(C, I)]) -> Result<()> {
     let mut nl = Nfnl::open()?;
-    if !has_chain(&mut nl, BASE_CHAIN)? {
+    if !has_base(&mut nl)? {
         return Ok(());
     }
-    let chains: HashSet<String> = nl.chain_names(NFPROTO_BRIDGE, TABLE)?.into_iter().collect();
-    let elements = elements(&mut nl)?;
+    let elements = all_elements(&mut nl)?;
     let live = crate::macspoof::live_interfaces();
     let is_live = |name: &str| live.as_ref().is_none_or(|l| l.contains(name));
-    let stale = stale_ports(valid, &chains, &elements, is_live);
-    match removal_batch(&stale, &chains, &elements) {
+    let doomed = stale_elements(valid, elements, is_live);
+    match removal_batch(&doomed) {
         Some(batch) => nl.commit(batch, &target()),
         None => Ok(()),
     }
 }
 
-/// The main chains GC removes (see [`gc`]).
-fn stale_ports<C: AsRef<str>, I: AsRef<str>>(
+/// The elements GC removes (see [`gc`]).
+fn stale_elements<C: AsRef<str>, I: AsRef<str>>(
     valid: &[(C, I)],
-    chains: &HashSet<String>,
-    elements: &[(Vec<u8>, Option<String>)],
+    elements: Vec<(&'static str, SetElement)>,
     is_live: impl Fn(&str) -> bool,
-) -> Vec<String> {
-    let mut keep: HashSet<String> = valid
+) -> Vec<(&'static str, SetElement)> {
+    let keep: HashSet<String> = valid
         .iter()
-        .map(|(c, i)| port_security_chain(c.as_ref(), i.as_ref()))
+        .map(|(c, i)| port_security_id(c.as_ref(), i.as_ref()))
         .collect();
-    keep.extend(
-        elements
-            .iter()
-            .filter(|(key, _)| is_live(&key_name(key)))
-            .filter_map(|(_, to)| to.clone()),
-    );
-    let mut stale: Vec<String> = chains
-        .iter()
-        .filter(|c| c.starts_with(PORT_SECURITY_CHAIN_PREFIX))
-        .map(|c| c.strip_suffix(NA_SUFFIX).unwrap_or(c).to_owned())
-        .filter(|main| !keep.contains(main))
-        .collect();
-    stale.sort();
-    stale.dedup();
-    stale
+    elements
+        .into_iter()
+        .filter(|(_, e)| !comment_id(e).is_some_and(|id| keep.contains(id)))
+        .filter(|(_, e)| !is_live(&key_port(&e.key)))
+        .collect()
 }
 
 /// Whether this node can run `portSecurity` (nf_tables answers).
@@ -787,133 +797,102 @@ mod tests {
     }
 
     #[test]
-    fn rules_name_the_pod_and_end_in_drop() {
+    fn elements_name_the_pod_by_port() {
         let addrs: Vec<IpAddr> = vec!["10.1.0.2".parse().unwrap(), "fd00::2".parse().unwrap()];
-        let p = port(&addrs);
-        let chains = Chains::of("ctrA", "eth0");
-        let main: Vec<String> = main_rules(&p, &chains)
+        let described: Vec<String> = elements_of(&port(&addrs))
             .into_iter()
-            .map(|r| r.what)
+            .map(|(set, key)| {
+                assert_eq!(key.len(), set.key_len as usize, "{}", set.name);
+                format!("{} {}", set.name, describe_element(set, &key))
+            })
             .collect();
         assert_eq!(
-            main,
+            described,
             [
-                "ether saddr != 02:42:ac:11:00:02 drop",
-                "meta protocol ip udp sport 67 drop",
-                "meta protocol ip ip saddr 10.1.0.2 accept",
-                "meta protocol ip ip saddr 0.0.0.0 ip daddr 255.255.255.255 udp sport 68 udp dport 67 accept",
-                "arp htype 1 arp ptype ip arp hlen 6 arp plen 4 arp saddr ether 02:42:ac:11:00:02 arp saddr ip 10.1.0.2 accept",
-                "arp htype 1 arp ptype ip arp hlen 6 arp plen 4 arp saddr ether 02:42:ac:11:00:02 arp saddr ip 0.0.0.0 accept",
-                "meta protocol ip6 icmpv6 type nd-router-advert drop",
-                "meta protocol ip6 icmpv6 type nd-redirect drop",
-                "meta protocol ip6 udp sport 547 drop",
-                &format!(
-                    "meta protocol ip6 icmpv6 type nd-neighbor-advert jump {}",
-                    chains.na
-                ),
-                "meta protocol ip6 ip6 saddr fd00::2 accept",
-                "meta protocol ip6 ip6 saddr fe80::42:acff:fe11:2 accept",
-                "meta protocol ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type mld-listener-report accept",
-                "meta protocol ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type nd-neighbor-solicit accept",
-                "meta protocol ip6 ip6 saddr :: ip6 daddr ff02::/16 icmpv6 type mld2-listener-report accept",
-                "drop",
+                "ports \"veth1234\"",
+                "port_macs \"veth1234\" . 02:42:ac:11:00:02",
+                "port_ipv4 \"veth1234\" . 10.1.0.2",
+                "port_ipv6 \"veth1234\" . fd00::2",
+                "port_ipv6 \"veth1234\" . fe80::42:acff:fe11:2",
             ]
         );
-        let na: Vec<String> = na_rules(&p).into_iter().map(|r| r.what).collect();
-        assert_eq!(na.len(), 1 + 2 * 2 + 1);
-        assert_eq!(na.last().map(String::as_str), Some("drop"));
     }
 
     #[test]
-    fn first_setup_creates_the_table_later_ones_only_the_port() {
+    fn the_rules_end_in_drop_and_check_ports_first() {
+        let rules = base_rules();
+        assert_eq!(rules[0].what, "iifname != @ports accept");
+        assert_eq!(rules[1].what, "iifname . ether saddr != @port_macs drop");
+        assert_eq!(rules.last().map(|r| r.what.as_str()), Some("drop"));
+        // No jump anywhere: adding elements never makes the kernel revalidate a chain
+        // graph that grows with the pods.
+        assert!(rules.iter().all(|r| !r.exprs.iter().any(|e| matches!(
+            e,
+            Expr::Immediate {
+                data: Data::Verdict { chain: Some(_), .. },
+                ..
+            }
+        ))));
+    }
+
+    #[test]
+    fn first_setup_creates_the_table_later_ones_only_elements() {
         let addrs: Vec<IpAddr> = vec!["10.1.0.2".parse().unwrap()];
         let p = port(&addrs);
-        let first = setup_batch(&p, &Found::default(), Some(7)).unwrap();
+        let first = setup_batch(&p, Some(7), &[]).unwrap();
         let ops = first.describe();
         assert_eq!(
-            ops[..4],
+            ops[..6],
             [
                 "add table bridge cni_port_security",
-                "add map bridge cni_port_security ports",
+                "add set bridge cni_port_security ports",
+                "add set bridge cni_port_security port_macs",
+                "add set bridge cni_port_security port_ipv4",
+                "add set bridge cni_port_security port_ipv6",
                 "add chain bridge cni_port_security prerouting",
-                "add rule bridge cni_port_security prerouting",
             ]
         );
-        let main = port_security_chain("ctrA", "eth0");
-        assert_eq!(
-            ops.last().copied(),
-            Some(
-                format!(
-                    "add element bridge cni_port_security ports {{ \"veth1234\" : jump {main} }}"
-                )
-                .as_str()
-            )
-        );
-        let again = Found {
-            base: true,
-            chains: true,
-            element: Some(Some(main.clone())),
-        };
-        let ops2 = setup_batch(&p, &again, None).unwrap();
-        let ops2 = ops2.describe();
-        assert!(ops2[0].starts_with("flush chain"), "{ops2:?}");
+        let later = setup_batch(&p, None, &[]).unwrap();
+        let later = later.describe();
+        assert_eq!(later.len(), 4, "{later:?}");
         assert!(
-            !ops2
-                .iter()
-                .any(|o| o.contains("add table") || o.contains("element"))
+            later.iter().all(|o| o.starts_with("add element")),
+            "{later:?}"
         );
-        // An element left by another attachment on a reused name is replaced.
-        let other = Found {
-            base: true,
-            chains: false,
-            element: Some(Some("port-other".into())),
-        };
-        let ops3 = setup_batch(&p, &other, None).unwrap();
-        let ops3 = ops3.describe();
-        let n = ops3.len();
-        assert!(ops3[n - 2].starts_with("delete element"), "{ops3:?}");
+        // A port name left by an attachment that was never deleted: its elements go first.
+        let stale = [("port_ipv4", key("veth1234", &[10, 1, 0, 9]))];
+        let replaced = setup_batch(&p, None, &stale).unwrap();
+        assert!(
+            replaced.describe()[0].starts_with("delete element bridge cni_port_security port_ipv4")
+        );
     }
 
-    #[test]
-    fn removal_deletes_elements_then_chains() {
-        let main = port_security_chain("ctrA", "eth0");
-        let na = format!("{main}-na");
-        let existing: HashSet<String> = [main.clone(), na.clone()].into();
-        let elements = vec![
-            (port_key("veth1234"), Some(main.clone())),
-            (port_key("vethother"), Some("port-other".into())),
-        ];
-        let b = removal_batch(std::slice::from_ref(&main), &existing, &elements).unwrap();
-        assert_eq!(
-            b.describe(),
-            [
-                "delete element bridge cni_port_security ports { \"veth1234\" }".to_string(),
-                format!("flush chain bridge cni_port_security {main}"),
-                format!("flush chain bridge cni_port_security {na}"),
-                format!("delete chain bridge cni_port_security {na}"),
-                format!("delete chain bridge cni_port_security {main}"),
-            ]
-        );
-        assert!(removal_batch(&[main], &HashSet::new(), &[]).is_none());
+    fn element(set: &'static str, port: &str, id: &str) -> (&'static str, SetElement) {
+        (
+            set,
+            SetElement {
+                key: key(port, &[]),
+                comment: Some(format!("{id} ctr eth0")),
+            },
+        )
     }
 
     #[test]
     fn gc_keeps_valid_and_live_ports() {
-        let a = port_security_chain("ctrA", "eth0");
-        let b = port_security_chain("ctrB", "eth0");
-        let c = port_security_chain("ctrC", "eth0");
-        let chains: HashSet<String> = [&a, &b, &c]
-            .iter()
-            .flat_map(|m| [m.to_string(), format!("{m}-na")])
-            .chain(["prerouting".to_string()])
-            .collect();
+        let (a, b, c) = (
+            port_security_id("ctrA", "eth0"),
+            port_security_id("ctrB", "eth0"),
+            port_security_id("ctrC", "eth0"),
+        );
         let elements = vec![
-            (port_key("vethA"), Some(a.clone())),
-            (port_key("vethB"), Some(b.clone())),
-            (port_key("vethC"), Some(c.clone())),
+            element("ports", "vethA", &a),
+            element("ports", "vethB", &b),
+            element("ports", "vethC", &c),
+            element("port_macs", "vethC", &c),
         ];
-        let stale = stale_ports(&[("ctrA", "eth0")], &chains, &elements, |n| n == "vethB");
-        assert_eq!(stale, vec![c]);
+        let stale = stale_elements(&[("ctrA", "eth0")], elements, |n| n == "vethB");
+        assert_eq!(stale.len(), 2);
+        assert!(stale.iter().all(|(_, e)| key_port(&e.key) == "vethC"));
     }
 
     #[test]
@@ -928,9 +907,14 @@ mod tests {
     }
 
     #[test]
-    fn long_container_ids_get_short_names_and_comments() {
+    fn long_container_ids_keep_their_id_in_the_comment() {
         let id = "x".repeat(1024);
-        assert_eq!(port_security_chain(&id, "eth0").len(), 29);
-        assert!(chain_comment(&id, "eth0").len() < NFT_COMMENT_MAX);
+        let comment = element_comment(&id, "eth0");
+        assert!(comment.len() < NFT_COMMENT_MAX);
+        let e = SetElement {
+            key: key("veth1", &[]),
+            comment: Some(comment),
+        };
+        assert_eq!(comment_id(&e), Some(port_security_id(&id, "eth0").as_str()));
     }
 }

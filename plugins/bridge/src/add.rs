@@ -4,7 +4,7 @@
 
 use crate::common::{delete_link, fail, mac_text, open_netns};
 use crate::config::BridgeConf;
-use crate::effects::{ContainerSysctls, Effects, Pending, System};
+use crate::effects::{ContainerSysctls, Effects, Pending, PortSecurity, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
 use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
@@ -45,6 +45,7 @@ struct Progress {
     undo: Vec<Undo>,
     ipam: Option<Pending<Result<CniResult, CniError>>>,
     masq: Option<Pending<Result<(), CniError>>>,
+    port_security: Option<Pending<Result<(), CniError>>>,
 }
 
 impl Progress {
@@ -52,6 +53,9 @@ impl Progress {
     fn settle(mut self) -> Vec<Undo> {
         if let Some(masq) = self.masq.take() {
             masq.settle();
+        }
+        if let Some(port_security) = self.port_security.take() {
+            port_security.settle();
         }
         if let Some(ipam) = self.ipam.take() {
             ipam.settle();
@@ -178,29 +182,34 @@ fn add(
         result.dns = ipam.dns;
         let gateways = gateway::apply(&mut result, conf)?;
         if conf.port_security {
-            // Before the pod's link comes up: the port forwards nothing of the pod's
-            // until its rules are in place.
+            // Beside the container's sysctls and addresses; waited for before its link
+            // comes up, so the port forwards nothing of the pod's until the pod is in
+            // the sets.
             let mac = container.mac.ok_or_else(|| {
                 CniError::internal(format!("{ifname:?} has no MAC for portSecurity"))
             })?;
-            let addresses: Vec<std::net::IpAddr> = result
-                .ips
-                .iter()
-                .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
-                .map(|ip| ip.address.ip())
-                .collect();
+            let port = PortSecurity {
+                container_id: req.args.container_id.clone(),
+                ifname: ifname.to_owned(),
+                host_veth: host_veth.name.clone(),
+                mac,
+                addresses: result
+                    .ips
+                    .iter()
+                    .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
+                    .map(|ip| ip.address.ip())
+                    .collect(),
+            };
             progress.undo.push(Undo::PortSecurity);
             hit("bridge/add/port-security-before")?;
-            fx.port_security_setup(&cni_firewall::port_security::Port {
-                container_id: &req.args.container_id,
-                ifname,
-                host_veth: &host_veth.name,
-                mac,
-                addresses: &addresses,
-            })?;
+            progress.port_security = Some(fx.start_port_security_setup(port));
+        }
+        prepare_container(pod_ns, pod, fx, conf, ifname, container.index, &result)?;
+        if let Some(pending) = progress.port_security.take() {
+            pending.wait()?;
             hit("bridge/add/port-security-after")?;
         }
-        configure_container(pod_ns, pod, fx, conf, ifname, container.index, &result)?;
+        bring_up_container(pod, ifname, container.index, &result)?;
         if conf.is_gateway {
             setup_gateways(host, conf, &bridge, &gateways, &mut result)?;
         }
@@ -482,8 +491,8 @@ fn setup_vlans(host: &impl Links, conf: &BridgeConf, port: &Link) -> Result<(), 
     Ok(())
 }
 
-/// Sysctls, addresses, link up, DAD settling and routes inside the container.
-fn configure_container(
+/// Sysctls and addresses inside the container, its link still down.
+fn prepare_container(
     pod_ns: &NetNs,
     pod: &impl Links,
     fx: &impl Effects,
@@ -516,6 +525,16 @@ fn configure_container(
             .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
         hit("bridge/add/container-address")?;
     }
+    Ok(())
+}
+
+/// Link up, DAD settling and routes inside the container.
+fn bring_up_container(
+    pod: &impl Links,
+    ifname: &str,
+    index: u32,
+    result: &CniResult,
+) -> Result<(), CniError> {
     pod.set_up(index)
         .with_context(|| format!("failed to set {ifname:?} UP"))?;
     hit("bridge/add/container-up")?;
@@ -927,10 +946,12 @@ mod tests {
     }
 
     /// Dual-stack layer 3 with every external effect ADD has: IPAM, the gateway on
-    /// the bridge, forwarding, default routes, masquerade and the spoof check.
+    /// the bridge, forwarding, default routes, masquerade, the spoof check and port
+    /// security.
     const LAYER3: &str = r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge",
         "bridge": "br-unit", "isGateway": true, "isDefaultGateway": true,
         "ipMasq": true, "ipMasqBackend": "nftables", "macspoofchk": true,
+        "portSecurity": true,
         "ipam": {"type": "host-local",
                  "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]]}}"#;
 
@@ -996,8 +1017,15 @@ mod tests {
         host.fail_at(None);
         run_add(&req, &conf, &host, &pod).unwrap();
         let calls = host.log();
+        // The port's rules exist before the pod's link comes up.
+        let at = |effect: &str| calls.iter().position(|c| c == effect);
+        assert!(
+            at("host:port_security_setup") < at("pod:set_up"),
+            "{calls:?}"
+        );
         for effect in [
             "host:macspoof_setup",
+            "host:port_security_setup",
             "host:ipam_add",
             "host:masq_setup",
             "pod:write_sysctl",
@@ -1150,11 +1178,17 @@ mod tests {
                     + &format!(" ether saddr != {mac} drop"),
                 "masq ctr-unit eth0 unit Nftables saddr 10.77.0.2 masquerade".into(),
                 "masq ctr-unit eth0 unit Nftables saddr fd77::2 masquerade".into(),
+                format!(
+                    "portsec ctr-unit eth0 iif {} from {mac} [10.77.0.2, fd77::2]",
+                    port.name
+                ),
             ]
         );
 
-        // The pod: both addresses on eth0, up, IPv6 on, and the default routes.
+        // The pod: both addresses on eth0, up, IPv6 on, and the default routes; with
+        // portSecurity, the link-local address its rules allow.
         assert!(eth0.up && port.up);
+        assert_eq!(pod_ns.sysctls["net/ipv6/conf/eth0/addr_gen_mode"], "0");
         assert_eq!(
             on(&pod_ns, eth0.index),
             [net("10.77.0.2/24"), net("fd77::2/64")]

@@ -72,8 +72,12 @@ pub(crate) trait Effects {
         container_mac: Option<MacAddr>,
     ) -> Result<(), CniError>;
     fn macspoof_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError>;
-    /// Installs the `portSecurity` rules of `port`.
-    fn port_security_setup(&self, port: &Port<'_>) -> Result<(), CniError>;
+    /// Puts the pod of `port` in the `portSecurity` sets.
+    fn port_security_setup(&self, port: &PortSecurity) -> Result<(), CniError>;
+    /// Starts [`Effects::port_security_setup`]; by default runs it at once.
+    fn start_port_security_setup(&self, port: PortSecurity) -> Pending<Result<(), CniError>> {
+        Pending::Done(self.port_security_setup(&port))
+    }
     fn port_security_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError>;
     fn masq_setup(
         &self,
@@ -147,8 +151,16 @@ impl Effects for System {
         macspoof::teardown(container_id, ifname).map_err(|e| internal(&e))
     }
 
-    fn port_security_setup(&self, port: &Port<'_>) -> Result<(), CniError> {
-        port_security::setup(port).context("failed to set up port security")
+    fn port_security_setup(&self, port: &PortSecurity) -> Result<(), CniError> {
+        port_security::setup(&port.port()).context("failed to set up port security")
+    }
+
+    fn start_port_security_setup(&self, port: PortSecurity) -> Pending<Result<(), CniError>> {
+        Pending::spawn(
+            "port-security",
+            move || Self.port_security_setup(&port),
+            |e| Err(e).context("failed to start the port-security setup"),
+        )
     }
 
     fn port_security_teardown(&self, container_id: &str, ifname: &str) -> Result<(), CniError> {
@@ -204,6 +216,28 @@ impl Effects for System {
         pod_ns
             .run(|| container_sysctls(sysctl::write, ifname, settings))
             .map_err(|e| internal(&e))?
+    }
+}
+
+/// The attachment `portSecurity` protects, owned so that it can be handed to a thread.
+#[derive(Debug, Clone)]
+pub(crate) struct PortSecurity {
+    pub(crate) container_id: String,
+    pub(crate) ifname: String,
+    pub(crate) host_veth: String,
+    pub(crate) mac: MacAddr,
+    pub(crate) addresses: Vec<std::net::IpAddr>,
+}
+
+impl PortSecurity {
+    pub(crate) fn port(&self) -> Port<'_> {
+        Port {
+            container_id: &self.container_id,
+            ifname: &self.ifname,
+            host_veth: &self.host_veth,
+            mac: self.mac,
+            addresses: &self.addresses,
+        }
     }
 }
 

@@ -536,10 +536,10 @@ impl Effects for Fake {
 
     fn port_security_setup(
         &self,
-        port: &cni_firewall::port_security::Port<'_>,
+        port: &effects::PortSecurity,
     ) -> std::result::Result<(), CniError> {
         self.effect("port_security_setup")?;
-        let prefix = rule_prefix("portsec", port.container_id, port.ifname);
+        let prefix = rule_prefix("portsec", &port.container_id, &port.ifname);
         self.host(|ns| {
             ns.rules.retain(|r| !r.starts_with(&prefix));
             ns.rules.insert(format!(
