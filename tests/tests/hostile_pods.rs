@@ -372,7 +372,14 @@ fn port_security_keeps_the_pods_own_traffic_and_leaves_nothing() {
     if !require_root() {
         return;
     }
-    let n = Neighbours::new(&json!({"portSecurity": true, "enabledad": true}));
+    // Beside the spoof check and nftables masquerade, with DAD on in the pods.
+    let n = Neighbours::new(&json!({
+        "portSecurity": true,
+        "enabledad": true,
+        "macspoofchk": true,
+        "ipMasq": true,
+        "ipMasqBackend": "nftables",
+    }));
     let attacker_ips: Vec<String> = bridge_support::global_addrs(&n.attacker, "-4", "eth0")
         .into_iter()
         .chain(bridge_support::global_addrs(&n.attacker, "-6", "eth0"))
