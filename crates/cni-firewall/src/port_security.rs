@@ -896,6 +896,21 @@ mod tests {
     }
 
     #[test]
+    fn a_node_without_nf_tables_is_told_so() {
+        let kernel = Error::Netlink {
+            target: "netlink socket (NETLINK_NETFILTER)".into(),
+            detail: "nf_tables is not available in this kernel".into(),
+            errno: Some(nix::libc::EPROTONOSUPPORT),
+        };
+        let text = unavailable(&kernel).to_string();
+        assert!(
+            text.contains("portSecurity needs nf_tables with the bridge family")
+                && text.contains("nf_tables is not available in this kernel"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn long_or_odd_host_names_are_refused() {
         let mut p = port(&[]);
         p.host_veth = "veth0123456789ab";
