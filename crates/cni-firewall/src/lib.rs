@@ -22,4 +22,6 @@ mod nfnetlink;
 
 pub use error::{Error, Result};
 pub use masq::Backend;
+#[doc(hidden)]
+pub use nfnetlink::decode_dumped_rule;
 pub use nfnetlink::{SocketsKept, keep_sockets};
