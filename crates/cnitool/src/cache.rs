@@ -391,6 +391,22 @@ mod tests {
         assert_eq!(Entry::from_json(b"[]"), None);
     }
 
+    /// Found by the `cnitool_cache` fuzz target: a large number (here a host port in
+    /// capabilityArgs, as anyone may plant or a runtime may pass) changed by one unit in
+    /// the last place each time an entry was read, so cnitool rewrote a cached entry
+    /// with other numbers than libcni wrote.
+    #[test]
+    fn an_entry_reads_back_with_its_numbers_unchanged() {
+        let file = br#"{"kind":"cniCacheV1","containerId":"c","config":"","ifName":"eth0","networkName":"n","capabilityArgs":{"portMappings":[{"containerPort":80,"hostPort":80800000000000000000000000000000000000000000000}]},"result":{"cniVersion":"1.1.0","ips":[{"address":"10.22.0.7/16","interface":1111111111111111111111}]}}"#;
+        let e = Entry::from_json(file).unwrap();
+        let port = &e.capability_args["portMappings"][0]["hostPort"];
+        assert_eq!(port.as_f64(), Some(8.08e46));
+        let again = Entry::from_json(&e.to_json()).unwrap();
+        assert_eq!(again, e);
+        let text = String::from_utf8(e.to_json()).unwrap();
+        assert!(text.contains(r#""hostPort":8.08e+46"#), "{text}");
+    }
+
     #[test]
     fn a_listed_entry_is_valid_or_reported_and_other_files_are_skipped() {
         let listed = listed_entry(&entry().to_json()).unwrap().unwrap();
