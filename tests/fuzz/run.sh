@@ -47,10 +47,14 @@ export XDG_DATA_HOME=$cache/share
 installed=$(cargo afl --version 2>/dev/null | awk '{ print $2 }') || true
 if [[ $installed != "$afl_version" ]]; then
     echo "fuzz: installing cargo-afl $afl_version into $cache"
-    cargo install --quiet --locked --force --root "$cache" cargo-afl --version "=$afl_version"
+    # Its own build directory, whatever CARGO_TARGET_DIR says, removed once installed.
+    cargo install --quiet --locked --force --root "$cache" --target-dir "$cache/build" \
+        cargo-afl --version "=$afl_version"
+    rm -rf "$cache/build"
 fi
-# AFL++ is built once per toolchain, into the directory afl.rs names after rustc's
-# version and commit (it refuses to build it again there).
+# Installing cargo-afl builds AFL++ for the toolchain of the moment, into a directory
+# afl.rs names after rustc's version and commit; after a toolchain update it is built
+# again here (`config --build` refuses to when it is there).
 rustc_id=$(rustc -vV | awk '/^release:/ { r = $2 } /^commit-hash:/ { h = substr($2, 1, 7) }
     END { print "rustc-" r "-" h }')
 afl_dir=$XDG_DATA_HOME/afl.rs/$rustc_id/afl.rs-$afl_version
@@ -128,6 +132,7 @@ for t in "${targets[@]}"; do
         found=1
         echo "error: $t: crash: $input" >&2
         echo "  replay: $bin/$t < '$input'" >&2
+        "$bin/$t" <"$input" 2>&1 | grep -m1 -A2 panicked | sed 's/^/  /' >&2 || true
     done
     # AFL++ also saves an input as a hang when the machine was too busy to run it in
     # time: one is a finding only if it is still running after 10 s on its own.
