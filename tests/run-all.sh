@@ -3,8 +3,9 @@
 # Run as root on Debian 12:  tests/run-all.sh
 #
 # Installs what the tests need (apt packages; crates come through cargo), then runs
-# format check, clippy, the API docs, a debug build of the plugins, the whole test suite and the
-# stock-kernel VM tier, and checks that the machine is left as it was found.
+# format check, clippy, the API docs, a debug build of the plugins, the whole test suite, the
+# fuzz targets for a short time and the stock-kernel VM tier, and checks that the machine is
+# left as it was found.
 # With CI=true (set by .ci/run) root tests fail instead of skipping when a privilege is
 # missing; the variable is passed through to cargo test untouched.
 set -euo pipefail
@@ -85,6 +86,14 @@ cargo build --workspace --bins
 
 step "cargo test (CI=${CI:-unset})"
 cargo test --workspace --no-fail-fast
+
+# Coverage-guided fuzzing (AFL++ on the stable toolchain) of every parser of input,
+# netlink answers and cnitool's cache: each target for a short fixed time. Installs
+# cargo-afl and AFL++ into a cache on the first run (tests/fuzz/README.md).
+step "fuzz targets (tests/fuzz/run.sh, FUZZ_SECONDS=${FUZZ_SECONDS:-25} each)"
+fuzz_start=$(date +%s)
+tests/fuzz/run.sh
+echo "fuzz stage took $(($(date +%s) - fuzz_start)) s"
 
 # The bridge VLAN tests need bridge VLAN filtering, which this kernel lacks: they run on
 # Debian's stock kernel in an emulated VM (installs qemu and kmod; the kernel and

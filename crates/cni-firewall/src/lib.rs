@@ -24,3 +24,5 @@ pub mod port_security;
 pub use error::{Error, Result};
 pub use masq::Backend;
 pub use nfnetlink::{SocketsKept, keep_sockets};
+#[doc(hidden)]
+pub use nfnetlink::{decode_dumped_rule, decode_dumped_set_elements};

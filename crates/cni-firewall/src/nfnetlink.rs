@@ -1016,6 +1016,28 @@ fn parse_set_elements(payload: &[u8]) -> Vec<SetElement> {
         .collect()
 }
 
+/// Decodes one message of an nf_tables rule dump as [`Nfnl::rules`] does
+/// (`payload`: after the netlink header), returning the rule as text (`None`:
+/// a malformed rule), so that the decoder can be driven with arbitrary bytes
+/// from outside the crate (the fuzz targets in `tests/fuzz`). With
+/// `all_chains` false only rules of chain `c` get their expressions decoded, as
+/// [`Nfnl::rules_decoding`] does for the chains it is not asked about.
+#[doc(hidden)]
+pub fn decode_dumped_rule(payload: &[u8], all_chains: bool) -> Option<String> {
+    let rule = parse_rule_of(payload, &|chain| all_chains || chain == "c")?;
+    Some(format!("{rule:?} jump {:?}", rule.jump_target()))
+}
+
+/// Decodes one message of an nf_tables set-element dump as [`Nfnl::set_elements`]
+/// does, for the fuzz targets (see [`decode_dumped_rule`]): the elements as text.
+#[doc(hidden)]
+pub fn decode_dumped_set_elements(payload: &[u8]) -> Vec<String> {
+    parse_set_elements(payload)
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect()
+}
+
 /// A `NETLINK_NETFILTER` socket in the calling thread's network namespace.
 #[derive(Debug)]
 pub(crate) struct Nfnl {

@@ -198,18 +198,22 @@ pub fn read_result(
     let Ok(bytes) = std::fs::read(&path) else {
         return Ok(None);
     };
-    let raw = match Entry::from_json(&bytes) {
+    cached_result(&bytes, version).map(Some)
+}
+
+/// The result held by a cache file's bytes (a `cniCacheV1` entry or, as before it, the
+/// bare result), converted to `version`.
+pub fn cached_result(bytes: &[u8], version: &str) -> Result<Value, String> {
+    let raw = match Entry::from_json(bytes) {
         Some(entry) => entry.result.unwrap_or(Value::Null),
         // Before cniCacheV1 the file held the bare result.
-        None => serde_json::from_slice(&bytes).map_err(|e| e.to_string())?,
+        None => serde_json::from_slice(bytes).map_err(|e| e.to_string())?,
     };
     let result = CniResult::parse(&raw, "0.1.0").map_err(|e| e.to_string())?;
     let text = result.to_json(version).map_err(|e| {
         format!("failed to convert cached result to config version {version:?}: {e}")
     })?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| e.to_string())
+    serde_json::from_str(&text).map_err(|e| e.to_string())
 }
 
 /// Removes an attachment's entry; a missing one is not an error.
@@ -234,19 +238,31 @@ pub fn attachments(cache_dir: &Path) -> std::io::Result<Vec<Entry>> {
     Ok(names
         .iter()
         .filter_map(|path| Some((path, std::fs::read(path).ok()?)))
-        .filter_map(|(path, bytes)| Some((path, Entry::from_json(&bytes)?)))
-        .filter(|(_, e)| !e.ifname.is_empty() && !e.network.is_empty())
-        .filter(
-            |(path, e)| match valid_parts(&e.network, &e.container_id, &e.ifname) {
-                Ok(()) => true,
-                Err(why) => {
-                    eprintln!("cnitool: skipping cache entry {}: {why}", path.display());
-                    false
-                }
-            },
-        )
-        .map(|(_, e)| Entry { result: None, ..e })
+        .filter_map(|(path, bytes)| match listed_entry(&bytes)? {
+            Ok(entry) => Some(entry),
+            Err(why) => {
+                eprintln!("cnitool: skipping cache entry {}: {why}", path.display());
+                None
+            }
+        })
         .collect())
+}
+
+/// One cache file's bytes as [`attachments`] lists them: `None` for a file that is not
+/// a `cniCacheV1` entry of a network and interface (skipped silently, as libcni does),
+/// an error for an entry whose parts [`valid_parts`] refuses (reported, then skipped),
+/// else the entry without its result.
+pub fn listed_entry(bytes: &[u8]) -> Option<Result<Entry, String>> {
+    let entry = Entry::from_json(bytes)?;
+    if entry.ifname.is_empty() || entry.network.is_empty() {
+        return None;
+    }
+    Some(
+        valid_parts(&entry.network, &entry.container_id, &entry.ifname).map(|()| Entry {
+            result: None,
+            ..entry
+        }),
+    )
 }
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -373,6 +389,47 @@ mod tests {
         assert!(e.netns.is_empty());
         assert_eq!(Entry::from_json(br#"{"kind":"other"}"#), None);
         assert_eq!(Entry::from_json(b"[]"), None);
+    }
+
+    /// Found by the `cnitool_cache` fuzz target: a large number (here a host port in
+    /// capabilityArgs, as anyone may plant or a runtime may pass) changed by one unit in
+    /// the last place each time an entry was read, so cnitool rewrote a cached entry
+    /// with other numbers than libcni wrote.
+    #[test]
+    fn an_entry_reads_back_with_its_numbers_unchanged() {
+        let file = br#"{"kind":"cniCacheV1","containerId":"c","config":"","ifName":"eth0","networkName":"n","capabilityArgs":{"portMappings":[{"containerPort":80,"hostPort":80800000000000000000000000000000000000000000000}]},"result":{"cniVersion":"1.1.0","ips":[{"address":"10.22.0.7/16","interface":1111111111111111111111}]}}"#;
+        let e = Entry::from_json(file).unwrap();
+        let port = &e.capability_args["portMappings"][0]["hostPort"];
+        assert_eq!(port.as_f64(), Some(8.08e46));
+        let again = Entry::from_json(&e.to_json()).unwrap();
+        assert_eq!(again, e);
+        let text = String::from_utf8(e.to_json()).unwrap();
+        assert!(text.contains(r#""hostPort":8.08e+46"#), "{text}");
+    }
+
+    #[test]
+    fn a_listed_entry_is_valid_or_reported_and_other_files_are_skipped() {
+        let listed = listed_entry(&entry().to_json()).unwrap().unwrap();
+        assert_eq!(
+            listed,
+            Entry {
+                result: None,
+                ..entry()
+            }
+        );
+        let planted = Entry {
+            container_id: "../../etc".into(),
+            ..entry()
+        };
+        let why = listed_entry(&planted.to_json()).unwrap().unwrap_err();
+        assert!(why.starts_with("invalid container ID"), "{why}");
+        let no_ifname = Entry {
+            ifname: String::new(),
+            ..entry()
+        };
+        assert_eq!(listed_entry(&no_ifname.to_json()), None);
+        assert_eq!(listed_entry(br#"{"cniVersion":"0.3.1"}"#), None);
+        assert_eq!(listed_entry(b"\xff"), None);
     }
 
     #[test]

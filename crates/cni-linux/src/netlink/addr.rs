@@ -45,7 +45,7 @@ impl Address {
     }
 
     /// Decodes an RTM_NEWADDR message; `None` for one without an address.
-    fn parse(payload: &[u8]) -> std::result::Result<Option<Self>, Malformed> {
+    pub(super) fn parse(payload: &[u8]) -> std::result::Result<Option<Self>, Malformed> {
         let (header, attributes) = IfAddr::parse(payload)?;
         // For IPv4, IFA_LOCAL is the interface's own address and IFA_ADDRESS
         // the peer on point-to-point links; IPv6 only sends IFA_ADDRESS.

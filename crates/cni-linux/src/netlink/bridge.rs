@@ -213,7 +213,7 @@ fn port_vlan_message(w: &mut Writer, index: u32, vid: u16, pvid: bool, untagged:
 }
 
 /// The `struct bridge_vlan_info` entries of an AF_BRIDGE link message's attributes.
-fn vlan_entries(attributes: &[u8]) -> std::result::Result<Vec<VlanEntry>, Malformed> {
+pub(super) fn vlan_entries(attributes: &[u8]) -> std::result::Result<Vec<VlanEntry>, Malformed> {
     let mut entries = Vec::new();
     for attr in attrs(attributes) {
         let (ty, spec) = attr?;

@@ -104,6 +104,51 @@ impl Netlink {
     }
 }
 
+/// What one rtnetlink reply decodes to; see [`decode_reply`].
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// RTM_NEWLINK, read as a link and, from an AF_BRIDGE dump, as a bridge port's
+    /// VLAN list.
+    Link {
+        /// The link, or why it does not decode.
+        link: std::result::Result<Link, Malformed>,
+        /// For an AF_BRIDGE message: its VLANs, or why they do not decode.
+        vlans: Option<std::result::Result<Vec<VlanEntry>, Malformed>>,
+    },
+    /// RTM_NEWADDR; `None` for one without an address.
+    Address(std::result::Result<Option<Address>, Malformed>),
+    /// RTM_NEWROUTE; `None` for a route that is not unicast or not IP.
+    Route(std::result::Result<Option<Route>, Malformed>),
+    /// RTM_NEWNETCONF: the forwarding setting, if it carries one.
+    Forwarding(std::result::Result<Option<bool>, Malformed>),
+    /// A message type no request of this client decodes.
+    Other,
+}
+
+/// Decodes one reply message with the decoder the client's requests use for its
+/// type, so that they can be driven with arbitrary bytes from outside the crate
+/// (the fuzz targets in `tests/fuzz`); the client itself never calls this.
+#[doc(hidden)]
+pub fn decode_reply(msg: &Message<'_>) -> Reply {
+    match msg.ty {
+        rtnl::RTM_NEWLINK => Reply::Link {
+            link: Link::parse(msg.payload),
+            // Elsewhere IFLA_AF_SPEC nests per-family settings, not VLANs.
+            vlans: match rtnl::IfInfo::parse(msg.payload) {
+                Ok((header, attributes)) if header.family == rtnl::AF_BRIDGE => {
+                    Some(bridge::vlan_entries(attributes))
+                }
+                _ => None,
+            },
+        },
+        rtnl::RTM_NEWADDR => Reply::Address(Address::parse(msg.payload)),
+        rtnl::RTM_NEWROUTE => Reply::Route(Route::parse(msg.payload)),
+        netconf::RTM_NEWNETCONF => Reply::Forwarding(netconf::forwarding_of(msg.payload)),
+        _ => Reply::Other,
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use cni_netlink::messages;
@@ -262,6 +307,34 @@ pub(crate) mod tests {
                 let _ = parse_all_lenient(&bytes);
             }
         }
+    }
+
+    #[test]
+    fn replies_decode_by_their_type_as_the_requests_decode_them() {
+        let dump = captured_dump();
+        let first = messages(&dump).next().unwrap().unwrap();
+        match decode_reply(&first) {
+            Reply::Link { link, vlans } => {
+                assert_eq!(link.unwrap().name, "lo");
+                assert_eq!(vlans, None, "not an AF_BRIDGE message");
+            }
+            other => panic!("{other:?}"),
+        }
+        let netconf = message(netconf::RTM_NEWNETCONF, 0, |w| {
+            w.bytes(&[2, 0, 0, 0]);
+            w.attr_i32(2, 1);
+        });
+        let msg = messages(&netconf).next().unwrap().unwrap();
+        assert_eq!(decode_reply(&msg), Reply::Forwarding(Ok(Some(true))));
+        let short = message(super::rtnl::RTM_NEWROUTE, 0, |w| w.bytes(&[2, 0]));
+        let msg = messages(&short).next().unwrap().unwrap();
+        assert_eq!(
+            decode_reply(&msg),
+            Reply::Route(Err(Malformed("truncated rtmsg")))
+        );
+        let other = message(99, 0, |_| {});
+        let msg = messages(&other).next().unwrap().unwrap();
+        assert_eq!(decode_reply(&msg), Reply::Other);
     }
 
     /// Like `parse_all`, without asserting on message types.

@@ -3,14 +3,14 @@
 //! with the number of network namespaces on the node (each registers its own
 //! entries there).
 
-use cni_netlink::Writer;
 use cni_netlink::wire::{NLM_F_ACK, NLM_F_REQUEST, attrs, i32_ne};
+use cni_netlink::{Malformed, Writer};
 
 use super::rtnl::{AF_INET, AF_INET6};
 use super::{Family, Netlink};
 use crate::error::{Error, Result};
 
-const RTM_NEWNETCONF: u16 = 80;
+pub(super) const RTM_NEWNETCONF: u16 = 80;
 const RTM_GETNETCONF: u16 = 82;
 const NETCONFA_IFINDEX: u16 = 1;
 const NETCONFA_FORWARDING: u16 = 2;
@@ -40,12 +40,7 @@ impl Netlink {
             |w| get_netconf(w, af, NETCONFA_IFINDEX_ALL),
             |msg| {
                 if msg.ty == RTM_NEWNETCONF {
-                    for attr in attrs(msg.payload.get(4..).unwrap_or_default()) {
-                        let (ty, value) = attr?;
-                        if ty == NETCONFA_FORWARDING {
-                            forwarding = Some(i32_ne(value)? != 0);
-                        }
-                    }
+                    forwarding = forwarding_of(msg.payload)?.or(forwarding);
                 }
                 Ok(())
             },
@@ -58,6 +53,19 @@ impl Netlink {
             )
         })
     }
+}
+
+/// Decodes an RTM_NEWNETCONF message (payload after the netlink header): its
+/// forwarding setting, `None` when it has none.
+pub(super) fn forwarding_of(payload: &[u8]) -> std::result::Result<Option<bool>, Malformed> {
+    let mut forwarding = None;
+    for attr in attrs(payload.get(4..).unwrap_or_default()) {
+        let (ty, value) = attr?;
+        if ty == NETCONFA_FORWARDING {
+            forwarding = Some(i32_ne(value)? != 0);
+        }
+    }
+    Ok(forwarding)
 }
 
 #[cfg(test)]

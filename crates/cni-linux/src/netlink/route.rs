@@ -121,7 +121,7 @@ impl Route {
 
     /// Decodes an RTM_NEWROUTE message; `None` for a route that is not unicast
     /// or not IP.
-    fn parse(payload: &[u8]) -> std::result::Result<Option<Self>, Malformed> {
+    pub(super) fn parse(payload: &[u8]) -> std::result::Result<Option<Self>, Malformed> {
         let (header, attributes) = RtMsg::parse(payload)?;
         if header.kind != RTN_UNICAST {
             return Ok(None);
