@@ -54,6 +54,11 @@ impl Plugin for Portmap {
             return Ok(prev);
         }
         hit("portmap/parsed")?;
+        // Netfilter sockets are closed when the ADD is done, not each on a thread of its
+        // own as it is let go: starting that thread cost more than the rest of the
+        // nftables work, and an ADD only adds, so its own transaction leaves the close
+        // nothing to wait for.
+        let _sockets = cni_firewall::keep_sockets();
         let backend = config.backend();
         let addresses = config::container_addresses(&prev, &req.args.ifname);
         // All or nothing: until disarmed, the guard removes whatever this ADD

@@ -11,8 +11,13 @@
 //! - `masquerading` (nat postrouting, `srcnat`): hairpin and localhost
 //!   connections to the container, commented the same way.
 //!
-//! One transaction per ADD (the old rules of the same container are
-//! replaced in it) and per DEL.
+//! One transaction per ADD and per DEL. ADD reads only the chains whose
+//! content it has to know (the fixed ones, one or two rules each), never the
+//! containers' rules, so its cost does not grow with the pods on the node.
+//! Like the reference it appends the container's rules without looking for
+//! ones the container may already have: a container attached to two networks
+//! keeps both networks' rules, and a second ADD without DEL (which the spec
+//! forbids) adds them again, all of which one DEL removes.
 
 use std::net::IpAddr;
 
@@ -183,12 +188,17 @@ fn has_rule(rules: &[Rule], chain: &str, exprs: &[Expr], comment: Option<&str>) 
         .any(|r| r.chain == chain && r.exprs == exprs && r.comment.as_deref() == comment)
 }
 
-/// The table as it is now: its chains and rules (`None` when it does not
-/// exist).
+/// What an ADD has to know of the table (`None` when it does not exist): which
+/// of the chains it needs exist, and the rules of the fixed chains.
 pub(crate) struct Current {
     pub(crate) chains: Vec<String>,
+    /// The rules of [`FIXED_CHAINS`] only.
     pub(crate) rules: Vec<Rule>,
 }
+
+/// The chains whose rules are the same on every node: written by whoever makes the
+/// table, rewritten only when they are not as they should be.
+const FIXED_CHAINS: [&str; 3] = [HOSTPORTS_ALL, "prerouting", "output"];
 
 /// Adds to `b` the changes that install `forward`, given the table now.
 ///
@@ -249,11 +259,6 @@ fn add_setup(b: &mut Batch, forward: &Forward<'_>, current: Option<&Current>) ->
             None,
         )?;
     }
-    for old in rules.iter().filter(|r| {
-        r.comment.as_deref() == Some(id) && CONTAINER_CHAINS.contains(&r.chain.as_str())
-    }) {
-        b.delete_rule(family, TABLE, &old.chain, old.handle);
-    }
     for rule in dnat_rules(forward) {
         b.add_rule(family, TABLE, HOSTPORTS, &rule, Some(id))?;
     }
@@ -264,44 +269,51 @@ fn add_setup(b: &mut Batch, forward: &Forward<'_>, current: Option<&Current>) ->
 }
 
 /// The table's rules (`None` when it does not exist; a table with no rule holds
-/// nothing of ours either).
-fn table_rules(nl: &mut Nfnl, family: u8) -> Result<Option<Vec<Rule>>> {
-    match nl.rules(family, TABLE, None) {
+/// nothing of ours either), with the expressions of those in the chains `decode` names.
+fn table_rules(
+    nl: &mut Nfnl,
+    family: u8,
+    decode: &dyn Fn(&str) -> bool,
+) -> Result<Option<Vec<Rule>>> {
+    match nl.rules_decoding(family, TABLE, None, decode) {
         Err(e) if crate::nfnetlink::is_not_found(&e) => Ok(None),
         Ok(rules) if rules.is_empty() => Ok(None),
         other => other.map(Some),
     }
 }
 
-/// The table as it is, read with as few requests as an ADD on a node in service needs:
-/// one rule dump names the chains that hold or are jumped to by rules (the fixed rules
-/// reach every chain but `masquerading`, which is asked for alone when it has no rule).
-/// Only an empty dump (a first ADD) asks whether the table exists and lists its chains.
-fn current(nl: &mut Nfnl, family: u8) -> Result<Option<Current>> {
-    // Only the fixed rules are compared expression by expression; of the containers'
-    // rules (two or three per pod) the chain, handle and comment are enough.
-    let fixed = |chain: &str| matches!(chain, HOSTPORTS_ALL | "prerouting" | "output");
-    let rules = match nl.rules_decoding(family, TABLE, None, &fixed) {
-        Err(e) if crate::nfnetlink::is_not_found(&e) => return Ok(None),
-        other => other?,
-    };
-    if rules.is_empty() {
-        if !nl.has_table(family, TABLE)? {
-            return Ok(None);
+/// What an ADD needs of the table, in requests whose answers do not grow with the pods
+/// on the node: the rules of each fixed chain (one small dump each); a chain with rules,
+/// or that one of them jumps to, exists. Only the chains still unaccounted for are asked
+/// for one by one: `masquerading` on a node in service (when `snat`), more on a first ADD
+/// or after someone else changed the table.
+fn current(nl: &mut Nfnl, family: u8, snat: bool) -> Result<Option<Current>> {
+    let mut rules = Vec::new();
+    for chain in FIXED_CHAINS {
+        // The kernel answers a dump of a missing chain or table with nothing, so
+        // only a chain with rules is known to exist.
+        match nl.rules(family, TABLE, Some(chain)) {
+            Err(e) if crate::nfnetlink::is_not_found(&e) => {}
+            answer => rules.extend(answer?),
         }
-        let chains = nl.chain_names(family, TABLE)?;
-        return Ok(Some(Current { chains, rules }));
     }
     let mut chains: Vec<String> = rules
         .iter()
         .flat_map(|r| [Some(r.chain.clone()), r.jump_target().map(str::to_owned)])
         .flatten()
         .collect();
-    if !chains.iter().any(|c| c == MASQUERADING) && nl.has_chain(family, TABLE, MASQUERADING)? {
-        chains.push(MASQUERADING.to_owned());
+    if chains.is_empty() && !nl.has_table(family, TABLE)? {
+        return Ok(None);
     }
-    chains.sort();
-    chains.dedup();
+    let needed = [HOSTPORTS, HOSTIP_HOSTPORTS]
+        .into_iter()
+        .chain(FIXED_CHAINS)
+        .chain(snat.then_some(MASQUERADING));
+    for chain in needed {
+        if !chains.iter().any(|c| c == chain) && nl.has_chain(family, TABLE, chain)? {
+            chains.push(chain.to_owned());
+        }
+    }
     Ok(Some(Current { chains, rules }))
 }
 
@@ -334,7 +346,8 @@ pub(crate) fn setup_all(forwards: &[Forward<'_>]) -> Result<()> {
     let mut batch = Batch::new();
     for forward in forwards {
         refuse_conditions(forward)?;
-        let current = current(&mut nl, family_of(forward.container.ip()))?;
+        let snat = forward.snat != Snat::Off;
+        let current = current(&mut nl, family_of(forward.container.ip()), snat)?;
         add_setup(&mut batch, forward, current.as_ref())?;
     }
     nl.commit(batch, &format!("table ip/ip6 {TABLE}"))
@@ -345,7 +358,7 @@ pub(crate) fn check(forward: &Forward<'_>) -> Result<()> {
     refuse_conditions(forward)?;
     let family = family_of(forward.container.ip());
     let mut nl = Nfnl::open()?;
-    let rules = table_rules(&mut nl, family)?.unwrap_or_default();
+    let rules = table_rules(&mut nl, family, &|_| true)?.unwrap_or_default();
     let id = Some(forward.container_id);
     let entry = "fib daddr type local jump hostports_all".to_owned();
     let container = format!("a rule of container {}", forward.container_id);
@@ -397,7 +410,8 @@ fn remove_where(doomed: impl Fn(&str) -> bool) -> Result<()> {
     let mut batch = Batch::new();
     let mut any = false;
     for family in [NFPROTO_IPV4, NFPROTO_IPV6] {
-        let Some(rules) = table_rules(&mut nl, family)? else {
+        // Chain, handle and comment are all a deletion needs (two or three rules per pod).
+        let Some(rules) = table_rules(&mut nl, family, &|_| false)? else {
             continue;
         };
         for rule in rules.iter().filter(|r| {
