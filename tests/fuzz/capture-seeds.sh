@@ -2,8 +2,8 @@
 # Captures the `netlink` and `nftables` seeds (seeds/netlink, seeds/nftables) from a
 # real kernel: in a throwaway network namespace (unshare, as root) it makes what the
 # plugins make (a bridge with a veth port, IPv4 and IPv6 addresses, routes with metrics,
-# masquerade and host-port rules) and runs examples/capture_seeds.rs there. Nothing
-# outside that namespace changes. Run by hand after a decoder learns something new:
+# masquerade and host-port rules, a port-security set) and runs examples/capture_seeds.rs
+# there. Nothing outside that namespace changes. Run by hand after a decoder learns something new:
 #   sudo tests/fuzz/capture-seeds.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -43,6 +43,13 @@ table ip cni_hostport {
     chain prerouting {
         type nat hook prerouting priority dstnat; policy accept;
         fib daddr type local tcp dport 8080 dnat to 10.22.0.7:80 comment "hostport"
+    }
+}
+table bridge cni_port_security {
+    set port_ipv6 {
+        type ifname . ipv6_addr
+        elements = { "vethA" . fd00:22::7 comment "156492b196ad91ce0e8bd807 ctrA eth0",
+                     "vethA" . fe80::42:acff:fe11:2 comment "156492b196ad91ce0e8bd807 ctrA eth0" }
     }
 }
 NFT

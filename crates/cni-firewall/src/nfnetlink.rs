@@ -1592,6 +1592,26 @@ mod tests {
         );
     }
 
+    /// A set-element dump as the kernel sent it (captured by `tests/fuzz/capture-seeds.sh`
+    /// from a port-security set of two elements).
+    #[test]
+    fn a_real_set_element_dump_decodes() {
+        let datagram = include_bytes!("../../../tests/fuzz/seeds/nftables/set-element-dump");
+        let elements: Vec<SetElement> = messages(datagram)
+            .map_while(std::result::Result::ok)
+            .flat_map(|m| parse_set_elements(m.payload))
+            .collect();
+        assert_eq!(elements.len(), 2, "{elements:?}");
+        for e in &elements {
+            assert_eq!(e.key.len(), 32);
+            assert!(e.key.starts_with(b"vethA\0"));
+            assert_eq!(
+                e.comment.as_deref(),
+                Some("156492b196ad91ce0e8bd807 ctrA eth0")
+            );
+        }
+    }
+
     #[test]
     fn errnos_are_explained() {
         assert!(explain(libc::ENOENT).starts_with("the table, chain or rule does not exist"));

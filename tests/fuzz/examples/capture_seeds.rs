@@ -25,6 +25,8 @@ const RTEXT_FILTER_BRVLAN: u32 = 2;
 const NETCONFA_IFINDEX: u16 = 1;
 /// `(NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETRULE`.
 const NFT_GETRULE: u16 = (10 << 8) | 7;
+/// `(NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETSETELEM`.
+const NFT_GETSETELEM: u16 = (10 << 8) | 13;
 
 /// Sends one request built by `build` and writes every reply into `out` as one datagram.
 fn capture(
@@ -136,6 +138,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // nfgenmsg: any family, version 0, resource id 0.
         |w| w.bytes(&[AF_UNSPEC, 0, 0, 0]),
         &nftables.join("rule-dump"),
+    )?;
+    capture(
+        &mut nf,
+        NFT_GETSETELEM,
+        NLM_F_DUMP,
+        |w| {
+            w.bytes(&[AF_BRIDGE, 0, 0, 0]);
+            w.attr_str(1, "cni_port_security"); // NFTA_SET_ELEM_LIST_TABLE
+            w.attr_str(2, "port_ipv6"); // NFTA_SET_ELEM_LIST_SET
+        },
+        &nftables.join("set-element-dump"),
     )?;
     Ok(())
 }
