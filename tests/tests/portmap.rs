@@ -461,3 +461,34 @@ fn gc_removes_only_attachments_outside_the_valid_list() {
         .run()
         .assert_success();
 }
+
+/// A container on two networks keeps both networks' host ports on nftables: the second
+/// network's ADD appends, as the reference does, and does not replace the first's rules.
+#[test]
+fn a_container_on_two_networks_keeps_both_host_ports() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let (pod, id, result) = node.pod();
+    serve(&pod);
+    for (network, port) in [("pmnet", 9090), ("pmnet2", 9091)] {
+        let mut conf = portmap_conf(
+            Some("nftables"),
+            Some(&result),
+            &json!([{"hostPort": port, "containerPort": 80, "protocol": "tcp"}]),
+        );
+        conf["name"] = json!(network);
+        run(None, &node, "ADD", &id, &pod, &conf).assert_success();
+    }
+    for port in [9090, 9091] {
+        connect(&node.client, addr(NODE_V4, port))
+            .unwrap_or_else(|e| panic!("host port {port} after both ADDs: {e}"));
+    }
+    for network in ["pmnet", "pmnet2"] {
+        let mut conf = portmap_conf(Some("nftables"), None, &json!([]));
+        conf["name"] = json!(network);
+        run(None, &node, "DEL", &id, &pod, &conf).assert_success();
+    }
+    assert_no_rules(&node, &id);
+}
