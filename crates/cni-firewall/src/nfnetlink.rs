@@ -1226,6 +1226,37 @@ impl Nfnl {
         Ok(out)
     }
 
+    /// Runs a dump request of type `ty` and returns the payloads of its `answer`
+    /// messages. A dump that overlaps a change is flagged as interrupted, and read
+    /// again.
+    fn dump(
+        &mut self,
+        ty: u16,
+        answer: u16,
+        family: u8,
+        attrs: impl Fn(&mut Writer),
+        target: &str,
+    ) -> Result<Vec<Vec<u8>>> {
+        for _ in 0..10 {
+            let answers = self.request(ty, NLM_F_DUMP, family, &attrs, target)?;
+            if answers
+                .iter()
+                .any(|(_, flags, _)| flags & NLM_F_DUMP_INTR != 0)
+            {
+                continue;
+            }
+            return Ok(answers
+                .into_iter()
+                .filter(|(t, _, _)| *t == (NFNL_SUBSYS_NFTABLES << 8) | answer)
+                .map(|(_, _, payload)| payload)
+                .collect());
+        }
+        Err(nl_error(
+            target,
+            "the rule set kept changing during the dump",
+        ))
+    }
+
     /// All rules of `table` (of one chain if given), in chain order.
     pub(crate) fn rules(
         &mut self,
@@ -1249,39 +1280,24 @@ impl Nfnl {
             Some(c) => format!("list chain {} {table} {c}", family_name(family)),
             None => format!("list table {} {table}", family_name(family)),
         };
-        // A dump that overlaps a change is flagged as interrupted: read again.
-        for _ in 0..10 {
-            let answers = self.request(
-                NFT_MSG_GETRULE,
-                NLM_F_DUMP,
-                family,
-                |w| {
-                    w.attr_str(NFTA_RULE_TABLE, table);
-                    if let Some(chain) = chain {
-                        w.attr_str(NFTA_RULE_CHAIN, chain);
-                    }
-                },
-                &target,
-            )?;
-            if answers
-                .iter()
-                .any(|(_, flags, _)| flags & NLM_F_DUMP_INTR != 0)
-            {
-                continue;
-            }
-            return answers
-                .iter()
-                .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWRULE)
-                .map(|(_, _, payload)| {
-                    parse_rule_of(payload, decode)
-                        .ok_or_else(|| nl_error(&target, "malformed rule in dump"))
-                })
-                .collect();
-        }
-        Err(nl_error(
-            target,
-            "the rule set kept changing during the dump",
-        ))
+        self.dump(
+            NFT_MSG_GETRULE,
+            NFT_MSG_NEWRULE,
+            family,
+            |w| {
+                w.attr_str(NFTA_RULE_TABLE, table);
+                if let Some(chain) = chain {
+                    w.attr_str(NFTA_RULE_CHAIN, chain);
+                }
+            },
+            &target,
+        )?
+        .iter()
+        .map(|payload| {
+            parse_rule_of(payload, decode)
+                .ok_or_else(|| nl_error(&target, "malformed rule in dump"))
+        })
+        .collect()
     }
 
     /// Whether table `table` exists.
@@ -1314,28 +1330,15 @@ impl Nfnl {
     /// Names of the chains of `table` (empty when the table does not exist).
     pub(crate) fn chain_names(&mut self, family: u8, table: &str) -> Result<Vec<String>> {
         let target = format!("list chains {} {table}", family_name(family));
-        for _ in 0..10 {
-            let answers = self.request(NFT_MSG_GETCHAIN, NLM_F_DUMP, family, |_| {}, &target)?;
-            if answers
-                .iter()
-                .any(|(_, flags, _)| flags & NLM_F_DUMP_INTR != 0)
-            {
-                continue;
-            }
-            return Ok(answers
-                .iter()
-                .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWCHAIN)
-                .filter_map(|(_, _, payload)| {
-                    let body = payload.get(NFGENMSG_LEN..)?;
-                    let in_table = attr(body, NFTA_CHAIN_TABLE).map(c_string)? == table;
-                    in_table.then(|| attr(body, NFTA_CHAIN_NAME).map(c_string))?
-                })
-                .collect());
-        }
-        Err(nl_error(
-            target,
-            "the rule set kept changing during the dump",
-        ))
+        Ok(self
+            .dump(NFT_MSG_GETCHAIN, NFT_MSG_NEWCHAIN, family, |_| {}, &target)?
+            .iter()
+            .filter_map(|payload| {
+                let body = payload.get(NFGENMSG_LEN..)?;
+                let in_table = attr(body, NFTA_CHAIN_TABLE).map(c_string)? == table;
+                in_table.then(|| attr(body, NFTA_CHAIN_NAME).map(c_string))?
+            })
+            .collect())
     }
 
     /// The elements of set `set`: key and comment. Fails with "not found" when the
@@ -1347,33 +1350,20 @@ impl Nfnl {
         set: &str,
     ) -> Result<Vec<SetElement>> {
         let target = format!("list set {} {table} {set}", family_name(family));
-        for _ in 0..10 {
-            let answers = self.request(
+        Ok(self
+            .dump(
                 NFT_MSG_GETSETELEM,
-                NLM_F_DUMP,
+                NFT_MSG_NEWSETELEM,
                 family,
                 |w| {
                     w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
                     w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
                 },
                 &target,
-            )?;
-            if answers
-                .iter()
-                .any(|(_, flags, _)| flags & NLM_F_DUMP_INTR != 0)
-            {
-                continue;
-            }
-            return Ok(answers
-                .iter()
-                .filter(|(ty, _, _)| *ty == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWSETELEM)
-                .flat_map(|(_, _, payload)| parse_set_elements(payload))
-                .collect());
-        }
-        Err(nl_error(
-            target,
-            "the rule set kept changing during the dump",
-        ))
+            )?
+            .iter()
+            .flat_map(|payload| parse_set_elements(payload))
+            .collect())
     }
 
     /// Whether set `set` has an element with key `key` (false when the set is missing).

@@ -17,12 +17,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use cni_protocol::MacAddr;
 
 use crate::error::{Error, Result};
+use crate::masq::nftables::verdict;
 use crate::naming::{NFT_COMMENT_MAX, port_security_id};
 use crate::nfnetlink::{
-    BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Data, Expr,
-    HOOK_BRIDGE_PREROUTING, Hook, META_IIFNAME, META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl,
-    POLICY_ACCEPT, REG_1, REG_2, REG_VERDICT, Rule, SetElement, TYPE_ETHERADDR, TYPE_IFNAME,
-    TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP, is_not_found, is_restart,
+    BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Expr, HOOK_BRIDGE_PREROUTING,
+    Hook, META_IIFNAME, META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl, POLICY_ACCEPT, REG_1,
+    REG_2, Rule, SetElement, TYPE_ETHERADDR, TYPE_IFNAME, TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP,
+    is_not_found, is_restart,
 };
 
 /// The table and its base chain.
@@ -94,8 +95,7 @@ struct Expected {
     what: String,
 }
 
-/// One of the table's sets: name, nft key type, key length and whether the key is
-/// only an interface name.
+/// One of the table's sets: name, nft key type and key length in bytes.
 struct SetKind {
     name: &'static str,
     key_type: u32,
@@ -149,13 +149,6 @@ fn meta(key: u32) -> Expr {
     Expr::Meta { key, dreg: REG_1 }
 }
 
-fn verdict(code: i32) -> Expr {
-    Expr::Immediate {
-        dreg: REG_VERDICT,
-        data: Data::Verdict { code, chain: None },
-    }
-}
-
 /// `NF_ACCEPT`.
 const VERDICT_ACCEPT: i32 = 1;
 
@@ -167,6 +160,17 @@ fn ethertype(proto: u16) -> Vec<Expr> {
 /// `meta l4proto <proto>`.
 fn l4proto(proto: u8) -> [Expr; 2] {
     [meta(META_L4PROTO), cmp(CMP_EQ, &[proto])]
+}
+
+/// `meta protocol <ethertype> udp sport <port>`: a DHCP or DHCPv6 server's reply.
+fn udp_sport(proto: u16, port: u16) -> Vec<Expr> {
+    let mut e = ethertype(proto);
+    e.extend(l4proto(IPPROTO_UDP));
+    e.extend([
+        load(REG_1, BASE_TRANSPORT, 0, 2),
+        cmp(CMP_EQ, &port.to_be_bytes()),
+    ]);
+    e
 }
 
 /// `meta protocol ip6 meta l4proto icmpv6 icmpv6 type <ty>`.
@@ -193,7 +197,7 @@ fn port_and(field: Expr, set: &SetKind, invert: bool) -> [Expr; 3] {
 }
 
 fn rule(mut exprs: Vec<Expr>, code: i32, what: &str) -> Expected {
-    exprs.push(verdict(code));
+    exprs.push(verdict(code, None));
     Expected {
         exprs,
         what: what.into(),
@@ -235,15 +239,7 @@ fn base_rules() -> Vec<Expected> {
         ),
         // IPv4: no DHCP server, own sources, and a DHCP client's discovery.
         rule(
-            with(
-                ethertype(ETH_P_IP),
-                &[
-                    l4proto(IPPROTO_UDP)[0].clone(),
-                    l4proto(IPPROTO_UDP)[1].clone(),
-                    load(REG_1, BASE_TRANSPORT, 0, 2),
-                    cmp(CMP_EQ, &67u16.to_be_bytes()),
-                ],
-            ),
+            udp_sport(ETH_P_IP, 67),
             drop,
             "meta protocol ip udp sport 67 drop",
         ),
@@ -261,8 +257,8 @@ fn base_rules() -> Vec<Expected> {
                 &[
                     load(REG_1, BASE_NETWORK, 12, 8),
                     cmp(CMP_EQ, &[0, 0, 0, 0, 255, 255, 255, 255]),
-                    l4proto(IPPROTO_UDP)[0].clone(),
-                    l4proto(IPPROTO_UDP)[1].clone(),
+                    meta(META_L4PROTO),
+                    cmp(CMP_EQ, &[IPPROTO_UDP]),
                     load(REG_1, BASE_TRANSPORT, 0, 4),
                     cmp(CMP_EQ, &[0, 68, 0, 67]),
                 ],
@@ -309,15 +305,7 @@ fn base_rules() -> Vec<Expected> {
             "icmpv6 type nd-redirect drop",
         ),
         rule(
-            with(
-                ethertype(ETH_P_IPV6),
-                &[
-                    l4proto(IPPROTO_UDP)[0].clone(),
-                    l4proto(IPPROTO_UDP)[1].clone(),
-                    load(REG_1, BASE_TRANSPORT, 0, 2),
-                    cmp(CMP_EQ, &547u16.to_be_bytes()),
-                ],
-            ),
+            udp_sport(ETH_P_IPV6, 547),
             drop,
             "meta protocol ip6 udp sport 547 drop",
         ),
@@ -775,6 +763,7 @@ pub fn available() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfnetlink::Data;
 
     const MAC: MacAddr = MacAddr([0x02, 0x42, 0xac, 0x11, 0x00, 0x02]);
 
