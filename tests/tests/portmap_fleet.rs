@@ -1,6 +1,7 @@
 //! Our `portmap` and the reference's (`/usr/lib/cni/portmap`, v1.1.1) on one node at
 //! once, on iptables (the reference's only backend): 100 pods, each pod's host ports
-//! added by one side and deleted by the other in every combination, 16 calls in flight.
+//! added by one side and deleted by the other in every combination, 16 calls in flight
+//! after the node's first pod.
 //! Both share the `CNI-HOSTPORT-*` chains; each must leave the other's rules alone and
 //! remove the other's rules of a pod it deletes. Shown: while pods are live, each has its
 //! DNAT chain and its jumps; at the end no per-pod chain or jump is left.
@@ -142,7 +143,13 @@ fn ours_and_the_reference_share_a_node_without_leaks() {
         problems: Mutex::new(Vec::new()),
     };
     let half = PODS / 2;
-    parallel(half, WIDTH, |i| fleet.run("ADD", i));
+    // The first pod comes alone, by our side, so that the shared CNI-HOSTPORT-* chains
+    // exist as on any node after its first pod: the reference checks for a shared chain
+    // and creates it in two steps, so two of its first ADDs at once can fail with
+    // "CHAIN_USER_ADD failed (File exists)" (its own race, not a leak of either side).
+    assert_eq!(sides(0).0, Side::Ours);
+    fleet.run("ADD", 0);
+    parallel(half - 1, WIDTH, |i| fleet.run("ADD", i + 1));
     fleet.assert_no_problems("first ADDs");
     fleet.assert_live(&(0..half).collect::<Vec<_>>(), "after the first ADDs");
 

@@ -333,7 +333,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             "FROM scratch\nCOPY busybox /bin/busybox\n\
              ENTRYPOINT [\"/bin/busybox\", \"sleep\", \"2147483647\"]\n",
         );
+        // Podman's CNI backend takes a lock file in its network config directory even for
+        // a build without a network: a private containers.conf and directory keep it (and
+        // anything else of Podman's) out of the machine's /etc/cni/net.d.
+        fs::create_dir(self.path("podman-net.d"))
+            .unwrap_or_else(|e| panic!("mkdir podman-net.d: {e}"));
+        write(
+            &self.path("containers.conf"),
+            &format!(
+                "[network]\nnetwork_backend = \"cni\"\nnetwork_config_dir = \"{}\"\n\n\
+                 [engine]\nruntime = \"runc\"\ncgroup_manager = \"cgroupfs\"\n\
+                 events_logger = \"none\"\ntmp_dir = \"{}\"\n",
+                self.path_str("podman-net.d"),
+                self.path_str("tmp")
+            ),
+        );
         let podman_args = [
+            "--network-config-dir".to_owned(),
+            self.path_str("podman-net.d"),
             "--root".to_owned(),
             self.path_str("podman-root"),
             "--runroot".to_owned(),
@@ -369,7 +386,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         for (program, args) in steps {
             let mut cmd = self.inside(program);
             if program == "podman" {
-                cmd.args(&podman_args).current_dir(&context);
+                cmd.env("CONTAINERS_CONF", self.path("containers.conf"))
+                    .args(&podman_args)
+                    .current_dir(&context);
             } else {
                 cmd.arg("--address").arg(self.path("containerd.sock"));
             }
