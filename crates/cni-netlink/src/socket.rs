@@ -160,6 +160,57 @@ impl Socket {
     }
 }
 
+/// What a wait on a [`Subscription`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notified {
+    /// One datagram holding this many notifications.
+    Messages(usize),
+    /// The kernel dropped notifications (the receive buffer overflowed): anything may
+    /// have changed.
+    Overflow,
+}
+
+/// A socket that receives the kernel's notifications of some multicast groups (e.g.
+/// rtnetlink's link, address and route groups), in the network namespace of the
+/// thread that opened it.
+#[derive(Debug)]
+pub struct Subscription {
+    sock: netlink_sys::Socket,
+    buf: Vec<u8>,
+}
+
+impl Subscription {
+    /// Opens a socket of `protocol` that is a member of `groups` (the kernel's group
+    /// numbers, e.g. `RTNLGRP_LINK` = 1).
+    pub fn open(protocol: isize, groups: &[u32]) -> io::Result<Self> {
+        let mut sock = netlink_sys::Socket::new(protocol)?;
+        sock.bind_auto()?;
+        // Room for a burst (a node's thousands of routes coming or going at once);
+        // past it the kernel says so with ENOBUFS, which is reported, not lost.
+        let _ = sock.set_rx_buf_sz(1 << 20);
+        for &group in groups {
+            sock.add_membership(group)?;
+        }
+        Ok(Self {
+            sock,
+            buf: Vec::with_capacity(RECV_BUF),
+        })
+    }
+
+    /// Blocks until notifications arrive.
+    pub fn wait(&mut self) -> Result<Notified, Error> {
+        loop {
+            self.buf.clear();
+            match self.sock.recv(&mut self.buf, 0) {
+                Ok(_) => return Ok(Notified::Messages(messages(&self.buf).count())),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(Notified::Overflow),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}
+
 fn libc_flags(nonblocking: bool) -> i32 {
     libc::MSG_TRUNC | if nonblocking { libc::MSG_DONTWAIT } else { 0 }
 }

@@ -1,452 +1,369 @@
-//! The agent's loop: the Node watch feeds the node map; after every change that
-//! matters, and every resync interval, one reconciliation reads the host, computes
-//! the plan and applies the difference (config file, routes, egress rules).
+//! The agent's parts and how they meet: the API watches fill their stores on the async
+//! runtime; the host's kernel notifications arrive on a thread of their own; the
+//! reconciler runs on another thread, one pass at a time, woken by either (changes
+//! that arrive meanwhile collapse into one more pass), by a retry after a failure, or
+//! by the slow resync that repairs what was changed by hand. The probes and metrics
+//! are served on the runtime and never wait for a pass.
 //!
-//! Nothing is removed on the word of a broken watch: the map changes only through
-//! watch events and complete lists (a relist replaces the map once it is whole), and
-//! until the first complete list nothing at all is done, so an agent that cannot reach
-//! the API leaves the node as it was.
+//! Nothing is removed on the word of a broken watch: a store changes only through
+//! watch events and complete lists, and until every store has its first complete list
+//! nothing at all is done, so an agent that cannot reach the API leaves the node as it
+//! was.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use cni_linux::Netlink;
-use futures::{FutureExt, StreamExt};
-use ipnetwork::IpNetwork;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
+use kube::Api;
+use kube::runtime::watcher;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::cli::Options;
-use crate::conflist::{self, ConflistSettings};
-use crate::egress::EgressRules;
-use crate::health::Health;
-use crate::node::{NodeInfo, SlimNode};
-use crate::plan::{self, Plan, PlanSettings};
-use crate::{host, log, routes};
+use crate::conflist::ConflistSettings;
+use crate::error::{Error, Result, chain};
+use crate::health::{Health, Readiness};
+use crate::host::Host;
+use crate::metrics::Metrics;
+use crate::node::SlimNode;
+use crate::plan::{PlanSettings, Settings};
+use crate::reconcile::{ConfDir, Effects, Reconciler};
+use crate::store::{Items, Store};
+use crate::wake::{Wake, Woken};
+use crate::{api, egress, host};
 
-/// Events taken in one go before reconciling: a burst (the initial list, a relist, many
-/// nodes changing at once) is applied as one change.
-const BATCH: usize = 10_000;
+/// The first retry after a failed pass; it doubles up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(250);
+/// The longest wait before a failed pass is retried: short enough that the node is
+/// ready a few seconds after the cause is gone.
+const RETRY_MAX: Duration = Duration::from_secs(4);
 
-/// The node map and what has been reported of it.
-pub struct Agent {
-    options: Options,
-    nl: Netlink,
-    egress: Option<Box<dyn EgressRules>>,
-    health: Arc<Health>,
-    nodes: BTreeMap<String, NodeInfo>,
-    /// A relist in progress: the map it will replace.
-    relist: Option<BTreeMap<String, NodeInfo>>,
-    /// A complete list has been seen.
-    listed: bool,
-    /// What was last logged, so a standing condition is logged once, not every resync.
-    reported: Reported,
-}
-
-impl std::fmt::Debug for Agent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent")
-            .field("nodes", &self.nodes.len())
-            .field("listed", &self.listed)
-            .finish_non_exhaustive()
-    }
-}
-
+/// The stores of every watched kind.
 #[derive(Debug, Default)]
-struct Reported {
-    skipped: BTreeMap<String, String>,
-    foreign: BTreeMap<IpNetwork, String>,
-    mtu: Option<(u32, String)>,
-    waiting_for_cidrs: bool,
-    shadowed_by: Vec<String>,
-    failures: Vec<String>,
+pub struct Stores {
+    /// Nodes.
+    pub nodes: Arc<Mutex<Store<SlimNode>>>,
 }
 
-impl Agent {
-    /// An agent with an empty map.
-    pub fn new(
-        options: Options,
-        nl: Netlink,
-        egress: Option<Box<dyn EgressRules>>,
-        health: Arc<Health>,
-    ) -> Self {
-        Self {
-            options,
-            nl,
-            egress,
-            health,
-            nodes: BTreeMap::new(),
-            relist: None,
-            listed: false,
-            reported: Reported::default(),
+/// Everything the plan is computed from, as of one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Nodes by name.
+    pub nodes: Items<SlimNode>,
+}
+
+impl Stores {
+    /// A snapshot, once every store has its first complete list.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let nodes = self
+            .nodes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .snapshot()?;
+        Some(Snapshot { nodes })
+    }
+}
+
+/// The settings the plan needs, read once from the options.
+pub fn settings(options: &Options) -> Settings {
+    Settings {
+        plan: PlanSettings {
+            node_name: options.node_name.clone(),
+            cluster_cidrs: options.cluster_cidrs.clone(),
+            no_masquerade: options.no_masquerade.clone(),
+        },
+        mtu: options.mtu,
+        conflist: ConflistSettings {
+            network_name: options.network_name.clone(),
+            bridge: options.bridge.clone(),
+            ipam_data_dir: options
+                .ipam_data_dir
+                .as_ref()
+                .map(|d| d.to_string_lossy().into_owned()),
+            portmap: false,
+        },
+    }
+}
+
+/// The reconciler's loop, until [`Wake::stop`]: a pass whenever something changed, a
+/// failed pass retried with backoff, a pass every `resync` regardless.
+pub fn reconcile_loop(
+    mut reconciler: Reconciler,
+    stores: &Stores,
+    wake: &Wake,
+    health: &Health,
+    metrics: &Metrics,
+    resync: Duration,
+) {
+    let mut retry = RETRY_MIN;
+    let mut next = Instant::now() + resync;
+    loop {
+        health.beat();
+        if wake.wait_until(next) == Woken::Stop {
+            return;
         }
-    }
-
-    /// Takes one watch event; returns whether the map changed in a way that needs a
-    /// reconciliation.
-    pub fn on_event(&mut self, event: Event<SlimNode>) -> bool {
-        match event {
-            Event::Init => {
-                self.relist = Some(BTreeMap::new());
-                false
-            }
-            Event::InitApply(node) => {
-                let info = NodeInfo::from_slim(&node);
-                if let Some(relist) = &mut self.relist {
-                    if !info.name.is_empty() {
-                        relist.insert(info.name.clone(), info);
-                    }
-                }
-                false
-            }
-            Event::InitDone => {
-                let Some(relist) = self.relist.take() else {
-                    return false;
-                };
-                let first = !self.listed;
-                let changed = first || relist != self.nodes;
-                log::info(&format!(
-                    "listed {} nodes{}",
-                    relist.len(),
-                    if first {
-                        ""
-                    } else {
-                        " again (the watch was restarted)"
-                    }
-                ));
-                self.nodes = relist;
-                self.listed = true;
-                changed
-            }
-            Event::Apply(node) => {
-                let info = NodeInfo::from_slim(&node);
-                if info.name.is_empty() || self.nodes.get(&info.name) == Some(&info) {
-                    // Status heartbeats change nothing we use.
-                    return false;
-                }
-                log::debug(&format!(
-                    "node {}: pod CIDRs {:?}, InternalIPs {:?}",
-                    info.name, info.pod_cidrs, info.internal_ips
-                ));
-                self.nodes.insert(info.name.clone(), info);
-                self.listed
-            }
-            Event::Delete(node) => {
-                let name = node.metadata.name.unwrap_or_default();
-                let removed = self.nodes.remove(&name).is_some();
-                if removed {
-                    log::info(&format!("node {name} was deleted"));
-                }
-                removed && self.listed
-            }
-        }
-    }
-
-    /// Whether a complete list has been seen (until then nothing is done).
-    pub fn listed(&self) -> bool {
-        self.listed
-    }
-
-    /// Reads the host, plans, applies the difference and logs what changed.
-    pub fn reconcile(&mut self) {
-        let protocol = self.options.route_protocol;
-        let host = match host::read(&self.nl, protocol) {
-            Ok(host) => host,
-            Err(e) => {
-                log::error(&format!(
-                    "cannot read this host's addresses and routes: {e}"
-                ));
-                return;
-            }
+        health.beat();
+        let Some(snapshot) = stores.snapshot() else {
+            health.set(Readiness::WaitingForList);
+            next = Instant::now() + resync;
+            continue;
         };
-        let settings = PlanSettings {
-            node_name: self.options.node_name.clone(),
-            cluster_cidrs: self.options.cluster_cidrs.clone(),
-            no_masquerade: self.options.no_masquerade.clone(),
-        };
-        let plan = plan::plan(&self.nodes, &host.view, &settings);
-        self.report_skipped(&plan);
-        let mut failures = Vec::new();
-        if let Err(e) = self.write_conflist(&plan, &host) {
-            failures.push(e);
-        }
-        let changes = routes::reconcile(&self.nl, &host, &plan.routes, protocol);
-        self.report_routes(&changes);
-        failures.extend(changes.failed.iter().cloned());
-        if let Some(egress) = &self.egress {
-            match egress.sync(&plan.own_pod_cidrs, &plan.in_cluster) {
-                Ok(true) if plan.own_pod_cidrs.is_empty() => log::info(&format!(
-                    "egress SNAT ({}): no pod CIDR on this node, nothing is masqueraded",
-                    egress.name()
-                )),
-                Ok(true) => log::info(&format!(
-                    "egress SNAT ({}): pods of {} masquerade outside {} in-cluster prefixes",
-                    egress.name(),
-                    list(&plan.own_pod_cidrs),
-                    plan.in_cluster.len()
-                )),
-                Ok(false) => {}
-                Err(e) => failures.push(format!("egress SNAT ({}): {e}", egress.name())),
-            }
-        }
-        if failures != self.reported.failures {
-            for failure in &failures {
-                log::error(failure);
-            }
-            self.reported.failures = failures;
-        }
-        self.health.set_ready();
-    }
-
-    fn write_conflist(&mut self, plan: &Plan, host: &host::HostState) -> Result<(), String> {
-        let o = &self.options;
-        if plan.own_pod_cidrs.is_empty() {
-            if !self.reported.waiting_for_cidrs {
-                log::info(&format!(
-                    "node {} has no usable pod CIDR yet: no network config is written until \
-                     the controller assigns one (kube-controller-manager --allocate-node-cidrs)",
-                    o.node_name
-                ));
-                self.reported.waiting_for_cidrs = true;
-            }
-            return Ok(());
-        }
-        self.reported.waiting_for_cidrs = false;
-        let (mtu, why) = match o.mtu {
-            Some(mtu) => (mtu, "set by --mtu".to_owned()),
-            None => host::choose_mtu(host, &plan.own_internal_ips),
-        };
-        if self.reported.mtu.as_ref() != Some(&(mtu, why.clone())) {
-            log::info(&format!("pod MTU {mtu}: {why}"));
-            self.reported.mtu = Some((mtu, why));
-        }
-        let portmap = o.bin_dir.join("portmap").is_file();
-        let bytes = conflist::render(
-            &plan.own_pod_cidrs,
-            mtu,
-            &ConflistSettings {
-                network_name: o.network_name.clone(),
-                bridge: o.bridge.clone(),
-                ipam_data_dir: o
-                    .ipam_data_dir
-                    .as_ref()
-                    .map(|d| d.to_string_lossy().into_owned()),
-                portmap,
-            },
-        );
-        let path = o.conf_dir.join(&o.conflist_name);
-        match conflist::write_if_changed(&o.conf_dir, &o.conflist_name, &bytes) {
-            Ok(true) => log::info(&format!(
-                "wrote {}: pod CIDRs {}, MTU {mtu}, portmap {}",
-                path.display(),
-                list(&plan.own_pod_cidrs),
-                if portmap { "chained" } else { "not installed" }
-            )),
-            Ok(false) => {}
-            Err(e) => return Err(format!("cannot write {}: {e}", path.display())),
-        }
-        let shadowed_by = conflist::shadowing(&o.conf_dir, &o.conflist_name);
-        if shadowed_by != self.reported.shadowed_by {
-            if !shadowed_by.is_empty() {
-                log::warn(&format!(
-                    "{} sorts after {} in {}: runtimes use the first config by name, so \
-                     pods do not get this network",
-                    o.conflist_name,
-                    shadowed_by.join(", "),
-                    o.conf_dir.display()
-                ));
-            }
-            self.reported.shadowed_by = shadowed_by;
-        }
-        Ok(())
-    }
-
-    fn report_skipped(&mut self, plan: &Plan) {
-        for (name, why) in &plan.skipped {
-            if self.reported.skipped.get(name) != Some(why) {
-                log::warn(&format!("node {name} skipped: {why}"));
-            }
-        }
-        for name in self.reported.skipped.keys() {
-            if !plan.skipped.contains_key(name) && self.nodes.contains_key(name) {
-                log::info(&format!("node {name} is no longer skipped"));
-            }
-        }
-        self.reported.skipped = plan.skipped.clone();
-    }
-
-    fn report_routes(&mut self, changes: &routes::RouteChanges) {
-        let proto = self.options.route_protocol;
-        let summary = |verb: &str, items: Vec<String>| {
-            if items.is_empty() {
-                return;
-            }
-            let shown: Vec<&str> = items.iter().take(8).map(String::as_str).collect();
-            let more = items.len().saturating_sub(shown.len());
-            log::info(&format!(
-                "{verb} {} route{} (proto {proto}): {}{}",
-                items.len(),
-                if items.len() == 1 { "" } else { "s" },
-                shown.join(", "),
-                if more > 0 {
-                    format!(" and {more} more")
-                } else {
-                    String::new()
-                }
+        let started = Instant::now();
+        let outcome = reconciler.reconcile(&snapshot.nodes);
+        let failed = outcome.failed_steps();
+        metrics.reconciled(started.elapsed(), &failed);
+        let (v4, v6) = outcome.routes;
+        metrics.owned(v4, v6, outcome.egress_prefixes, outcome.skipped);
+        if failed.is_empty() {
+            health.set(Readiness::Ready);
+            retry = RETRY_MIN;
+            next = Instant::now() + resync;
+        } else {
+            health.set(Readiness::Failing(
+                outcome
+                    .failures
+                    .iter()
+                    .map(|(step, e)| (*step, chain(e)))
+                    .collect(),
             ));
-        };
-        summary(
-            "added",
-            changes
-                .added
-                .iter()
-                .map(|(d, g)| format!("{d} via {g}"))
-                .collect(),
-        );
-        summary(
-            "changed",
-            changes
-                .replaced
-                .iter()
-                .map(|(d, g)| format!("{d} now via {g}"))
-                .collect(),
-        );
-        summary(
-            "removed",
-            changes.removed.iter().map(ToString::to_string).collect(),
-        );
-        let foreign: BTreeMap<IpNetwork, String> = changes.foreign.iter().cloned().collect();
-        for (dst, theirs) in &foreign {
-            if self.reported.foreign.get(dst) != Some(theirs) {
-                log::warn(&format!(
-                    "{dst} is already routed by someone else ({theirs}): left alone, no route \
-                     of ours added"
-                ));
-            }
+            next = Instant::now() + retry.min(resync);
+            retry = (retry * 2).min(RETRY_MAX);
         }
-        self.reported.foreign = foreign;
     }
-}
-
-fn list(nets: &[IpNetwork]) -> String {
-    nets.iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Whether the watch failed to start because its resourceVersion is too old.
-fn is_gone(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
-}
-
-/// A client from `--kubeconfig`, else the usual inference (`$KUBECONFIG`,
-/// `~/.kube/config`, then the in-cluster service account).
-async fn client(options: &Options) -> Result<Client, String> {
-    let config = match &options.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| format!("cannot read kubeconfig {}: {e}", path.display()))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| format!("no Kubernetes API configuration found: {e}"))?,
-    };
-    log::info(&format!("Kubernetes API at {}", config.cluster_url));
-    Client::try_from(config).map_err(|e| format!("cannot make a Kubernetes client: {e}"))
 }
 
 /// Runs until SIGTERM or SIGINT; an error only for a setup that cannot work.
-pub async fn run(options: Options) -> Result<(), String> {
-    log::set_verbose(options.verbose);
-    log::info(&format!(
+pub async fn run(options: Options) -> Result<()> {
+    tracing::info!(
         "cni-node{} starting on node {}",
         cni_build_stamp::STAMP,
         options.node_name
-    ));
-    let nl = Netlink::connect().map_err(|e| format!("netlink: {e}"))?;
-    let egress = crate::egress::open(options.masquerade)?;
-    // Alive while the loop turns at least once every few resync intervals.
+    );
+    let nl = cni_linux::Netlink::connect().map_err(Error::Netlink)?;
+    let egress = egress::open(options.masquerade)?;
+    let metrics = Arc::new(Metrics::new());
+    // Alive while the reconciler turns at least once every few resync intervals.
     let health = Health::new(options.resync * 6 + Duration::from_secs(30));
-    if let Some(addr) = options.health_addr {
+    if let Some(addr) = options.health_addr.0 {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
-            .map_err(|e| format!("cannot serve health checks on {addr}: {e}"))?;
-        tokio::spawn(crate::health::serve(listener, Arc::clone(&health)));
+            .map_err(|source| Error::Listen { addr, source })?;
+        tokio::spawn(crate::health::serve(
+            listener,
+            Arc::clone(&health),
+            Arc::clone(&metrics),
+        ));
     }
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM: {e}"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| format!("SIGINT: {e}"))?;
-    let client = client(&options).await?;
-    let config = watcher::Config::default().page_size(options.page_size);
-    let resync = options.resync;
-    let mut agent = Agent::new(options, nl, egress, Arc::clone(&health));
-    let watch = || {
-        watcher::watcher(Api::<SlimNode>::all(client.clone()), config.clone())
-            .default_backoff()
-            .boxed()
+    let mut term = signal(SignalKind::terminate()).map_err(|source| Error::Signal {
+        signal: "SIGTERM",
+        source,
+    })?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|source| Error::Signal {
+        signal: "SIGINT",
+        source,
+    })?;
+    let client = api::client(options.kubeconfig.as_deref()).await?;
+
+    let wake = Arc::new(Wake::default());
+    let stores = Arc::new(Stores::default());
+    host::notify_changes(Arc::clone(&wake), Arc::clone(&metrics))?;
+    let reconciler = Reconciler::new(
+        settings(&options),
+        options.route_protocol,
+        Effects {
+            host: Box::new(Host {
+                nl,
+                protocol: options.route_protocol,
+                bin_dir: options.bin_dir.clone(),
+            }),
+            config: Box::new(ConfDir {
+                dir: options.conf_dir.clone(),
+                name: options.conflist_name.clone(),
+            }),
+            routes: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
+            egress,
+        },
+    );
+    let reconciler_thread = {
+        let (stores, wake, health, metrics) = (
+            Arc::clone(&stores),
+            Arc::clone(&wake),
+            Arc::clone(&health),
+            Arc::clone(&metrics),
+        );
+        let resync = options.resync;
+        std::thread::Builder::new()
+            .name("reconciler".into())
+            .spawn(move || reconcile_loop(reconciler, &stores, &wake, &health, &metrics, resync))
+            .map_err(|source| Error::Thread {
+                name: "reconciler",
+                source,
+            })?
     };
-    let mut stream = watch();
-    let mut tick = tokio::time::interval(resync);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut failures = 0u64;
-    loop {
-        tokio::select! {
-            biased;
-            _ = term.recv() => break,
-            _ = int.recv() => break,
-            item = stream.next() => {
-                let mut item = item;
-                let mut dirty = false;
-                for _ in 0..BATCH {
-                    match item {
-                        None => return Err("the Node watch ended".to_owned()),
-                        Some(Ok(event)) => {
-                            failures = 0;
-                            dirty |= agent.on_event(event);
-                        }
-                        Some(Err(e)) if is_gone(&e) => {
-                            // An HTTP 410 to the watch request itself: the client would
-                            // retry the same too-old version forever; a new watcher
-                            // lists afresh.
-                            log::warn(&format!(
-                                "the Node watch's resourceVersion expired ({e}); listing again"
-                            ));
-                            stream = watch();
-                            break;
-                        }
-                        Some(Err(e)) => {
-                            failures += 1;
-                            // The stream retries by itself, backing off up to 30 s.
-                            log::warn(&format!(
-                                "Node watch failed ({failures} in a row), retrying; routes \
-                                 and rules stay as they are: {e}"
-                            ));
-                        }
-                    }
-                    match stream.next().now_or_never() {
-                        Some(next) => item = next,
-                        None => break,
-                    }
-                }
-                health.beat();
-                if dirty {
-                    agent.reconcile();
-                }
-            }
-            _ = tick.tick() => {
-                health.beat();
-                if agent.listed() {
-                    agent.reconcile();
-                }
-            }
+
+    let nodes = tokio::spawn(api::watch(
+        Api::<SlimNode>::all(client),
+        watcher::Config::default().page_size(options.page_size),
+        Arc::clone(&stores.nodes),
+        Arc::clone(&wake),
+        Arc::clone(&metrics),
+    ));
+
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!("stopping; routes, rules and the network config stay in place for the pods");
+    nodes.abort();
+    wake.stop();
+    // A pass in progress ends on its own (each step is one netlink request, one file
+    // rename or one firewall transaction); the thread is not cut off mid-step.
+    let _ = tokio::task::spawn_blocking(move || reconciler_thread.join()).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{HostReader, HostState};
+    use crate::reconcile::ConfigDir;
+    use crate::routes::RouteTable;
+    use kube::runtime::watcher::Event;
+    use std::io;
+    use std::path::PathBuf;
+
+    struct Quiet;
+    impl HostReader for Quiet {
+        fn read(&self) -> Result<HostState> {
+            Ok(HostState::default())
         }
     }
-    log::info("stopping; routes, rules and the network config stay in place for the pods");
-    Ok(())
+    impl RouteTable for Quiet {
+        fn add(&self, _: &cni_linux::netlink::Route) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn replace(&self, _: &cni_linux::netlink::Route) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn delete(&self, _: &cni_linux::netlink::Route) -> cni_linux::Result<()> {
+            Ok(())
+        }
+    }
+    /// A config dir that refuses writes while `refuse` is set.
+    struct Dir(Arc<Mutex<bool>>);
+    impl ConfigDir for Dir {
+        fn write_if_changed(&self, _: &[u8]) -> io::Result<bool> {
+            if *self.0.lock().unwrap() {
+                Err(io::Error::from_raw_os_error(13))
+            } else {
+                Ok(true)
+            }
+        }
+        fn shadowing(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn path(&self) -> PathBuf {
+            PathBuf::from("/conf/10-x.conflist")
+        }
+    }
+
+    fn node_event(name: &str, cidr: &str) -> SlimNode {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDRs": [cidr]},
+        }))
+        .unwrap()
+    }
+
+    fn wait_for(health: &Health, want: impl Fn(&Readiness) -> bool) -> Readiness {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = health.readiness();
+            if want(&now) || Instant::now() > deadline {
+                return now;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The loop with fakes: waits for a complete list, reports a failing step, retries
+    /// it without a resync tick, and becomes ready once the step can succeed.
+    #[test]
+    fn the_loop_waits_for_a_list_retries_failures_and_then_is_ready() {
+        let refuse = Arc::new(Mutex::new(true));
+        let reconciler = Reconciler::new(
+            Settings {
+                plan: PlanSettings {
+                    node_name: "n1".into(),
+                    ..PlanSettings::default()
+                },
+                ..Settings::default()
+            },
+            77,
+            Effects {
+                host: Box::new(Quiet),
+                config: Box::new(Dir(Arc::clone(&refuse))),
+                routes: Box::new(Quiet),
+                egress: None,
+            },
+        );
+        let stores = Arc::new(Stores::default());
+        let wake = Arc::new(Wake::default());
+        let health = Health::new(Duration::from_secs(60));
+        let metrics = Arc::new(Metrics::new());
+        let thread = {
+            let (stores, wake, health, metrics) = (
+                Arc::clone(&stores),
+                Arc::clone(&wake),
+                Arc::clone(&health),
+                Arc::clone(&metrics),
+            );
+            std::thread::spawn(move || {
+                // A resync far away: whatever happens below is the wake or the retry.
+                reconcile_loop(
+                    reconciler,
+                    &stores,
+                    &wake,
+                    &health,
+                    &metrics,
+                    Duration::from_secs(3600),
+                );
+            })
+        };
+        // A change before any complete list does nothing.
+        wake.notify();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(health.readiness(), Readiness::WaitingForList);
+
+        {
+            let mut nodes = stores.nodes.lock().unwrap();
+            nodes.apply(Event::Init);
+            nodes.apply(Event::InitApply(node_event("n1", "10.244.1.0/24")));
+            nodes.apply(Event::InitDone);
+        }
+        wake.notify();
+        let failing = wait_for(&health, |r| matches!(r, Readiness::Failing(_)));
+        let Readiness::Failing(failures) = failing else {
+            panic!("{failing:?}");
+        };
+        assert_eq!(failures.len(), 1);
+        assert_eq!(failures[0].0, "conflist");
+        assert!(
+            failures[0]
+                .1
+                .starts_with("cannot write /conf/10-x.conflist: "),
+            "{failures:?}"
+        );
+        // The cause goes away; no event, no tick: the retry alone makes it ready.
+        *refuse.lock().unwrap() = false;
+        assert_eq!(
+            wait_for(&health, |r| *r == Readiness::Ready),
+            Readiness::Ready
+        );
+        let text = metrics.encode().unwrap();
+        assert!(
+            text.contains("cni_node_reconcile_failures_total{step=\"conflist\"} "),
+            "{text}"
+        );
+        wake.stop();
+        thread.join().unwrap();
+    }
 }

@@ -9,7 +9,7 @@ use ipnetwork::IpNetwork;
 use serde_json::{Value, json};
 
 /// What shapes the conflist besides the pod CIDRs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ConflistSettings {
     /// The network's `name`.
     pub network_name: String,

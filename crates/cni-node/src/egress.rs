@@ -6,13 +6,14 @@ use cni_firewall::egress::{self, EgressBackend, EgressPolicy};
 use ipnetwork::IpNetwork;
 
 use crate::cli::MasqueradeBackend;
-use crate::log;
+use crate::error::{Error, Result};
 
-/// The rules the reconciler keeps in step.
-pub trait EgressRules {
+/// The rules the reconciler keeps in step: a trait so the reconciler is tested
+/// without a firewall.
+pub trait EgressRules: Send {
     /// Makes the rules masquerade `sources` to anything outside `in_cluster`;
     /// returns whether anything changed.
-    fn sync(&self, sources: &[IpNetwork], in_cluster: &[IpNetwork]) -> Result<bool, String>;
+    fn sync(&self, sources: &[IpNetwork], in_cluster: &[IpNetwork]) -> Result<bool>;
     /// The backend's name, for logs.
     fn name(&self) -> &'static str;
 }
@@ -20,12 +21,15 @@ pub trait EgressRules {
 struct Firewall(EgressBackend);
 
 impl EgressRules for Firewall {
-    fn sync(&self, sources: &[IpNetwork], in_cluster: &[IpNetwork]) -> Result<bool, String> {
+    fn sync(&self, sources: &[IpNetwork], in_cluster: &[IpNetwork]) -> Result<bool> {
         let policy = EgressPolicy {
             sources: sources.to_vec(),
             exempt: in_cluster.to_vec(),
         };
-        egress::sync(self.0, &policy).map_err(|e| e.to_string())
+        egress::sync(self.0, &policy).map_err(|source| Error::Egress {
+            backend: self.name(),
+            source,
+        })
     }
 
     fn name(&self) -> &'static str {
@@ -37,19 +41,22 @@ impl EgressRules for Firewall {
 }
 
 /// The egress rules for `--masquerade-backend`; None for `none`.
-pub fn open(choice: MasqueradeBackend) -> Result<Option<Box<dyn EgressRules>>, String> {
+pub fn open(choice: MasqueradeBackend) -> Result<Option<Box<dyn EgressRules>>> {
     let backend = match choice {
         MasqueradeBackend::None => {
-            log::info("egress SNAT is off (--masquerade-backend none)");
+            tracing::info!("egress SNAT is off (--masquerade-backend none)");
             return Ok(None);
         }
         MasqueradeBackend::Nftables => EgressBackend::Nftables,
         MasqueradeBackend::Iptables => EgressBackend::Iptables,
-        MasqueradeBackend::Auto => EgressBackend::detect().map_err(|e| {
-            format!("no firewall for egress SNAT: {e} (or run with --masquerade-backend none)")
-        })?,
+        MasqueradeBackend::Auto => EgressBackend::detect().map_err(Error::NoFirewall)?,
     };
     let rules = Firewall(backend);
-    log::info(&format!("egress SNAT through {}", rules.name()));
+    tracing::info!("egress SNAT through {}", rules.name());
     Ok(Some(Box::new(rules)))
+}
+
+/// How many prefixes the rules exempt (after merging, as the firewall does).
+pub fn exempt_prefixes(in_cluster: &[IpNetwork]) -> usize {
+    egress::aggregate(in_cluster).len()
 }

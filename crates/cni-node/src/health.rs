@@ -1,18 +1,34 @@
-//! The local health endpoint the DaemonSet's probes call: `/healthz` (the main loop is
-//! turning) and `/readyz` (the first sync with the API is done and applied). A few
-//! lines of HTTP/1.0 are all a probe needs, so no server framework.
+//! The local endpoint the DaemonSet's probes and a Prometheus scraper call:
+//! `/healthz` (the reconciler is turning), `/readyz` (the last reconciliation succeeded
+//! in every step, or what failed) and `/metrics`. It runs on the async runtime, never
+//! on the reconciler's thread, so it answers at once whatever the reconciler is doing.
+//! A few lines of HTTP/1.0 are all a probe needs, so no server framework.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::error::chain;
+use crate::metrics::{self, Metrics};
+
+/// Where the agent stands, as `/readyz` tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// No complete list of every watched kind yet.
+    WaitingForList,
+    /// The last reconciliation succeeded in every step.
+    Ready,
+    /// The last reconciliation failed in these steps: `(step, error)`.
+    Failing(Vec<(&'static str, String)>),
+}
+
 /// What the probes see.
 #[derive(Debug)]
 pub struct Health {
-    ready: AtomicBool,
+    readiness: Mutex<Readiness>,
     heartbeat: AtomicU64,
     stale_after: Duration,
 }
@@ -24,23 +40,34 @@ fn now_secs() -> u64 {
 }
 
 impl Health {
-    /// Alive for `stale_after` after each [`Health::beat`].
+    /// Alive for `stale_after` after each [`Health::beat`]; not ready.
     pub fn new(stale_after: Duration) -> Arc<Self> {
         Arc::new(Self {
-            ready: AtomicBool::new(false),
+            readiness: Mutex::new(Readiness::WaitingForList),
             heartbeat: AtomicU64::new(now_secs()),
             stale_after,
         })
     }
 
-    /// The main loop is turning.
+    /// The reconciler is turning.
     pub fn beat(&self) {
         self.heartbeat.store(now_secs(), Ordering::Relaxed);
     }
 
-    /// The first sync is applied.
-    pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Relaxed);
+    /// Records the outcome of a reconciliation (or that none can run yet).
+    pub fn set(&self, readiness: Readiness) {
+        *self
+            .readiness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = readiness;
+    }
+
+    /// The current readiness.
+    pub fn readiness(&self) -> Readiness {
+        self.readiness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn alive(&self) -> bool {
@@ -48,35 +75,69 @@ impl Health {
             <= self.stale_after.as_secs()
     }
 
-    /// Status line and body for a request path.
-    fn answer(&self, path: &str) -> (&'static str, &'static str) {
+    /// Status line, content type and body for a request path.
+    fn answer(&self, path: &str, metrics: &Metrics) -> (&'static str, &'static str, String) {
+        const TEXT: &str = "text/plain; charset=utf-8";
+        const OK: &str = "200 OK";
+        const UNAVAILABLE: &str = "503 Service Unavailable";
         match path {
-            "/healthz" | "/livez" if self.alive() => ("200 OK", "ok\n"),
-            "/healthz" | "/livez" => ("503 Service Unavailable", "the main loop is stuck\n"),
-            "/readyz" if self.ready.load(Ordering::Relaxed) => ("200 OK", "ready\n"),
-            "/readyz" => (
-                "503 Service Unavailable",
-                "waiting for the first list of Nodes to be applied\n",
+            "/healthz" | "/livez" if self.alive() => (OK, TEXT, "ok\n".into()),
+            "/healthz" | "/livez" => (
+                UNAVAILABLE,
+                TEXT,
+                "the reconciler has not turned for too long\n".into(),
             ),
-            _ => ("404 Not Found", "try /healthz or /readyz\n"),
+            "/readyz" => match self.readiness() {
+                Readiness::Ready => (OK, TEXT, "ready\n".into()),
+                Readiness::WaitingForList => (
+                    UNAVAILABLE,
+                    TEXT,
+                    "waiting for the first complete list from the API\n".into(),
+                ),
+                Readiness::Failing(failures) => {
+                    let body = failures
+                        .iter()
+                        .map(|(step, error)| format!("{step}: {error}\n"))
+                        .collect();
+                    (UNAVAILABLE, TEXT, body)
+                }
+            },
+            "/metrics" => match metrics.encode() {
+                Ok(text) => (OK, metrics::CONTENT_TYPE, text),
+                Err(e) => ("500 Internal Server Error", TEXT, chain(&e) + "\n"),
+            },
+            _ => (
+                "404 Not Found",
+                TEXT,
+                "try /healthz, /readyz or /metrics\n".into(),
+            ),
         }
     }
 }
 
-/// Serves probes on `listener` until the runtime stops.
-pub async fn serve(listener: TcpListener, health: Arc<Health>) {
+/// Serves probes and metrics on `listener` until the runtime stops.
+pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: wait a little instead of spinning on it.
+                tracing::warn!("health endpoint: cannot accept a connection: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
         };
         let health = Arc::clone(&health);
+        let metrics = Arc::clone(&metrics);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), respond(stream, &health)).await;
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), respond(stream, &health, &metrics))
+                    .await;
         });
     }
 }
 
-async fn respond(mut stream: TcpStream, health: &Health) -> std::io::Result<()> {
+async fn respond(mut stream: TcpStream, health: &Health, metrics: &Metrics) -> std::io::Result<()> {
     let mut buf = [0u8; 1024];
     let mut len = 0;
     // The request line is all we need; stop at its end or when the buffer is full.
@@ -89,14 +150,25 @@ async fn respond(mut stream: TcpStream, health: &Health) -> std::io::Result<()> 
     }
     let request = String::from_utf8_lossy(&buf[..len]);
     let mut words = request.split_whitespace();
-    let (status, body) = match (words.next(), words.next()) {
-        (Some("GET" | "HEAD"), Some(path)) => health.answer(path.split('?').next().unwrap_or("")),
-        _ => ("400 Bad Request", "GET /healthz or /readyz\n"),
+    let (method, path) = (words.next(), words.next());
+    let (status, content_type, body) = match (method, path) {
+        (Some("GET" | "HEAD"), Some(path)) => {
+            health.answer(path.split('?').next().unwrap_or(""), metrics)
+        }
+        _ => (
+            "400 Bad Request",
+            "text/plain",
+            "GET /healthz, /readyz or /metrics\n".into(),
+        ),
     };
-    let reply = format!(
-        "HTTP/1.0 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+    let mut reply = format!(
+        "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n",
         body.len()
     );
+    if method != Some("HEAD") {
+        reply.push_str(&body);
+    }
     stream.write_all(reply.as_bytes()).await?;
     stream.shutdown().await
 }
@@ -106,15 +178,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ready_only_after_the_first_sync_alive_while_beating() {
+    fn ready_only_while_the_last_reconcile_succeeded() {
         let h = Health::new(Duration::from_secs(30));
-        assert_eq!(h.answer("/healthz").0, "200 OK");
-        assert_eq!(h.answer("/readyz").0, "503 Service Unavailable");
-        h.set_ready();
-        assert_eq!(h.answer("/readyz").0, "200 OK");
+        let m = Metrics::new();
+        assert_eq!(h.answer("/healthz", &m).0, "200 OK");
+        let (status, _, body) = h.answer("/readyz", &m);
+        assert_eq!(status, "503 Service Unavailable");
+        assert!(body.contains("first complete list"), "{body}");
+        h.set(Readiness::Ready);
+        assert_eq!(h.answer("/readyz", &m).2, "ready\n");
+        h.set(Readiness::Failing(vec![
+            ("conflist", "cannot write /x: Permission denied".into()),
+            ("egress", "nft said no".into()),
+        ]));
+        let (status, _, body) = h.answer("/readyz", &m);
+        assert_eq!(status, "503 Service Unavailable");
+        assert_eq!(
+            body,
+            "conflist: cannot write /x: Permission denied\negress: nft said no\n"
+        );
         h.heartbeat.store(0, Ordering::Relaxed);
-        assert_eq!(h.answer("/healthz").0, "503 Service Unavailable");
-        assert_eq!(h.answer("/").0, "404 Not Found");
+        assert_eq!(h.answer("/healthz", &m).0, "503 Service Unavailable");
+        assert_eq!(h.answer("/", &m).0, "404 Not Found");
+        let (status, content_type, body) = h.answer("/metrics", &m);
+        assert_eq!((status, content_type), ("200 OK", metrics::CONTENT_TYPE));
+        assert!(
+            body.contains("# TYPE cni_node_reconciles counter"),
+            "{body}"
+        );
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -122,8 +213,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let h = Health::new(Duration::from_secs(30));
-        h.set_ready();
-        tokio::spawn(serve(listener, Arc::clone(&h)));
+        h.set(Readiness::Ready);
+        tokio::spawn(serve(listener, Arc::clone(&h), Arc::new(Metrics::new())));
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await

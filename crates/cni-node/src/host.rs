@@ -1,14 +1,21 @@
-//! What the agent reads of this host over netlink: its addresses and main-table
-//! routes (split into the agent's own and everyone else's), and the links' MTUs;
-//! and the pod MTU chosen from them.
+//! What the agent reads of this host: over netlink its addresses and main-table
+//! routes (split into the agent's own and everyone else's) and the links' MTUs, and
+//! whether portmap is installed; the pod MTU chosen from them; and the kernel's
+//! notifications of link, address and route changes, which wake the reconciler.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
-use cni_linux::netlink::{Family, Netlink, Route};
+use cni_linux::netlink::{Family, Netlink, Notified, Route, subscribe_host_changes};
 use ipnetwork::IpNetwork;
 
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
 use crate::plan::{HostRoute, HostView};
+use crate::wake::Wake;
 
 /// The main routing table's id.
 pub const MAIN_TABLE: u32 = 254;
@@ -26,6 +33,65 @@ pub struct HostState {
     pub address_mtus: Vec<(IpAddr, u32, String)>,
     /// The MTU and name of the link of the IPv4 default route, if any.
     pub default_route_link: Option<(u32, String)>,
+    /// Whether a `portmap` plugin is in the CNI bin dir.
+    pub portmap_installed: bool,
+}
+
+/// Reads the host: a trait so the reconciler is tested without a kernel.
+pub trait HostReader: Send {
+    /// One reading.
+    fn read(&self) -> Result<HostState>;
+}
+
+/// The real host: netlink in the agent's netns and the CNI bin dir.
+#[derive(Debug)]
+pub struct Host {
+    /// The netlink connection.
+    pub nl: Netlink,
+    /// The agent's route protocol number.
+    pub protocol: u8,
+    /// The CNI bin dir.
+    pub bin_dir: PathBuf,
+}
+
+impl HostReader for Host {
+    fn read(&self) -> Result<HostState> {
+        let mut state = read(&self.nl, self.protocol).map_err(Error::ReadHost)?;
+        state.portmap_installed = self.bin_dir.join("portmap").is_file();
+        Ok(state)
+    }
+}
+
+/// Wakes the reconciler on every link, address and route change of this host, from
+/// a thread of its own blocked on the kernel's notifications. Our own route changes
+/// come back too and cost one quiet pass.
+pub fn notify_changes(wake: Arc<Wake>, metrics: Arc<Metrics>) -> Result<()> {
+    let mut subscription = subscribe_host_changes().map_err(Error::HostEvents)?;
+    std::thread::Builder::new()
+        .name("host-events".into())
+        .spawn(move || {
+            loop {
+                match subscription.wait() {
+                    Ok(Notified::Messages(n)) => metrics.host_events(n),
+                    Ok(Notified::Overflow) => {
+                        tracing::debug!("host notifications overflowed: reading the host anew");
+                    }
+                    Err(e) => {
+                        tracing::warn!(
+                            "cannot read host notifications ({e}); the resync still repairs"
+                        );
+                        std::thread::sleep(Duration::from_secs(1));
+                        continue;
+                    }
+                }
+                wake.notify();
+            }
+        })
+        .map_err(|source| Error::Thread {
+            name: "host-events",
+            source,
+        })?;
+    Ok(())
 }
 
 /// Reads addresses, routes and links.

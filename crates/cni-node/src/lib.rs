@@ -2,63 +2,74 @@
 //! CNI network config, its routes to other nodes' pod CIDRs, egress SNAT and the pod
 //! MTU in step with them.
 //!
-//! - [`node`]: the few fields of a Node that are used, read defensively.
-//! - [`plan`]: the desired state as plain data (own pod CIDRs, routes, in-cluster set).
-//! - [`host`]: what is read of this host over netlink, and the pod MTU.
-//! - [`conflist`], [`routes`], [`egress`]: the three things kept in step.
-//! - [`agent`]: the watch loop and the reconciler; [`health`]: the probes' endpoint.
+//! - [`cli`]: the command line; [`logging`]: the log; [`error`]: what can fail.
+//! - [`api`]: the API client and the watch of one kind; [`store`]: one store per
+//!   watched kind, complete or not; [`node`]: the few fields of a Node that are used.
+//! - [`host`]: what is read of this host, and its change notifications.
+//! - [`plan`]: the whole desired state as plain data, from a snapshot of the stores and
+//!   the host; [`reconcile`]: the one reconciler that applies the difference through
+//!   [`conflist`], [`routes`] and [`egress`].
+//! - [`agent`]: how the parts meet (threads, wake-ups, retries); [`wake`]: the
+//!   coalescing wake-up; [`health`] and [`metrics`]: the probes' and Prometheus's
+//!   endpoint.
 
 pub mod agent;
+pub mod api;
 pub mod cli;
 pub mod conflist;
 pub mod egress;
+pub mod error;
 pub mod health;
 pub mod host;
-pub mod log;
+pub mod logging;
+pub mod metrics;
 pub mod node;
 pub mod plan;
+pub mod reconcile;
 pub mod routes;
+pub mod store;
+pub mod wake;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use cli::Command;
+use clap::Parser;
 
-/// The program: parses the command line and runs the agent on a single-threaded
-/// runtime (one watch, one reconciler: nothing to share between threads).
+use crate::error::{Error, chain};
+
+/// The program: parses the command line and runs the agent. The runtime has two
+/// workers so that the probes are answered while a page of a large list is parsed;
+/// the reconciler has a thread of its own.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let command = match cli::parse(args, std::env::var("NODE_NAME").ok()) {
-        Ok(command) => command,
-        Err(e) => {
-            eprintln!("cni-node: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let options = match command {
-        Command::Help => {
-            print!("{}", cli::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Command::Version => {
-            println!("cni-node{}", cni_build_stamp::STAMP);
-            return ExitCode::SUCCESS;
-        }
-        Command::Run(options) => *options,
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
+    let options =
+        match cli::Options::try_parse_from(std::iter::once(OsString::from("cni-node")).chain(args))
+        {
+            Ok(options) => options,
+            Err(e) => {
+                let _ = e.print();
+                return if e.use_stderr() {
+                    ExitCode::from(2)
+                } else {
+                    ExitCode::SUCCESS
+                };
+            }
+        };
+    logging::init(options.log_format, options.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
     {
         Ok(runtime) => runtime,
         Err(e) => {
-            log::error(&format!("cannot start the async runtime: {e}"));
+            tracing::error!("{}", chain(&Error::Runtime(e)));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(agent::run(options)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            log::error(&e);
+            tracing::error!("{}", chain(&e));
             ExitCode::FAILURE
         }
     }

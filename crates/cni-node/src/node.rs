@@ -15,6 +15,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::store::Watched;
+
 /// A Node as the watcher receives it: metadata, and the routing fields as loose JSON.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SlimNode {
@@ -223,6 +225,20 @@ fn short(value: &Value) -> String {
         text.push_str("...");
     }
     text
+}
+
+impl Watched for SlimNode {
+    const KIND: &'static str = "Node";
+    type Item = NodeInfo;
+
+    fn read(&self) -> Option<(String, NodeInfo)> {
+        let info = NodeInfo::from_slim(self);
+        (!info.name.is_empty()).then(|| (info.name.clone(), info))
+    }
+
+    fn key(&self) -> Option<String> {
+        self.metadata.name.clone().filter(|n| !n.is_empty())
+    }
 }
 
 #[cfg(test)]

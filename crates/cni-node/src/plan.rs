@@ -1,6 +1,7 @@
 //! The desired state, as plain data: from the node map and what this host looks like,
-//! which pod CIDRs this node serves, which routes to other nodes it wants, and which
-//! destinations are inside the cluster (never masqueraded). No effects here.
+//! which pod CIDRs this node serves, its network config (bytes, MTU and why), which
+//! routes to other nodes it wants, and which destinations are inside the cluster (never
+//! masqueraded). [`desired`] is the whole of it; no effects here.
 //!
 //! Node data is checked before anything is routed on it: a kubelet writes its own
 //! Node's addresses, and one bad or hostile node must not capture another node's (or
@@ -11,6 +12,8 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
+use crate::conflist::{self, ConflistSettings};
+use crate::host::{self, HostState};
 use crate::node::NodeInfo;
 
 /// A route on this host that is not ours: what decides whether a node is on-link.
@@ -261,6 +264,67 @@ fn next_hop(
     }
 }
 
+/// Everything that shapes the desired state besides the nodes and the host: the
+/// agent's options, read once.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    /// What shapes the routes.
+    pub plan: PlanSettings,
+    /// `--mtu`, when set.
+    pub mtu: Option<u32>,
+    /// What shapes the network config.
+    pub conflist: ConflistSettings,
+}
+
+/// This node's network config as it should be on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkConfig {
+    /// The file's bytes.
+    pub bytes: Vec<u8>,
+    /// The pod MTU in it.
+    pub mtu: u32,
+    /// Why that MTU.
+    pub mtu_why: String,
+    /// Whether portmap is chained in it.
+    pub portmap: bool,
+}
+
+/// The whole desired state of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// Pod CIDRs, routes, the in-cluster set and the skipped nodes.
+    pub plan: Plan,
+    /// The network config; `None` until this node has a usable pod CIDR (no config is
+    /// written before, so the runtime reports the network not ready).
+    pub config: Option<NetworkConfig>,
+}
+
+/// Computes the whole desired state from the node map, this host and the settings.
+pub fn desired(
+    nodes: &BTreeMap<String, NodeInfo>,
+    host: &HostState,
+    settings: &Settings,
+) -> Desired {
+    let plan = plan(nodes, &host.view, &settings.plan);
+    let config = (!plan.own_pod_cidrs.is_empty()).then(|| {
+        let (mtu, mtu_why) = match settings.mtu {
+            Some(mtu) => (mtu, "set by --mtu".to_owned()),
+            None => host::choose_mtu(host, &plan.own_internal_ips),
+        };
+        let conflist = ConflistSettings {
+            portmap: host.portmap_installed,
+            ..settings.conflist.clone()
+        };
+        NetworkConfig {
+            bytes: conflist::render(&plan.own_pod_cidrs, mtu, &conflist),
+            mtu,
+            mtu_why,
+            portmap: host.portmap_installed,
+        }
+    });
+    Desired { plan, config }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -489,5 +553,66 @@ mod tests {
         }
         let p = plan(&map(nodes), &host, &settings());
         assert_eq!(p.routes.len(), 4999, "{:?}", p.skipped.iter().next());
+    }
+
+    fn whole_settings() -> Settings {
+        Settings {
+            plan: settings(),
+            mtu: None,
+            conflist: ConflistSettings {
+                network_name: "pods".into(),
+                bridge: "cni0".into(),
+                ipam_data_dir: None,
+                portmap: false,
+            },
+        }
+    }
+
+    fn host_state(portmap: bool) -> HostState {
+        HostState {
+            view: host(&["198.18.0.11", "fd00:18::11"]),
+            address_mtus: vec![
+                ("198.18.0.11".parse().unwrap(), 1450, "ul0".into()),
+                ("fd00:18::11".parse().unwrap(), 1450, "ul0".into()),
+            ],
+            portmap_installed: portmap,
+            ..HostState::default()
+        }
+    }
+
+    #[test]
+    fn the_desired_state_holds_the_config_with_its_mtu_and_portmap() {
+        let d = desired(&map(three()), &host_state(true), &whole_settings());
+        let config = d.config.expect("a config");
+        assert_eq!(config.mtu, 1450);
+        assert!(config.mtu_why.contains("ul0"), "{}", config.mtu_why);
+        assert!(config.portmap);
+        let json: serde_json::Value = serde_json::from_slice(&config.bytes).unwrap();
+        assert_eq!(json["name"], "pods");
+        assert_eq!(json["plugins"][0]["mtu"], 1450);
+        assert_eq!(json["plugins"][1]["type"], "portmap");
+        assert_eq!(d.plan.routes.len(), 4);
+
+        // --mtu wins; without portmap installed it is not chained.
+        let s = Settings {
+            mtu: Some(1400),
+            ..whole_settings()
+        };
+        let config = desired(&map(three()), &host_state(false), &s)
+            .config
+            .expect("a config");
+        assert_eq!(
+            (config.mtu, config.mtu_why.as_str()),
+            (1400, "set by --mtu")
+        );
+        let json: serde_json::Value = serde_json::from_slice(&config.bytes).unwrap();
+        assert_eq!(json["plugins"][1]["type"], "loopback");
+    }
+
+    #[test]
+    fn no_config_until_this_node_has_a_pod_cidr() {
+        let nodes = vec![node("n1", &[], &["198.18.0.11"])];
+        let d = desired(&map(nodes), &host_state(true), &whole_settings());
+        assert_eq!(d.config, None);
     }
 }

@@ -12,10 +12,11 @@ use std::net::IpAddr;
 use cni_linux::netlink::{Netlink, Route};
 use ipnetwork::IpNetwork;
 
+use crate::error::Error;
 use crate::host::{HostState, MAIN_TABLE};
 
 /// What one reconciliation did and found.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+#[derive(Debug, Default)]
 pub struct RouteChanges {
     /// Routes added.
     pub added: Vec<(IpNetwork, IpAddr)>,
@@ -26,7 +27,7 @@ pub struct RouteChanges {
     /// Planned destinations that someone else already routes: (destination, their route).
     pub foreign: Vec<(IpNetwork, String)>,
     /// Requests the kernel refused.
-    pub failed: Vec<String>,
+    pub failed: Vec<Error>,
 }
 
 impl RouteChanges {
@@ -38,7 +39,7 @@ impl RouteChanges {
 
 /// The netlink requests a reconciliation makes: a trait so the decisions are tested
 /// without a kernel.
-pub trait RouteTable {
+pub trait RouteTable: Send {
     /// Adds a route.
     fn add(&self, route: &Route) -> cni_linux::Result<()>;
     /// Replaces the route with the same destination.
@@ -94,7 +95,9 @@ pub fn reconcile(
                 // A changed next hop: the route is changed in place, no gap.
                 match table.replace(&route) {
                     Ok(()) => changes.replaced.push((dst, gw)),
-                    Err(e) => changes.failed.push(e.to_string()),
+                    Err(e) => changes
+                        .failed
+                        .push(Error::route("replace", dst, Some(gw), e)),
                 }
             }
             Some(several) => {
@@ -105,19 +108,21 @@ pub fn reconcile(
                     match table.delete(extra) {
                         Ok(()) => changes.removed.push(dst),
                         Err(e) if e.is_not_found() => {}
-                        Err(e) => changes.failed.push(e.to_string()),
+                        Err(e) => changes
+                            .failed
+                            .push(Error::route("delete", dst, extra.gw, e)),
                     }
                 }
                 if !several.iter().any(exact) {
                     match table.add(&route) {
                         Ok(()) => changes.added.push((dst, gw)),
-                        Err(e) => changes.failed.push(e.to_string()),
+                        Err(e) => changes.failed.push(Error::route("add", dst, Some(gw), e)),
                     }
                 }
             }
             None => match table.add(&route) {
                 Ok(()) => changes.added.push((dst, gw)),
-                Err(e) => changes.failed.push(e.to_string()),
+                Err(e) => changes.failed.push(Error::route("add", dst, Some(gw), e)),
             },
         }
     }
@@ -127,7 +132,9 @@ pub fn reconcile(
             match table.delete(route) {
                 Ok(()) => changes.removed.push(dst),
                 Err(e) if e.is_not_found() => changes.removed.push(dst),
-                Err(e) => changes.failed.push(e.to_string()),
+                Err(e) => changes
+                    .failed
+                    .push(Error::route("delete", dst, route.gw, e)),
             }
         }
     }

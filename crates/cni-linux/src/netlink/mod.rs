@@ -31,6 +31,18 @@ pub use route::Route;
 pub use veth::VethPair;
 pub use wait::OPER_UP_DELAYS;
 
+pub use cni_netlink::socket::{Notified, Subscription};
+
+/// rtnetlink's multicast groups for changes of links (`RTNLGRP_LINK`), IPv4 and IPv6
+/// addresses (`RTNLGRP_IPV4_IFADDR`, `RTNLGRP_IPV6_IFADDR`) and IPv4 and IPv6 routes
+/// (`RTNLGRP_IPV4_ROUTE`, `RTNLGRP_IPV6_ROUTE`).
+const HOST_CHANGE_GROUPS: [u32; 5] = [1, 5, 9, 7, 11];
+
+/// Subscribes to the link, address and route changes of the calling thread's netns.
+pub fn subscribe_host_changes() -> std::io::Result<Subscription> {
+    Subscription::open(NETLINK_ROUTE, &HOST_CHANGE_GROUPS)
+}
+
 /// An IP address family, used to filter dumps.
 pub use cni_protocol::ip::Family;
 

@@ -1,0 +1,141 @@
+//! The one error type of the agent. Each variant says what the agent was doing and
+//! keeps the cause as its `source`, so a log line ([`chain`]) shows the whole story
+//! down to the kernel's or the API server's own words.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use ipnetwork::IpNetwork;
+
+pub use cni_protocol::error::chain;
+
+/// Result alias used throughout the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything that can go wrong in the agent.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The netlink socket could not be opened.
+    #[error("cannot open a netlink socket")]
+    Netlink(#[source] cni_linux::Error),
+
+    /// The host's links, addresses or routes could not be read.
+    #[error("cannot read this host's links, addresses and routes")]
+    ReadHost(#[source] cni_linux::Error),
+
+    /// The host's link, address and route notifications could not be subscribed to.
+    #[error("cannot subscribe to this host's link, address and route notifications")]
+    HostEvents(#[source] io::Error),
+
+    /// The network config could not be written.
+    #[error("cannot write {path}")]
+    WriteConfig {
+        /// The file.
+        path: PathBuf,
+        /// What the file system said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The kernel refused a route change.
+    #[error("cannot {action} the route {dst} via {via}")]
+    Route {
+        /// `add`, `replace` or `delete`.
+        action: &'static str,
+        /// The route's destination.
+        dst: IpNetwork,
+        /// Its next hop.
+        via: String,
+        /// The kernel's answer.
+        #[source]
+        source: cni_linux::Error,
+    },
+
+    /// The egress SNAT rules could not be brought in step.
+    #[error("egress SNAT ({backend})")]
+    Egress {
+        /// `nftables` or `iptables`.
+        backend: &'static str,
+        /// The firewall's error.
+        #[source]
+        source: cni_firewall::Error,
+    },
+
+    /// `--masquerade-backend auto` found no usable firewall.
+    #[error("no firewall for egress SNAT (or run with --masquerade-backend none)")]
+    NoFirewall(#[source] cni_firewall::Error),
+
+    /// `--kubeconfig` could not be read.
+    #[error("cannot read kubeconfig {path}")]
+    ReadKubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// kube's error.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+
+    /// No API configuration was found by inference.
+    #[error("no Kubernetes API configuration found")]
+    InferConfig(#[source] kube::config::InferConfigError),
+
+    /// The API client could not be built from the configuration.
+    #[error("cannot make a Kubernetes client")]
+    Client(#[source] kube::Error),
+
+    /// The probes' and metrics' address could not be bound.
+    #[error("cannot serve health checks and metrics on {addr}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// What bind(2) said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A signal handler could not be installed.
+    #[error("cannot handle {signal}")]
+    Signal {
+        /// The signal's name.
+        signal: &'static str,
+        /// The runtime's error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// A thread of the agent could not be started.
+    #[error("cannot start the {name} thread")]
+    Thread {
+        /// Which thread.
+        name: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The async runtime could not be started.
+    #[error("cannot start the async runtime")]
+    Runtime(#[source] io::Error),
+
+    /// The metrics could not be encoded (a bug: the registry holds only our metrics).
+    #[error("cannot encode the metrics")]
+    Metrics(#[source] std::fmt::Error),
+}
+
+impl Error {
+    /// A route change the kernel refused.
+    pub fn route(
+        action: &'static str,
+        dst: IpNetwork,
+        via: Option<IpAddr>,
+        source: cni_linux::Error,
+    ) -> Self {
+        Self::Route {
+            action,
+            dst,
+            via: via.map_or_else(|| "no gateway".to_owned(), |v| v.to_string()),
+            source,
+        }
+    }
+}

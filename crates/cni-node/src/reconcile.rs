@@ -1,0 +1,624 @@
+//! The one reconciler: reads the host, computes the whole desired state
+//! ([`crate::plan::desired`]) from a snapshot of the watched objects, and applies the
+//! difference: the network config, the routes, the egress rules. Each effect is behind
+//! a small trait ([`HostReader`], [`ConfigDir`], [`RouteTable`], [`EgressRules`]) with
+//! in-memory fakes in the tests, so what it decides is tested without root.
+//!
+//! A step that fails does not stop the others (a route the kernel refuses must not keep
+//! the conflist from being written); the failures are returned by step for `/readyz`,
+//! the metrics and the retry. A standing condition (a skipped node, a foreign route, a
+//! failure) is logged when it starts and when it ends, not on every pass.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::PathBuf;
+
+use ipnetwork::IpNetwork;
+
+use crate::egress::{self, EgressRules};
+use crate::error::{Error, chain};
+use crate::host::{HostReader, HostState};
+use crate::node::NodeInfo;
+use crate::plan::{self, Desired, NetworkConfig, Settings};
+use crate::routes::{self, RouteChanges, RouteTable};
+
+/// Where the network config is written: a trait so the reconciler is tested without a
+/// file system.
+pub trait ConfigDir: Send {
+    /// Writes the config unless it already holds exactly `bytes`; whether it wrote.
+    fn write_if_changed(&self, bytes: &[u8]) -> io::Result<bool>;
+    /// Config files a runtime would load before ours.
+    fn shadowing(&self) -> Vec<String>;
+    /// The config's path, for messages.
+    fn path(&self) -> PathBuf;
+}
+
+/// The real config directory.
+#[derive(Debug, Clone)]
+pub struct ConfDir {
+    /// The directory.
+    pub dir: PathBuf,
+    /// The file's name in it.
+    pub name: String,
+}
+
+impl ConfigDir for ConfDir {
+    fn write_if_changed(&self, bytes: &[u8]) -> io::Result<bool> {
+        crate::conflist::write_if_changed(&self.dir, &self.name, bytes)
+    }
+    fn shadowing(&self) -> Vec<String> {
+        crate::conflist::shadowing(&self.dir, &self.name)
+    }
+    fn path(&self) -> PathBuf {
+        self.dir.join(&self.name)
+    }
+}
+
+/// The effects the reconciler drives.
+pub struct Effects {
+    /// The host's reader.
+    pub host: Box<dyn HostReader>,
+    /// The config directory.
+    pub config: Box<dyn ConfigDir>,
+    /// The main routing table.
+    pub routes: Box<dyn RouteTable>,
+    /// The egress rules, unless egress SNAT is off.
+    pub egress: Option<Box<dyn EgressRules>>,
+}
+
+impl std::fmt::Debug for Effects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Effects")
+            .field("config", &self.config.path())
+            .field("egress", &self.egress.as_ref().map(|e| e.name()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one reconciliation found and did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Failed steps, with their errors (a step may fail more than once, e.g. routes).
+    pub failures: Vec<(&'static str, Error)>,
+    /// Routes of ours to IPv4 and IPv6 pod CIDRs in the table after the pass.
+    pub routes: (usize, usize),
+    /// In-cluster prefixes the egress rules exempt.
+    pub egress_prefixes: usize,
+    /// Nodes left out.
+    pub skipped: usize,
+}
+
+impl Outcome {
+    /// The failed steps, each once, in order.
+    pub fn failed_steps(&self) -> Vec<&'static str> {
+        let mut steps: Vec<&'static str> = Vec::new();
+        for (step, _) in &self.failures {
+            if !steps.contains(step) {
+                steps.push(step);
+            }
+        }
+        steps
+    }
+}
+
+/// What was last logged, so a standing condition is logged once, not every pass.
+#[derive(Debug, Default)]
+struct Reported {
+    skipped: BTreeMap<String, String>,
+    foreign: BTreeMap<IpNetwork, String>,
+    mtu: Option<(u32, String)>,
+    waiting_for_cidrs: bool,
+    shadowed_by: Vec<String>,
+    failures: Vec<String>,
+}
+
+/// The reconciler: settings, effects and what it has told the operator.
+#[derive(Debug)]
+pub struct Reconciler {
+    settings: Settings,
+    protocol: u8,
+    effects: Effects,
+    reported: Reported,
+}
+
+impl Reconciler {
+    /// A reconciler that has done nothing yet.
+    pub fn new(settings: Settings, protocol: u8, effects: Effects) -> Self {
+        Self {
+            settings,
+            protocol,
+            effects,
+            reported: Reported::default(),
+        }
+    }
+
+    /// One pass against the node map `nodes`.
+    pub fn reconcile(&mut self, nodes: &BTreeMap<String, NodeInfo>) -> Outcome {
+        let mut outcome = Outcome::default();
+        let host = match self.effects.host.read() {
+            Ok(host) => host,
+            Err(e) => {
+                outcome.failures.push(("host", e));
+                self.report_failures(&outcome);
+                return outcome;
+            }
+        };
+        let desired = plan::desired(nodes, &host, &self.settings);
+        self.report_skipped(&desired, nodes);
+        outcome.skipped = desired.plan.skipped.len();
+
+        if let Err(e) = self.write_config(&desired) {
+            outcome.failures.push(("conflist", e));
+        }
+
+        let changes = routes::reconcile(
+            self.effects.routes.as_ref(),
+            &host,
+            &desired.plan.routes,
+            self.protocol,
+        );
+        self.report_routes(&changes);
+        outcome.routes = routes_after(&host, &changes, self.protocol);
+        outcome
+            .failures
+            .extend(changes.failed.into_iter().map(|e| ("routes", e)));
+
+        if let Some(rules) = &self.effects.egress {
+            let plan = &desired.plan;
+            match rules.sync(&plan.own_pod_cidrs, &plan.in_cluster) {
+                Ok(true) if plan.own_pod_cidrs.is_empty() => tracing::info!(
+                    "egress SNAT ({}): no pod CIDR on this node, nothing is masqueraded",
+                    rules.name()
+                ),
+                Ok(true) => tracing::info!(
+                    "egress SNAT ({}): pods of {} masquerade outside {} in-cluster prefixes",
+                    rules.name(),
+                    list(&plan.own_pod_cidrs),
+                    plan.in_cluster.len()
+                ),
+                Ok(false) => {}
+                Err(e) => outcome.failures.push(("egress", e)),
+            }
+            outcome.egress_prefixes = egress::exempt_prefixes(&plan.in_cluster);
+        }
+        self.report_failures(&outcome);
+        outcome
+    }
+
+    fn write_config(&mut self, desired: &Desired) -> Result<(), Error> {
+        let Some(config) = &desired.config else {
+            if !self.reported.waiting_for_cidrs {
+                tracing::info!(
+                    "node {} has no usable pod CIDR yet: no network config is written until \
+                     the controller assigns one (kube-controller-manager --allocate-node-cidrs)",
+                    self.settings.plan.node_name
+                );
+                self.reported.waiting_for_cidrs = true;
+            }
+            return Ok(());
+        };
+        self.reported.waiting_for_cidrs = false;
+        let NetworkConfig {
+            bytes,
+            mtu,
+            mtu_why,
+            portmap,
+        } = config;
+        if self.reported.mtu.as_ref() != Some(&(*mtu, mtu_why.clone())) {
+            tracing::info!("pod MTU {mtu}: {mtu_why}");
+            self.reported.mtu = Some((*mtu, mtu_why.clone()));
+        }
+        let dir = &self.effects.config;
+        let path = dir.path();
+        match dir.write_if_changed(bytes) {
+            Ok(true) => tracing::info!(
+                "wrote {}: pod CIDRs {}, MTU {mtu}, portmap {}",
+                path.display(),
+                list(&desired.plan.own_pod_cidrs),
+                if *portmap { "chained" } else { "not installed" }
+            ),
+            Ok(false) => {}
+            Err(source) => return Err(Error::WriteConfig { path, source }),
+        }
+        let shadowed_by = dir.shadowing();
+        if shadowed_by != self.reported.shadowed_by {
+            if !shadowed_by.is_empty() {
+                tracing::warn!(
+                    "{} sorts after {} in its directory: runtimes use the first config by \
+                     name, so pods do not get this network",
+                    path.display(),
+                    shadowed_by.join(", "),
+                );
+            }
+            self.reported.shadowed_by = shadowed_by;
+        }
+        Ok(())
+    }
+
+    fn report_skipped(&mut self, desired: &Desired, nodes: &BTreeMap<String, NodeInfo>) {
+        let skipped = &desired.plan.skipped;
+        for (name, why) in skipped {
+            if self.reported.skipped.get(name) != Some(why) {
+                tracing::warn!("node {name} skipped: {why}");
+            }
+        }
+        for name in self.reported.skipped.keys() {
+            if !skipped.contains_key(name) && nodes.contains_key(name) {
+                tracing::info!("node {name} is no longer skipped");
+            }
+        }
+        self.reported.skipped = skipped.clone();
+    }
+
+    fn report_routes(&mut self, changes: &RouteChanges) {
+        let proto = self.protocol;
+        let summary = |verb: &str, items: Vec<String>| {
+            if items.is_empty() {
+                return;
+            }
+            let shown: Vec<&str> = items.iter().take(8).map(String::as_str).collect();
+            let more = items.len().saturating_sub(shown.len());
+            tracing::info!(
+                "{verb} {} route{} (proto {proto}): {}{}",
+                items.len(),
+                if items.len() == 1 { "" } else { "s" },
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            );
+        };
+        summary(
+            "added",
+            changes
+                .added
+                .iter()
+                .map(|(d, g)| format!("{d} via {g}"))
+                .collect(),
+        );
+        summary(
+            "changed",
+            changes
+                .replaced
+                .iter()
+                .map(|(d, g)| format!("{d} now via {g}"))
+                .collect(),
+        );
+        summary(
+            "removed",
+            changes.removed.iter().map(ToString::to_string).collect(),
+        );
+        let foreign: BTreeMap<IpNetwork, String> = changes.foreign.iter().cloned().collect();
+        for (dst, theirs) in &foreign {
+            if self.reported.foreign.get(dst) != Some(theirs) {
+                tracing::warn!(
+                    "{dst} is already routed by someone else ({theirs}): left alone, no route \
+                     of ours added"
+                );
+            }
+        }
+        self.reported.foreign = foreign;
+    }
+
+    fn report_failures(&mut self, outcome: &Outcome) {
+        let failures: Vec<String> = outcome
+            .failures
+            .iter()
+            .map(|(step, e)| format!("{step}: {}", chain(e)))
+            .collect();
+        if failures != self.reported.failures {
+            for failure in &failures {
+                tracing::error!("{failure} (retrying)");
+            }
+            if failures.is_empty() {
+                tracing::info!("every reconcile step succeeds again");
+            }
+            self.reported.failures = failures;
+        }
+    }
+}
+
+/// Our routes per family once the changes are made: what was there, plus what was
+/// added, minus what was removed (a replaced route stays one route).
+fn routes_after(host: &HostState, changes: &RouteChanges, protocol: u8) -> (usize, usize) {
+    let mut ours: BTreeMap<IpNetwork, ()> = host
+        .ours
+        .iter()
+        .filter(|r| r.protocol == Some(protocol))
+        .map(|r| (r.dst, ()))
+        .collect();
+    for dst in &changes.removed {
+        ours.remove(dst);
+    }
+    for (dst, _) in &changes.added {
+        ours.insert(*dst, ());
+    }
+    let v4 = ours.keys().filter(|d| d.is_ipv4()).count();
+    (v4, ours.len() - v4)
+}
+
+fn list(nets: &[IpNetwork]) -> String {
+    nets.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::IpAddr;
+    use std::sync::{Arc, Mutex};
+
+    use cni_linux::netlink::Route;
+
+    use crate::conflist::ConflistSettings;
+    use crate::host::HostState;
+    use crate::plan::{HostRoute, HostView, PlanSettings};
+
+    /// Everything the fakes were asked to do, in order.
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    struct FakeHost(Arc<Mutex<Result<HostState, String>>>);
+    impl HostReader for FakeHost {
+        fn read(&self) -> crate::error::Result<HostState> {
+            self.0
+                .lock()
+                .unwrap()
+                .clone()
+                .map_err(|e| Error::HostEvents(io::Error::other(e)))
+        }
+    }
+
+    struct FakeDir {
+        log: Log,
+        file: Arc<Mutex<Option<Vec<u8>>>>,
+        writable: Arc<Mutex<bool>>,
+    }
+    impl ConfigDir for FakeDir {
+        fn write_if_changed(&self, bytes: &[u8]) -> io::Result<bool> {
+            if !*self.writable.lock().unwrap() {
+                return Err(io::Error::from_raw_os_error(30));
+            }
+            let mut file = self.file.lock().unwrap();
+            if file.as_deref() == Some(bytes) {
+                return Ok(false);
+            }
+            *file = Some(bytes.to_vec());
+            self.log.lock().unwrap().push("write conflist".into());
+            Ok(true)
+        }
+        fn shadowing(&self) -> Vec<String> {
+            Vec::new()
+        }
+        fn path(&self) -> PathBuf {
+            PathBuf::from("/etc/cni/net.d/10-test.conflist")
+        }
+    }
+
+    struct FakeTable(Log);
+    impl RouteTable for FakeTable {
+        fn add(&self, r: &Route) -> cni_linux::Result<()> {
+            self.0.lock().unwrap().push(format!("add {r}"));
+            Ok(())
+        }
+        fn replace(&self, r: &Route) -> cni_linux::Result<()> {
+            self.0.lock().unwrap().push(format!("replace {r}"));
+            Ok(())
+        }
+        fn delete(&self, r: &Route) -> cni_linux::Result<()> {
+            self.0.lock().unwrap().push(format!("delete {r}"));
+            Ok(())
+        }
+    }
+
+    struct FakeEgress(Log);
+    impl EgressRules for FakeEgress {
+        fn sync(
+            &self,
+            sources: &[IpNetwork],
+            in_cluster: &[IpNetwork],
+        ) -> crate::error::Result<bool> {
+            self.0.lock().unwrap().push(format!(
+                "egress {} exempt {}",
+                list(sources),
+                list(in_cluster)
+            ));
+            Ok(true)
+        }
+        fn name(&self) -> &'static str {
+            "fake"
+        }
+    }
+
+    struct Fixture {
+        log: Log,
+        host: Arc<Mutex<Result<HostState, String>>>,
+        file: Arc<Mutex<Option<Vec<u8>>>>,
+        writable: Arc<Mutex<bool>>,
+        reconciler: Reconciler,
+    }
+
+    fn host_state() -> HostState {
+        HostState {
+            view: HostView {
+                addresses: vec!["198.18.0.11".parse().unwrap()],
+                routes: vec![HostRoute {
+                    dst: "198.18.0.0/24".parse().unwrap(),
+                    gw: None,
+                }],
+            },
+            address_mtus: vec![("198.18.0.11".parse().unwrap(), 1450, "ul0".into())],
+            ..HostState::default()
+        }
+    }
+
+    fn fixture() -> Fixture {
+        let log = Log::default();
+        let host = Arc::new(Mutex::new(Ok(host_state())));
+        let file = Arc::new(Mutex::new(None));
+        let writable = Arc::new(Mutex::new(true));
+        let effects = Effects {
+            host: Box::new(FakeHost(Arc::clone(&host))),
+            config: Box::new(FakeDir {
+                log: Arc::clone(&log),
+                file: Arc::clone(&file),
+                writable: Arc::clone(&writable),
+            }),
+            routes: Box::new(FakeTable(Arc::clone(&log))),
+            egress: Some(Box::new(FakeEgress(Arc::clone(&log)))),
+        };
+        let settings = Settings {
+            plan: PlanSettings {
+                node_name: "n1".into(),
+                ..PlanSettings::default()
+            },
+            mtu: None,
+            conflist: ConflistSettings {
+                network_name: "pods".into(),
+                bridge: "cni0".into(),
+                ..ConflistSettings::default()
+            },
+        };
+        Fixture {
+            log,
+            host,
+            file,
+            writable,
+            reconciler: Reconciler::new(settings, 77, effects),
+        }
+    }
+
+    fn node(name: &str, cidr: &str, ip: &str) -> (String, NodeInfo) {
+        (
+            name.to_owned(),
+            NodeInfo {
+                name: name.into(),
+                pod_cidrs: vec![cidr.parse().unwrap()],
+                internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
+                problems: Vec::new(),
+            },
+        )
+    }
+
+    fn two_nodes() -> BTreeMap<String, NodeInfo> {
+        [
+            node("n1", "10.244.1.0/24", "198.18.0.11"),
+            node("n2", "10.244.2.0/24", "198.18.0.12"),
+        ]
+        .into_iter()
+        .collect()
+    }
+
+    fn take(log: &Log) -> Vec<String> {
+        std::mem::take(&mut *log.lock().unwrap())
+    }
+
+    #[test]
+    fn one_pass_writes_the_config_routes_the_others_and_syncs_egress() {
+        let mut f = fixture();
+        let outcome = f.reconciler.reconcile(&two_nodes());
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            take(&f.log),
+            vec![
+                "write conflist",
+                "add 10.244.2.0/24 via 198.18.0.12 table 254",
+                "egress 10.244.1.0/24 exempt 10.244.1.0/24, 10.244.2.0/24",
+            ]
+        );
+        assert_eq!(outcome.routes, (1, 0));
+        assert_eq!(
+            outcome.egress_prefixes, 2,
+            "10.244.1.0/24 and 10.244.2.0/24"
+        );
+        let file = f.file.lock().unwrap().clone().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
+        assert_eq!(json["plugins"][0]["mtu"], 1450);
+    }
+
+    #[test]
+    fn a_failing_step_does_not_stop_the_others_and_is_named() {
+        let mut f = fixture();
+        *f.writable.lock().unwrap() = false;
+        let outcome = f.reconciler.reconcile(&two_nodes());
+        assert_eq!(outcome.failed_steps(), vec!["conflist"]);
+        let text = chain(&outcome.failures[0].1);
+        assert!(
+            text.starts_with("cannot write /etc/cni/net.d/10-test.conflist: "),
+            "{text}"
+        );
+        let log = take(&f.log);
+        assert!(
+            log.iter().any(|l| l.starts_with("add 10.244.2.0/24")),
+            "{log:?}"
+        );
+        assert!(log.iter().any(|l| l.starts_with("egress")), "{log:?}");
+        // Once the directory is writable again the next pass succeeds.
+        *f.writable.lock().unwrap() = true;
+        assert!(f.reconciler.reconcile(&two_nodes()).failures.is_empty());
+        assert!(f.file.lock().unwrap().is_some());
+    }
+
+    #[test]
+    fn a_host_that_cannot_be_read_is_a_host_failure_and_nothing_is_touched() {
+        let mut f = fixture();
+        *f.host.lock().unwrap() = Err("netlink said no".into());
+        let outcome = f.reconciler.reconcile(&two_nodes());
+        assert_eq!(outcome.failed_steps(), vec!["host"]);
+        assert!(take(&f.log).is_empty());
+    }
+
+    #[test]
+    fn the_uplink_mtu_reaches_the_config() {
+        let mut f = fixture();
+        f.reconciler.reconcile(&two_nodes());
+        take(&f.log);
+        f.host.lock().unwrap().as_mut().unwrap().address_mtus[0].1 = 1400;
+        f.reconciler.reconcile(&two_nodes());
+        assert_eq!(take(&f.log)[0], "write conflist");
+        let file = f.file.lock().unwrap().clone().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
+        assert_eq!(json["plugins"][0]["mtu"], 1400);
+    }
+
+    #[test]
+    fn routes_follow_nodes_that_come_and_go() {
+        let mut f = fixture();
+        f.reconciler.reconcile(&two_nodes());
+        // The route is in the table now; n2 leaves and n3 comes.
+        f.host.lock().unwrap().as_mut().unwrap().ours = vec![crate::routes::our_route(
+            "10.244.2.0/24".parse().unwrap(),
+            "198.18.0.12".parse().unwrap(),
+            77,
+        )];
+        take(&f.log);
+        let mut nodes = two_nodes();
+        nodes.remove("n2");
+        nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
+        let outcome = f.reconciler.reconcile(&nodes);
+        let log = take(&f.log);
+        assert_eq!(
+            log[..2],
+            [
+                "add 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
+                "delete 10.244.2.0/24 via 198.18.0.12 table 254".to_owned(),
+            ]
+        );
+        assert_eq!(outcome.routes, (1, 0));
+    }
+
+    #[test]
+    fn without_a_pod_cidr_no_config_is_written_but_routes_are_kept() {
+        let mut f = fixture();
+        let mut nodes = two_nodes();
+        nodes.get_mut("n1").unwrap().pod_cidrs.clear();
+        let outcome = f.reconciler.reconcile(&nodes);
+        assert!(outcome.failures.is_empty());
+        let log = take(&f.log);
+        assert!(!log.contains(&"write conflist".to_owned()), "{log:?}");
+        assert!(f.file.lock().unwrap().is_none());
+    }
+}
