@@ -541,3 +541,43 @@ fn arp_notify_is_set_over_netlink_as_the_sysctl_reads_it() {
         },
     );
 }
+
+#[test]
+fn a_subscription_hears_link_address_and_route_changes_of_its_netns() {
+    in_private_netns(
+        "a_subscription_hears_link_address_and_route_changes_of_its_netns",
+        |nl| {
+            use cni_linux::netlink::{Notified, subscribe_host_changes};
+            let mut sub = subscribe_host_changes().unwrap();
+            let (a, _) = up_pair(&nl, "sub-a", "sub-b");
+            // Each change is heard: wait() returns once per datagram, so count until
+            // every kind of change has been seen at least once (link up, address,
+            // route), bounded by a reader thread and a deadline.
+            nl.set_mtu(a, 1400).unwrap();
+            nl.add_address(a, net("192.0.2.1/24")).unwrap();
+            nl.add_route(&Route {
+                gw: Some(ip("192.0.2.9")),
+                ..Route::new(net("198.51.100.0/24"))
+            })
+            .unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                loop {
+                    let heard = sub.wait();
+                    if tx.send(heard.map_err(|e| e.to_string())).is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut messages = 0;
+            while messages < 4 {
+                match rx.recv_timeout(Duration::from_secs(5)) {
+                    Ok(Ok(Notified::Messages(n))) => messages += n,
+                    Ok(Ok(Notified::Overflow)) => panic!("overflow on a handful of changes"),
+                    Ok(Err(e)) => panic!("{e}"),
+                    Err(e) => panic!("only {messages} notifications heard: {e}"),
+                }
+            }
+        },
+    );
+}
