@@ -25,6 +25,7 @@ pub mod logging;
 pub mod metrics;
 pub mod node;
 pub mod plan;
+pub mod policy;
 pub mod reconcile;
 pub mod routes;
 pub mod store;

@@ -1,0 +1,722 @@
+//! From the agent's view to what the kernel must hold on this node: for every local pod
+//! that some policy isolates, the profile that judges its ingress or egress, as
+//! pairwise disjoint boxes of (peer addresses, protocol, destination port). Pods with
+//! the same boxes share one profile, named by a hash of its contents, so a restarted
+//! agent computes the same names and adopts what is in the kernel.
+//!
+//! Protocol and port are one key, `protocol << 16 | port`: every port entry of a
+//! policy is one interval of it (a protocol's port range, a protocol's every port, or
+//! every protocol with every port), which keeps the union of rules a union of
+//! rectangles in (address × key); the rectangles are cut into disjoint boxes and the
+//! boxes merged back where they are equal, so a profile holds few elements.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::rc::Rc;
+
+use ipnetwork::IpNetwork;
+use sha2::{Digest, Sha256};
+
+use super::model::View;
+use super::objects::{NamedPort, Peer, PodInfo, PolicyInfo, PortRef, Rule};
+
+/// Allowed traffic as a box: peer addresses `first..=last` (one family), IP protocols
+/// and destination ports, each an inclusive range.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Allow {
+    /// First peer address.
+    pub first: IpAddr,
+    /// Last peer address.
+    pub last: IpAddr,
+    /// IP protocols.
+    pub protocols: (u8, u8),
+    /// Destination ports.
+    pub ports: (u16, u16),
+}
+
+/// What the kernel must hold on this node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Compiled {
+    /// Local pod address -> the profile judging traffic to it.
+    pub ingress: BTreeMap<IpAddr, String>,
+    /// Local pod address -> the profile judging traffic from it.
+    pub egress: BTreeMap<IpAddr, String>,
+    /// Ingress profiles: the sources they allow.
+    pub ingress_profiles: BTreeMap<String, Vec<Allow>>,
+    /// Egress profiles: the destinations they allow.
+    pub egress_profiles: BTreeMap<String, Vec<Allow>>,
+    /// Every local pod address judged in this pass, isolated or not, with its pod.
+    pub judged: BTreeMap<IpAddr, String>,
+}
+
+/// Disjoint, merged, sorted address ranges of one family, as integers.
+type Ranges = Vec<(u128, u128)>;
+
+/// Addresses of both families.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Addrs {
+    v4: Ranges,
+    v6: Ranges,
+}
+
+impl Addrs {
+    fn everything() -> Self {
+        Self {
+            v4: vec![(0, u128::from(u32::MAX))],
+            v6: vec![(0, u128::MAX)],
+        }
+    }
+
+    fn push(&mut self, ip: IpAddr) {
+        match ip {
+            IpAddr::V4(a) => self
+                .v4
+                .push((u128::from(u32::from(a)), u128::from(u32::from(a)))),
+            IpAddr::V6(a) => self.v6.push((u128::from(a), u128::from(a))),
+        }
+    }
+
+    fn push_block(&mut self, cidr: IpNetwork, except: &[IpNetwork]) {
+        let (start, end) = bounds(cidr);
+        let mut holes: Ranges = except.iter().map(|e| bounds(*e)).collect();
+        let mut pieces = vec![(start, end)];
+        holes.sort_unstable();
+        for (hs, he) in holes {
+            pieces = pieces
+                .into_iter()
+                .flat_map(|(s, e)| {
+                    let mut out = Vec::new();
+                    if he < s || hs > e {
+                        out.push((s, e));
+                    } else {
+                        if hs > s {
+                            out.push((s, hs - 1));
+                        }
+                        if he < e {
+                            out.push((he + 1, e));
+                        }
+                    }
+                    out
+                })
+                .collect();
+        }
+        let list = if cidr.is_ipv4() {
+            &mut self.v4
+        } else {
+            &mut self.v6
+        };
+        list.extend(pieces);
+    }
+
+    fn normalize(mut self) -> Self {
+        self.v4 = merge(self.v4);
+        self.v6 = merge(self.v6);
+        self
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        let (list, n) = match ip {
+            IpAddr::V4(a) => (&self.v4, u128::from(u32::from(a))),
+            IpAddr::V6(a) => (&self.v6, u128::from(a)),
+        };
+        let i = list.partition_point(|&(_, e)| e < n);
+        list.get(i).is_some_and(|&(s, _)| s <= n)
+    }
+}
+
+fn bounds(cidr: IpNetwork) -> (u128, u128) {
+    match cidr {
+        IpNetwork::V4(n) => (
+            u128::from(u32::from(n.network())),
+            u128::from(u32::from(n.broadcast())),
+        ),
+        IpNetwork::V6(n) => {
+            let start = u128::from(n.network());
+            let host_bits = 128 - u32::from(n.prefix());
+            let span = if host_bits >= 128 {
+                u128::MAX
+            } else {
+                (1u128 << host_bits) - 1
+            };
+            (start, start | span)
+        }
+    }
+}
+
+/// Sorts and merges overlapping or adjacent ranges.
+fn merge(mut ranges: Ranges) -> Ranges {
+    ranges.sort_unstable();
+    let mut out: Ranges = Vec::with_capacity(ranges.len());
+    for (s, e) in ranges {
+        match out.last_mut() {
+            Some((_, last)) if s <= last.saturating_add(1) => *last = (*last).max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The key space: `protocol << 16 | port`, inclusive intervals.
+type Keys = Vec<(u32, u32)>;
+
+/// Every protocol, every port.
+const ALL_KEYS: (u32, u32) = (0, (255 << 16) | 0xFFFF);
+
+fn key(protocol: u8, port: u16) -> u32 {
+    (u32::from(protocol) << 16) | u32::from(port)
+}
+
+/// One rule's contribution: these peers on these keys.
+#[derive(Debug, Clone)]
+struct Rect {
+    addrs: Rc<Addrs>,
+    keys: Keys,
+}
+
+/// Peers' addresses, computed once per pass for each (namespace, peer).
+#[derive(Debug, Default)]
+struct PeerCache {
+    peers: HashMap<(String, Peer), Rc<Addrs>>,
+}
+
+struct Compiler<'v, 'a> {
+    view: &'v View<'a>,
+    by_namespace: BTreeMap<&'a str, Vec<&'a PodInfo>>,
+    named_ports: BTreeMap<(&'a str, u8), Vec<(&'a PodInfo, u16)>>,
+    peers: PeerCache,
+}
+
+impl<'v, 'a> Compiler<'v, 'a> {
+    fn new(view: &'v View<'a>) -> Self {
+        let mut by_namespace: BTreeMap<&'a str, Vec<&'a PodInfo>> = BTreeMap::new();
+        let mut named_ports: BTreeMap<(&'a str, u8), Vec<(&'a PodInfo, u16)>> = BTreeMap::new();
+        for pod in view
+            .pods
+            .values()
+            .filter(|p| !p.host_network && !p.ips.is_empty())
+        {
+            by_namespace
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push(pod);
+            for n in &pod.named_ports {
+                named_ports
+                    .entry((n.name.as_str(), n.protocol))
+                    .or_default()
+                    .push((pod, n.port));
+            }
+        }
+        Self {
+            view,
+            by_namespace,
+            named_ports,
+            peers: PeerCache::default(),
+        }
+    }
+
+    /// The addresses `peers` of a rule in a policy of `namespace` match.
+    fn peer_addrs(&mut self, namespace: &str, peers: Option<&[Peer]>) -> Rc<Addrs> {
+        let Some(peers) = peers else {
+            return Rc::new(Addrs::everything());
+        };
+        let mut all = Addrs::default();
+        for peer in peers {
+            let one = self.one_peer(namespace, peer);
+            all.v4.extend_from_slice(&one.v4);
+            all.v6.extend_from_slice(&one.v6);
+        }
+        Rc::new(all.normalize())
+    }
+
+    fn one_peer(&mut self, namespace: &str, peer: &Peer) -> Rc<Addrs> {
+        let cache_key = (namespace.to_owned(), peer.clone());
+        if let Some(hit) = self.peers.peers.get(&cache_key) {
+            return Rc::clone(hit);
+        }
+        let mut addrs = Addrs::default();
+        match peer {
+            Peer::IpBlock { cidr, except } => addrs.push_block(*cidr, except),
+            Peer::Pods {
+                namespaces: None, ..
+            } => {
+                for pod in self.by_namespace.get(namespace).into_iter().flatten() {
+                    if self.view.peer_selects(namespace, peer, pod) {
+                        pod.ips.iter().for_each(|ip| addrs.push(*ip));
+                    }
+                }
+            }
+            Peer::Pods {
+                namespaces: Some(_),
+                ..
+            } => {
+                for pod in self.by_namespace.values().flatten() {
+                    if self.view.peer_selects(namespace, peer, pod) {
+                        pod.ips.iter().for_each(|ip| addrs.push(*ip));
+                    }
+                }
+            }
+        }
+        let addrs = Rc::new(addrs.normalize());
+        self.peers.peers.insert(cache_key, Rc::clone(&addrs));
+        addrs
+    }
+
+    /// The rectangles of one ingress rule for the destination pod's named ports.
+    fn ingress_rects(
+        &mut self,
+        policy: &PolicyInfo,
+        rule: &Rule,
+        named: &[NamedPort],
+    ) -> Vec<Rect> {
+        let addrs = self.peer_addrs(&policy.namespace, rule.peers.as_deref());
+        let keys = match &rule.ports {
+            None => vec![ALL_KEYS],
+            Some(ports) => ports
+                .iter()
+                .flat_map(|p| match &p.port {
+                    PortRef::Any => vec![(key(p.protocol, 0), key(p.protocol, u16::MAX))],
+                    PortRef::Range(a, b) => vec![(key(p.protocol, *a), key(p.protocol, *b))],
+                    PortRef::Named(name) => named
+                        .iter()
+                        .filter(|n| n.name == *name && n.protocol == p.protocol)
+                        .map(|n| (key(n.protocol, n.port), key(n.protocol, n.port)))
+                        .collect(),
+                })
+                .collect(),
+        };
+        vec![Rect { addrs, keys }]
+    }
+
+    /// The rectangles of one egress rule: numbered ports for every peer address, named
+    /// ports for each destination pod inside the peers that has that port.
+    fn egress_rects(&mut self, policy: &PolicyInfo, rule: &Rule) -> Vec<Rect> {
+        let addrs = self.peer_addrs(&policy.namespace, rule.peers.as_deref());
+        let Some(ports) = &rule.ports else {
+            return vec![Rect {
+                addrs,
+                keys: vec![ALL_KEYS],
+            }];
+        };
+        let mut numbered = Vec::new();
+        let mut rects = Vec::new();
+        for p in ports {
+            match &p.port {
+                PortRef::Any => numbered.push((key(p.protocol, 0), key(p.protocol, u16::MAX))),
+                PortRef::Range(a, b) => numbered.push((key(p.protocol, *a), key(p.protocol, *b))),
+                PortRef::Named(name) => {
+                    for (pod, number) in self
+                        .named_ports
+                        .get(&(name.as_str(), p.protocol))
+                        .into_iter()
+                        .flatten()
+                    {
+                        let mut mine = Addrs::default();
+                        for ip in pod.ips.iter().filter(|ip| addrs.contains(**ip)) {
+                            mine.push(*ip);
+                        }
+                        if !mine.v4.is_empty() || !mine.v6.is_empty() {
+                            let k = key(p.protocol, *number);
+                            rects.push(Rect {
+                                addrs: Rc::new(mine.normalize()),
+                                keys: vec![(k, k)],
+                            });
+                        }
+                    }
+                }
+            }
+        }
+        if !numbered.is_empty() {
+            rects.push(Rect {
+                addrs,
+                keys: numbered,
+            });
+        }
+        rects
+    }
+}
+
+/// Cuts the union of `rects` into disjoint boxes of one family.
+fn boxes(rects: &[Rect], v4: bool) -> Vec<Allow> {
+    let mut cuts: BTreeSet<u64> = BTreeSet::new();
+    let pieces: Vec<(&Ranges, &Keys)> = rects
+        .iter()
+        .map(|r| (if v4 { &r.addrs.v4 } else { &r.addrs.v6 }, &r.keys))
+        .filter(|(a, k)| !a.is_empty() && !k.is_empty())
+        .collect();
+    for (_, keys) in &pieces {
+        for &(a, b) in keys.iter() {
+            cuts.insert(u64::from(a));
+            cuts.insert(u64::from(b) + 1);
+        }
+    }
+    let cuts: Vec<u64> = cuts.into_iter().collect();
+    // Each elementary key interval with the union of the addresses covering it;
+    // neighbours with equal addresses merged.
+    let mut cells: Vec<((u32, u32), Ranges)> = Vec::new();
+    for w in cuts.windows(2) {
+        let (lo, hi) = (w[0], w[1] - 1);
+        let mut addrs: Ranges = Vec::new();
+        for (a, keys) in &pieces {
+            if keys
+                .iter()
+                .any(|&(s, e)| u64::from(s) <= lo && hi <= u64::from(e))
+            {
+                addrs.extend_from_slice(a);
+            }
+        }
+        if addrs.is_empty() {
+            continue;
+        }
+        let addrs = merge(addrs);
+        let (lo, hi) = (
+            u32::try_from(lo).unwrap_or(u32::MAX),
+            u32::try_from(hi).unwrap_or(u32::MAX),
+        );
+        match cells.last_mut() {
+            Some(((_, last_hi), last)) if *last_hi + 1 == lo && *last == addrs => *last_hi = hi,
+            _ => cells.push(((lo, hi), addrs)),
+        }
+    }
+    let mut out = Vec::new();
+    for ((lo, hi), addrs) in cells {
+        for (protocols, ports) in split_keys(lo, hi) {
+            for &(s, e) in &addrs {
+                out.push(Allow {
+                    first: address(s, v4),
+                    last: address(e, v4),
+                    protocols,
+                    ports,
+                });
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A key interval as at most three (protocols, ports) boxes.
+fn split_keys(lo: u32, hi: u32) -> Vec<((u8, u8), (u16, u16))> {
+    let proto = |k: u32| u8::try_from(k >> 16).unwrap_or(u8::MAX);
+    let port = |k: u32| u16::try_from(k & 0xFFFF).unwrap_or(u16::MAX);
+    let (p1, q1, p2, q2) = (proto(lo), port(lo), proto(hi), port(hi));
+    if p1 == p2 {
+        return vec![((p1, p1), (q1, q2))];
+    }
+    let mut out = Vec::new();
+    let (mut first_whole, mut last_whole) = (p1, p2);
+    if q1 != 0 {
+        out.push(((p1, p1), (q1, u16::MAX)));
+        first_whole = p1 + 1;
+    }
+    let tail = q2 != u16::MAX;
+    if tail {
+        last_whole = p2 - 1;
+    }
+    if first_whole <= last_whole {
+        out.push(((first_whole, last_whole), (0, u16::MAX)));
+    }
+    if tail {
+        out.push(((p2, p2), (0, q2)));
+    }
+    out
+}
+
+fn address(n: u128, v4: bool) -> IpAddr {
+    if v4 {
+        IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX)))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(n))
+    }
+}
+
+/// A profile's name: a hash of its boxes.
+fn name(boxes: &[Allow]) -> String {
+    let mut hash = Sha256::new();
+    for b in boxes {
+        hash.update(format!("{b:?};"));
+    }
+    hash.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Compiles the view for the pods of `node`; `records` adds addresses the CNI plugin
+/// handed over for pods whose address the API does not show yet (address -> pod key).
+pub fn compile(view: &View<'_>, node: &str, records: &BTreeMap<IpAddr, String>) -> Compiled {
+    let mut out = Compiled::default();
+    let mut compiler = Compiler::new(view);
+    // Local pods with every address they are known by.
+    let mut local: BTreeMap<String, (&PodInfo, BTreeSet<IpAddr>)> = view
+        .pods
+        .values()
+        .filter(|pod| pod.node == node && !pod.host_network)
+        .map(|pod| (pod.key(), (pod, pod.ips.iter().copied().collect())))
+        .collect();
+    for (ip, key) in records {
+        if let Some(pod) = view.pods.get(key).filter(|p| !p.host_network) {
+            local
+                .entry(key.clone())
+                .or_insert_with(|| (pod, BTreeSet::new()))
+                .1
+                .insert(*ip);
+        }
+    }
+    // Pods selected by the same policies (and, for ingress, with the same named ports)
+    // have the same profile: computed once.
+    let mut ingress_memo: HashMap<(Vec<String>, Vec<NamedPort>), String> = HashMap::new();
+    let mut egress_memo: HashMap<Vec<String>, String> = HashMap::new();
+    for (key, (pod, ips)) in &local {
+        for ip in ips {
+            out.judged.insert(*ip, key.clone());
+        }
+        let selecting: Vec<&PolicyInfo> = view
+            .policies
+            .values()
+            .filter(|p| View::selects(p, pod))
+            .collect();
+        let ingress: Vec<&PolicyInfo> = selecting
+            .iter()
+            .copied()
+            .filter(|p| p.ingress.is_some())
+            .collect();
+        if !ingress.is_empty() {
+            let names: Vec<String> = ingress.iter().map(|p| p.key()).collect();
+            let memo_key = (names, pod.named_ports.clone());
+            let profile = match ingress_memo.get(&memo_key) {
+                Some(name) => name.clone(),
+                None => {
+                    let mut rects = Vec::new();
+                    for policy in &ingress {
+                        for rule in policy.ingress.iter().flatten() {
+                            rects.extend(compiler.ingress_rects(policy, rule, &pod.named_ports));
+                        }
+                    }
+                    let profile = profile_of(&rects);
+                    let n = name(&profile);
+                    out.ingress_profiles.insert(n.clone(), profile);
+                    ingress_memo.insert(memo_key, n.clone());
+                    n
+                }
+            };
+            for ip in ips {
+                out.ingress.insert(*ip, profile.clone());
+            }
+        }
+        let egress: Vec<&PolicyInfo> = selecting
+            .iter()
+            .copied()
+            .filter(|p| p.egress.is_some())
+            .collect();
+        if !egress.is_empty() {
+            let names: Vec<String> = egress.iter().map(|p| p.key()).collect();
+            let profile = match egress_memo.get(&names) {
+                Some(name) => name.clone(),
+                None => {
+                    let mut rects = Vec::new();
+                    for policy in &egress {
+                        for rule in policy.egress.iter().flatten() {
+                            rects.extend(compiler.egress_rects(policy, rule));
+                        }
+                    }
+                    let profile = profile_of(&rects);
+                    let n = name(&profile);
+                    out.egress_profiles.insert(n.clone(), profile);
+                    egress_memo.insert(names, n.clone());
+                    n
+                }
+            };
+            for ip in ips {
+                out.egress.insert(*ip, profile.clone());
+            }
+        }
+    }
+    out
+}
+
+fn profile_of(rects: &[Rect]) -> Vec<Allow> {
+    let mut all = boxes(rects, true);
+    all.extend(boxes(rects, false));
+    all
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::model::tests::{cluster, policy};
+    use crate::policy::objects::{TCP, UDP};
+    use serde_json::json;
+
+    fn allows(profile: &[Allow], ip: IpAddr, protocol: u8, port: u16) -> bool {
+        profile.iter().any(|b| {
+            b.first <= ip
+                && ip <= b.last
+                && (b.protocols.0..=b.protocols.1).contains(&protocol)
+                && (b.ports.0..=b.ports.1).contains(&port)
+        })
+    }
+
+    fn disjoint(profile: &[Allow]) -> bool {
+        profile.iter().enumerate().all(|(i, a)| {
+            profile[i + 1..].iter().all(|b| {
+                a.first.is_ipv4() != b.first.is_ipv4()
+                    || a.last < b.first
+                    || b.last < a.first
+                    || a.protocols.1 < b.protocols.0
+                    || b.protocols.1 < a.protocols.0
+                    || a.ports.1 < b.ports.0
+                    || b.ports.1 < a.ports.0
+            })
+        })
+    }
+
+    #[test]
+    fn key_intervals_split_into_boxes() {
+        assert_eq!(split_keys(key(6, 80), key(6, 81)), vec![((6, 6), (80, 81))]);
+        assert_eq!(
+            split_keys(ALL_KEYS.0, ALL_KEYS.1),
+            vec![((0, 255), (0, 65535))]
+        );
+        assert_eq!(
+            split_keys(key(6, 80), key(17, 53)),
+            vec![
+                ((6, 6), (80, 65535)),
+                ((7, 16), (0, 65535)),
+                ((17, 17), (0, 53))
+            ]
+        );
+        assert_eq!(
+            split_keys(key(6, 80), key(7, 65535)),
+            vec![((6, 6), (80, 65535)), ((7, 7), (0, 65535))]
+        );
+    }
+
+    #[test]
+    fn blocks_minus_holes() {
+        let mut a = Addrs::default();
+        a.push_block(
+            "10.0.0.0/8".parse().unwrap(),
+            &[
+                "10.1.0.0/16".parse().unwrap(),
+                "10.0.0.0/24".parse().unwrap(),
+            ],
+        );
+        let a = a.normalize();
+        assert!(a.contains("10.2.3.4".parse().unwrap()));
+        assert!(!a.contains("10.1.3.4".parse().unwrap()));
+        assert!(!a.contains("10.0.0.255".parse().unwrap()));
+        assert!(a.contains("10.0.1.0".parse().unwrap()));
+        assert_eq!(a.v4.len(), 2);
+    }
+
+    /// Every local pod's profiles agree with the model for every source pod, both
+    /// protocols and both ports; boxes are disjoint.
+    #[test]
+    fn profiles_agree_with_the_model_on_the_upstream_cluster() {
+        let (pods, ns) = cluster();
+        let cases = vec![
+            json!({"podSelector": {}}),
+            json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}, "podSelector": {"matchLabels": {"pod": "b"}}},
+                                         {"podSelector": {"matchLabels": {"pod": "c"}}}],
+                                "ports": [{"port": "serve-81-tcp"}, {"protocol": "UDP", "port": 80}]}]}),
+            json!({"podSelector": {}, "policyTypes": ["Egress"],
+                   "egress": [{"to": [{"namespaceSelector": {"matchExpressions": [{"key": "ns", "operator": "NotIn", "values": ["z"]}]}}],
+                               "ports": [{"port": "serve-80-tcp"}, {"port": 81, "endPort": 81, "protocol": "UDP"}]}]}),
+            json!({"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.1.0/24"]}},
+                                                            {"ipBlock": {"cidr": "fd00::/64"}}]}]}),
+            json!({"podSelector": {"matchLabels": {"pod": "b"}}, "ingress": [{}], "egress": [{"ports": [{"protocol": "UDP"}]}],
+                   "policyTypes": ["Ingress", "Egress"]}),
+        ];
+        for (i, spec) in cases.into_iter().enumerate() {
+            let policies: BTreeMap<_, _> = [policy("x", "p", spec.clone())].into_iter().collect();
+            let view = View::new(&pods, &ns, &policies);
+            for node in ["n1", "n2"] {
+                let c = compile(&view, node, &BTreeMap::new());
+                for p in c
+                    .ingress_profiles
+                    .values()
+                    .chain(c.egress_profiles.values())
+                {
+                    assert!(disjoint(p), "case {i}: {p:?}");
+                }
+                for dst in pods.values().filter(|p| p.node == node) {
+                    for src in pods.values() {
+                        for (s, d) in src.ips.iter().zip(&dst.ips) {
+                            for protocol in [TCP, UDP] {
+                                for port in [80, 81] {
+                                    let model = view.verdict(*s, *d, protocol, port);
+                                    if let Some(ingress) = &model.ingress {
+                                        let got = c.ingress.get(d).is_none_or(|n| {
+                                            allows(&c.ingress_profiles[n], *s, protocol, port)
+                                        });
+                                        assert_eq!(
+                                            got,
+                                            ingress.allowed(),
+                                            "case {i} ingress {} -> {} {protocol}/{port}",
+                                            src.key(),
+                                            dst.key()
+                                        );
+                                    }
+                                    // Egress of the local pod towards every pod.
+                                    let out = view.verdict(*d, *s, protocol, port);
+                                    if let Some(egress) = &out.egress {
+                                        let got = c.egress.get(d).is_none_or(|n| {
+                                            allows(&c.egress_profiles[n], *s, protocol, port)
+                                        });
+                                        assert_eq!(
+                                            got,
+                                            egress.allowed(),
+                                            "case {i} egress {} -> {} {protocol}/{port}",
+                                            dst.key(),
+                                            src.key()
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pods_with_the_same_boxes_share_a_profile_and_names_are_stable() {
+        let (pods, ns) = cluster();
+        let policies: BTreeMap<_, _> = [policy("x", "deny", json!({"podSelector": {}}))]
+            .into_iter()
+            .collect();
+        let view = View::new(&pods, &ns, &policies);
+        let c = compile(&view, "n2", &BTreeMap::new());
+        assert_eq!(c.ingress.len(), 4, "x/b and x/c, two addresses each");
+        assert_eq!(c.ingress_profiles.len(), 1);
+        assert_eq!(
+            c.ingress_profiles.values().next().unwrap(),
+            &Vec::<Allow>::new()
+        );
+        assert_eq!(c.judged.len(), 12, "six local pods, two addresses each");
+        assert_eq!(compile(&view, "n2", &BTreeMap::new()), c);
+    }
+
+    #[test]
+    fn a_handed_over_address_is_judged_before_the_api_shows_it() {
+        let (mut pods, ns) = cluster();
+        let new = PodInfo {
+            namespace: "x".into(),
+            name: "new".into(),
+            node: "n1".into(),
+            ..PodInfo::default()
+        };
+        pods.insert(new.key(), new);
+        let policies: BTreeMap<_, _> = [policy("x", "deny", json!({"podSelector": {}}))]
+            .into_iter()
+            .collect();
+        let view = View::new(&pods, &ns, &policies);
+        let ip: IpAddr = "10.244.0.99".parse().unwrap();
+        let records = [(ip, "x/new".to_owned())].into_iter().collect();
+        let c = compile(&view, "n1", &records);
+        assert!(c.ingress.contains_key(&ip));
+        assert_eq!(c.judged.get(&ip).map(String::as_str), Some("x/new"));
+    }
+}
