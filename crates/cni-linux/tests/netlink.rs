@@ -563,7 +563,7 @@ fn a_subscription_hears_link_address_and_route_changes_of_its_netns() {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
                 loop {
-                    let heard = sub.wait();
+                    let heard = sub.wait(|_| true);
                     if tx.send(heard.map_err(|e| e.to_string())).is_err() {
                         return;
                     }
@@ -572,7 +572,10 @@ fn a_subscription_hears_link_address_and_route_changes_of_its_netns() {
             let mut messages = 0;
             while messages < 4 {
                 match rx.recv_timeout(Duration::from_secs(5)) {
-                    Ok(Ok(Notified::Messages(n))) => messages += n,
+                    Ok(Ok(Notified::Messages { total, kept })) => {
+                        assert_eq!(total, kept);
+                        messages += kept;
+                    }
                     Ok(Ok(Notified::Overflow)) => panic!("overflow on a handful of changes"),
                     Ok(Err(e)) => panic!("{e}"),
                     Err(e) => panic!("only {messages} notifications heard: {e}"),

@@ -163,8 +163,14 @@ impl Socket {
 /// What a wait on a [`Subscription`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Notified {
-    /// One datagram holding this many notifications.
-    Messages(usize),
+    /// One datagram: how many notifications it held, and how many of them the caller's
+    /// filter kept.
+    Messages {
+        /// Notifications in the datagram.
+        total: usize,
+        /// Those the filter kept.
+        kept: usize,
+    },
     /// The kernel dropped notifications (the receive buffer overflowed): anything may
     /// have changed.
     Overflow,
@@ -197,12 +203,22 @@ impl Subscription {
         })
     }
 
-    /// Blocks until notifications arrive.
-    pub fn wait(&mut self) -> Result<Notified, Error> {
+    /// Blocks until notifications arrive; `keep` says which of them matter (a
+    /// notification that does not decode is kept).
+    pub fn wait(&mut self, mut keep: impl FnMut(&Message<'_>) -> bool) -> Result<Notified, Error> {
         loop {
             self.buf.clear();
             match self.sock.recv(&mut self.buf, 0) {
-                Ok(_) => return Ok(Notified::Messages(messages(&self.buf).count())),
+                Ok(_) => {
+                    let (mut total, mut kept) = (0, 0);
+                    for message in messages(&self.buf) {
+                        total += 1;
+                        if message.as_ref().map_or(true, &mut keep) {
+                            kept += 1;
+                        }
+                    }
+                    return Ok(Notified::Messages { total, kept });
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => return Ok(Notified::Overflow),
                 Err(e) => return Err(e.into()),

@@ -164,7 +164,11 @@ pub async fn run(options: Options) -> Result<()> {
 
     let wake = Arc::new(Wake::default());
     let stores = Arc::new(Stores::default());
-    host::notify_changes(Arc::clone(&wake), Arc::clone(&metrics))?;
+    host::notify_changes(
+        Arc::clone(&wake),
+        Arc::clone(&metrics),
+        options.route_protocol,
+    )?;
     let reconciler = Reconciler::new(
         settings(&options),
         options.route_protocol,

@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cni_linux::netlink::{Family, Netlink, Notified, Route, subscribe_host_changes};
+use cni_linux::netlink::{
+    Family, Netlink, Notified, Route, is_route_added_with_protocol, subscribe_host_changes,
+};
 use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
@@ -63,16 +65,22 @@ impl HostReader for Host {
 }
 
 /// Wakes the reconciler on every link, address and route change of this host, from
-/// a thread of its own blocked on the kernel's notifications. Our own route changes
-/// come back too and cost one quiet pass.
-pub fn notify_changes(wake: Arc<Wake>, metrics: Arc<Metrics>) -> Result<()> {
+/// a thread of its own blocked on the kernel's notifications. The routes the agent
+/// adds itself (marked with `protocol`) come back as notifications too and are not a
+/// change; a route of ours that is deleted (by hand, say) is.
+pub fn notify_changes(wake: Arc<Wake>, metrics: Arc<Metrics>, protocol: u8) -> Result<()> {
     let mut subscription = subscribe_host_changes().map_err(Error::HostEvents)?;
     std::thread::Builder::new()
         .name("host-events".into())
         .spawn(move || {
             loop {
-                match subscription.wait() {
-                    Ok(Notified::Messages(n)) => metrics.host_events(n),
+                match subscription.wait(|m| !is_route_added_with_protocol(m, protocol)) {
+                    Ok(Notified::Messages { total, kept }) => {
+                        metrics.host_events(total);
+                        if kept == 0 {
+                            continue;
+                        }
+                    }
                     Ok(Notified::Overflow) => {
                         tracing::debug!("host notifications overflowed: reading the host anew");
                     }

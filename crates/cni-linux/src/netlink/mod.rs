@@ -43,6 +43,12 @@ pub fn subscribe_host_changes() -> std::io::Result<Subscription> {
     Subscription::open(NETLINK_ROUTE, &HOST_CHANGE_GROUPS)
 }
 
+/// Whether a notification announces a new or changed route marked with `protocol`
+/// (what a process that marks its routes so hears of its own additions).
+pub fn is_route_added_with_protocol(msg: &Message<'_>, protocol: u8) -> bool {
+    msg.ty == rtnl::RTM_NEWROUTE && msg.payload.get(5) == Some(&protocol)
+}
+
 /// An IP address family, used to filter dumps.
 pub use cni_protocol::ip::Family;
 
