@@ -25,6 +25,7 @@ use crate::host::Host;
 use crate::metrics::Metrics;
 use crate::node::SlimNode;
 use crate::plan::{PlanSettings, Settings};
+use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
 use crate::reconcile::{ConfDir, Effects, Reconciler};
 use crate::store::{Items, Store};
 use crate::wake::{Wake, Woken};
@@ -41,6 +42,12 @@ const RETRY_MAX: Duration = Duration::from_secs(4);
 pub struct Stores {
     /// Nodes.
     pub nodes: Arc<Mutex<Store<SlimNode>>>,
+    /// Pods (when NetworkPolicy is enforced).
+    pub pods: Arc<Mutex<Store<SlimPod>>>,
+    /// Namespaces (when NetworkPolicy is enforced).
+    pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
+    /// NetworkPolicies (when enforced).
+    pub policies: Arc<Mutex<Store<SlimNetworkPolicy>>>,
 }
 
 /// Everything the plan is computed from, as of one moment.
@@ -48,17 +55,42 @@ pub struct Stores {
 pub struct Snapshot {
     /// Nodes by name.
     pub nodes: Items<SlimNode>,
+    /// What NetworkPolicy is judged on, once Pods, Namespaces and NetworkPolicies all
+    /// have their first complete list.
+    pub policy: Option<PolicySnapshot>,
+}
+
+/// The objects NetworkPolicy is judged on.
+#[derive(Debug, Clone)]
+pub struct PolicySnapshot {
+    /// Pods by `namespace/name`.
+    pub pods: Items<SlimPod>,
+    /// Namespaces' labels by name.
+    pub namespaces: Items<SlimNamespace>,
+    /// NetworkPolicies by `namespace/name`.
+    pub policies: Items<SlimNetworkPolicy>,
+}
+
+fn snapshot_of<K: crate::store::Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
+    store
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .snapshot()
 }
 
 impl Stores {
-    /// A snapshot, once every store has its first complete list.
+    /// A snapshot, once the Node store has its first complete list (the routes and
+    /// the conflist need nothing else; NetworkPolicy waits for its own kinds).
     pub fn snapshot(&self) -> Option<Snapshot> {
-        let nodes = self
-            .nodes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .snapshot()?;
-        Some(Snapshot { nodes })
+        let nodes = snapshot_of(&self.nodes)?;
+        let policy = (|| {
+            Some(PolicySnapshot {
+                pods: snapshot_of(&self.pods)?,
+                namespaces: snapshot_of(&self.namespaces)?,
+                policies: snapshot_of(&self.policies)?,
+            })
+        })();
+        Some(Snapshot { nodes, policy })
     }
 }
 
@@ -79,6 +111,9 @@ pub fn settings(options: &Options) -> Settings {
                 .as_ref()
                 .map(|d| d.to_string_lossy().into_owned()),
             portmap: false,
+            pod_record_dir: options
+                .network_policy
+                .then(|| options.pod_record_dir.to_string_lossy().into_owned()),
         },
     }
 }
@@ -94,37 +129,47 @@ pub fn reconcile_loop(
     resync: Duration,
 ) {
     let mut retry = RETRY_MIN;
-    let mut next = Instant::now() + resync;
+    let mut retry_at: Option<Instant> = None;
+    let mut next_resync = Instant::now() + resync;
     loop {
         health.beat();
-        if wake.wait_until(next) == Woken::Stop {
+        let deadline = retry_at.map_or(next_resync, |r| r.min(next_resync));
+        if wake.wait_until(deadline) == Woken::Stop {
             return;
         }
         health.beat();
+        let now = Instant::now();
+        let full = now >= next_resync;
+        if full {
+            next_resync = now + resync;
+        }
         let Some(snapshot) = stores.snapshot() else {
             health.set(Readiness::WaitingForList);
-            next = Instant::now() + resync;
             continue;
         };
-        let started = Instant::now();
-        let outcome = reconciler.reconcile(&snapshot.nodes);
+        let outcome = reconciler.reconcile(&snapshot.nodes, snapshot.policy.as_ref(), full);
         let failed = outcome.failed_steps();
-        metrics.reconciled(started.elapsed(), &failed);
+        metrics.reconciled(now.elapsed(), &failed);
         let (v4, v6) = outcome.routes;
         metrics.owned(v4, v6, outcome.egress_prefixes, outcome.skipped);
-        if failed.is_empty() {
-            health.set(Readiness::Ready);
-            retry = RETRY_MIN;
-            next = Instant::now() + resync;
+        let (ingress, egress, profiles) = outcome.policy;
+        metrics.policy(ingress, egress, profiles);
+        let mut not_ready: Vec<(&'static str, String)> = outcome
+            .failures
+            .iter()
+            .map(|(step, e)| (*step, chain(e)))
+            .collect();
+        not_ready.extend(outcome.waiting.iter().cloned());
+        health.set(if not_ready.is_empty() {
+            Readiness::Ready
         } else {
-            health.set(Readiness::Failing(
-                outcome
-                    .failures
-                    .iter()
-                    .map(|(step, e)| (*step, chain(e)))
-                    .collect(),
-            ));
-            next = Instant::now() + retry.min(resync);
+            Readiness::NotReady(not_ready)
+        });
+        if failed.is_empty() {
+            retry = RETRY_MIN;
+            retry_at = None;
+        } else {
+            retry_at = Some(Instant::now() + retry);
             retry = (retry * 2).min(RETRY_MAX);
         }
     }
@@ -140,6 +185,7 @@ pub async fn run(options: Options) -> Result<()> {
     let nl = cni_linux::Netlink::connect().map_err(Error::Netlink)?;
     let egress = egress::open(options.masquerade)?;
     let metrics = Arc::new(Metrics::new());
+    let stores = Arc::new(Stores::default());
     // Alive while the reconciler turns at least once every few resync intervals.
     let health = Health::new(options.resync * 6 + Duration::from_secs(30));
     if let Some(addr) = options.health_addr.0 {
@@ -150,6 +196,7 @@ pub async fn run(options: Options) -> Result<()> {
             listener,
             Arc::clone(&health),
             Arc::clone(&metrics),
+            Arc::clone(&stores),
         ));
     }
     let mut term = signal(SignalKind::terminate()).map_err(|source| Error::Signal {
@@ -163,7 +210,6 @@ pub async fn run(options: Options) -> Result<()> {
     let client = api::client(options.kubeconfig.as_deref()).await?;
 
     let wake = Arc::new(Wake::default());
-    let stores = Arc::new(Stores::default());
     host::notify_changes(
         Arc::clone(&wake),
         Arc::clone(&metrics),
@@ -184,6 +230,7 @@ pub async fn run(options: Options) -> Result<()> {
             }),
             routes: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
             egress,
+            policy: None,
         },
     );
     let reconciler_thread = {
@@ -203,20 +250,46 @@ pub async fn run(options: Options) -> Result<()> {
             })?
     };
 
-    let nodes = tokio::spawn(api::watch(
-        Api::<SlimNode>::all(client),
-        watcher::Config::default().page_size(options.page_size),
+    let config = watcher::Config::default().page_size(options.page_size);
+    let mut watches = vec![tokio::spawn(api::watch(
+        Api::<SlimNode>::all(client.clone()),
+        config.clone(),
         Arc::clone(&stores.nodes),
         Arc::clone(&wake),
         Arc::clone(&metrics),
-    ));
+    ))];
+    if options.network_policy {
+        watches.push(tokio::spawn(api::watch(
+            Api::<SlimNamespace>::all(client.clone()),
+            config.clone(),
+            Arc::clone(&stores.namespaces),
+            Arc::clone(&wake),
+            Arc::clone(&metrics),
+        )));
+        watches.push(tokio::spawn(api::watch(
+            Api::<SlimNetworkPolicy>::all(client.clone()),
+            config.clone(),
+            Arc::clone(&stores.policies),
+            Arc::clone(&wake),
+            Arc::clone(&metrics),
+        )));
+        watches.push(tokio::spawn(api::watch(
+            Api::<SlimPod>::all(client),
+            config,
+            Arc::clone(&stores.pods),
+            Arc::clone(&wake),
+            Arc::clone(&metrics),
+        )));
+    }
 
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
     tracing::info!("stopping; routes, rules and the network config stay in place for the pods");
-    nodes.abort();
+    for watch in watches {
+        watch.abort();
+    }
     wake.stop();
     // A pass in progress ends on its own (each step is one netlink request, one file
     // rename or one firewall transaction); the thread is not cut off mid-step.
@@ -307,6 +380,7 @@ mod tests {
                 config: Box::new(Dir(Arc::clone(&refuse))),
                 routes: Box::new(Quiet),
                 egress: None,
+                policy: None,
             },
         );
         let stores = Arc::new(Stores::default());
@@ -344,8 +418,8 @@ mod tests {
             nodes.apply(Event::InitDone);
         }
         wake.notify();
-        let failing = wait_for(&health, |r| matches!(r, Readiness::Failing(_)));
-        let Readiness::Failing(failures) = failing else {
+        let failing = wait_for(&health, |r| matches!(r, Readiness::NotReady(_)));
+        let Readiness::NotReady(failures) = failing else {
             panic!("{failing:?}");
         };
         assert_eq!(failures.len(), 1);

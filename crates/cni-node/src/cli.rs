@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+
 use ipnetwork::IpNetwork;
 
 const ABOUT: &str = "The cni-plugins-rs node agent: keeps this node in step with the \
@@ -45,7 +46,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// The agent's settings.
+/// The command line: the agent's options, or a subcommand.
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
 #[command(
     name = "cni-node",
@@ -53,8 +54,53 @@ pub enum LogFormat {
     about = ABOUT,
     long_about = LONG_ABOUT,
     max_term_width = 90,
-    args_override_self = true
+    args_override_self = true,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
 )]
+pub struct Cli {
+    /// A subcommand; without one the agent runs.
+    #[command(subcommand)]
+    pub command: Option<Subcommand>,
+    /// The agent's options.
+    #[command(flatten)]
+    pub options: Options,
+}
+
+/// What else `cni-node` does.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum Subcommand {
+    /// Says whether NetworkPolicy lets a connection through and which policies
+    /// decided it, as the agent running on this node sees it; exits 0 when allowed, 1
+    /// when denied
+    Explain(ExplainArgs),
+}
+
+/// `cni-node explain`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ExplainArgs {
+    /// The source: a pod (namespace/name) or an address
+    #[arg(long, value_name = "POD|IP")]
+    pub from: String,
+    /// The destination: a pod (namespace/name) or an address
+    #[arg(long, value_name = "POD|IP")]
+    pub to: String,
+    /// TCP, UDP or SCTP
+    #[arg(long, value_name = "PROTOCOL", default_value = "TCP")]
+    pub protocol: String,
+    /// The destination port
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// Use the pods' IPv6 addresses
+    #[arg(long)]
+    pub ipv6: bool,
+    /// The running agent's --health-addr
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9743")]
+    pub agent: SocketAddr,
+}
+
+/// The agent's settings.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct Options {
     /// This node's name
     #[arg(long, env = "NODE_NAME", value_name = "NAME", value_parser = non_empty)]
@@ -171,6 +217,24 @@ pub struct Options {
     #[arg(long)]
     pub verbose: bool,
 
+    /// Enforce NetworkPolicy (watches Pods, Namespaces and NetworkPolicies)
+    #[arg(
+        long = "network-policy",
+        value_name = "BOOL",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub network_policy: bool,
+
+    /// Where the bridge plugin records which pod a new address belongs to, so that
+    /// NetworkPolicy applies from a pod's first packet (a directory the agent watches)
+    #[arg(
+        long = "pod-record-dir",
+        value_name = "DIR",
+        default_value = "/run/cni-plugins-rs/pods"
+    )]
+    pub pod_record_dir: PathBuf,
+
     /// How log lines are written
     #[arg(
         long = "log-format",
@@ -244,7 +308,8 @@ mod tests {
     use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Options, clap::Error> {
-        Options::try_parse_from(std::iter::once("cni-node").chain(args.iter().copied()))
+        Cli::try_parse_from(std::iter::once("cni-node").chain(args.iter().copied()))
+            .map(|cli| cli.options)
     }
 
     fn run(args: &[&str]) -> Options {
@@ -255,7 +320,7 @@ mod tests {
 
     #[test]
     fn the_definition_is_consistent() {
-        Options::command().debug_assert();
+        Cli::command().debug_assert();
     }
 
     #[test]
@@ -389,20 +454,20 @@ mod tests {
     fn without_a_node_name_the_error_says_how_to_give_one() {
         // NODE_NAME may be set in the environment of whoever runs the tests; the
         // command without the env fallback shows the message.
-        let e = Options::command()
+        let e = Cli::command()
             .mut_arg("node_name", |a| a.env(None::<&str>))
             .try_get_matches_from(["cni-node"])
             .unwrap_err()
             .to_string();
         assert!(e.contains("--node-name"), "{e}");
-        let help = Options::command().render_long_help().to_string();
+        let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("NODE_NAME"), "{help}");
         assert!(help.contains("--resync-interval"), "{help}");
     }
 
     #[test]
     fn version_is_the_build_stamp() {
-        let v = Options::command().render_version();
+        let v = Cli::command().render_version();
         assert!(
             v.starts_with(&format!(
                 "cni-node v{} (cni-plugins-rs, commit ",

@@ -19,6 +19,9 @@ pub struct ConflistSettings {
     pub ipam_data_dir: Option<String>,
     /// Whether a `portmap` plugin is installed, so hostPorts work.
     pub portmap: bool,
+    /// Where the bridge plugin records each new pod's addresses for NetworkPolicy
+    /// (`podRecordDir`), when the agent enforces it.
+    pub pod_record_dir: Option<String>,
 }
 
 /// The conflist's bytes: our `bridge` with `host-local` (one range set per pod CIDR,
@@ -46,15 +49,19 @@ pub fn render(pod_cidrs: &[IpNetwork], mtu: u32, settings: &ConflistSettings) ->
     if let Some(dir) = &settings.ipam_data_dir {
         ipam["dataDir"] = json!(dir);
     }
-    let mut plugins = vec![json!({
+    let mut bridge = json!({
         "type": "bridge",
         "bridge": settings.bridge,
         "isGateway": true,
         "ipMasq": false,
         "hairpinMode": true,
         "mtu": mtu,
-        "ipam": ipam,
-    })];
+    });
+    if let Some(dir) = &settings.pod_record_dir {
+        bridge["podRecordDir"] = json!(dir);
+    }
+    bridge["ipam"] = ipam;
+    let mut plugins = vec![bridge];
     if settings.portmap {
         plugins.push(json!({
             "type": "portmap",
@@ -119,6 +126,7 @@ mod tests {
             bridge: "cni0".into(),
             ipam_data_dir: None,
             portmap,
+            pod_record_dir: None,
         }
     }
 
@@ -156,10 +164,12 @@ mod tests {
         let cidrs: Vec<IpNetwork> = vec!["fd00:244:0:1::/64".parse().unwrap()];
         let s = ConflistSettings {
             ipam_data_dir: Some("/var/lib/pods".into()),
+            pod_record_dir: Some("/run/records".into()),
             ..settings(false)
         };
         let got: Value = serde_json::from_slice(&render(&cidrs, 1500, &s)).unwrap();
         assert_eq!(got["plugins"][0]["ipam"]["dataDir"], "/var/lib/pods");
+        assert_eq!(got["plugins"][0]["podRecordDir"], "/run/records");
         assert_eq!(
             got["plugins"][0]["ipam"]["routes"],
             json!([{"dst": "::/0"}])

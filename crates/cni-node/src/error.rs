@@ -62,6 +62,10 @@ pub enum Error {
         source: cni_firewall::Error,
     },
 
+    /// The NetworkPolicy table could not be brought in step.
+    #[error("NetworkPolicy table")]
+    Policy(#[source] cni_firewall::Error),
+
     /// `--masquerade-backend auto` found no usable firewall.
     #[error("no firewall for egress SNAT (or run with --masquerade-backend none)")]
     NoFirewall(#[source] cni_firewall::Error),

@@ -11,8 +11,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::agent::Stores;
 use crate::error::chain;
 use crate::metrics::{self, Metrics};
+use crate::policy::explain::Question;
 
 /// Where the agent stands, as `/readyz` tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,8 +23,9 @@ pub enum Readiness {
     WaitingForList,
     /// The last reconciliation succeeded in every step.
     Ready,
-    /// The last reconciliation failed in these steps: `(step, error)`.
-    Failing(Vec<(&'static str, String)>),
+    /// The last reconciliation failed in these steps, or could not run them yet for
+    /// want of a complete view: `(step, why)`.
+    NotReady(Vec<(&'static str, String)>),
 }
 
 /// What the probes see.
@@ -75,8 +78,15 @@ impl Health {
             <= self.stale_after.as_secs()
     }
 
-    /// Status line, content type and body for a request path.
-    fn answer(&self, path: &str, metrics: &Metrics) -> (&'static str, &'static str, String) {
+    /// Status line, content type and body for a request path and query; `/explain`
+    /// reads the stores.
+    fn answer_with(
+        &self,
+        path: &str,
+        query: &str,
+        metrics: &Metrics,
+        stores: Option<&Stores>,
+    ) -> (&'static str, &'static str, String) {
         const TEXT: &str = "text/plain; charset=utf-8";
         const OK: &str = "200 OK";
         const UNAVAILABLE: &str = "503 Service Unavailable";
@@ -94,7 +104,7 @@ impl Health {
                     TEXT,
                     "waiting for the first complete list from the API\n".into(),
                 ),
-                Readiness::Failing(failures) => {
+                Readiness::NotReady(failures) => {
                     let body = failures
                         .iter()
                         .map(|(step, error)| format!("{step}: {error}\n"))
@@ -102,6 +112,7 @@ impl Health {
                     (UNAVAILABLE, TEXT, body)
                 }
             },
+            "/explain" => explain(query, stores),
             "/metrics" => match metrics.encode() {
                 Ok(text) => (OK, metrics::CONTENT_TYPE, text),
                 Err(e) => ("500 Internal Server Error", TEXT, chain(&e) + "\n"),
@@ -109,14 +120,97 @@ impl Health {
             _ => (
                 "404 Not Found",
                 TEXT,
-                "try /healthz, /readyz or /metrics\n".into(),
+                "try /healthz, /readyz, /metrics or /explain\n".into(),
             ),
         }
     }
 }
 
-/// Serves probes and metrics on `listener` until the runtime stops.
-pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metrics>) {
+/// `/explain?from=..&to=..&protocol=..&port=..[&ipv6=1]`: 200 with the explanation
+/// (its first word `allowed` or `denied`), 400 for a bad question, 503 before the
+/// agent's NetworkPolicy view is complete.
+fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str, String) {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    let Some(snapshot) = stores.and_then(Stores::snapshot).and_then(|s| s.policy) else {
+        return (
+            "503 Service Unavailable",
+            TEXT,
+            "the agent has no complete view of Pods, Namespaces and NetworkPolicies yet \
+             (or does not enforce NetworkPolicy)\n"
+                .into(),
+        );
+    };
+    let param = |key: &str| {
+        query.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=')?;
+            (k == key).then(|| percent_decode(v))
+        })
+    };
+    let question = (|| {
+        Some(Question {
+            from: param("from")?,
+            to: param("to")?,
+            protocol: param("protocol").unwrap_or_else(|| "TCP".into()),
+            port: param("port")?.parse().ok()?,
+            ipv6: param("ipv6").is_some_and(|v| v == "1" || v == "true"),
+        })
+    })();
+    let Some(question) = question else {
+        return (
+            "400 Bad Request",
+            TEXT,
+            "usage: /explain?from=POD|IP&to=POD|IP&protocol=TCP&port=N[&ipv6=1]\n".into(),
+        );
+    };
+    match crate::policy::explain::explain(&snapshot, &question) {
+        Ok((_, text)) => ("200 OK", TEXT, text),
+        Err(why) => ("400 Bad Request", TEXT, why + "\n"),
+    }
+}
+
+/// Decodes the `%XX` escapes (and `+` as a space) of a query value.
+pub fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+            (None, b'+') => out.push(b' '),
+            (None, b) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Encodes a query value (everything but unreserved characters).
+pub fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Serves probes, metrics and `/explain` on `listener` until the runtime stops.
+pub async fn serve(
+    listener: TcpListener,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    stores: Arc<Stores>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -129,15 +223,23 @@ pub async fn serve(listener: TcpListener, health: Arc<Health>, metrics: Arc<Metr
         };
         let health = Arc::clone(&health);
         let metrics = Arc::clone(&metrics);
+        let stores = Arc::clone(&stores);
         tokio::spawn(async move {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), respond(stream, &health, &metrics))
-                    .await;
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                respond(stream, &health, &metrics, &stores),
+            )
+            .await;
         });
     }
 }
 
-async fn respond(mut stream: TcpStream, health: &Health, metrics: &Metrics) -> std::io::Result<()> {
+async fn respond(
+    mut stream: TcpStream,
+    health: &Health,
+    metrics: &Metrics,
+    stores: &Stores,
+) -> std::io::Result<()> {
     let mut buf = [0u8; 1024];
     let mut len = 0;
     // The request line is all we need; stop at its end or when the buffer is full.
@@ -152,8 +254,9 @@ async fn respond(mut stream: TcpStream, health: &Health, metrics: &Metrics) -> s
     let mut words = request.split_whitespace();
     let (method, path) = (words.next(), words.next());
     let (status, content_type, body) = match (method, path) {
-        (Some("GET" | "HEAD"), Some(path)) => {
-            health.answer(path.split('?').next().unwrap_or(""), metrics)
+        (Some("GET" | "HEAD"), Some(target)) => {
+            let (path, query) = target.split_once('?').unwrap_or((target, ""));
+            health.answer_with(path, query, metrics, Some(stores))
         }
         _ => (
             "400 Bad Request",
@@ -181,26 +284,29 @@ mod tests {
     fn ready_only_while_the_last_reconcile_succeeded() {
         let h = Health::new(Duration::from_secs(30));
         let m = Metrics::new();
-        assert_eq!(h.answer("/healthz", &m).0, "200 OK");
-        let (status, _, body) = h.answer("/readyz", &m);
+        assert_eq!(h.answer_with("/healthz", "", &m, None).0, "200 OK");
+        let (status, _, body) = h.answer_with("/readyz", "", &m, None);
         assert_eq!(status, "503 Service Unavailable");
         assert!(body.contains("first complete list"), "{body}");
         h.set(Readiness::Ready);
-        assert_eq!(h.answer("/readyz", &m).2, "ready\n");
-        h.set(Readiness::Failing(vec![
+        assert_eq!(h.answer_with("/readyz", "", &m, None).2, "ready\n");
+        h.set(Readiness::NotReady(vec![
             ("conflist", "cannot write /x: Permission denied".into()),
             ("egress", "nft said no".into()),
         ]));
-        let (status, _, body) = h.answer("/readyz", &m);
+        let (status, _, body) = h.answer_with("/readyz", "", &m, None);
         assert_eq!(status, "503 Service Unavailable");
         assert_eq!(
             body,
             "conflist: cannot write /x: Permission denied\negress: nft said no\n"
         );
         h.heartbeat.store(0, Ordering::Relaxed);
-        assert_eq!(h.answer("/healthz", &m).0, "503 Service Unavailable");
-        assert_eq!(h.answer("/", &m).0, "404 Not Found");
-        let (status, content_type, body) = h.answer("/metrics", &m);
+        assert_eq!(
+            h.answer_with("/healthz", "", &m, None).0,
+            "503 Service Unavailable"
+        );
+        assert_eq!(h.answer_with("/", "", &m, None).0, "404 Not Found");
+        let (status, content_type, body) = h.answer_with("/metrics", "", &m, None);
         assert_eq!((status, content_type), ("200 OK", metrics::CONTENT_TYPE));
         assert!(
             body.contains("# TYPE cni_node_reconciles counter"),
@@ -214,7 +320,12 @@ mod tests {
         let addr = listener.local_addr().unwrap();
         let h = Health::new(Duration::from_secs(30));
         h.set(Readiness::Ready);
-        tokio::spawn(serve(listener, Arc::clone(&h), Arc::new(Metrics::new())));
+        tokio::spawn(serve(
+            listener,
+            Arc::clone(&h),
+            Arc::new(Metrics::new()),
+            Arc::new(Stores::default()),
+        ));
         let mut s = TcpStream::connect(addr).await.unwrap();
         s.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
@@ -223,5 +334,13 @@ mod tests {
         s.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.0 200 OK\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\nready\n"), "{out}");
+    }
+
+    #[test]
+    fn query_values_round_trip() {
+        for text in ["x/a", "fd00::1", "a b&c=d%"] {
+            assert_eq!(percent_decode(&percent_encode(text)), text);
+        }
+        assert_eq!(percent_decode("a%2Fb+c%zz"), "a/b c%zz");
     }
 }

@@ -38,14 +38,13 @@ use clap::Parser;
 
 use crate::error::{Error, chain};
 
-/// The program: parses the command line and runs the agent. The runtime has two
-/// workers so that the probes are answered while a page of a large list is parsed;
-/// the reconciler has a thread of its own.
+/// The program: parses the command line and runs the agent (or a subcommand). The
+/// runtime has two workers so that the probes are answered while a page of a large list
+/// is parsed; the reconciler has a thread of its own.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let options =
-        match cli::Options::try_parse_from(std::iter::once(OsString::from("cni-node")).chain(args))
-        {
-            Ok(options) => options,
+    let cli =
+        match cli::Cli::try_parse_from(std::iter::once(OsString::from("cni-node")).chain(args)) {
+            Ok(cli) => cli,
             Err(e) => {
                 let _ = e.print();
                 return if e.use_stderr() {
@@ -55,6 +54,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
                 };
             }
         };
+    if let Some(cli::Subcommand::Explain(args)) = &cli.command {
+        return explain(args);
+    }
+    let options = cli.options;
     logging::init(options.log_format, options.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -72,6 +75,32 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Err(e) => {
             tracing::error!("{}", chain(&e));
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cni-node explain`: prints the running agent's answer; 0 allowed, 1 denied, 2 no
+/// answer.
+fn explain(args: &cli::ExplainArgs) -> ExitCode {
+    let question = policy::explain::Question {
+        from: args.from.clone(),
+        to: args.to.clone(),
+        protocol: args.protocol.clone(),
+        port: args.port,
+        ipv6: args.ipv6,
+    };
+    match policy::explain::ask(args.agent, &question) {
+        Ok((allowed, text)) => {
+            print!("{text}");
+            if allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(why) => {
+            eprintln!("cni-node explain: {why}");
+            ExitCode::from(2)
         }
     }
 }

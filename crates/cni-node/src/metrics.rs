@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 pub type Label = [(&'static str, &'static str); 1];
 
 /// The reconcile steps, as they appear in `step` labels and in `/readyz`.
-pub const STEPS: [&str; 4] = ["host", "conflist", "routes", "egress"];
+pub const STEPS: [&str; 5] = ["host", "conflist", "routes", "egress", "policy"];
 
 /// The content type of the text exposition ([`Metrics::encode`]).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -39,6 +39,8 @@ pub struct Metrics {
     egress_prefixes: Gauge,
     skipped_nodes: Gauge,
     host_events: Counter,
+    policy_isolated: Family<Label, Gauge>,
+    policy_profiles: Gauge,
 }
 
 impl Default for Metrics {
@@ -66,6 +68,8 @@ impl Metrics {
             egress_prefixes: Gauge::default(),
             skipped_nodes: Gauge::default(),
             host_events: Counter::default(),
+            policy_isolated: Family::default(),
+            policy_profiles: Gauge::default(),
         };
         registry.register(
             "reconciles",
@@ -80,7 +84,7 @@ impl Metrics {
         );
         registry.register(
             "reconcile_failures",
-            "Failed reconcile steps (host, conflist, routes, egress); retried with backoff",
+            "Failed reconcile steps (host, conflist, routes, egress, policy); retried with backoff",
             m.reconcile_failures.clone(),
         );
         registry.register_with_unit(
@@ -125,6 +129,19 @@ impl Metrics {
             "Link, address and route notifications received from this host's kernel",
             m.host_events.clone(),
         );
+        registry.register(
+            "policy_isolated_addresses",
+            "Local pod addresses a NetworkPolicy isolates, by direction",
+            m.policy_isolated.clone(),
+        );
+        registry.register(
+            "policy_profiles",
+            "Distinct NetworkPolicy profiles (what a set of pods allows) in the kernel",
+            m.policy_profiles.clone(),
+        );
+        for direction in ["ingress", "egress"] {
+            let _ = m.policy_isolated.get_or_create(&[("direction", direction)]);
+        }
         for result in ["success", "failure"] {
             let _ = m.reconciles.get_or_create(&[("result", result)]);
         }
@@ -180,6 +197,17 @@ impl Metrics {
             .set(gauge(routes_v6));
         self.egress_prefixes.set(gauge(egress_prefixes));
         self.skipped_nodes.set(gauge(skipped));
+    }
+
+    /// What the NetworkPolicy table holds after a reconciliation.
+    pub fn policy(&self, ingress: usize, egress: usize, profiles: usize) {
+        self.policy_isolated
+            .get_or_create(&[("direction", "ingress")])
+            .set(gauge(ingress));
+        self.policy_isolated
+            .get_or_create(&[("direction", "egress")])
+            .set(gauge(egress));
+        self.policy_profiles.set(gauge(profiles));
     }
 
     /// A watch of `kind` failed or was started again.

@@ -564,6 +564,7 @@ mod tests {
                 bridge: "cni0".into(),
                 ipam_data_dir: None,
                 portmap: false,
+                pod_record_dir: None,
             },
         }
     }

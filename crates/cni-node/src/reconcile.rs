@@ -15,11 +15,18 @@ use std::path::PathBuf;
 
 use ipnetwork::IpNetwork;
 
+use std::net::IpAddr;
+
+use cni_protocol::pod_record;
+
+use crate::agent::PolicySnapshot;
 use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
 use crate::host::{HostReader, HostState};
 use crate::node::NodeInfo;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
+use crate::policy::compile::{Compiled, compile};
+use crate::policy::model::View;
 use crate::routes::{self, RouteChanges, RouteTable};
 
 /// Where the network config is written: a trait so the reconciler is tested without a
@@ -54,6 +61,26 @@ impl ConfigDir for ConfDir {
     }
 }
 
+/// The NetworkPolicy table: a trait so the reconciler is tested without nf_tables.
+pub trait PolicyDatapath: Send {
+    /// Makes the kernel hold `want` (only the differences from what it holds) and
+    /// releases the addresses `want` judges from the pending sets; whether anything
+    /// changed.
+    fn apply(&mut self, want: &Compiled) -> Result<bool, Error>;
+    /// Reads the kernel's table again (the resync: a hand edit is repaired by the next
+    /// apply).
+    fn reload(&mut self) -> Result<(), Error>;
+}
+
+/// What NetworkPolicy enforcement needs.
+#[allow(missing_debug_implementations)] // a trait object; Effects' Debug names the dir
+pub struct PolicyEffects {
+    /// The table.
+    pub datapath: Box<dyn PolicyDatapath>,
+    /// Where the bridge plugin leaves its pod records.
+    pub records_dir: PathBuf,
+}
+
 /// The effects the reconciler drives.
 pub struct Effects {
     /// The host's reader.
@@ -64,6 +91,8 @@ pub struct Effects {
     pub routes: Box<dyn RouteTable>,
     /// The egress rules, unless egress SNAT is off.
     pub egress: Option<Box<dyn EgressRules>>,
+    /// NetworkPolicy enforcement, unless it is off.
+    pub policy: Option<PolicyEffects>,
 }
 
 impl std::fmt::Debug for Effects {
@@ -71,6 +100,7 @@ impl std::fmt::Debug for Effects {
         f.debug_struct("Effects")
             .field("config", &self.config.path())
             .field("egress", &self.egress.as_ref().map(|e| e.name()))
+            .field("policy", &self.policy.as_ref().map(|p| &p.records_dir))
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +116,10 @@ pub struct Outcome {
     pub egress_prefixes: usize,
     /// Nodes left out.
     pub skipped: usize,
+    /// What the pass could not do yet for want of a complete view: `(step, why)`.
+    pub waiting: Vec<(&'static str, String)>,
+    /// Local pod addresses isolated for ingress and for egress, and profiles in use.
+    pub policy: (usize, usize, usize),
 }
 
 impl Outcome {
@@ -110,6 +144,7 @@ struct Reported {
     waiting_for_cidrs: bool,
     shadowed_by: Vec<String>,
     failures: Vec<String>,
+    policy_problems: BTreeMap<String, Vec<String>>,
 }
 
 /// The reconciler: settings, effects and what it has told the operator.
@@ -132,8 +167,15 @@ impl Reconciler {
         }
     }
 
-    /// One pass against the node map `nodes`.
-    pub fn reconcile(&mut self, nodes: &BTreeMap<String, NodeInfo>) -> Outcome {
+    /// One pass against the node map `nodes` and, when NetworkPolicy is enforced, the
+    /// objects it is judged on (`None` until their stores are complete); `resync`
+    /// re-reads what is cached of the kernel first.
+    pub fn reconcile(
+        &mut self,
+        nodes: &BTreeMap<String, NodeInfo>,
+        policy: Option<&PolicySnapshot>,
+        resync: bool,
+    ) -> Outcome {
         let mut outcome = Outcome::default();
         let host = match self.effects.host.read() {
             Ok(host) => host,
@@ -181,8 +223,72 @@ impl Reconciler {
             }
             outcome.egress_prefixes = egress::exempt_prefixes(&plan.in_cluster);
         }
+        self.enforce_policy(policy, resync, &mut outcome);
         self.report_failures(&outcome);
         outcome
+    }
+
+    /// The NetworkPolicy step: compiles the view for this node's pods (their addresses
+    /// from the API and from the plugin's records) and brings the table in step.
+    fn enforce_policy(
+        &mut self,
+        snapshot: Option<&PolicySnapshot>,
+        resync: bool,
+        outcome: &mut Outcome,
+    ) {
+        let Some(effects) = &mut self.effects.policy else {
+            return;
+        };
+        let Some(snapshot) = snapshot else {
+            outcome.waiting.push((
+                "policy",
+                "waiting for the first complete list of Pods, Namespaces and NetworkPolicies"
+                    .into(),
+            ));
+            return;
+        };
+        if resync {
+            if let Err(e) = effects.datapath.reload() {
+                outcome.failures.push(("policy", e));
+                return;
+            }
+        }
+        let records: BTreeMap<IpAddr, String> = pod_record::read_all(&effects.records_dir)
+            .into_iter()
+            .map(|(ip, record)| (ip, record.pod))
+            .collect();
+        let view = View::new(&snapshot.pods, &snapshot.namespaces, &snapshot.policies);
+        let compiled = compile(&view, &self.settings.plan.node_name, &records);
+        outcome.policy = (
+            compiled.ingress.len(),
+            compiled.egress.len(),
+            compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
+        );
+        match effects.datapath.apply(&compiled) {
+            Ok(true) => tracing::info!(
+                "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {}                  profiles",
+                outcome.policy.0,
+                outcome.policy.1,
+                outcome.policy.2
+            ),
+            Ok(false) => {}
+            Err(e) => outcome.failures.push(("policy", e)),
+        }
+        let problems: BTreeMap<String, Vec<String>> = snapshot
+            .policies
+            .iter()
+            .filter(|(_, p)| !p.problems.is_empty())
+            .map(|(k, p)| (k.clone(), p.problems.clone()))
+            .collect();
+        for (key, list) in &problems {
+            if self.reported.policy_problems.get(key) != Some(list) {
+                tracing::warn!(
+                    "NetworkPolicy {key} cannot be enforced exactly, so it is enforced more                      strictly: {}",
+                    list.join("; ")
+                );
+            }
+        }
+        self.reported.policy_problems = problems;
     }
 
     fn write_config(&mut self, desired: &Desired) -> Result<(), Error> {
@@ -469,6 +575,7 @@ mod tests {
             }),
             routes: Box::new(FakeTable(Arc::clone(&log))),
             egress: Some(Box::new(FakeEgress(Arc::clone(&log)))),
+            policy: None,
         };
         let settings = Settings {
             plan: PlanSettings {
@@ -519,7 +626,7 @@ mod tests {
     #[test]
     fn one_pass_writes_the_config_routes_the_others_and_syncs_egress() {
         let mut f = fixture();
-        let outcome = f.reconciler.reconcile(&two_nodes());
+        let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
         assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
         assert_eq!(
             take(&f.log),
@@ -543,7 +650,7 @@ mod tests {
     fn a_failing_step_does_not_stop_the_others_and_is_named() {
         let mut f = fixture();
         *f.writable.lock().unwrap() = false;
-        let outcome = f.reconciler.reconcile(&two_nodes());
+        let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
         assert_eq!(outcome.failed_steps(), vec!["conflist"]);
         let text = chain(&outcome.failures[0].1);
         assert!(
@@ -558,7 +665,12 @@ mod tests {
         assert!(log.iter().any(|l| l.starts_with("egress")), "{log:?}");
         // Once the directory is writable again the next pass succeeds.
         *f.writable.lock().unwrap() = true;
-        assert!(f.reconciler.reconcile(&two_nodes()).failures.is_empty());
+        assert!(
+            f.reconciler
+                .reconcile(&two_nodes(), None, false)
+                .failures
+                .is_empty()
+        );
         assert!(f.file.lock().unwrap().is_some());
     }
 
@@ -566,7 +678,7 @@ mod tests {
     fn a_host_that_cannot_be_read_is_a_host_failure_and_nothing_is_touched() {
         let mut f = fixture();
         *f.host.lock().unwrap() = Err("netlink said no".into());
-        let outcome = f.reconciler.reconcile(&two_nodes());
+        let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
         assert_eq!(outcome.failed_steps(), vec!["host"]);
         assert!(take(&f.log).is_empty());
     }
@@ -574,10 +686,10 @@ mod tests {
     #[test]
     fn the_uplink_mtu_reaches_the_config() {
         let mut f = fixture();
-        f.reconciler.reconcile(&two_nodes());
+        f.reconciler.reconcile(&two_nodes(), None, false);
         take(&f.log);
         f.host.lock().unwrap().as_mut().unwrap().address_mtus[0].1 = 1400;
-        f.reconciler.reconcile(&two_nodes());
+        f.reconciler.reconcile(&two_nodes(), None, false);
         assert_eq!(take(&f.log)[0], "write conflist");
         let file = f.file.lock().unwrap().clone().unwrap();
         let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
@@ -587,7 +699,7 @@ mod tests {
     #[test]
     fn routes_follow_nodes_that_come_and_go() {
         let mut f = fixture();
-        f.reconciler.reconcile(&two_nodes());
+        f.reconciler.reconcile(&two_nodes(), None, false);
         // The route is in the table now; n2 leaves and n3 comes.
         f.host.lock().unwrap().as_mut().unwrap().ours = vec![crate::routes::our_route(
             "10.244.2.0/24".parse().unwrap(),
@@ -598,7 +710,7 @@ mod tests {
         let mut nodes = two_nodes();
         nodes.remove("n2");
         nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
-        let outcome = f.reconciler.reconcile(&nodes);
+        let outcome = f.reconciler.reconcile(&nodes, None, false);
         let log = take(&f.log);
         assert_eq!(
             log[..2],
@@ -615,7 +727,7 @@ mod tests {
         let mut f = fixture();
         let mut nodes = two_nodes();
         nodes.get_mut("n1").unwrap().pod_cidrs.clear();
-        let outcome = f.reconciler.reconcile(&nodes);
+        let outcome = f.reconciler.reconcile(&nodes, None, false);
         assert!(outcome.failures.is_empty());
         let log = take(&f.log);
         assert!(!log.contains(&"write conflist".to_owned()), "{log:?}");

@@ -14,6 +14,7 @@ pub mod inproc;
 pub mod ip;
 pub mod json;
 pub mod log;
+pub mod pod_record;
 pub mod mac;
 pub mod process;
 pub mod result;

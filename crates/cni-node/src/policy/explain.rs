@@ -1,0 +1,181 @@
+//! `cni-node explain`: whether NetworkPolicy lets a connection through and which
+//! policies decided it, from the running agent's own view (served on its health
+//! address), so an operator sees what the agent enforces, not what the API says now.
+
+use std::net::IpAddr;
+
+use super::model::{Side, View};
+use super::objects::{SCTP, TCP, UDP};
+use crate::agent::PolicySnapshot;
+
+/// A question: from an address or a pod (`namespace/name`) to a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Question {
+    /// Source: an address or `namespace/name`.
+    pub from: String,
+    /// Destination: an address or `namespace/name`.
+    pub to: String,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// Destination port.
+    pub port: u16,
+    /// Use the pods' IPv6 addresses (when a pod is named).
+    pub ipv6: bool,
+}
+
+/// The answer: allowed or not, and the explanation as text.
+pub fn explain(snapshot: &PolicySnapshot, q: &Question) -> Result<(bool, String), String> {
+    let protocol = match q.protocol.to_ascii_uppercase().as_str() {
+        "TCP" => TCP,
+        "UDP" => UDP,
+        "SCTP" => SCTP,
+        other => return Err(format!("unknown protocol {other:?}: TCP, UDP or SCTP")),
+    };
+    let view = View::new(&snapshot.pods, &snapshot.namespaces, &snapshot.policies);
+    let address = |what: &str| -> Result<IpAddr, String> {
+        if let Ok(ip) = what.parse::<IpAddr>() {
+            return Ok(ip);
+        }
+        let pod = snapshot
+            .pods
+            .get(what)
+            .ok_or_else(|| format!("no pod {what:?} (namespace/name) and not an address"))?;
+        pod.ips
+            .iter()
+            .copied()
+            .find(|ip| ip.is_ipv6() == q.ipv6)
+            .ok_or_else(|| {
+                format!(
+                    "pod {what} has no {} address yet",
+                    if q.ipv6 { "IPv6" } else { "IPv4" }
+                )
+            })
+    };
+    let (src, dst) = (address(&q.from)?, address(&q.to)?);
+    if src.is_ipv4() != dst.is_ipv4() {
+        return Err(format!("{src} and {dst} are of different families"));
+    }
+    let verdict = view.verdict(src, dst, protocol, q.port);
+    let name = |ip: IpAddr| match view.pod_at(ip) {
+        Some(pod) => format!("{ip} (pod {})", pod.key()),
+        None => format!("{ip} (no pod)"),
+    };
+    let allowed = verdict.allowed();
+    let mut text = format!(
+        "{}: {} {} -> {} port {}\n",
+        if allowed { "allowed" } else { "denied" },
+        q.protocol.to_ascii_uppercase(),
+        name(src),
+        name(dst),
+        q.port
+    );
+    if verdict.same_pod {
+        text.push_str("a pod reaching its own address is not subject to policy\n");
+        return Ok((allowed, text));
+    }
+    let side = |text: &mut String, what: &str, side: &Option<Side>| match side {
+        None => text.push_str(&format!("{what}: not a pod, no policy applies\n")),
+        Some(s) if s.isolated_by.is_empty() => {
+            text.push_str(&format!("{what}: no policy selects it, not isolated\n"));
+        }
+        Some(s) if s.allowed_by.is_empty() => text.push_str(&format!(
+            "{what}: isolated by {}; none of them allows it\n",
+            s.isolated_by.join(", ")
+        )),
+        Some(s) => text.push_str(&format!(
+            "{what}: isolated by {}; allowed by {}\n",
+            s.isolated_by.join(", "),
+            s.allowed_by.join(", ")
+        )),
+    };
+    side(&mut text, "egress of the source", &verdict.egress);
+    side(&mut text, "ingress of the destination", &verdict.ingress);
+    Ok((allowed, text))
+}
+
+/// Asks the agent listening on `agent` (its `--health-addr`): whether the connection
+/// is allowed, and the explanation; an error when the agent cannot answer.
+pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String), String> {
+    use crate::health::percent_encode;
+    use std::io::{Read as _, Write as _};
+    let timeout = std::time::Duration::from_secs(5);
+    let mut stream = std::net::TcpStream::connect_timeout(&agent, timeout)
+        .map_err(|e| format!("cannot reach the agent at {agent} (its --health-addr): {e}"))?;
+    let _ = stream.set_read_timeout(Some(timeout));
+    let request = format!(
+        "GET /explain?from={}&to={}&protocol={}&port={}&ipv6={} HTTP/1.0\r\n\r\n",
+        percent_encode(&q.from),
+        percent_encode(&q.to),
+        percent_encode(&q.protocol),
+        q.port,
+        u8::from(q.ipv6)
+    );
+    let mut reply = String::new();
+    stream
+        .write_all(request.as_bytes())
+        .and_then(|()| stream.read_to_string(&mut reply))
+        .map_err(|e| format!("the agent at {agent}: {e}"))?;
+    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
+    if !head.starts_with("HTTP/1.0 200") {
+        return Err(body.trim_end().to_owned());
+    }
+    Ok((body.starts_with("allowed"), body.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::model::tests::{cluster, policy};
+    use serde_json::json;
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    #[test]
+    fn explains_which_policies_decided() {
+        let (pods, namespaces) = cluster();
+        let policies: BTreeMap<_, _> = [
+            policy("x", "deny", json!({"podSelector": {}})),
+            policy("x", "allow-y", json!({"podSelector": {}, "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"ns": "y"}}}]}]})),
+        ]
+        .into_iter()
+        .collect();
+        let snapshot = PolicySnapshot {
+            pods: Arc::new(pods),
+            namespaces: Arc::new(namespaces),
+            policies: Arc::new(policies),
+        };
+        let q = |from: &str, to: &str| Question {
+            from: from.into(),
+            to: to.into(),
+            protocol: "tcp".into(),
+            port: 80,
+            ipv6: false,
+        };
+        let (allowed, text) = explain(&snapshot, &q("y/a", "x/b")).unwrap();
+        assert!(allowed, "{text}");
+        assert!(text.contains("allowed by x/allow-y"), "{text}");
+        let (allowed, text) = explain(&snapshot, &q("z/a", "x/b")).unwrap();
+        assert!(!allowed, "{text}");
+        assert!(
+            text.contains("isolated by x/allow-y, x/deny; none of them allows it"),
+            "{text}"
+        );
+        assert!(
+            text.contains("egress of the source: no policy selects it"),
+            "{text}"
+        );
+        let (allowed, _) = explain(&snapshot, &q("192.0.2.1", "x/b")).unwrap();
+        assert!(!allowed);
+        let e = explain(&snapshot, &q("x/nope", "x/b")).unwrap_err();
+        assert!(e.contains("no pod \"x/nope\""), "{e}");
+        let e = explain(
+            &snapshot,
+            &Question {
+                protocol: "icmp".into(),
+                ..q("y/a", "x/b")
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown protocol"), "{e}");
+    }
+}
