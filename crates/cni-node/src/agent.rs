@@ -215,6 +215,9 @@ pub async fn run(options: Options) -> Result<()> {
         Arc::clone(&metrics),
         options.route_protocol,
     )?;
+    if options.network_policy {
+        host::notify_records(&options.pod_record_dir, Arc::clone(&wake))?;
+    }
     let reconciler = Reconciler::new(
         settings(&options),
         options.route_protocol,

@@ -28,6 +28,16 @@ pub enum Error {
     #[error("cannot subscribe to this host's link, address and route notifications")]
     HostEvents(#[source] io::Error),
 
+    /// The pod records' directory could not be made or watched.
+    #[error("cannot watch the pod records in {path}")]
+    Records {
+        /// The directory.
+        path: PathBuf,
+        /// What the system said.
+        #[source]
+        source: io::Error,
+    },
+
     /// The network config could not be written.
     #[error("cannot write {path}")]
     WriteConfig {

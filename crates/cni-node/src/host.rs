@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -97,6 +97,52 @@ pub fn notify_changes(wake: Arc<Wake>, metrics: Arc<Metrics>, protocol: u8) -> R
         })
         .map_err(|source| Error::Thread {
             name: "host-events",
+            source,
+        })?;
+    Ok(())
+}
+
+/// Wakes the reconciler whenever a pod record appears in or leaves `dir` (the bridge
+/// plugin writes one at ADD, removes it at DEL), from a thread of its own blocked on
+/// inotify. The directory is created if missing, so it can be watched before the first
+/// pod.
+pub fn notify_records(dir: &Path, wake: Arc<Wake>) -> Result<()> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    let fail = |source: std::io::Error| Error::Records {
+        path: dir.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| fail(e.into()))?;
+    inotify
+        .add_watch(
+            dir,
+            AddWatchFlags::IN_MOVED_TO
+                | AddWatchFlags::IN_CLOSE_WRITE
+                | AddWatchFlags::IN_DELETE
+                | AddWatchFlags::IN_MOVED_FROM,
+        )
+        .map_err(|e| fail(e.into()))?;
+    std::thread::Builder::new()
+        .name("pod-records".into())
+        .spawn(move || {
+            loop {
+                match inotify.read_events() {
+                    Ok(events) if events.is_empty() => {}
+                    Ok(_) => wake.notify(),
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            "cannot read pod record notifications ({e}); the resync still \
+                             reads the records"
+                        );
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        })
+        .map_err(|source| Error::Thread {
+            name: "pod-records",
             source,
         })?;
     Ok(())
