@@ -22,9 +22,13 @@
 //! - [`underlay`]: a layer-2 segment between test hosts and UDP probes across it.
 //! - [`hostport`]: TCP probes of host ports and a client beside the node.
 //! - [`fleet`]: which side, ours or the reference's, adds and deletes each pod of a mixed fleet.
+//! - [`cluster`]: a cluster of namespaces on an underlay, each node running `cni-node`
+//!   against the Kubernetes API test server.
+//! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
 
 pub mod bins;
 pub mod cases;
+pub mod cluster;
 pub mod fleet;
 pub mod hostport;
 pub mod ipam;
@@ -35,6 +39,7 @@ pub mod netns;
 pub mod plugin;
 pub mod podman;
 pub mod privilege;
+pub mod probe;
 pub mod tempdir;
 pub mod underlay;
 
