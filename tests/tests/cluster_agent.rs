@@ -1,0 +1,153 @@
+//! The node agent's own contract, in the namespace cluster of `cluster_network.rs`
+//! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after.
+//!
+//! Times are printed; what is asserted is a generous bound above the contract's figure
+//! (the machine may be loaded), so a failure means "did not happen", not "was slow".
+//! Tests that must prove the agent's own retry or a netlink notification acted, not the
+//! resync, run the agent with `--resync-interval 3600`.
+
+use std::fs;
+use std::time::{Duration, Instant};
+
+use cni_blackbox::cluster::{Cluster, Host, node_object, pod_cidr_v4, pod_cidr_v6};
+use cni_blackbox::probe::Answer;
+use cni_blackbox::require_root;
+
+/// The steps `/readyz` names, one `<step>: <error>` line each.
+const STEPS: [&str; 4] = ["host", "conflist", "routes", "egress"];
+
+/// Asks `path` of `host`'s agent every 50 ms until `check` says done (`Ok(true)`),
+/// fails (`Err`, at once), or `within` passes; a probe that gets no answer (not yet
+/// listening) is retried. Returns the last answer and how long it took.
+fn poll_health(
+    host: &Host,
+    path: &str,
+    within: Duration,
+    mut check: impl FnMut(&Answer) -> Result<bool, String>,
+) -> Result<(Answer, Duration), String> {
+    let start = Instant::now();
+    loop {
+        let last = match host.health(path) {
+            Ok(answer) => match check(&answer) {
+                Ok(true) => return Ok((answer, start.elapsed())),
+                Ok(false) => answer.to_string(),
+                Err(e) => return Err(format!("GET {path}: {e}")),
+            },
+            Err(e) => e,
+        };
+        if start.elapsed() >= within {
+            return Err(format!(
+                "GET {path}: not as expected after {within:?}; last: {last}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The lines of a `/readyz` failure body that are not `<step>: <error>`.
+fn malformed_lines(body: &str) -> Vec<String> {
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| {
+            !l.split_once(": ")
+                .is_some_and(|(step, error)| STEPS.contains(&step) && !error.trim().is_empty())
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn readyz_is_503_naming_the_failed_step_and_ready_once_the_cause_is_gone() {
+    if !require_root() {
+        return;
+    }
+    let mut cluster = Cluster::without_nodes(1500);
+    // The API is not reachable at all when the agent starts.
+    cluster.api.stop();
+    cluster.api.apply_node(node_object(1));
+    let mut host = cluster.new_host(1, 1500);
+    // The conf dir's parent is a regular file: the conflist cannot be written.
+    let blocker = cluster.dir.path().join("node-1").join("blocked");
+    fs::write(&blocker, "a file where a directory should be\n")
+        .unwrap_or_else(|e| panic!("write {}: {e}", blocker.display()));
+    host.conf_dir = blocker.join("net.d");
+    // Not the resync tick: the failed step's own retry must bring it back.
+    host.resync_secs = 3600;
+    host.start_agent(&cluster.kubeconfig);
+    cluster.hosts.push(host);
+    let host = &cluster.hosts[0];
+    let log = || host.agent_log();
+
+    // Before the first list: 503, waiting for it; and it stays so while the API is away.
+    let waiting = |a: &Answer| -> Result<bool, String> {
+        if a.status == 503 && a.body.to_lowercase().contains("waiting for the first list") {
+            Ok(true)
+        } else {
+            Err(format!(
+                "the API is unreachable, so 503 waiting for the first list was due, got {a}"
+            ))
+        }
+    };
+    let (first, _) = poll_health(host, "/readyz", Duration::from_secs(20), waiting)
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    eprintln!("API unreachable: /readyz {first}");
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let answer = host
+            .health("/readyz")
+            .unwrap_or_else(|e| panic!("/readyz: {e}\nagent log:\n{}", log()));
+        waiting(&answer).unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The API comes: the Node has pod CIDRs, the conflist cannot be written.
+    cluster.api.restart();
+    let host = &cluster.hosts[0];
+    let (failing, took) = poll_health(host, "/readyz", Duration::from_secs(30), |a| {
+        if a.status == 200 {
+            return Err(format!(
+                "ready although {} cannot be written: {a}",
+                host.conf_dir.display()
+            ));
+        }
+        Ok(a.status == 503 && a.body.lines().any(|l| l.starts_with("conflist: ")))
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    eprintln!("API reachable, conflist unwritable: /readyz {failing} after {took:?}");
+    let bad = malformed_lines(&failing.body);
+    assert!(
+        bad.is_empty(),
+        "/readyz lines not of the form `<step>: <error>` (step one of {STEPS:?}): {bad:?}"
+    );
+    assert!(host.conflist().is_none());
+
+    // The path is made writable: ready within the retry's backoff (capped at 4 s: the
+    // contract says 5 s; the bound asserted is generous).
+    fs::remove_file(&blocker).unwrap_or_else(|e| panic!("rm {}: {e}", blocker.display()));
+    fs::create_dir_all(&host.conf_dir)
+        .unwrap_or_else(|e| panic!("mkdir {}: {e}", host.conf_dir.display()));
+    let (ready, took) = poll_health(host, "/readyz", Duration::from_secs(15), |a| {
+        Ok(a.status == 200 && a.body == "ready\n")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    eprintln!("conf dir writable: /readyz {ready} after {took:?} (contract: 5 s)");
+    let conf = host
+        .conflist()
+        .unwrap_or_else(|| panic!("ready, but no conflist\nagent log:\n{}", host.agent_log()));
+    assert_eq!(
+        conf["plugins"][0]["ipam"]["ranges"],
+        serde_json::json!([[{"subnet": pod_cidr_v4(1)}], [{"subnet": pod_cidr_v6(1)}]]),
+        "{conf}"
+    );
+}
+
+#[test]
+fn readyz_lines_are_checked_for_their_form() {
+    assert!(
+        malformed_lines("conflist: cannot write /x: Not a directory\nroutes: EPERM\n").is_empty()
+    );
+    assert_eq!(
+        malformed_lines("not ready\nconflist: x\nfirewall: y\nhost:\n"),
+        ["not ready", "firewall: y", "host:"]
+    );
+}
