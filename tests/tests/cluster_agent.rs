@@ -1,5 +1,6 @@
 //! The node agent's own contract, in the namespace cluster of `cluster_network.rs`
-//! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after.
+//! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after, and host
+//! changes noticed through netlink notifications rather than the resync tick.
 //!
 //! Times are printed; what is asserted is a generous bound above the contract's figure
 //! (the machine may be loaded), so a failure means "did not happen", not "was slow".
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use cni_blackbox::cluster::{Cluster, Host, node_object, pod_cidr_v4, pod_cidr_v6};
 use cni_blackbox::probe::Answer;
 use cni_blackbox::require_root;
+use serde_json::Value;
 
 /// The steps `/readyz` names, one `<step>: <error>` line each.
 const STEPS: [&str; 4] = ["host", "conflist", "routes", "egress"];
@@ -150,4 +152,65 @@ fn readyz_lines_are_checked_for_their_form() {
         malformed_lines("not ready\nconflist: x\nfirewall: y\nhost:\n"),
         ["not ready", "firewall: y", "host:"]
     );
+}
+
+/// Polls `ok` every 10 ms for at most `within`; whether it came true.
+fn cluster_wait(within: Duration, ok: impl FnMut() -> bool) -> bool {
+    cni_blackbox::cluster::wait(within, "", ok).is_ok()
+}
+
+#[test]
+fn an_uplink_mtu_change_reaches_the_conflist_through_a_notification() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new_with(1, 1500, |h| h.resync_secs = 3600);
+    cluster.wait_for_conflists();
+    let host = &cluster.hosts[0];
+    let mtu_now = || host.conflist().map(|c| c["plugins"][0]["mtu"].clone());
+    assert_eq!(mtu_now(), Some(Value::from(1500)));
+    for mtu in [1400, 1450] {
+        host.ns
+            .exec_ok(&["ip", "link", "set", "ul0", "mtu", &mtu.to_string()]);
+        let changed = Instant::now();
+        let outcome = cluster_wait(Duration::from_secs(5), || {
+            mtu_now() == Some(Value::from(mtu))
+        });
+        let took = changed.elapsed();
+        assert!(
+            outcome,
+            "ul0's MTU set to {mtu}: the conflist still says {:?} after {took:?} \
+             (--resync-interval 3600: only a link notification can act)\nagent log:\n{}",
+            mtu_now(),
+            host.agent_log()
+        );
+        eprintln!("uplink MTU {mtu}: in the conflist after {took:?} (contract: 1 s)");
+    }
+}
+
+#[test]
+fn a_route_deleted_by_hand_is_back_through_a_notification() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new_with(2, 1500, |h| h.resync_secs = 3600);
+    let mesh = cluster.mesh_of();
+    cluster.wait_for_routes(Duration::from_secs(10), Cluster::full_mesh(&mesh));
+    let host = &cluster.hosts[0];
+    let want = Cluster::full_mesh(&mesh)(host.n);
+    for (family, cidr) in [("-4", pod_cidr_v4(2)), ("-6", pod_cidr_v6(2))] {
+        host.ns
+            .exec_ok(&["ip", family, "route", "del", &cidr, "proto", "77"]);
+        let deleted = Instant::now();
+        let back = cluster_wait(Duration::from_secs(5), || host.our_routes() == want);
+        let took = deleted.elapsed();
+        assert!(
+            back,
+            "{cidr} deleted by hand: not back after {took:?} (--resync-interval 3600: only a \
+             route notification can act); routes: {:?}\nagent log:\n{}",
+            host.our_routes(),
+            host.agent_log()
+        );
+        eprintln!("{cidr} deleted by hand: back after {took:?} (contract: 1 s)");
+    }
 }
