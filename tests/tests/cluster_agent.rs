@@ -1,18 +1,25 @@
 //! The node agent's own contract, in the namespace cluster of `cluster_network.rs`
-//! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after, and host
-//! changes noticed through netlink notifications rather than the resync tick.
+//! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after, host
+//! changes noticed through netlink notifications rather than the resync tick, and a
+//! watch whose connection died silently.
 //!
 //! Times are printed; what is asserted is a generous bound above the contract's figure
 //! (the machine may be loaded), so a failure means "did not happen", not "was slow".
 //! Tests that must prove the agent's own retry or a netlink notification acted, not the
 //! resync, run the agent with `--resync-interval 3600`.
 
+use std::collections::BTreeSet;
 use std::fs;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use cni_blackbox::cluster::{Cluster, Host, node_object, pod_cidr_v4, pod_cidr_v6};
+use cni_blackbox::cluster::{
+    API_V4, Cluster, Host, node_object, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6, routes_to,
+};
+use cni_blackbox::hostport::in_netns;
 use cni_blackbox::probe::Answer;
 use cni_blackbox::require_root;
+use cni_blackbox::underlay::address;
 use serde_json::Value;
 
 /// The steps `/readyz` names, one `<step>: <error>` line each.
@@ -213,4 +220,114 @@ fn a_route_deleted_by_hand_is_back_through_a_notification() {
         );
         eprintln!("{cidr} deleted by hand: back after {took:?} (contract: 1 s)");
     }
+}
+
+/// The local addresses of the TCP connections established from `host` to the API server.
+fn api_connections(host: &Host) -> Vec<String> {
+    host.ns
+        .exec_ok(&["ss", "-Htn", "state", "established", "dst", API_V4])
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_watch_that_died_with_the_nodes_old_address_is_replaced() {
+    if !require_root() {
+        return;
+    }
+    const NEW_V4: &str = "198.18.0.61";
+    const NEW_V6: &str = "fd00:18::61";
+    let cluster = Cluster::new(2, 1500);
+    let mesh = cluster.mesh_of();
+    cluster.wait_for_routes(Duration::from_secs(10), Cluster::full_mesh(&mesh));
+    let a = &cluster.hosts[0];
+    assert_eq!(a.n, 1);
+    let (old_v4, old_v6) = (node_v4(1), node_v6(1));
+    // The agent watches over a connection from its old address.
+    let before = api_connections(a);
+    assert!(
+        before.iter().any(|c| c.starts_with(&format!("{old_v4}:"))),
+        "node 1's agent has no connection from {old_v4} to the API: {before:?}"
+    );
+
+    // The node is renumbered on the same subnet: new addresses first (the old primary's
+    // removal promotes the new one, so the subnet and default routes stay), then the old
+    // ones go. Nothing resets the agent's socket; it just stops hearing anything.
+    a.ns.exec_ok(&["sysctl", "-qw", "net.ipv4.conf.ul0.promote_secondaries=1"]);
+    address(&a.ns, NEW_V4, "24");
+    address(&a.ns, NEW_V6, "64");
+    a.ns.exec_ok(&["ip", "addr", "del", &format!("{old_v4}/24"), "dev", "ul0"]);
+    a.ns.exec_ok(&["ip", "addr", "del", &format!("{old_v6}/64"), "dev", "ul0"]);
+    let changed = Instant::now();
+    eprintln!(
+        "node 1 renumbered {old_v4} -> {NEW_V4}, {old_v6} -> {NEW_V6}; its agent's API \
+         connections were from {before:?}"
+    );
+
+    // The setup does what it says: the API server cannot reach the old addresses any
+    // more, and node 1 reaches the API server from the new one.
+    for (flag, old) in [("-4", &old_v4), ("-6", &old_v6)] {
+        let out = cluster
+            .underlay
+            .exec(&["ping", flag, "-c", "1", "-W", "1", old]);
+        assert!(
+            !out.status.success(),
+            "the API server's namespace still reaches {old}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let api = cluster.api.addr();
+    let local = in_netns(a.ns.path(), move || {
+        TcpStream::connect_timeout(&api, Duration::from_secs(5)).and_then(|s| s.local_addr())
+    })
+    .unwrap_or_else(|e| panic!("node 1 cannot reach the API server at {api}: {e}"));
+    assert_eq!(local.ip().to_string(), NEW_V4, "connected from {local}");
+    let default = a.ns.exec_ok(&["ip", "-4", "route", "show", "default"]);
+    assert!(default.contains("via"), "node 1 lost its default route");
+
+    // A moment later, the kubelet reports the new addresses and a node joins.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut renumbered = node_object(1);
+    renumbered["status"]["addresses"][0]["address"] = Value::from(NEW_V4);
+    renumbered["status"]["addresses"][1]["address"] = Value::from(NEW_V6);
+    cluster.api.apply_node(renumbered);
+    cluster.api.apply_node(node_object(3));
+
+    // Node 2's watch is fine: it follows at once.
+    let to_3 = routes_to(3, &node_v4(3), &node_v6(3));
+    let want_2: BTreeSet<String> = routes_to(1, NEW_V4, NEW_V6)
+        .into_iter()
+        .chain(to_3.clone())
+        .collect();
+    let b = &cluster.hosts[1];
+    assert!(
+        cluster_wait(Duration::from_secs(10), || b.our_routes() == want_2),
+        "node 2: want {want_2:?}, have {:?}\nagent log:\n{}",
+        b.our_routes(),
+        b.agent_log()
+    );
+
+    // Node 1's watch died silently; it must be found dead and replaced, and resume.
+    let want_1: BTreeSet<String> = routes_to(2, &node_v4(2), &node_v6(2))
+        .into_iter()
+        .chain(to_3)
+        .collect();
+    let deadline = changed + Duration::from_secs(40);
+    let routed = cluster_wait(deadline.saturating_duration_since(Instant::now()), || {
+        a.our_routes() == want_1
+    });
+    let took = changed.elapsed();
+    let after = api_connections(a);
+    assert!(
+        routed,
+        "node 1 did not route node 3 within {took:?} of its address change (contract: 30 s): \
+         want {want_1:?}, have {:?}; its API connections now: {after:?}\nagent log:\n{}",
+        a.our_routes(),
+        a.agent_log()
+    );
+    eprintln!(
+        "node 1 routed the node added after its renumbering {took:?} after the change \
+         (contract: 30 s); API connections now from {after:?}"
+    );
 }
