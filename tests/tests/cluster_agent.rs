@@ -1,20 +1,21 @@
 //! The node agent's own contract, in the namespace cluster of `cluster_network.rs`
 //! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after, host
-//! changes noticed through netlink notifications rather than the resync tick, and a
-//! watch whose connection died silently.
+//! changes noticed through netlink notifications rather than the resync tick, a watch
+//! whose connection died silently, and the `/metrics` exposition.
 //!
 //! Times are printed; what is asserted is a generous bound above the contract's figure
 //! (the machine may be loaded), so a failure means "did not happen", not "was slow".
 //! Tests that must prove the agent's own retry or a netlink notification acted, not the
 //! resync, run the agent with `--resync-interval 3600`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use cni_blackbox::cluster::{
-    API_V4, Cluster, Host, node_object, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6, routes_to,
+    API_V4, Cluster, Host, node_name, node_object, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6,
+    routes_to,
 };
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::probe::Answer;
@@ -330,4 +331,391 @@ fn a_watch_that_died_with_the_nodes_old_address_is_replaced() {
         "node 1 routed the node added after its renumbering {took:?} after the change \
          (contract: 30 s); API connections now from {after:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// /metrics
+// ---------------------------------------------------------------------------------------
+
+/// One sample line: `name{labels} value`.
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// A parsed exposition.
+#[derive(Debug, Default)]
+struct Exposition {
+    samples: Vec<Sample>,
+    /// `# TYPE` lines: family name to type.
+    types: BTreeMap<String, String>,
+    /// Families with a `# HELP` line.
+    helps: BTreeSet<String>,
+}
+
+impl Exposition {
+    /// The value of the sample `name` whose labels are exactly `labels`.
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.samples
+            .iter()
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
+    }
+
+    /// The `# TYPE` of the family a sample name belongs to. A counter's family is
+    /// `x_total` in the classic text format and `x` in OpenMetrics; both are accepted.
+    fn type_of(&self, sample_name: &str) -> Option<(&str, &str)> {
+        let base = sample_name.strip_suffix("_total");
+        [Some(sample_name), base]
+            .into_iter()
+            .flatten()
+            .find_map(|family| self.types.get_key_value(family))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// Parses the Prometheus text format (and OpenMetrics' `# EOF`): comments `# HELP`,
+/// `# TYPE`, others ignored; samples `name{label="value",...} value [timestamp]`.
+fn parse_exposition(text: &str) -> Result<Exposition, String> {
+    let mut out = Exposition::default();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        let fail = |why: &str| format!("line {}: {why}: {raw:?}", i + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix('#') {
+            let mut words = comment.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some("TYPE"), Some(name), Some(kind)) => {
+                    out.types.insert(name.to_owned(), kind.to_owned());
+                }
+                (Some("TYPE"), _, _) => return Err(fail("a TYPE without a type")),
+                (Some("HELP"), Some(name), _) => {
+                    out.helps.insert(name.to_owned());
+                }
+                _ => {}
+            }
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(line.len());
+        let name = &line[..name_end];
+        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(fail("no metric name"));
+        }
+        let mut rest = &line[name_end..];
+        let mut labels = BTreeMap::new();
+        if let Some(after) = rest.strip_prefix('{') {
+            let (parsed, tail) = parse_labels(after).map_err(|e| fail(&e))?;
+            labels = parsed;
+            rest = tail;
+        }
+        let value = rest
+            .split_whitespace()
+            .next()
+            .ok_or_else(|| fail("no value"))?;
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v.parse().map_err(|_| fail("not a number"))?,
+        };
+        out.samples.push(Sample {
+            name: name.to_owned(),
+            labels,
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// `label="value",...}` (after the `{`): the labels and what follows the `}`.
+fn parse_labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String> {
+    let mut labels = BTreeMap::new();
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix('}') {
+            return Ok((labels, rest));
+        }
+        let (name, after) = s.split_once('=').ok_or("a label without =")?;
+        let name = name.trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("bad label name {name:?}"));
+        }
+        let mut chars = after
+            .strip_prefix('"')
+            .ok_or("a label value without quotes")?
+            .char_indices();
+        let mut value = String::new();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c)) => value.push(c),
+                    None => return Err("a label value ends in a backslash".into()),
+                },
+                Some((i, '"')) => break i,
+                Some((_, c)) => value.push(c),
+                None => return Err("an unterminated label value".into()),
+            }
+        };
+        labels.insert(name.to_owned(), value);
+        s = after[1 + end + 1..].trim_start();
+        s = s.strip_prefix(',').unwrap_or(s);
+    }
+}
+
+/// The metric families of the contract, as they appear in samples, with their type.
+const FAMILIES: [(&str, &str); 11] = [
+    ("cni_node_reconciles_total", "counter"),
+    ("cni_node_reconcile_duration_seconds", "histogram"),
+    ("cni_node_reconcile_failures_total", "counter"),
+    (
+        "cni_node_last_successful_reconcile_timestamp_seconds",
+        "gauge",
+    ),
+    ("cni_node_watch_restarts_total", "counter"),
+    ("cni_node_watch_lists_total", "counter"),
+    ("cni_node_watched_objects", "gauge"),
+    ("cni_node_routes", "gauge"),
+    ("cni_node_egress_prefixes", "gauge"),
+    ("cni_node_skipped_nodes", "gauge"),
+    ("cni_node_host_events_total", "counter"),
+];
+
+/// `GET /metrics` of `host`'s agent, parsed.
+fn metrics(host: &Host) -> Result<Exposition, String> {
+    let answer = host.health("/metrics")?;
+    if answer.status != 200 {
+        return Err(format!("GET /metrics: {answer}"));
+    }
+    parse_exposition(&answer.body).map_err(|e| format!("GET /metrics: {e}\n{}", answer.body))
+}
+
+/// Polls `/metrics` until `ok` holds of it (`within`); returns the last exposition.
+fn wait_metrics(
+    host: &Host,
+    within: Duration,
+    what: &str,
+    mut ok: impl FnMut(&Exposition) -> bool,
+) -> Exposition {
+    let start = Instant::now();
+    loop {
+        match metrics(host) {
+            Ok(m) if ok(&m) => return m,
+            _ if start.elapsed() < within => {}
+            Ok(m) => panic!(
+                "{what}: not so after {within:?}; samples:\n{}\nagent log:\n{}",
+                m.samples
+                    .iter()
+                    .map(|s| format!("{} {:?} {}", s.name, s.labels, s.value))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                host.agent_log()
+            ),
+            Err(e) => panic!("{what}: {e}\nagent log:\n{}", host.agent_log()),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[test]
+fn metrics_name_every_family_and_follow_the_cluster() {
+    if !require_root() {
+        return;
+    }
+    let test_start = now_unix();
+    let mut cluster = Cluster::new(2, 1500);
+    let mesh = cluster.mesh_of();
+    cluster.wait_for_routes(Duration::from_secs(10), Cluster::full_mesh(&mesh));
+    let node = [("kind", "Node")];
+    let first = wait_metrics(
+        &cluster.hosts[0],
+        Duration::from_secs(10),
+        "cni_node_watched_objects{kind=\"Node\"} == 2",
+        |m| m.get("cni_node_watched_objects", &node) == Some(2.0),
+    );
+
+    // Every family, with its type and help.
+    let mut problems = Vec::new();
+    for (family, kind) in FAMILIES {
+        match first.type_of(family) {
+            Some((declared, t)) if t == kind => {
+                if !first.helps.contains(declared) {
+                    problems.push(format!("{family}: no # HELP {declared}"));
+                }
+            }
+            Some((declared, t)) => {
+                problems.push(format!("{family}: # TYPE {declared} {t}, expected {kind}"));
+            }
+            None => problems.push(format!("{family}: no # TYPE line")),
+        }
+    }
+    // The samples that are preset or have surely happened by now.
+    let mut want: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            "cni_node_reconciles_total".into(),
+            vec![("result", "success")],
+        ),
+        (
+            "cni_node_reconciles_total".into(),
+            vec![("result", "failure")],
+        ),
+        ("cni_node_reconcile_duration_seconds_sum".into(), vec![]),
+        ("cni_node_reconcile_duration_seconds_count".into(), vec![]),
+        (
+            "cni_node_reconcile_duration_seconds_bucket".into(),
+            vec![("le", "+Inf")],
+        ),
+        (
+            "cni_node_last_successful_reconcile_timestamp_seconds".into(),
+            vec![],
+        ),
+        ("cni_node_watch_lists_total".into(), node.to_vec()),
+        ("cni_node_watched_objects".into(), node.to_vec()),
+        ("cni_node_routes".into(), vec![("family", "ipv4")]),
+        ("cni_node_routes".into(), vec![("family", "ipv6")]),
+        ("cni_node_egress_prefixes".into(), vec![]),
+        ("cni_node_skipped_nodes".into(), vec![]),
+        ("cni_node_host_events_total".into(), vec![]),
+    ];
+    for step in STEPS {
+        want.push((
+            "cni_node_reconcile_failures_total".into(),
+            vec![("step", step)],
+        ));
+    }
+    for (name, labels) in &want {
+        if first.get(name, labels).is_none() {
+            problems.push(format!("no sample {name}{labels:?}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "/metrics:\n{}\nsamples: {:?}",
+        problems.join("\n"),
+        first.samples
+    );
+    let value = |m: &Exposition, name: &str, labels: &[(&str, &str)]| {
+        m.get(name, labels).unwrap_or(f64::NAN)
+    };
+    let success = [("result", "success")];
+    assert!(value(&first, "cni_node_reconciles_total", &success) >= 1.0);
+    assert!(value(&first, "cni_node_watch_lists_total", &node) >= 1.0);
+    assert_eq!(value(&first, "cni_node_routes", &[("family", "ipv4")]), 1.0);
+    assert_eq!(value(&first, "cni_node_routes", &[("family", "ipv6")]), 1.0);
+    assert!(value(&first, "cni_node_egress_prefixes", &[]) >= 1.0);
+    assert_eq!(value(&first, "cni_node_skipped_nodes", &[]), 0.0);
+    let stamp = value(
+        &first,
+        "cni_node_last_successful_reconcile_timestamp_seconds",
+        &[],
+    );
+    assert!(
+        stamp >= test_start - 5.0 && stamp <= now_unix() + 5.0,
+        "last successful reconcile at {stamp}, the test started at {test_start}"
+    );
+    // A histogram's +Inf bucket counts every observation.
+    assert_eq!(
+        value(
+            &first,
+            "cni_node_reconcile_duration_seconds_bucket",
+            &[("le", "+Inf")]
+        ),
+        value(&first, "cni_node_reconcile_duration_seconds_count", &[])
+    );
+
+    // A node joins and another leaves: the gauges follow, reconciles are counted.
+    cluster.api.apply_node(node_object(3));
+    cluster.api.delete_node(&node_name(2));
+    let successes = value(&first, "cni_node_reconciles_total", &success);
+    let host = &cluster.hosts[0];
+    let moved = wait_metrics(
+        host,
+        Duration::from_secs(10),
+        "after node 3 joined and node 2 left: 2 Nodes watched, one route per family",
+        |m| {
+            m.get("cni_node_watched_objects", &node) == Some(2.0)
+                && m.get("cni_node_routes", &[("family", "ipv4")]) == Some(1.0)
+                && m.get("cni_node_routes", &[("family", "ipv6")]) == Some(1.0)
+                && m.get("cni_node_reconciles_total", &success) > Some(successes)
+        },
+    );
+    let want_routes: BTreeSet<String> = routes_to(3, &node_v4(3), &node_v6(3)).into();
+    assert_eq!(host.our_routes(), want_routes);
+
+    // The API goes away and comes back compacted: the watch is restarted and relists.
+    let lists = value(&moved, "cni_node_watch_lists_total", &node);
+    let restarts = moved
+        .get("cni_node_watch_restarts_total", &node)
+        .unwrap_or(0.0);
+    cluster.api.stop();
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.api.compact();
+    cluster.api.restart();
+    let host = &cluster.hosts[0];
+    wait_metrics(
+        host,
+        Duration::from_secs(40),
+        "after the API restarted compacted: a watch restart and a relist counted",
+        |m| {
+            m.get("cni_node_watch_lists_total", &node) > Some(lists)
+                && m.get("cni_node_watch_restarts_total", &node) > Some(restarts)
+                && m.get("cni_node_watched_objects", &node) == Some(2.0)
+        },
+    );
+}
+
+#[test]
+fn the_exposition_parser_reads_both_text_formats() {
+    let text = "# HELP cni_node_reconciles The reconciles.\n\
+                # TYPE cni_node_reconciles counter\n\
+                cni_node_reconciles_total{result=\"success\"} 3\n\
+                cni_node_reconciles_total{result=\"failure\",} 0 1700000000000\n\
+                # TYPE cni_node_routes gauge\n\
+                cni_node_routes{family=\"ipv4\", note=\"a \\\"quoted\\\" }\\n\"} 2\n\
+                # TYPE h histogram\n\
+                h_bucket{le=\"+Inf\"} 4\n\
+                h_sum 0.5e-1\n\
+                # EOF\n";
+    let m = parse_exposition(text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        m.get("cni_node_reconciles_total", &[("result", "success")]),
+        Some(3.0)
+    );
+    assert_eq!(
+        m.get("cni_node_reconciles_total", &[("result", "failure")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        m.get(
+            "cni_node_routes",
+            &[("family", "ipv4"), ("note", "a \"quoted\" }\n")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(m.get("h_bucket", &[("le", "+Inf")]), Some(4.0));
+    assert_eq!(m.get("h_sum", &[]), Some(0.05));
+    assert_eq!(
+        m.type_of("cni_node_reconciles_total"),
+        Some(("cni_node_reconciles", "counter"))
+    );
+    assert!(m.helps.contains("cni_node_reconciles"));
+    assert!(parse_exposition("x{a=\"1} 2\n").is_err());
+    assert!(parse_exposition("x 1\n# TYPE y\n").is_err());
+    assert!(parse_exposition("{a=\"1\"} 2\n").is_err());
 }
