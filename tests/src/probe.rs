@@ -9,7 +9,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -108,6 +108,7 @@ pub struct Probe {
 #[derive(Debug)]
 pub struct Prober {
     stop: Arc<AtomicBool>,
+    answered: Arc<AtomicUsize>,
     handle: Option<JoinHandle<Vec<Probe>>>,
 }
 
@@ -123,6 +124,8 @@ impl Prober {
     ) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let answered = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&answered);
         let netns: PathBuf = netns.to_path_buf();
         let path = path.to_owned();
         let handle = std::thread::spawn(move || {
@@ -135,6 +138,9 @@ impl Prober {
             while !flag.load(Ordering::Relaxed) {
                 let at = start.elapsed();
                 let outcome = request(addr, &path, within);
+                if outcome.is_ok() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
                 probes.push(Probe { at, outcome });
                 if let Some(left) = (at + every).checked_sub(start.elapsed()) {
                     std::thread::sleep(left);
@@ -144,8 +150,14 @@ impl Prober {
         });
         Self {
             stop,
+            answered,
             handle: Some(handle),
         }
+    }
+
+    /// How many probes got an answer so far.
+    pub fn answered(&self) -> usize {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// Stops and returns every probe, in order.
