@@ -262,15 +262,15 @@ impl Drop for Host {
                 .env("CNI_CACHE_DIR", &self.cache_dir)
                 .env("CNI_CONTAINERID", &pod.id)
                 .output();
-            if let Ok(out) = out {
-                if !out.status.success() {
-                    eprintln!(
-                        "node {}: cnitool del {}: {}",
-                        self.n,
-                        pod.id,
-                        String::from_utf8_lossy(&out.stdout)
-                    );
-                }
+            if let Ok(out) = out
+                && !out.status.success()
+            {
+                eprintln!(
+                    "node {}: cnitool del {}: {}",
+                    self.n,
+                    pod.id,
+                    String::from_utf8_lossy(&out.stdout)
+                );
             }
         }
     }

@@ -43,7 +43,7 @@ pub mod probe;
 pub mod tempdir;
 pub mod underlay;
 
-pub use bins::{bin_dir, multicall_path, plugin_path, workspace_root};
+pub use bins::{bin_dir, cargo, multicall_path, plugin_path, workspace_root};
 pub use cases::{check_cases, parallel};
 pub use names::{unique_ifname, unique_name};
 pub use netns::Netns;

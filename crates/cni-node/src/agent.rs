@@ -95,10 +95,10 @@ impl Agent {
             }
             Event::InitApply(node) => {
                 let info = NodeInfo::from_slim(&node);
-                if let Some(relist) = &mut self.relist {
-                    if !info.name.is_empty() {
-                        relist.insert(info.name.clone(), info);
-                    }
+                if let Some(relist) = &mut self.relist
+                    && !info.name.is_empty()
+                {
+                    relist.insert(info.name.clone(), info);
                 }
                 false
             }
