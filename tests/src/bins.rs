@@ -43,6 +43,14 @@ pub fn workspace_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_path_buf()
 }
 
+/// The cargo to run: the one running us (cargo sets `CARGO` for the processes it runs,
+/// and for the compiler), else `cargo` on `PATH`.
+pub fn cargo() -> std::ffi::OsString {
+    std::env::var_os("CARGO")
+        .or_else(|| option_env!("CARGO").map(Into::into))
+        .unwrap_or_else(|| "cargo".into())
+}
+
 /// The directory holding `loopback`, `host-local` and `bridge`: what tests pass as
 /// `CNI_PATH`. Builds them on first use; panics (in every test that asks) if no plugin
 /// could be built.
@@ -178,11 +186,7 @@ fn place_link(exe: &Path, dir: &Path, name: &str) -> Result<(), String> {
 fn build(
     plugins: &[(&'static str, &str, &str)],
 ) -> Result<BTreeMap<&'static str, PathBuf>, String> {
-    // Same cargo as the one running us (cargo sets CARGO for the processes it runs).
-    let cargo = std::env::var_os("CARGO")
-        .or_else(|| option_env!("CARGO").map(Into::into))
-        .unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    let mut cmd = Command::new(cargo());
     cmd.args([
         "build",
         "--bins",

@@ -22,9 +22,13 @@
 //! - [`underlay`]: a layer-2 segment between test hosts and UDP probes across it.
 //! - [`hostport`]: TCP probes of host ports and a client beside the node.
 //! - [`fleet`]: which side, ours or the reference's, adds and deletes each pod of a mixed fleet.
+//! - [`cluster`]: a cluster of namespaces on an underlay, each node running `cni-node`
+//!   against the Kubernetes API test server.
+//! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
 
 pub mod bins;
 pub mod cases;
+pub mod cluster;
 pub mod fleet;
 pub mod hostport;
 pub mod ipam;
@@ -35,10 +39,11 @@ pub mod netns;
 pub mod plugin;
 pub mod podman;
 pub mod privilege;
+pub mod probe;
 pub mod tempdir;
 pub mod underlay;
 
-pub use bins::{bin_dir, multicall_path, plugin_path, workspace_root};
+pub use bins::{bin_dir, cargo, multicall_path, plugin_path, workspace_root};
 pub use cases::{check_cases, parallel};
 pub use names::{unique_ifname, unique_name};
 pub use netns::Netns;

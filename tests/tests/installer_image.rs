@@ -361,6 +361,48 @@ fn daemonset_runs_this_release_as_the_test_above_does() {
     }
 }
 
+#[test]
+fn daemonset_serves_probes_and_metrics_where_the_kubelet_and_a_scraper_reach_them() {
+    // The agent listens on the node's InternalIP (a hostNetwork pod's IP), port 9743:
+    // the probes must not ask 127.0.0.1 (nothing listens there then), and the Prometheus
+    // annotations name the same port and /metrics.
+    let path = workspace_root().join("deploy/kubernetes/daemonset.yaml");
+    let manifest = fs::read_to_string(&path).expect("read daemonset.yaml");
+    let lines: Vec<&str> = manifest
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    for want in [
+        "- --health-addr=$(HOST_IP):9743",
+        "- name: HOST_IP",
+        "fieldPath: status.hostIP",
+        "containerPort: 9743",
+        r#"prometheus.io/scrape: "true""#,
+        r#"prometheus.io/port: "9743""#,
+        "prometheus.io/path: /metrics",
+        "path: /readyz",
+        "path: /healthz",
+    ] {
+        assert!(
+            lines.contains(&want),
+            "{}: no line {want:?}",
+            path.display()
+        );
+    }
+    assert_eq!(
+        lines.iter().filter(|l| **l == "port: 9743").count(),
+        2,
+        "{}: both probes on port 9743",
+        path.display()
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("host:")),
+        "{}: a probe with a host; the agent listens on the pod's (the node's) IP",
+        path.display()
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // The release
 // ---------------------------------------------------------------------------------------

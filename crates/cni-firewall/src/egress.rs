@@ -85,10 +85,11 @@ pub fn aggregate(nets: &[IpNetwork]) -> Vec<IpNetwork> {
         // Drop prefixes inside an earlier (wider or equal) one.
         let mut kept: Vec<(u128, u8)> = Vec::new();
         for (start, prefix) in ranges {
-            if let Some(&(s, p)) = kept.last() {
-                if start >= s && start <= last_addr(s, p, width) {
-                    continue;
-                }
+            if let Some(&(s, p)) = kept.last()
+                && start >= s
+                && start <= last_addr(s, p, width)
+            {
+                continue;
             }
             kept.push((start, prefix));
         }

@@ -277,10 +277,11 @@ pub(crate) fn gc_batch(
         })
         .collect();
     for rule in table.rules_in(BASE_CHAIN) {
-        if let (Some(to), Some(ifname)) = (rule.jump_target(), matched_iifname(&rule.exprs)) {
-            if to.starts_with(MACSPOOF_CHAIN_PREFIX) && is_live(&ifname) {
-                keep.insert(to.to_owned());
-            }
+        if let (Some(to), Some(ifname)) = (rule.jump_target(), matched_iifname(&rule.exprs))
+            && to.starts_with(MACSPOOF_CHAIN_PREFIX)
+            && is_live(&ifname)
+        {
+            keep.insert(to.to_owned());
         }
     }
     loop {

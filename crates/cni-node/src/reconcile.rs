@@ -247,11 +247,9 @@ impl Reconciler {
             ));
             return;
         };
-        if resync {
-            if let Err(e) = effects.datapath.reload() {
-                outcome.failures.push(("policy", e));
-                return;
-            }
+        if resync && let Err(e) = effects.datapath.reload() {
+            outcome.failures.push(("policy", e));
+            return;
         }
         let records: BTreeMap<IpAddr, String> = pod_record::read_all(&effects.records_dir)
             .into_iter()

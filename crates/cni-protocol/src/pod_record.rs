@@ -31,7 +31,9 @@ pub fn write(dir: &Path, ips: &[IpAddr], record: &PodRecord) -> io::Result<()> {
         let name = ip.to_string();
         let temp = dir.join(format!(".{name}.{}", std::process::id()));
         let mut file = fs::File::create(&temp)?;
-        let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_data());
+        let written = file
+            .write_all(text.as_bytes())
+            .and_then(|()| file.sync_data());
         if let Err(e) = written.and_then(|()| fs::rename(&temp, dir.join(&name))) {
             let _ = fs::remove_file(&temp);
             return Err(e);

@@ -936,10 +936,10 @@ proptest! {
     fn mutated_results_never_panic(r in model_result(), v in prop::sample::select(&SUPPORTED_VERSIONS[..]), ms in prop::collection::vec(mutation(), 1..8)) {
         if let Ok(text) = r.to_json(v) {
             let bytes = mutate(text.as_bytes(), &ms);
-            if let Ok(value) = serde_json::from_slice::<Value>(&bytes) {
-                if let Err(err) = CniResult::parse(&value, v) {
-                    assert_well_formed(&err, INPUT_CODES)?;
-                }
+            if let Ok(value) = serde_json::from_slice::<Value>(&bytes)
+                && let Err(err) = CniResult::parse(&value, v)
+            {
+                assert_well_formed(&err, INPUT_CODES)?;
             }
         }
     }

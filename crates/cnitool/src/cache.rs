@@ -291,7 +291,7 @@ fn base64(bytes: &[u8]) -> String {
 /// The inverse of [`base64`]; `None` for text Go's decoder would refuse.
 fn unbase64(text: &str) -> Option<Vec<u8>> {
     let bytes = text.as_bytes();
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return None;
     }
     let mut out = Vec::with_capacity(bytes.len() / 4 * 3);

@@ -270,10 +270,9 @@ impl Links for Fake {
         if let Some(peer) = link
             .peer_index
             .filter(|_| link.kind.as_deref() == Some("veth"))
+            && here.remove(peer).is_none()
         {
-            if here.remove(peer).is_none() {
-                other.remove(peer);
-            }
+            other.remove(peer);
         }
         Ok(true)
     }

@@ -90,10 +90,10 @@ fn del(req: &Request) -> Result<(), Error> {
             }
         }
     }
-    if released < config.range_sets.len() {
-        if let Err(e) = locked.release_by_owner(who.id, who.ifname) {
-            errors.push(e);
-        }
+    if released < config.range_sets.len()
+        && let Err(e) = locked.release_by_owner(who.id, who.ifname)
+    {
+        errors.push(e);
     }
     errors.into_result_all(Error::Many)
 }

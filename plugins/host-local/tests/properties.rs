@@ -632,10 +632,10 @@ proptest! {
     ) {
         let Ok(first) = RangeSet::canonicalize(&first) else { return Ok(()) };
         let mut sets = vec![first];
-        if let Some(second) = second.and_then(|s| RangeSet::canonicalize(&s).ok()) {
-            if !sets[0].overlaps(&second) {
-                sets.push(second);
-            }
+        if let Some(second) = second.and_then(|s| RangeSet::canonicalize(&s).ok())
+            && !sets[0].overlaps(&second)
+        {
+            sets.push(second);
         }
         let tmp = TempDir::new();
         let store = Store::open(&tmp.0, "net").unwrap();

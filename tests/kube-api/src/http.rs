@@ -77,12 +77,13 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
         if header.is_empty() {
             break;
         }
-        if let Some((name, value)) = header.split_once(':') {
-            if name.eq_ignore_ascii_case("content-length") {
-                length = value.trim().parse().map_err(|_| {
-                    io::Error::new(io::ErrorKind::InvalidData, "bad content-length")
-                })?;
-            }
+        if let Some((name, value)) = header.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value
+                .trim()
+                .parse()
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "bad content-length"))?;
         }
     }
     if length > 16 << 20 {
@@ -253,19 +254,19 @@ fn list(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<
     let mut body = Vec::new();
     {
         let store = shared.lock();
-        if let Some(rv) = snapshot {
-            if !store.serves(rv) {
-                shared.expired.fetch_add(1, Ordering::SeqCst);
-                let token = format!("{}:{}", store.rv, after.unwrap_or_default());
-                let mut s = status(
-                    410,
-                    "Expired",
-                    "The provided continue parameter is too old to display a consistent list result.",
-                );
-                s["metadata"] = json!({"continue": token});
-                drop(store);
-                return respond_json(out, 410, &s);
-            }
+        if let Some(rv) = snapshot
+            && !store.serves(rv)
+        {
+            shared.expired.fetch_add(1, Ordering::SeqCst);
+            let token = format!("{}:{}", store.rv, after.unwrap_or_default());
+            let mut s = status(
+                410,
+                "Expired",
+                "The provided continue parameter is too old to display a consistent list result.",
+            );
+            s["metadata"] = json!({"continue": token});
+            drop(store);
+            return respond_json(out, 410, &s);
         }
         let rv = snapshot.unwrap_or(store.rv);
         let mut items = store
@@ -289,11 +290,9 @@ fn list(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<
         }
         let more = items.peek().is_some();
         let mut meta = json!({"resourceVersion": rv.to_string()});
-        if more {
-            if let Some(last) = last {
-                meta["continue"] = json!(format!("{rv}:{last}"));
-                meta["remainingItemCount"] = json!(store.nodes.len() as u64);
-            }
+        if more && let Some(last) = last {
+            meta["continue"] = json!(format!("{rv}:{last}"));
+            meta["remainingItemCount"] = json!(store.nodes.len() as u64);
         }
         body.extend_from_slice(b"],\"metadata\":");
         body.extend_from_slice(&serde_json::to_vec(&meta).unwrap_or_default());

@@ -1,0 +1,557 @@
+//! A cluster made of network namespaces, for the node agent's (`cni-node`) tests.
+//!
+//! Each "node" is a namespace on one underlay bridge (itself in a namespace), with an
+//! IPv4 and an IPv6 address on its `ul0`, running the built `cni-node` against the
+//! project's Kubernetes API test server (`tests/kube-api`), which listens on the
+//! underlay like an API server would. The agents write their conflists, route each
+//! other's pod CIDRs and masquerade egress; pods are attached through our `cnitool`
+//! with the conflist the agent wrote. An "internet" namespace on the underlay stands for
+//! everything outside the cluster. Traffic is UDP between sockets opened in the
+//! namespaces, and the receiver reports the source address it saw.
+//!
+//! Every agent serves its health endpoint on its own namespace's loopback
+//! ([`HEALTH_ADDR`], the agent's default), which [`Host::health`] asks.
+//!
+//! Everything is removed on drop (agents killed, pods deleted, namespaces and files
+//! gone), also when a test panics.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cni_kube_api::{ApiServer, realistic_node};
+use serde_json::Value;
+
+use crate::probe::{self, Answer};
+use crate::underlay::{address, attach, source_seen};
+use crate::{Netns, TempDir, bin_dir, plugin_path, unique_name};
+
+/// The agent's route protocol number (its default).
+pub const PROTO: &str = "77";
+/// The network name in the agent's conflist (its default).
+pub const NETWORK: &str = "k8s-pod-network";
+/// The conflist's file name (the agent's default).
+pub const CONFLIST: &str = "10-cni-plugins-rs.conflist";
+/// The "internet" host's IPv4 address, the nodes' IPv4 default gateway.
+pub const INTERNET_V4: &str = "198.18.0.1";
+/// The "internet" host's IPv6 address, the nodes' IPv6 default gateway.
+pub const INTERNET_V6: &str = "fd00:18::1";
+/// Where the API server listens, on the underlay bridge.
+pub const API_V4: &str = "198.18.0.250";
+/// Where every agent serves `/healthz`, `/readyz` and `/metrics` (its default), in its
+/// node's namespace.
+pub const HEALTH_ADDR: &str = "127.0.0.1:9743";
+
+/// Node `n`'s IPv4 address (InternalIP) on the underlay.
+pub fn node_v4(n: u8) -> String {
+    format!("198.18.0.{}", 10 + n)
+}
+/// Node `n`'s IPv6 address (InternalIP) on the underlay.
+pub fn node_v6(n: u8) -> String {
+    format!("fd00:18::{:x}", 0x10 + n)
+}
+/// Node `n`'s IPv4 pod CIDR.
+pub fn pod_cidr_v4(n: u8) -> String {
+    format!("10.244.{n}.0/24")
+}
+/// Node `n`'s IPv6 pod CIDR.
+pub fn pod_cidr_v6(n: u8) -> String {
+    format!("fd00:244:0:{n}::/64")
+}
+/// Node `n`'s name.
+pub fn node_name(n: u8) -> String {
+    format!("node-{n}")
+}
+
+/// The Node object of node `n`, as a kubelet and the controller would have written it.
+pub fn node_object(n: u8) -> Value {
+    realistic_node(
+        &node_name(n),
+        &[&pod_cidr_v4(n), &pod_cidr_v6(n)],
+        &[&node_v4(n), &node_v6(n)],
+        40,
+    )
+}
+
+/// `text` as an IP address; panics (a mistake in the test) if it is none.
+pub fn parse(text: &str) -> IpAddr {
+    text.parse()
+        .unwrap_or_else(|e| panic!("{text:?} is not an IP: {e}"))
+}
+
+/// A running `cni-node`; killed (SIGKILL) and reaped on drop.
+#[derive(Debug)]
+pub struct Agent {
+    child: Child,
+}
+
+impl Agent {
+    /// The agent's process id (`ip netns exec` execs it, so it is the agent itself).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A pod attached with cnitool.
+#[derive(Debug)]
+pub struct Pod {
+    /// Its network namespace.
+    pub ns: Netns,
+    /// Its container id.
+    pub id: String,
+    /// Its IPv4 address.
+    pub v4: IpAddr,
+    /// Its IPv6 address.
+    pub v6: IpAddr,
+}
+
+/// One node: its namespace, directories, agent and pods.
+#[derive(Debug)]
+pub struct Host {
+    /// The node's number (its name is [`node_name`]).
+    pub n: u8,
+    /// The node's namespace.
+    pub ns: Netns,
+    /// `--cni-conf-dir`; a test may point it elsewhere before [`Host::start_agent`].
+    pub conf_dir: PathBuf,
+    /// `--ipam-data-dir`.
+    pub data_dir: PathBuf,
+    /// cnitool's cache.
+    pub cache_dir: PathBuf,
+    /// The agent's stderr, appended to across restarts.
+    pub log: PathBuf,
+    /// `--resync-interval` in seconds (1 unless a test says otherwise).
+    pub resync_secs: u32,
+    /// More arguments for the agent, after the harness's own.
+    pub extra_args: Vec<String>,
+    agent: Option<Agent>,
+    /// The pods attached on this node, deleted with cnitool on drop.
+    pub pods: Vec<Pod>,
+}
+
+impl Host {
+    /// `ip route show proto 77` of both families: "dst via gw" lines, sorted.
+    pub fn our_routes(&self) -> BTreeSet<String> {
+        routes_of(&self.ns)
+    }
+
+    /// The agent's log so far.
+    pub fn agent_log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The conflist the agent wrote, if it is there and is JSON.
+    pub fn conflist(&self) -> Option<Value> {
+        let text = fs::read_to_string(self.conf_dir.join(CONFLIST)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The running agent, if any.
+    pub fn agent(&self) -> Option<&Agent> {
+        self.agent.as_ref()
+    }
+
+    /// Starts (or restarts) the agent, appending to its log.
+    pub fn start_agent(&mut self, kubeconfig: &Path) {
+        self.agent = None;
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.log.display()));
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.ns.name()])
+            .arg(plugin_path("cni-node"))
+            .arg(format!("--node-name={}", node_name(self.n)))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--cni-conf-dir={}", self.conf_dir.display()))
+            .arg(format!("--cni-bin-dir={}", bin_dir().display()))
+            .arg(format!("--ipam-data-dir={}", self.data_dir.display()))
+            .arg(format!("--resync-interval={}", self.resync_secs))
+            .arg("--verbose")
+            .args(&self.extra_args)
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start cni-node: {e}"));
+        self.agent = Some(Agent { child });
+    }
+
+    /// SIGKILL, no chance to clean up anything.
+    pub fn kill_agent(&mut self) {
+        self.agent = None;
+    }
+
+    /// `GET path` from the agent's health endpoint ([`HEALTH_ADDR`] in this node's
+    /// namespace), bounded by 2 s.
+    pub fn health(&self, path: &str) -> Result<Answer, String> {
+        let addr: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
+        probe::get(self.ns.path(), addr, path, Duration::from_secs(2))
+    }
+
+    /// Attaches a pod through cnitool with the conflist the agent wrote.
+    pub fn add_pod(&mut self) {
+        let ns = Netns::new("cnibb-cl-pod");
+        let id = unique_name("cl-pod");
+        let out = self.cnitool(&["add", NETWORK, ns.path_str()], &id);
+        let result: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("cnitool add: not JSON ({e}): {out}"));
+        let ip = |v4: bool| -> IpAddr {
+            result["ips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+                .find(|a: &IpAddr| a.is_ipv4() == v4)
+                .unwrap_or_else(|| panic!("no IPv{} address in {result}", if v4 { 4 } else { 6 }))
+        };
+        let (v4, v6) = (ip(true), ip(false));
+        self.pods.push(Pod { ns, id, v4, v6 });
+    }
+
+    /// Runs cnitool in this node's namespace with its conflist; panics unless it succeeds.
+    pub fn cnitool(&self, args: &[&str], id: &str) -> String {
+        let out = Command::new("ip")
+            .args(["netns", "exec", self.ns.name(), "timeout", "60"])
+            .arg(plugin_path("cnitool"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("NETCONFPATH", &self.conf_dir)
+            .env("CNI_PATH", bin_dir())
+            .env("CNI_CACHE_DIR", &self.cache_dir)
+            .env("CNI_CONTAINERID", id)
+            .output()
+            .unwrap_or_else(|e| panic!("run cnitool: {e}"));
+        assert!(
+            out.status.success(),
+            "node {}: cnitool {args:?} failed: {}{}",
+            self.n,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.agent = None;
+        for pod in std::mem::take(&mut self.pods) {
+            let out = Command::new("ip")
+                .args(["netns", "exec", self.ns.name(), "timeout", "60"])
+                .arg(plugin_path("cnitool"))
+                .args(["del", NETWORK, pod.ns.path_str()])
+                .env_clear()
+                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+                .env("NETCONFPATH", &self.conf_dir)
+                .env("CNI_PATH", bin_dir())
+                .env("CNI_CACHE_DIR", &self.cache_dir)
+                .env("CNI_CONTAINERID", &pod.id)
+                .output();
+            if let Ok(out) = out
+                && !out.status.success()
+            {
+                eprintln!(
+                    "node {}: cnitool del {}: {}",
+                    self.n,
+                    pod.id,
+                    String::from_utf8_lossy(&out.stdout)
+                );
+            }
+        }
+    }
+}
+
+/// The agent's routes in `ns` (`ip route show proto 77`, both families) as "dst via gw".
+pub fn routes_of(ns: &Netns) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for family in ["-4", "-6"] {
+        let text = ns.exec_ok(&["ip", family, "route", "show", "proto", PROTO]);
+        for line in text.lines() {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let [dst, "via", gw, ..] = words[..] {
+                out.insert(format!("{dst} via {gw}"));
+            }
+        }
+    }
+    out
+}
+
+/// The routes every node but `other` should have to node `other`, reached at `v4`/`v6`.
+pub fn routes_to(other: u8, v4: &str, v6: &str) -> [String; 2] {
+    [
+        format!("{} via {v4}", pod_cidr_v4(other)),
+        format!("{} via {v6}", pod_cidr_v6(other)),
+    ]
+}
+
+/// The cluster: API server, underlay, "internet", and nodes with agents.
+#[derive(Debug)]
+pub struct Cluster {
+    // Field order is drop order: nodes (agents, pods) first, then the namespaces they
+    // live on, then the server and the files.
+    /// The nodes.
+    pub hosts: Vec<Host>,
+    /// The host outside the cluster, and the nodes' default gateway.
+    pub internet: Netns,
+    /// The namespace of the underlay bridge `ulbr` and of the API server.
+    pub underlay: Netns,
+    /// The Kubernetes API test server.
+    pub api: ApiServer,
+    /// A kubeconfig for [`Self::api`].
+    pub kubeconfig: PathBuf,
+    /// Where the nodes' directories and logs are.
+    pub dir: TempDir,
+}
+
+impl Cluster {
+    /// `nodes` node namespaces with Node objects and running agents; `mtu` is the
+    /// underlay's.
+    pub fn new(nodes: u8, mtu: u32) -> Self {
+        Self::new_with(nodes, mtu, |_| {})
+    }
+
+    /// [`Self::new`], with `configure` called on each node before its agent starts.
+    pub fn new_with(nodes: u8, mtu: u32, configure: impl Fn(&mut Host)) -> Self {
+        let mut cluster = Self::without_nodes(mtu);
+        for n in 1..=nodes {
+            cluster.add_host_with(n, mtu, &configure);
+        }
+        cluster
+    }
+
+    /// The API server, underlay and "internet", no node yet.
+    pub fn without_nodes(mtu: u32) -> Self {
+        let dir = TempDir::new("cnibb-cl");
+        let underlay = Netns::new("cnibb-cl-underlay");
+        underlay.exec_ok(&[
+            "ip",
+            "link",
+            "add",
+            "ulbr",
+            "mtu",
+            &mtu.to_string(),
+            "type",
+            "bridge",
+        ]);
+        underlay.exec_ok(&["ip", "link", "set", "ulbr", "up"]);
+        underlay.exec_ok(&["ip", "link", "set", "lo", "up"]);
+        underlay.exec_ok(&["ip", "addr", "add", &format!("{API_V4}/24"), "dev", "ulbr"]);
+        let api = ApiServer::start_in_netns(
+            underlay.path(),
+            format!("{API_V4}:0")
+                .parse()
+                .unwrap_or_else(|e| panic!("{e}")),
+        );
+        let kubeconfig = dir.path().join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        let internet = Netns::new("cnibb-cl-internet");
+        attach(&underlay, "ulbr", &internet, "inet");
+        address(&internet, INTERNET_V4, "24");
+        address(&internet, INTERNET_V6, "64");
+        Self {
+            hosts: Vec::new(),
+            internet,
+            underlay,
+            api,
+            kubeconfig,
+            dir,
+        }
+    }
+
+    /// A node namespace on the underlay, its Node object, and its agent.
+    pub fn add_host(&mut self, n: u8, mtu: u32) {
+        self.add_host_with(n, mtu, |_| {});
+    }
+
+    /// [`Self::add_host`], with `configure` called before the agent starts.
+    pub fn add_host_with(&mut self, n: u8, mtu: u32, configure: impl Fn(&mut Host)) {
+        let mut host = self.new_host(n, mtu);
+        configure(&mut host);
+        self.api.apply_node(node_object(n));
+        host.start_agent(&self.kubeconfig);
+        self.hosts.push(host);
+    }
+
+    /// A node namespace on the underlay with its directories, but no Node object and no
+    /// agent: the test adds them (and [`Self::hosts`] the host) itself.
+    pub fn new_host(&self, n: u8, mtu: u32) -> Host {
+        let ns = Netns::new("cnibb-cl-node");
+        attach(&self.underlay, "ulbr", &ns, &format!("node{n}"));
+        let port = format!("node{n}");
+        self.underlay
+            .exec_ok(&["ip", "link", "set", &port, "mtu", &mtu.to_string()]);
+        ns.exec_ok(&["ip", "link", "set", "ul0", "mtu", &mtu.to_string()]);
+        address(&ns, &node_v4(n), "24");
+        address(&ns, &node_v6(n), "64");
+        // A node's default route: through the "internet" host.
+        ns.exec_ok(&["ip", "route", "add", "default", "via", INTERNET_V4]);
+        ns.exec_ok(&["ip", "-6", "route", "add", "default", "via", INTERNET_V6]);
+        ns.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+        ns.exec_ok(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        let base = self.dir.path().join(format!("node-{n}"));
+        fs::create_dir_all(&base).unwrap_or_else(|e| panic!("mkdir {}: {e}", base.display()));
+        Host {
+            n,
+            ns,
+            conf_dir: base.join("net.d"),
+            data_dir: base.join("ipam"),
+            cache_dir: base.join("cache"),
+            log: base.join("cni-node.log"),
+            resync_secs: 1,
+            extra_args: Vec::new(),
+            agent: None,
+            pods: Vec::new(),
+        }
+    }
+
+    /// Node `n`; panics if there is none.
+    pub fn host(&mut self, n: u8) -> &mut Host {
+        self.hosts
+            .iter_mut()
+            .find(|h| h.n == n)
+            .unwrap_or_else(|| panic!("no node {n}"))
+    }
+
+    /// Waits until every node has a conflist for its own pod CIDRs.
+    pub fn wait_for_conflists(&self) {
+        for host in &self.hosts {
+            wait(
+                Duration::from_secs(20),
+                &format!("node {}'s conflist", host.n),
+                || host.conflist().is_some(),
+            )
+            .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+        }
+    }
+
+    /// Waits (at most `within`) until every node `m` has exactly the routes to every
+    /// other node in `want(m)`; returns how long that took.
+    pub fn wait_for_routes(
+        &self,
+        within: Duration,
+        want: impl Fn(u8) -> BTreeSet<String>,
+    ) -> Duration {
+        let start = Instant::now();
+        for host in &self.hosts {
+            let expected = want(host.n);
+            let left = within.saturating_sub(start.elapsed());
+            if let Err(e) = wait(left, &format!("node {}'s routes", host.n), || {
+                host.our_routes() == expected
+            }) {
+                panic!(
+                    "{e}: want {expected:?}, have {:?}\nagent log:\n{}",
+                    host.our_routes(),
+                    host.agent_log()
+                );
+            }
+        }
+        start.elapsed()
+    }
+
+    /// Routes node `m` should have when the cluster is `nodes` (number, v4, v6).
+    pub fn full_mesh(nodes: &[(u8, String, String)]) -> impl Fn(u8) -> BTreeSet<String> + '_ {
+        move |m| {
+            nodes
+                .iter()
+                .filter(|(o, _, _)| *o != m)
+                .flat_map(|(o, v4, v6)| routes_to(*o, v4, v6))
+                .collect()
+        }
+    }
+
+    /// The nodes as (number, v4, v6), for [`Self::full_mesh`].
+    pub fn mesh_of(&self) -> Vec<(u8, String, String)> {
+        self.hosts
+            .iter()
+            .map(|h| (h.n, node_v4(h.n), node_v6(h.n)))
+            .collect()
+    }
+
+    /// Every pod reaches every other pod with its own source address, both families.
+    pub fn check_pod_to_pod(&self) {
+        let pods: Vec<(u8, &Pod)> = self
+            .hosts
+            .iter()
+            .flat_map(|h| h.pods.iter().map(move |p| (h.n, p)))
+            .collect();
+        let mut problems = Vec::new();
+        for (from_n, from) in &pods {
+            for (to_n, to) in &pods {
+                if from.id == to.id {
+                    continue;
+                }
+                for (dst, want) in [(to.v4, from.v4), (to.v6, from.v6)] {
+                    match source_seen(&from.ns, &to.ns, dst) {
+                        Ok(seen) if seen == want => {}
+                        Ok(seen) => problems.push(format!(
+                            "node {from_n} pod {want} -> node {to_n} pod {dst}: receiver saw {seen}"
+                        )),
+                        Err(e) => problems.push(format!("node {from_n} -> node {to_n}: {e}")),
+                    }
+                }
+            }
+        }
+        assert!(problems.is_empty(), "pod to pod:\n{}", problems.join("\n"));
+    }
+
+    /// Every pod's traffic to the internet arrives from its node's address.
+    pub fn check_egress(&self) {
+        let mut problems = Vec::new();
+        for host in &self.hosts {
+            for pod in &host.pods {
+                for (dst, want) in [
+                    (INTERNET_V4, node_v4(host.n)),
+                    (INTERNET_V6, node_v6(host.n)),
+                ] {
+                    match source_seen(&pod.ns, &self.internet, parse(dst)) {
+                        Ok(seen) if seen == parse(&want) => {}
+                        Ok(seen) => problems.push(format!(
+                            "node {} pod {} -> {dst}: the outside saw {seen}, expected {want}",
+                            host.n, pod.v4
+                        )),
+                        Err(e) => problems.push(format!("node {} -> {dst}: {e}", host.n)),
+                    }
+                }
+            }
+        }
+        if !problems.is_empty() {
+            let host = &self.hosts[0];
+            panic!(
+                "egress:\n{}\nnode {} rules:\n{}\nagent log:\n{}",
+                problems.join("\n"),
+                host.n,
+                host.ns.exec_ok(&["nft", "list", "ruleset"]),
+                host.agent_log()
+            );
+        }
+    }
+}
+
+/// Polls `ok` every 10 ms until it holds or `within` passes.
+pub fn wait(within: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        if ok() {
+            return Ok(());
+        }
+        if start.elapsed() >= within {
+            return Err(format!("{what}: not there after {within:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -1,0 +1,721 @@
+//! The node agent's own contract, in the namespace cluster of `cluster_network.rs`
+//! (`cni_blackbox::cluster`): what `/readyz` says while a step fails and after, host
+//! changes noticed through netlink notifications rather than the resync tick, a watch
+//! whose connection died silently, and the `/metrics` exposition.
+//!
+//! Times are printed; what is asserted is a generous bound above the contract's figure
+//! (the machine may be loaded), so a failure means "did not happen", not "was slow".
+//! Tests that must prove the agent's own retry or a netlink notification acted, not the
+//! resync, run the agent with `--resync-interval 3600`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::net::TcpStream;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use cni_blackbox::cluster::{
+    API_V4, Cluster, Host, node_name, node_object, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6,
+    routes_to,
+};
+use cni_blackbox::hostport::in_netns;
+use cni_blackbox::probe::Answer;
+use cni_blackbox::require_root;
+use cni_blackbox::underlay::address;
+use serde_json::Value;
+
+/// The steps `/readyz` names, one `<step>: <error>` line each.
+const STEPS: [&str; 4] = ["host", "conflist", "routes", "egress"];
+
+/// Asks `path` of `host`'s agent every 50 ms until `check` says done (`Ok(true)`),
+/// fails (`Err`, at once), or `within` passes; a probe that gets no answer (not yet
+/// listening) is retried. Returns the last answer and how long it took.
+fn poll_health(
+    host: &Host,
+    path: &str,
+    within: Duration,
+    mut check: impl FnMut(&Answer) -> Result<bool, String>,
+) -> Result<(Answer, Duration), String> {
+    let start = Instant::now();
+    loop {
+        let last = match host.health(path) {
+            Ok(answer) => match check(&answer) {
+                Ok(true) => return Ok((answer, start.elapsed())),
+                Ok(false) => answer.to_string(),
+                Err(e) => return Err(format!("GET {path}: {e}")),
+            },
+            Err(e) => e,
+        };
+        if start.elapsed() >= within {
+            return Err(format!(
+                "GET {path}: not as expected after {within:?}; last: {last}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The lines of a `/readyz` failure body that are not `<step>: <error>`.
+fn malformed_lines(body: &str) -> Vec<String> {
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .filter(|l| {
+            !l.split_once(": ")
+                .is_some_and(|(step, error)| STEPS.contains(&step) && !error.trim().is_empty())
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn readyz_is_503_naming_the_failed_step_and_ready_once_the_cause_is_gone() {
+    if !require_root() {
+        return;
+    }
+    let mut cluster = Cluster::without_nodes(1500);
+    // The API is not reachable at all when the agent starts.
+    cluster.api.stop();
+    cluster.api.apply_node(node_object(1));
+    let mut host = cluster.new_host(1, 1500);
+    // The conf dir's parent is a regular file: the conflist cannot be written.
+    let blocker = cluster.dir.path().join("node-1").join("blocked");
+    fs::write(&blocker, "a file where a directory should be\n")
+        .unwrap_or_else(|e| panic!("write {}: {e}", blocker.display()));
+    host.conf_dir = blocker.join("net.d");
+    // Not the resync tick: the failed step's own retry must bring it back.
+    host.resync_secs = 3600;
+    host.start_agent(&cluster.kubeconfig);
+    cluster.hosts.push(host);
+    let host = &cluster.hosts[0];
+    let log = || host.agent_log();
+
+    // Before the first list: 503, waiting for it; and it stays so while the API is away.
+    let waiting = |a: &Answer| -> Result<bool, String> {
+        if a.status == 503 && a.body.to_lowercase().contains("waiting for the first list") {
+            Ok(true)
+        } else {
+            Err(format!(
+                "the API is unreachable, so 503 waiting for the first list was due, got {a}"
+            ))
+        }
+    };
+    let (first, _) = poll_health(host, "/readyz", Duration::from_secs(20), waiting)
+        .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+    eprintln!("API unreachable: /readyz {first}");
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        let answer = host
+            .health("/readyz")
+            .unwrap_or_else(|e| panic!("/readyz: {e}\nagent log:\n{}", log()));
+        waiting(&answer).unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", log()));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The API comes: the Node has pod CIDRs, the conflist cannot be written.
+    cluster.api.restart();
+    let host = &cluster.hosts[0];
+    let (failing, took) = poll_health(host, "/readyz", Duration::from_secs(30), |a| {
+        if a.status == 200 {
+            return Err(format!(
+                "ready although {} cannot be written: {a}",
+                host.conf_dir.display()
+            ));
+        }
+        Ok(a.status == 503 && a.body.lines().any(|l| l.starts_with("conflist: ")))
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    eprintln!("API reachable, conflist unwritable: /readyz {failing} after {took:?}");
+    let bad = malformed_lines(&failing.body);
+    assert!(
+        bad.is_empty(),
+        "/readyz lines not of the form `<step>: <error>` (step one of {STEPS:?}): {bad:?}"
+    );
+    assert!(host.conflist().is_none());
+
+    // The path is made writable: ready within the retry's backoff (capped at 4 s: the
+    // contract says 5 s; the bound asserted is generous).
+    fs::remove_file(&blocker).unwrap_or_else(|e| panic!("rm {}: {e}", blocker.display()));
+    fs::create_dir_all(&host.conf_dir)
+        .unwrap_or_else(|e| panic!("mkdir {}: {e}", host.conf_dir.display()));
+    let (ready, took) = poll_health(host, "/readyz", Duration::from_secs(15), |a| {
+        Ok(a.status == 200 && a.body == "ready\n")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    eprintln!("conf dir writable: /readyz {ready} after {took:?} (contract: 5 s)");
+    let conf = host
+        .conflist()
+        .unwrap_or_else(|| panic!("ready, but no conflist\nagent log:\n{}", host.agent_log()));
+    assert_eq!(
+        conf["plugins"][0]["ipam"]["ranges"],
+        serde_json::json!([[{"subnet": pod_cidr_v4(1)}], [{"subnet": pod_cidr_v6(1)}]]),
+        "{conf}"
+    );
+}
+
+#[test]
+fn readyz_lines_are_checked_for_their_form() {
+    assert!(
+        malformed_lines("conflist: cannot write /x: Not a directory\nroutes: EPERM\n").is_empty()
+    );
+    assert_eq!(
+        malformed_lines("not ready\nconflist: x\nfirewall: y\nhost:\n"),
+        ["not ready", "firewall: y", "host:"]
+    );
+}
+
+/// Polls `ok` every 10 ms for at most `within`; whether it came true.
+fn cluster_wait(within: Duration, ok: impl FnMut() -> bool) -> bool {
+    cni_blackbox::cluster::wait(within, "", ok).is_ok()
+}
+
+#[test]
+fn an_uplink_mtu_change_reaches_the_conflist_through_a_notification() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new_with(1, 1500, |h| h.resync_secs = 3600);
+    cluster.wait_for_conflists();
+    let host = &cluster.hosts[0];
+    let mtu_now = || host.conflist().map(|c| c["plugins"][0]["mtu"].clone());
+    assert_eq!(mtu_now(), Some(Value::from(1500)));
+    for mtu in [1400, 1450] {
+        host.ns
+            .exec_ok(&["ip", "link", "set", "ul0", "mtu", &mtu.to_string()]);
+        let changed = Instant::now();
+        let outcome = cluster_wait(Duration::from_secs(5), || {
+            mtu_now() == Some(Value::from(mtu))
+        });
+        let took = changed.elapsed();
+        assert!(
+            outcome,
+            "ul0's MTU set to {mtu}: the conflist still says {:?} after {took:?} \
+             (--resync-interval 3600: only a link notification can act)\nagent log:\n{}",
+            mtu_now(),
+            host.agent_log()
+        );
+        eprintln!("uplink MTU {mtu}: in the conflist after {took:?} (contract: 1 s)");
+    }
+}
+
+#[test]
+fn a_route_deleted_by_hand_is_back_through_a_notification() {
+    if !require_root() {
+        return;
+    }
+    let cluster = Cluster::new_with(2, 1500, |h| h.resync_secs = 3600);
+    let mesh = cluster.mesh_of();
+    cluster.wait_for_routes(Duration::from_secs(10), Cluster::full_mesh(&mesh));
+    let host = &cluster.hosts[0];
+    let want = Cluster::full_mesh(&mesh)(host.n);
+    for (family, cidr) in [("-4", pod_cidr_v4(2)), ("-6", pod_cidr_v6(2))] {
+        host.ns
+            .exec_ok(&["ip", family, "route", "del", &cidr, "proto", "77"]);
+        let deleted = Instant::now();
+        let back = cluster_wait(Duration::from_secs(5), || host.our_routes() == want);
+        let took = deleted.elapsed();
+        assert!(
+            back,
+            "{cidr} deleted by hand: not back after {took:?} (--resync-interval 3600: only a \
+             route notification can act); routes: {:?}\nagent log:\n{}",
+            host.our_routes(),
+            host.agent_log()
+        );
+        eprintln!("{cidr} deleted by hand: back after {took:?} (contract: 1 s)");
+    }
+}
+
+/// The local addresses of the TCP connections established from `host` to the API server.
+fn api_connections(host: &Host) -> Vec<String> {
+    host.ns
+        .exec_ok(&["ss", "-Htn", "state", "established", "dst", API_V4])
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn a_watch_that_died_with_the_nodes_old_address_is_replaced() {
+    if !require_root() {
+        return;
+    }
+    const NEW_V4: &str = "198.18.0.61";
+    const NEW_V6: &str = "fd00:18::61";
+    let cluster = Cluster::new(2, 1500);
+    let mesh = cluster.mesh_of();
+    cluster.wait_for_routes(Duration::from_secs(10), Cluster::full_mesh(&mesh));
+    let a = &cluster.hosts[0];
+    assert_eq!(a.n, 1);
+    let (old_v4, old_v6) = (node_v4(1), node_v6(1));
+    // The agent watches over a connection from its old address.
+    let before = api_connections(a);
+    assert!(
+        before.iter().any(|c| c.starts_with(&format!("{old_v4}:"))),
+        "node 1's agent has no connection from {old_v4} to the API: {before:?}"
+    );
+
+    // The node is renumbered on the same subnet: new addresses first (the old primary's
+    // removal promotes the new one, so the subnet and default routes stay), then the old
+    // ones go. Nothing resets the agent's socket; it just stops hearing anything.
+    a.ns.exec_ok(&["sysctl", "-qw", "net.ipv4.conf.ul0.promote_secondaries=1"]);
+    address(&a.ns, NEW_V4, "24");
+    address(&a.ns, NEW_V6, "64");
+    a.ns.exec_ok(&["ip", "addr", "del", &format!("{old_v4}/24"), "dev", "ul0"]);
+    a.ns.exec_ok(&["ip", "addr", "del", &format!("{old_v6}/64"), "dev", "ul0"]);
+    let changed = Instant::now();
+    eprintln!(
+        "node 1 renumbered {old_v4} -> {NEW_V4}, {old_v6} -> {NEW_V6}; its agent's API \
+         connections were from {before:?}"
+    );
+
+    // The setup does what it says: the API server cannot reach the old addresses any
+    // more, and node 1 reaches the API server from the new one.
+    for (flag, old) in [("-4", &old_v4), ("-6", &old_v6)] {
+        let out = cluster
+            .underlay
+            .exec(&["ping", flag, "-c", "1", "-W", "1", old]);
+        assert!(
+            !out.status.success(),
+            "the API server's namespace still reaches {old}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let api = cluster.api.addr();
+    let local = in_netns(a.ns.path(), move || {
+        TcpStream::connect_timeout(&api, Duration::from_secs(5)).and_then(|s| s.local_addr())
+    })
+    .unwrap_or_else(|e| panic!("node 1 cannot reach the API server at {api}: {e}"));
+    assert_eq!(local.ip().to_string(), NEW_V4, "connected from {local}");
+    let default = a.ns.exec_ok(&["ip", "-4", "route", "show", "default"]);
+    assert!(default.contains("via"), "node 1 lost its default route");
+
+    // A moment later, the kubelet reports the new addresses and a node joins.
+    std::thread::sleep(Duration::from_secs(2));
+    let mut renumbered = node_object(1);
+    renumbered["status"]["addresses"][0]["address"] = Value::from(NEW_V4);
+    renumbered["status"]["addresses"][1]["address"] = Value::from(NEW_V6);
+    cluster.api.apply_node(renumbered);
+    cluster.api.apply_node(node_object(3));
+
+    // Node 2's watch is fine: it follows at once.
+    let to_3 = routes_to(3, &node_v4(3), &node_v6(3));
+    let want_2: BTreeSet<String> = routes_to(1, NEW_V4, NEW_V6)
+        .into_iter()
+        .chain(to_3.clone())
+        .collect();
+    let b = &cluster.hosts[1];
+    assert!(
+        cluster_wait(Duration::from_secs(10), || b.our_routes() == want_2),
+        "node 2: want {want_2:?}, have {:?}\nagent log:\n{}",
+        b.our_routes(),
+        b.agent_log()
+    );
+
+    // Node 1's watch died silently; it must be found dead and replaced, and resume.
+    let want_1: BTreeSet<String> = routes_to(2, &node_v4(2), &node_v6(2))
+        .into_iter()
+        .chain(to_3)
+        .collect();
+    let deadline = changed + Duration::from_secs(40);
+    let routed = cluster_wait(deadline.saturating_duration_since(Instant::now()), || {
+        a.our_routes() == want_1
+    });
+    let took = changed.elapsed();
+    let after = api_connections(a);
+    assert!(
+        routed,
+        "node 1 did not route node 3 within {took:?} of its address change (contract: 30 s): \
+         want {want_1:?}, have {:?}; its API connections now: {after:?}\nagent log:\n{}",
+        a.our_routes(),
+        a.agent_log()
+    );
+    eprintln!(
+        "node 1 routed the node added after its renumbering {took:?} after the change \
+         (contract: 30 s); API connections now from {after:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// /metrics
+// ---------------------------------------------------------------------------------------
+
+/// One sample line: `name{labels} value`.
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    name: String,
+    labels: BTreeMap<String, String>,
+    value: f64,
+}
+
+/// A parsed exposition.
+#[derive(Debug, Default)]
+struct Exposition {
+    samples: Vec<Sample>,
+    /// `# TYPE` lines: family name to type.
+    types: BTreeMap<String, String>,
+    /// Families with a `# HELP` line.
+    helps: BTreeSet<String>,
+}
+
+impl Exposition {
+    /// The value of the sample `name` whose labels are exactly `labels`.
+    fn get(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let want: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        self.samples
+            .iter()
+            .find(|s| s.name == name && s.labels == want)
+            .map(|s| s.value)
+    }
+
+    /// The `# TYPE` of the family a sample name belongs to. A counter's family is
+    /// `x_total` in the classic text format and `x` in OpenMetrics; both are accepted.
+    fn type_of(&self, sample_name: &str) -> Option<(&str, &str)> {
+        let base = sample_name.strip_suffix("_total");
+        [Some(sample_name), base]
+            .into_iter()
+            .flatten()
+            .find_map(|family| self.types.get_key_value(family))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+}
+
+/// Parses the Prometheus text format (and OpenMetrics' `# EOF`): comments `# HELP`,
+/// `# TYPE`, others ignored; samples `name{label="value",...} value [timestamp]`.
+fn parse_exposition(text: &str) -> Result<Exposition, String> {
+    let mut out = Exposition::default();
+    for (i, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        let fail = |why: &str| format!("line {}: {why}: {raw:?}", i + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(comment) = line.strip_prefix('#') {
+            let mut words = comment.split_whitespace();
+            match (words.next(), words.next(), words.next()) {
+                (Some("TYPE"), Some(name), Some(kind)) => {
+                    out.types.insert(name.to_owned(), kind.to_owned());
+                }
+                (Some("TYPE"), _, _) => return Err(fail("a TYPE without a type")),
+                (Some("HELP"), Some(name), _) => {
+                    out.helps.insert(name.to_owned());
+                }
+                _ => {}
+            }
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            .unwrap_or(line.len());
+        let name = &line[..name_end];
+        if name.is_empty() || name.starts_with(|c: char| c.is_ascii_digit()) {
+            return Err(fail("no metric name"));
+        }
+        let mut rest = &line[name_end..];
+        let mut labels = BTreeMap::new();
+        if let Some(after) = rest.strip_prefix('{') {
+            let (parsed, tail) = parse_labels(after).map_err(|e| fail(&e))?;
+            labels = parsed;
+            rest = tail;
+        }
+        let value = rest
+            .split_whitespace()
+            .next()
+            .ok_or_else(|| fail("no value"))?;
+        let value = match value {
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            "NaN" => f64::NAN,
+            v => v.parse().map_err(|_| fail("not a number"))?,
+        };
+        out.samples.push(Sample {
+            name: name.to_owned(),
+            labels,
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// `label="value",...}` (after the `{`): the labels and what follows the `}`.
+fn parse_labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String> {
+    let mut labels = BTreeMap::new();
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix('}') {
+            return Ok((labels, rest));
+        }
+        let (name, after) = s.split_once('=').ok_or("a label without =")?;
+        let name = name.trim();
+        if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(format!("bad label name {name:?}"));
+        }
+        let mut chars = after
+            .strip_prefix('"')
+            .ok_or("a label value without quotes")?
+            .char_indices();
+        let mut value = String::new();
+        let end = loop {
+            match chars.next() {
+                Some((_, '\\')) => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, c)) => value.push(c),
+                    None => return Err("a label value ends in a backslash".into()),
+                },
+                Some((i, '"')) => break i,
+                Some((_, c)) => value.push(c),
+                None => return Err("an unterminated label value".into()),
+            }
+        };
+        labels.insert(name.to_owned(), value);
+        s = after[1 + end + 1..].trim_start();
+        s = s.strip_prefix(',').unwrap_or(s);
+    }
+}
+
+/// The metric families of the contract, as they appear in samples, with their type.
+const FAMILIES: [(&str, &str); 11] = [
+    ("cni_node_reconciles_total", "counter"),
+    ("cni_node_reconcile_duration_seconds", "histogram"),
+    ("cni_node_reconcile_failures_total", "counter"),
+    (
+        "cni_node_last_successful_reconcile_timestamp_seconds",
+        "gauge",
+    ),
+    ("cni_node_watch_restarts_total", "counter"),
+    ("cni_node_watch_lists_total", "counter"),
+    ("cni_node_watched_objects", "gauge"),
+    ("cni_node_routes", "gauge"),
+    ("cni_node_egress_prefixes", "gauge"),
+    ("cni_node_skipped_nodes", "gauge"),
+    ("cni_node_host_events_total", "counter"),
+];
+
+/// `GET /metrics` of `host`'s agent, parsed.
+fn metrics(host: &Host) -> Result<Exposition, String> {
+    let answer = host.health("/metrics")?;
+    if answer.status != 200 {
+        return Err(format!("GET /metrics: {answer}"));
+    }
+    parse_exposition(&answer.body).map_err(|e| format!("GET /metrics: {e}\n{}", answer.body))
+}
+
+/// Polls `/metrics` until `ok` holds of it (`within`); returns the last exposition.
+fn wait_metrics(
+    host: &Host,
+    within: Duration,
+    what: &str,
+    mut ok: impl FnMut(&Exposition) -> bool,
+) -> Exposition {
+    let start = Instant::now();
+    loop {
+        match metrics(host) {
+            Ok(m) if ok(&m) => return m,
+            _ if start.elapsed() < within => {}
+            Ok(m) => panic!(
+                "{what}: not so after {within:?}; samples:\n{}\nagent log:\n{}",
+                m.samples
+                    .iter()
+                    .map(|s| format!("{} {:?} {}", s.name, s.labels, s.value))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                host.agent_log()
+            ),
+            Err(e) => panic!("{what}: {e}\nagent log:\n{}", host.agent_log()),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+#[test]
+fn metrics_name_every_family_and_follow_the_cluster() {
+    if !require_root() {
+        return;
+    }
+    let test_start = now_unix();
+    let mut cluster = Cluster::new(2, 1500);
+    let mesh = cluster.mesh_of();
+    cluster.wait_for_routes(Duration::from_secs(10), Cluster::full_mesh(&mesh));
+    let node = [("kind", "Node")];
+    let first = wait_metrics(
+        &cluster.hosts[0],
+        Duration::from_secs(10),
+        "cni_node_watched_objects{kind=\"Node\"} == 2",
+        |m| m.get("cni_node_watched_objects", &node) == Some(2.0),
+    );
+
+    // Every family, with its type and help.
+    let mut problems = Vec::new();
+    for (family, kind) in FAMILIES {
+        match first.type_of(family) {
+            Some((declared, t)) if t == kind => {
+                if !first.helps.contains(declared) {
+                    problems.push(format!("{family}: no # HELP {declared}"));
+                }
+            }
+            Some((declared, t)) => {
+                problems.push(format!("{family}: # TYPE {declared} {t}, expected {kind}"));
+            }
+            None => problems.push(format!("{family}: no # TYPE line")),
+        }
+    }
+    // The samples that are preset or have surely happened by now.
+    let mut want: Vec<(String, Vec<(&str, &str)>)> = vec![
+        (
+            "cni_node_reconciles_total".into(),
+            vec![("result", "success")],
+        ),
+        (
+            "cni_node_reconciles_total".into(),
+            vec![("result", "failure")],
+        ),
+        ("cni_node_reconcile_duration_seconds_sum".into(), vec![]),
+        ("cni_node_reconcile_duration_seconds_count".into(), vec![]),
+        (
+            "cni_node_reconcile_duration_seconds_bucket".into(),
+            vec![("le", "+Inf")],
+        ),
+        (
+            "cni_node_last_successful_reconcile_timestamp_seconds".into(),
+            vec![],
+        ),
+        ("cni_node_watch_lists_total".into(), node.to_vec()),
+        ("cni_node_watched_objects".into(), node.to_vec()),
+        ("cni_node_routes".into(), vec![("family", "ipv4")]),
+        ("cni_node_routes".into(), vec![("family", "ipv6")]),
+        ("cni_node_egress_prefixes".into(), vec![]),
+        ("cni_node_skipped_nodes".into(), vec![]),
+        ("cni_node_host_events_total".into(), vec![]),
+    ];
+    for step in STEPS {
+        want.push((
+            "cni_node_reconcile_failures_total".into(),
+            vec![("step", step)],
+        ));
+    }
+    for (name, labels) in &want {
+        if first.get(name, labels).is_none() {
+            problems.push(format!("no sample {name}{labels:?}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "/metrics:\n{}\nsamples: {:?}",
+        problems.join("\n"),
+        first.samples
+    );
+    let value = |m: &Exposition, name: &str, labels: &[(&str, &str)]| {
+        m.get(name, labels).unwrap_or(f64::NAN)
+    };
+    let success = [("result", "success")];
+    assert!(value(&first, "cni_node_reconciles_total", &success) >= 1.0);
+    assert!(value(&first, "cni_node_watch_lists_total", &node) >= 1.0);
+    assert_eq!(value(&first, "cni_node_routes", &[("family", "ipv4")]), 1.0);
+    assert_eq!(value(&first, "cni_node_routes", &[("family", "ipv6")]), 1.0);
+    assert!(value(&first, "cni_node_egress_prefixes", &[]) >= 1.0);
+    assert_eq!(value(&first, "cni_node_skipped_nodes", &[]), 0.0);
+    let stamp = value(
+        &first,
+        "cni_node_last_successful_reconcile_timestamp_seconds",
+        &[],
+    );
+    assert!(
+        stamp >= test_start - 5.0 && stamp <= now_unix() + 5.0,
+        "last successful reconcile at {stamp}, the test started at {test_start}"
+    );
+    // A histogram's +Inf bucket counts every observation.
+    assert_eq!(
+        value(
+            &first,
+            "cni_node_reconcile_duration_seconds_bucket",
+            &[("le", "+Inf")]
+        ),
+        value(&first, "cni_node_reconcile_duration_seconds_count", &[])
+    );
+
+    // A node joins and another leaves: the gauges follow, reconciles are counted.
+    cluster.api.apply_node(node_object(3));
+    cluster.api.delete_node(&node_name(2));
+    let successes = value(&first, "cni_node_reconciles_total", &success);
+    let host = &cluster.hosts[0];
+    let moved = wait_metrics(
+        host,
+        Duration::from_secs(10),
+        "after node 3 joined and node 2 left: 2 Nodes watched, one route per family",
+        |m| {
+            m.get("cni_node_watched_objects", &node) == Some(2.0)
+                && m.get("cni_node_routes", &[("family", "ipv4")]) == Some(1.0)
+                && m.get("cni_node_routes", &[("family", "ipv6")]) == Some(1.0)
+                && m.get("cni_node_reconciles_total", &success) > Some(successes)
+        },
+    );
+    let want_routes: BTreeSet<String> = routes_to(3, &node_v4(3), &node_v6(3)).into();
+    assert_eq!(host.our_routes(), want_routes);
+
+    // The API goes away and comes back compacted: the watch is restarted and relists.
+    let lists = value(&moved, "cni_node_watch_lists_total", &node);
+    let restarts = moved
+        .get("cni_node_watch_restarts_total", &node)
+        .unwrap_or(0.0);
+    cluster.api.stop();
+    std::thread::sleep(Duration::from_secs(1));
+    cluster.api.compact();
+    cluster.api.restart();
+    let host = &cluster.hosts[0];
+    wait_metrics(
+        host,
+        Duration::from_secs(40),
+        "after the API restarted compacted: a watch restart and a relist counted",
+        |m| {
+            m.get("cni_node_watch_lists_total", &node) > Some(lists)
+                && m.get("cni_node_watch_restarts_total", &node) > Some(restarts)
+                && m.get("cni_node_watched_objects", &node) == Some(2.0)
+        },
+    );
+}
+
+#[test]
+fn the_exposition_parser_reads_both_text_formats() {
+    let text = "# HELP cni_node_reconciles The reconciles.\n\
+                # TYPE cni_node_reconciles counter\n\
+                cni_node_reconciles_total{result=\"success\"} 3\n\
+                cni_node_reconciles_total{result=\"failure\",} 0 1700000000000\n\
+                # TYPE cni_node_routes gauge\n\
+                cni_node_routes{family=\"ipv4\", note=\"a \\\"quoted\\\" }\\n\"} 2\n\
+                # TYPE h histogram\n\
+                h_bucket{le=\"+Inf\"} 4\n\
+                h_sum 0.5e-1\n\
+                # EOF\n";
+    let m = parse_exposition(text).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        m.get("cni_node_reconciles_total", &[("result", "success")]),
+        Some(3.0)
+    );
+    assert_eq!(
+        m.get("cni_node_reconciles_total", &[("result", "failure")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        m.get(
+            "cni_node_routes",
+            &[("family", "ipv4"), ("note", "a \"quoted\" }\n")]
+        ),
+        Some(2.0)
+    );
+    assert_eq!(m.get("h_bucket", &[("le", "+Inf")]), Some(4.0));
+    assert_eq!(m.get("h_sum", &[]), Some(0.05));
+    assert_eq!(
+        m.type_of("cni_node_reconciles_total"),
+        Some(("cni_node_reconciles", "counter"))
+    );
+    assert!(m.helps.contains("cni_node_reconciles"));
+    assert!(parse_exposition("x{a=\"1} 2\n").is_err());
+    assert!(parse_exposition("x 1\n# TYPE y\n").is_err());
+    assert!(parse_exposition("{a=\"1\"} 2\n").is_err());
+}
