@@ -109,7 +109,11 @@ pub async fn watch<K>(
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
-                    failures = 0;
+                    // Each try of a list starts with Init: only what follows it shows
+                    // the API answering again.
+                    if !matches!(event, Event::Init) {
+                        failures = 0;
+                    }
                     take(event, &store, &wake, &metrics);
                 }
                 Err(e) if is_gone(&e) => {
@@ -127,9 +131,8 @@ pub async fn watch<K>(
                     metrics.watch_restarted(K::KIND);
                     tracing::warn!(
                         "{} watch failed ({failures} in a row), retrying; routes and rules \
-                         stay as they are: {}",
+                         stay as they are: {e}",
                         K::KIND,
-                        crate::error::chain(&e)
                     );
                 }
             }

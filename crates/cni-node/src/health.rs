@@ -102,7 +102,7 @@ impl Health {
                 Readiness::WaitingForList => (
                     UNAVAILABLE,
                     TEXT,
-                    "waiting for the first complete list from the API\n".into(),
+                    "waiting for the first list of Nodes from the API\n".into(),
                 ),
                 Readiness::NotReady(failures) => {
                     let body = failures
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(h.answer_with("/healthz", "", &m, None).0, "200 OK");
         let (status, _, body) = h.answer_with("/readyz", "", &m, None);
         assert_eq!(status, "503 Service Unavailable");
-        assert!(body.contains("first complete list"), "{body}");
+        assert!(body.contains("waiting for the first list"), "{body}");
         h.set(Readiness::Ready);
         assert_eq!(h.answer_with("/readyz", "", &m, None).2, "ready\n");
         h.set(Readiness::NotReady(vec![
