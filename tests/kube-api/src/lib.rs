@@ -12,7 +12,8 @@
 //!
 //! - [`Kind`]: what is served where; [`store`]: objects, versions and history;
 //!   [`selector`]: label and field selectors; `http`: the protocol and discovery.
-//! - [`fixture::realistic_node`]: a Node as a kubelet writes it (~15 KB with 40 images).
+//! - [`fixture`]: a Node as a kubelet writes it (~15 KB with 40 images), a Pod as the
+//!   kubelet reports it, a labelled Namespace, NetworkPolicies from JSON.
 
 pub mod fixture;
 mod http;
@@ -31,7 +32,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use fixture::realistic_node;
+pub use fixture::{network_policy, realistic_namespace, realistic_node, realistic_pod};
 pub use kind::Kind;
 use store::Store;
 
