@@ -403,6 +403,66 @@ fn daemonset_serves_probes_and_metrics_where_the_kubelet_and_a_scraper_reach_the
     );
 }
 
+#[test]
+fn rbac_lets_the_agent_read_what_it_watches_and_nothing_else() {
+    // The ClusterRole's rules, flattened to (group, resource) -> verbs: exactly get,
+    // list and watch on what the agent watches, no other resource, no other verb.
+    let path = workspace_root().join("deploy/kubernetes/rbac.yaml");
+    let manifest = fs::read_to_string(&path).expect("read rbac.yaml");
+    let role = manifest
+        .split("\n---\n")
+        .find(|doc| doc.lines().any(|l| l == "kind: ClusterRole"))
+        .expect("a ClusterRole");
+    let list = |line: &str, key: &str| -> Option<Vec<String>> {
+        let rest = line.trim().trim_start_matches("- ").strip_prefix(key)?;
+        let inner = rest.trim().strip_prefix('[')?.strip_suffix(']')?;
+        Some(
+            inner
+                .split(',')
+                .map(|s| s.trim().trim_matches('"').to_owned())
+                .collect(),
+        )
+    };
+    let mut granted = Vec::new();
+    let (mut groups, mut resources) = (Vec::new(), Vec::new());
+    for line in role.lines().skip_while(|l| *l != "rules:").skip(1) {
+        if let Some(g) = list(line, "apiGroups:") {
+            groups = g;
+        } else if let Some(r) = list(line, "resources:") {
+            resources = r;
+        } else if let Some(verbs) = list(line, "verbs:") {
+            for group in &groups {
+                for resource in &resources {
+                    granted.push((group.clone(), resource.clone(), verbs.join(",")));
+                }
+            }
+        } else {
+            panic!(
+                "{}: a rule line this test does not read: {line:?}",
+                path.display()
+            );
+        }
+    }
+    granted.sort();
+    let mut want: Vec<(String, String, String)> = [
+        ("", "namespaces"),
+        ("", "nodes"),
+        ("", "pods"),
+        ("networking.k8s.io", "networkpolicies"),
+    ]
+    .iter()
+    .map(|(g, r)| {
+        (
+            (*g).to_owned(),
+            (*r).to_owned(),
+            "get,list,watch".to_owned(),
+        )
+    })
+    .collect();
+    want.sort();
+    assert_eq!(granted, want, "{}", path.display());
+}
+
 // ---------------------------------------------------------------------------------------
 // The release
 // ---------------------------------------------------------------------------------------

@@ -1,6 +1,9 @@
-//! Nodes as a kubelet and the controller manager write them, for tests and the scale
-//! benchmark: labels, annotations, pod CIDRs, addresses, capacity, conditions, node
-//! info and an image list, so the agent parses what a real cluster sends.
+//! Objects as a real cluster holds them, for tests and the scale benchmark, so the
+//! agent parses what a real cluster sends: Nodes as a kubelet and the controller manager
+//! write them (labels, annotations, pod CIDRs, addresses, capacity, conditions, node
+//! info, an image list), Pods as a Deployment and the kubelet leave them (owner, named
+//! container ports, pod IPs of both families, conditions, container statuses),
+//! Namespaces with labels, and NetworkPolicies from their spec in JSON.
 
 use serde_json::{Value, json};
 
@@ -95,5 +98,193 @@ pub fn realistic_node(
             },
             "images": images,
         },
+    })
+}
+
+/// A running Pod `namespace/name` of a Deployment, scheduled on `node_name`, with
+/// `labels`, `pod_ips` as `podIPs` (the first also as `podIP`; one per family in a
+/// dual-stack cluster), `hostNetwork: false`, and two containers with named ports:
+/// `app` (`http` 8080/TCP, `metrics` 9090/TCP) and `sidecar` (`grpc` 50051/TCP, `dns`
+/// 5353/UDP). About 4 KB of JSON. Change the JSON for anything else.
+pub fn realistic_pod(
+    namespace: &str,
+    name: &str,
+    node_name: &str,
+    pod_ips: &[&str],
+    labels: &[(&str, &str)],
+) -> Value {
+    let labels: serde_json::Map<String, Value> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    let owner = name.rsplit_once('-').map_or(name, |(rs, _)| rs);
+    let condition = |kind: &str| {
+        json!({
+            "type": kind, "status": "True", "lastProbeTime": null,
+            "lastTransitionTime": "2026-11-24T09:30:12Z",
+        })
+    };
+    let container_status = |container: &str, image: &str, id: u64| {
+        json!({
+            "name": container, "ready": true, "restartCount": 0, "started": true,
+            "image": image,
+            "imageID": format!("{image}@sha256:{:064x}", u128::from(id) * 0x9e37_79b9_7f4a_7c15),
+            "containerID": format!("containerd://{:064x}", u128::from(id) * 0x2545_f491_4f6c_dd1d),
+            "state": {"running": {"startedAt": "2026-11-24T09:30:14Z"}},
+            "lastState": {},
+            "volumeMounts": [{
+                "name": "kube-api-access", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                "readOnly": true, "recursiveReadOnly": "Disabled",
+            }],
+        })
+    };
+    let resources = json!({
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    });
+    let mount = json!([{
+        "name": "kube-api-access",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": true,
+    }]);
+    json!({
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "generateName": format!("{owner}-"),
+            "labels": labels,
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-24T09:30:00Z"},
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": owner,
+                "uid": "7d3c2b1a-0f9e-4d8c-b7a6-5e4d3c2b1a09",
+                "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "registry.example.com/shop/app:v2.14.1",
+                    "args": ["--listen=:8080", "--metrics=:9090"],
+                    "ports": [
+                        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+                        {"name": "metrics", "containerPort": 9090, "protocol": "TCP"},
+                    ],
+                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}}],
+                    "resources": resources,
+                    "readinessProbe": {
+                        "httpGet": {"path": "/ready", "port": "http", "scheme": "HTTP"},
+                        "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3,
+                    },
+                    "volumeMounts": mount,
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                },
+                {
+                    "name": "sidecar",
+                    "image": "registry.example.com/platform/sidecar:v1.9.0",
+                    "ports": [
+                        {"name": "grpc", "containerPort": 50051, "protocol": "TCP"},
+                        {"name": "dns", "containerPort": 5353, "protocol": "UDP"},
+                    ],
+                    "resources": resources,
+                    "volumeMounts": mount,
+                    "terminationMessagePath": "/dev/termination-log",
+                    "terminationMessagePolicy": "File",
+                    "imagePullPolicy": "IfNotPresent",
+                },
+            ],
+            "volumes": [{
+                "name": "kube-api-access",
+                "projected": {
+                    "defaultMode": 420,
+                    "sources": [
+                        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}},
+                    ],
+                },
+            }],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 30,
+            "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default",
+            "serviceAccount": "default",
+            "nodeName": node_name,
+            "hostNetwork": false,
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+            ],
+            "priority": 0,
+            "enableServiceLinks": true,
+            "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                condition("PodReadyToStartContainers"),
+                condition("Initialized"),
+                condition("Ready"),
+                condition("ContainersReady"),
+                condition("PodScheduled"),
+            ],
+            "hostIP": "198.18.0.1",
+            "hostIPs": [{"ip": "198.18.0.1"}],
+            "podIP": pod_ips.first(),
+            "podIPs": pod_ips.iter().map(|ip| json!({"ip": ip})).collect::<Vec<_>>(),
+            "startTime": "2026-11-24T09:30:12Z",
+            "containerStatuses": [
+                container_status("app", "registry.example.com/shop/app:v2.14.1", 1),
+                container_status("sidecar", "registry.example.com/platform/sidecar:v1.9.0", 2),
+            ],
+            "qosClass": "Burstable",
+        },
+    })
+}
+
+/// An active Namespace `name` with `labels` and the `kubernetes.io/metadata.name` label
+/// the API server gives every Namespace.
+pub fn realistic_namespace(name: &str, labels: &[(&str, &str)]) -> Value {
+    let mut all = serde_json::Map::new();
+    for (k, v) in labels {
+        all.insert((*k).to_owned(), json!(v));
+    }
+    all.insert("kubernetes.io/metadata.name".into(), json!(name));
+    json!({
+        "kind": "Namespace",
+        "apiVersion": "v1",
+        "metadata": {"name": name, "labels": all},
+        "spec": {"finalizers": ["kubernetes"]},
+        "status": {"phase": "Active"},
+    })
+}
+
+/// A NetworkPolicy `namespace/name` whose spec is `spec`, the JSON of a manifest's
+/// `spec:` (`podSelector`, `policyTypes`, `ingress`, `egress`), as written:
+///
+/// ```
+/// # use serde_json::json;
+/// let policy = cni_kube_api::network_policy("shop", "web-from-frontend", json!({
+///     "podSelector": {"matchLabels": {"app": "web"}},
+///     "policyTypes": ["Ingress"],
+///     "ingress": [{
+///         "from": [{"namespaceSelector": {"matchLabels": {"team": "frontend"}}}],
+///         "ports": [{"protocol": "TCP", "port": "http"}],
+///     }],
+/// }));
+/// assert_eq!(policy["kind"], "NetworkPolicy");
+/// ```
+pub fn network_policy(namespace: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "kind": "NetworkPolicy",
+        "apiVersion": "networking.k8s.io/v1",
+        "metadata": {"name": name, "namespace": namespace, "generation": 1},
+        "spec": spec,
     })
 }

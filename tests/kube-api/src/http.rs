@@ -1,9 +1,11 @@
-//! The HTTP side: one thread per connection, HTTP/1.1 with keep-alive, Node list with
-//! pagination, Node watch as a chunked stream of JSON lines (bookmarks, 410 Gone as the
-//! API server sends it), single get, and event creation.
+//! The HTTP side: one thread per connection, HTTP/1.1 with keep-alive; for every kind,
+//! list with pagination at one snapshot, watch as a chunked stream of JSON lines
+//! (bookmarks, streaming lists, 410 Gone as the API server sends it), both with label and
+//! field selectors, and single get; discovery documents; event creation.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::TcpStream;
+use std::ops::Bound;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,10 +13,15 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::Shared;
+use crate::kind::Kind;
+use crate::selector::{FieldSelector, Filter, LabelSelector};
+use crate::store::{Change, Event};
 
 /// A request line and what matters of its headers and body.
 struct Request {
     method: String,
+    /// The path and query as sent.
+    target: String,
     path: String,
     query: Vec<(String, String)>,
     body: Vec<u8>,
@@ -44,6 +51,9 @@ pub fn serve(stream: TcpStream, shared: &Arc<Shared>) {
         if !shared.running.load(Ordering::SeqCst) {
             return;
         }
+        shared
+            .lock_requests()
+            .push(format!("{} {}", request.method, request.target));
         let keep = match handle(&request, &mut out, shared) {
             Ok(keep) => keep,
             Err(_) => return,
@@ -105,6 +115,7 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
         .collect();
     Ok(Some(Request {
         method,
+        target,
         path,
         query,
         body,
@@ -168,28 +179,82 @@ fn respond_json(out: &mut impl Write, code: u16, value: &Value) -> io::Result<bo
     respond(out, code, &serde_json::to_vec(value).unwrap_or_default())
 }
 
+/// What a path names among the served kinds.
+#[derive(Debug, PartialEq, Eq)]
+enum Resource<'a> {
+    /// A collection: every namespace's, or one namespace's.
+    Collection(Kind, Option<&'a str>),
+    /// One object (namespace `""` for a cluster-scoped kind).
+    Item(Kind, &'a str, &'a str),
+}
+
+/// `/api/v1/...` or `/apis/{group}/{version}/...`, then `{plural}`, `{plural}/{name}`
+/// (cluster-scoped), `namespaces/{ns}/{plural}` or `namespaces/{ns}/{plural}/{name}`
+/// (namespaced).
+fn resource<'a>(segments: &[&'a str]) -> Option<Resource<'a>> {
+    let (api_version, rest) = match segments {
+        ["api", "v1", rest @ ..] => ("v1".to_owned(), rest),
+        ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
+        _ => return None,
+    };
+    let kind = |plural: &str, namespaced: bool| {
+        Kind::from_resource(&api_version, plural).filter(|k| k.namespaced() == namespaced)
+    };
+    match *rest {
+        [plural] => Some(Resource::Collection(
+            Kind::from_resource(&api_version, plural)?,
+            None,
+        )),
+        [plural, name] => Some(Resource::Item(kind(plural, false)?, "", name)),
+        ["namespaces", ns, plural] => Some(Resource::Collection(kind(plural, true)?, Some(ns))),
+        ["namespaces", ns, plural, name] => Some(Resource::Item(kind(plural, true)?, ns, name)),
+        _ => None,
+    }
+}
+
 fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<bool> {
     let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+    if req.method == "GET" {
+        if let Some(found) = resource(&segments) {
+            return match found {
+                Resource::Collection(kind, namespace) => {
+                    let filter = match filter(req, kind, namespace) {
+                        Ok(filter) => filter,
+                        Err(e) => {
+                            return respond_json(out, 400, &status(400, "BadRequest", &e));
+                        }
+                    };
+                    if matches!(req.param("watch"), Some("true" | "1")) {
+                        watch(req, out, shared, kind, &filter)
+                    } else {
+                        list(req, out, shared, kind, &filter)
+                    }
+                }
+                Resource::Item(kind, namespace, name) => {
+                    let found = shared
+                        .lock()
+                        .get(kind, namespace, name)
+                        .map(|o| o.json.clone());
+                    match found {
+                        Some(bytes) => respond(out, 200, &bytes),
+                        None => respond_json(
+                            out,
+                            404,
+                            &status(
+                                404,
+                                "NotFound",
+                                &format!("{} \"{name}\" not found", kind.plural()),
+                            ),
+                        ),
+                    }
+                }
+            };
+        }
+        if let Some(answer) = discovery(&segments, out) {
+            return respond_json(out, 200, &answer);
+        }
+    }
     match (req.method.as_str(), segments.as_slice()) {
-        ("GET", ["api", "v1", "nodes"]) => {
-            let watching = matches!(req.param("watch"), Some("true" | "1"));
-            if watching {
-                watch(req, out, shared)
-            } else {
-                list(req, out, shared)
-            }
-        }
-        ("GET", ["api", "v1", "nodes", name]) => {
-            let found = shared.lock().nodes.get(*name).cloned();
-            match found {
-                Some(bytes) => respond(out, 200, &bytes),
-                None => respond_json(
-                    out,
-                    404,
-                    &status(404, "NotFound", &format!("nodes \"{name}\" not found")),
-                ),
-            }
-        }
         ("POST", ["api", "v1", "namespaces", _, "events"])
         | ("POST", ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
             match serde_json::from_slice::<Value>(&req.body) {
@@ -217,6 +282,84 @@ fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Resul
     }
 }
 
+/// The groups other than the core one, with the resources each serves: the kinds'
+/// and the events clients may post (create only).
+fn groups() -> Vec<(&'static str, Vec<Value>)> {
+    let mut groups: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for kind in Kind::ALL {
+        let resource = json!({
+            "name": kind.plural(), "singularName": kind.singular(),
+            "namespaced": kind.namespaced(), "kind": kind.name(),
+            "verbs": ["get", "list", "watch"], "shortNames": kind.short_names(),
+        });
+        match groups.iter_mut().find(|(v, _)| *v == kind.api_version()) {
+            Some((_, resources)) => resources.push(resource),
+            None => groups.push((kind.api_version(), vec![resource])),
+        }
+    }
+    let events = json!({
+        "name": "events", "singularName": "event", "namespaced": true,
+        "kind": "Event", "verbs": ["create"],
+    });
+    for api_version in ["v1", "events.k8s.io/v1"] {
+        match groups.iter_mut().find(|(v, _)| *v == api_version) {
+            Some((_, resources)) => resources.push(events.clone()),
+            None => groups.push((api_version, vec![events.clone()])),
+        }
+    }
+    groups
+}
+
+/// The discovery documents: `/api`, `/api/v1`, `/apis`, `/apis/{group}` and
+/// `/apis/{group}/{version}` (not the aggregated form).
+fn discovery(segments: &[&str], out: &TcpStream) -> Option<Value> {
+    let groups = groups();
+    let group_of = |api_version: &str| {
+        let (group, version) = api_version.split_once('/')?;
+        let gv = json!({"groupVersion": api_version, "version": version});
+        Some(json!({"name": group, "versions": [gv], "preferredVersion": gv}))
+    };
+    let resources = |api_version: &str| {
+        groups.iter().find(|(v, _)| *v == api_version).map(|(_, r)| {
+            json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": api_version, "resources": r})
+        })
+    };
+    match segments {
+        ["api"] => {
+            let address = out.local_addr().map(|a| a.to_string()).unwrap_or_default();
+            Some(json!({
+                "kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": address}],
+            }))
+        }
+        ["api", "v1"] => resources("v1"),
+        ["apis"] => Some(json!({
+            "kind": "APIGroupList", "apiVersion": "v1",
+            "groups": groups.iter().filter_map(|(v, _)| group_of(v)).collect::<Vec<_>>(),
+        })),
+        ["apis", group] => groups
+            .iter()
+            .filter_map(|(v, _)| group_of(v))
+            .find(|g| g["name"] == *group)
+            .map(|mut g| {
+                g["kind"] = json!("APIGroup");
+                g["apiVersion"] = json!("v1");
+                g
+            }),
+        ["apis", group, version] => resources(&format!("{group}/{version}")),
+        _ => None,
+    }
+}
+
+/// The request's selectors and its path's namespace.
+fn filter(req: &Request, kind: Kind, namespace: Option<&str>) -> Result<Filter, String> {
+    Ok(Filter {
+        namespace: namespace.map(str::to_owned),
+        labels: LabelSelector::parse(req.param("labelSelector").unwrap_or_default())?,
+        fields: FieldSelector::parse(req.param("fieldSelector").unwrap_or_default(), kind)?,
+    })
+}
+
 fn number(req: &Request, key: &str) -> Result<Option<u64>, String> {
     match req.param(key) {
         None | Some("") => Ok(None),
@@ -227,20 +370,31 @@ fn number(req: &Request, key: &str) -> Result<Option<u64>, String> {
     }
 }
 
-fn list(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<bool> {
+fn list(
+    req: &Request,
+    out: &mut TcpStream,
+    shared: &Arc<Shared>,
+    kind: Kind,
+    filter: &Filter,
+) -> io::Result<bool> {
     shared.lists.fetch_add(1, Ordering::SeqCst);
-    let limit = match number(req, "limit") {
-        Ok(limit) => limit.filter(|l| *l > 0),
-        Err(e) => return respond_json(out, 400, &status(400, "BadRequest", &e)),
+    let (limit, exact) = match (number(req, "limit"), number(req, "resourceVersion")) {
+        (Ok(limit), Ok(rv)) => (
+            limit.filter(|l| *l > 0),
+            rv.filter(|_| req.param("resourceVersionMatch") == Some("Exact")),
+        ),
+        (Err(e), _) | (_, Err(e)) => {
+            return respond_json(out, 400, &status(400, "BadRequest", &e));
+        }
     };
-    // A continue token is "<rv>:<last name>": the list snapshot's version, and where
-    // the previous page ended.
+    // A continue token is "<rv>:<last key>": the list snapshot's version, and where
+    // the previous page ended. Every page is read at that version, as from etcd.
     let (snapshot, after) = match req.param("continue").filter(|c| !c.is_empty()) {
         Some(token) => match token
             .split_once(':')
-            .and_then(|(rv, name)| Some((rv.parse::<u64>().ok()?, name)))
+            .and_then(|(rv, key)| Some((rv.parse::<u64>().ok()?, key)))
         {
-            Some((rv, name)) => (Some(rv), Some(name.to_owned())),
+            Some((rv, key)) => (Some(rv), Some(key.to_owned())),
             None => {
                 return respond_json(
                     out,
@@ -249,7 +403,7 @@ fn list(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<
                 );
             }
         },
-        None => (None, None),
+        None => (exact, None),
     };
     let mut body = Vec::new();
     {
@@ -258,53 +412,88 @@ fn list(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<
             && !store.serves(rv)
         {
             shared.expired.fetch_add(1, Ordering::SeqCst);
-            let token = format!("{}:{}", store.rv, after.unwrap_or_default());
-            let mut s = status(
-                410,
-                "Expired",
-                "The provided continue parameter is too old to display a consistent list result.",
-            );
-            s["metadata"] = json!({"continue": token});
+            let s = match &after {
+                Some(after) => {
+                    let mut s = status(
+                        410,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent list result.",
+                    );
+                    s["metadata"] = json!({"continue": format!("{}:{after}", store.rv)});
+                    s
+                }
+                None => status(
+                    410,
+                    "Expired",
+                    &format!("too old resource version: {rv} ({})", store.oldest),
+                ),
+            };
             drop(store);
             return respond_json(out, 410, &s);
         }
         let rv = snapshot.unwrap_or(store.rv);
-        let mut items = store
-            .nodes
-            .range::<String, _>((
-                after
-                    .as_ref()
-                    .map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded),
-                std::ops::Bound::Unbounded,
-            ))
+        let objects = store.objects_at(kind, rv);
+        let prefix = filter.namespace.as_ref().map(|ns| format!("{ns}/"));
+        let lower = match (&after, &prefix) {
+            (Some(after), _) => Bound::Excluded(after.clone()),
+            (None, Some(prefix)) => Bound::Included(prefix.clone()),
+            (None, None) => Bound::Unbounded,
+        };
+        let mut matching = objects
+            .range::<String, _>((lower, Bound::Unbounded))
+            .take_while(|(key, _)| prefix.as_ref().is_none_or(|p| key.starts_with(p)))
+            .filter(|(_, o)| filter.matches(o))
             .peekable();
-        body.extend_from_slice(b"{\"kind\":\"NodeList\",\"apiVersion\":\"v1\",\"items\":[");
         let page = limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX));
+        let mut items = Vec::new();
         let mut last = None;
-        for (name, bytes) in items.by_ref().take(page) {
+        for (key, object) in matching.by_ref().take(page) {
             if last.is_some() {
-                body.push(b',');
+                items.push(b',');
             }
-            body.extend_from_slice(bytes);
-            last = Some(name.clone());
+            items.extend_from_slice(&object.json);
+            last = Some(key.clone());
         }
-        let more = items.peek().is_some();
         let mut meta = json!({"resourceVersion": rv.to_string()});
-        if more && let Some(last) = last {
+        if matching.peek().is_some()
+            && let Some(last) = last
+        {
             meta["continue"] = json!(format!("{rv}:{last}"));
-            meta["remainingItemCount"] = json!(store.nodes.len() as u64);
+            // The API server counts only when no selector narrows the list.
+            if !filter.has_selectors() {
+                meta["remainingItemCount"] = json!(matching.count() as u64);
+            }
         }
-        body.extend_from_slice(b"],\"metadata\":");
+        body.reserve(items.len() + 256);
+        body.extend_from_slice(
+            format!(
+                "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":",
+                kind.list_name(),
+                kind.api_version()
+            )
+            .as_bytes(),
+        );
         body.extend_from_slice(&serde_json::to_vec(&meta).unwrap_or_default());
-        body.push(b'}');
+        body.extend_from_slice(b",\"items\":[");
+        body.extend_from_slice(&items);
+        body.extend_from_slice(b"]}");
     }
     respond(out, 200, &body)
 }
 
-fn chunk(out: &mut impl Write, data: &[u8]) -> io::Result<()> {
-    out.write_all(format!("{:x}\r\n", data.len()).as_bytes())?;
-    out.write_all(data)?;
-    out.write_all(b"\r\n")?;
+/// Writes `lines` as chunks, flushing about every megabyte and at the end.
+fn chunks(out: &mut impl Write, lines: &[Vec<u8>]) -> io::Result<()> {
+    let mut buffer = Vec::new();
+    for line in lines {
+        buffer.extend_from_slice(format!("{:x}\r\n", line.len()).as_bytes());
+        buffer.extend_from_slice(line);
+        buffer.extend_from_slice(b"\r\n");
+        if buffer.len() >= 1 << 20 {
+            out.write_all(&buffer)?;
+            buffer.clear();
+        }
+    }
+    out.write_all(&buffer)?;
     out.flush()
 }
 
@@ -318,7 +507,53 @@ fn event_line(kind: &str, object: &[u8]) -> Vec<u8> {
     line
 }
 
-fn watch(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<bool> {
+/// What a watch with `filter` sees of `change`, as the API server's watch cache decides
+/// it: an object that starts matching is ADDED, one that stops matching is DELETED (its
+/// last matching version, at the change's resourceVersion).
+fn watch_event(change: &Change, filter: &Filter) -> Option<Vec<u8>> {
+    let now = change.event != Event::Deleted && filter.matches(&change.object);
+    let before = change.previous.as_ref().is_some_and(|p| filter.matches(p));
+    match (now, before) {
+        (true, false) => Some(event_line("ADDED", &change.object.json)),
+        (true, true) => Some(event_line("MODIFIED", &change.object.json)),
+        (false, true) if change.event == Event::Deleted => {
+            Some(event_line("DELETED", &change.object.json))
+        }
+        (false, true) => change
+            .previous
+            .as_ref()
+            .map(|p| event_line("DELETED", &p.json_at(change.rv))),
+        (false, false) => None,
+    }
+}
+
+fn bookmark_line(kind: Kind, rv: u64, initial_events_end: bool) -> Vec<u8> {
+    let annotations = if initial_events_end {
+        ",\"annotations\":{\"k8s.io/initial-events-end\":\"true\"}"
+    } else {
+        ""
+    };
+    event_line(
+        "BOOKMARK",
+        format!(
+            "{{\"kind\":\"{}\",\"apiVersion\":\"{}\",\"metadata\":{{\"resourceVersion\":\"{rv}\"{annotations}}}}}",
+            kind.name(),
+            kind.api_version()
+        )
+        .as_bytes(),
+    )
+}
+
+const STREAM_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+
+fn watch(
+    req: &Request,
+    out: &mut TcpStream,
+    shared: &Arc<Shared>,
+    kind: Kind,
+    filter: &Filter,
+) -> io::Result<bool> {
     shared.watches.fetch_add(1, Ordering::SeqCst);
     let (from, timeout) = match (
         number(req, "resourceVersion"),
@@ -328,67 +563,69 @@ fn watch(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result
         (Err(e), _) | (_, Err(e)) => return respond_json(out, 400, &status(400, "BadRequest", &e)),
     };
     let bookmarks = req.param("allowWatchBookmarks") == Some("true");
+    // A streaming list: the current objects, then a bookmark that says they are all
+    // there, whatever the version asked for (NotOlderThan it, which now is).
+    let initial_events = req.param("sendInitialEvents") == Some("true");
     let deadline = Instant::now() + Duration::from_secs(timeout.unwrap_or(1800).min(3600));
-    let sent = {
-        let store = shared.lock();
-        // No version (or 0): start from now, with the current objects as ADDED.
-        match from.filter(|rv| *rv > 0) {
-            Some(rv) if !store.serves(rv) => {
-                shared.expired.fetch_add(1, Ordering::SeqCst);
-                let message = format!("too old resource version: {rv} ({})", store.oldest);
-                drop(store);
-                if shared.gone_as_http.load(Ordering::SeqCst) {
-                    return respond_json(out, 410, &status(410, "Expired", &message));
-                }
-                out.write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
-                )?;
-                let mut line = serde_json::to_vec(
-                    &json!({"type": "ERROR", "object": status(410, "Expired", &message)}),
-                )
-                .unwrap_or_default();
-                line.push(b'\n');
-                chunk(out, &line)?;
-                out.write_all(b"0\r\n\r\n")?;
-                out.flush()?;
-                return Ok(true);
+    let store = shared.lock();
+    // No version (or 0): start from now, with the current objects as ADDED.
+    let from = match from.filter(|rv| *rv > 0 && !initial_events) {
+        Some(rv) if !store.serves(rv) => {
+            shared.expired.fetch_add(1, Ordering::SeqCst);
+            let message = format!("too old resource version: {rv} ({})", store.oldest);
+            drop(store);
+            if shared.gone_as_http.load(Ordering::SeqCst) {
+                return respond_json(out, 410, &status(410, "Expired", &message));
             }
-            Some(rv) => rv,
-            None => {
-                let snapshot: Vec<Vec<u8>> = store
-                    .nodes
-                    .values()
-                    .map(|b| event_line("ADDED", b))
-                    .collect();
-                let rv = store.rv;
-                drop(store);
-                out.write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
-                )?;
-                for line in snapshot {
-                    chunk(out, &line)?;
-                }
-                return stream_changes(out, shared, rv, bookmarks, deadline, true);
+            out.write_all(STREAM_HEAD)?;
+            let mut line = serde_json::to_vec(
+                &json!({"type": "ERROR", "object": status(410, "Expired", &message)}),
+            )
+            .unwrap_or_default();
+            line.push(b'\n');
+            chunks(out, &[line])?;
+            out.write_all(b"0\r\n\r\n")?;
+            out.flush()?;
+            return Ok(true);
+        }
+        Some(rv) => {
+            drop(store);
+            out.write_all(STREAM_HEAD)?;
+            out.flush()?;
+            rv
+        }
+        None => {
+            let mut lines: Vec<Vec<u8>> = store
+                .objects(kind)
+                .values()
+                .filter(|o| filter.matches(o))
+                .map(|o| event_line("ADDED", &o.json))
+                .collect();
+            let rv = store.rv;
+            drop(store);
+            if initial_events {
+                lines.push(bookmark_line(kind, rv, true));
+                shared.bookmarks.fetch_add(1, Ordering::SeqCst);
             }
+            out.write_all(STREAM_HEAD)?;
+            chunks(out, &lines)?;
+            rv
         }
     };
-    out.write_all(
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n",
-    )?;
-    out.flush()?;
-    stream_changes(out, shared, sent, bookmarks, deadline, true)
+    stream_changes(out, shared, kind, filter, from, bookmarks, deadline)
 }
 
-/// Sends every change after `sent` as it happens, bookmarks while idle, until the
-/// deadline (then a clean end of stream) or until the server stops (then the
-/// connection just breaks, as when an API server goes away).
+/// Sends every change after `sent` that the watch sees as it happens, bookmarks while
+/// idle, until the deadline (then a clean end of stream) or until the server stops
+/// (then the connection just breaks, as when an API server goes away).
 fn stream_changes(
     out: &mut TcpStream,
     shared: &Arc<Shared>,
+    kind: Kind,
+    filter: &Filter,
     mut sent: u64,
     bookmarks: bool,
     deadline: Instant,
-    keep_alive: bool,
 ) -> io::Result<bool> {
     let generation = shared.generation.load(Ordering::SeqCst);
     let mut last_bookmark = Instant::now();
@@ -401,16 +638,20 @@ fn stream_changes(
                 "server stopped",
             ));
         }
-        let (lines, expired) = {
+        let (lines, seen, expired) = {
             let mut store = shared.lock();
             if !store.serves(sent) {
-                (Vec::new(), true)
+                (Vec::new(), sent, true)
             } else {
-                let lines: Vec<(u64, Vec<u8>)> = store
-                    .changes_after(sent)
-                    .map(|c| (c.rv, event_line(c.kind, &c.object)))
-                    .collect();
-                if lines.is_empty() {
+                let mut seen = sent;
+                let mut lines = Vec::new();
+                for change in store.changes_after(sent) {
+                    seen = change.rv;
+                    if change.object.kind == kind {
+                        lines.extend(watch_event(change, filter));
+                    }
+                }
+                if seen == sent {
                     let wait = shared
                         .bookmark_interval()
                         .min(deadline.saturating_duration_since(Instant::now()))
@@ -418,7 +659,7 @@ fn stream_changes(
                     store = shared.wait_changed(store, wait);
                     drop(store);
                 }
-                (lines, false)
+                (lines, seen, false)
             }
         };
         if expired {
@@ -429,15 +670,15 @@ fn stream_changes(
             )
             .unwrap_or_default();
             line.push(b'\n');
-            chunk(out, &line)?;
+            chunks(out, &[line])?;
             out.write_all(b"0\r\n\r\n")?;
             out.flush()?;
-            return Ok(keep_alive);
+            return Ok(true);
         }
-        for (rv, line) in lines {
-            chunk(out, &line)?;
-            sent = rv;
+        if !lines.is_empty() {
+            chunks(out, &lines)?;
         }
+        sent = seen;
         if bookmarks && last_bookmark.elapsed() >= shared.bookmark_interval() {
             // Only a version whose changes were all sent: a change that came in since
             // the lines above were taken goes out first, on the next turn.
@@ -448,14 +689,7 @@ fn stream_changes(
                 }
                 store.rv.max(sent)
             };
-            let line = event_line(
-                "BOOKMARK",
-                format!(
-                    "{{\"kind\":\"Node\",\"apiVersion\":\"v1\",\"metadata\":{{\"resourceVersion\":\"{rv}\"}}}}"
-                )
-                .as_bytes(),
-            );
-            chunk(out, &line)?;
+            chunks(out, &[bookmark_line(kind, rv, false)])?;
             shared.bookmarks.fetch_add(1, Ordering::SeqCst);
             sent = rv;
             last_bookmark = Instant::now();
@@ -463,7 +697,7 @@ fn stream_changes(
         if Instant::now() >= deadline {
             out.write_all(b"0\r\n\r\n")?;
             out.flush()?;
-            return Ok(keep_alive);
+            return Ok(true);
         }
     }
 }
@@ -478,6 +712,58 @@ mod tests {
         assert_eq!(decode("a+b%2"), "a b%2");
         assert_eq!(decode("%zz"), "%zz");
         assert_eq!(decode("%"), "%");
+    }
+
+    #[test]
+    fn paths_name_kinds_and_namespaces() {
+        let path = |p: &str| {
+            let segments: Vec<&str> = p.trim_matches('/').split('/').collect();
+            resource(&segments).map(|r| format!("{r:?}"))
+        };
+        let some = |r: Resource<'_>| Some(format!("{r:?}"));
+        assert_eq!(
+            path("/api/v1/nodes"),
+            some(Resource::Collection(Kind::Node, None))
+        );
+        assert_eq!(
+            path("/api/v1/nodes/n"),
+            some(Resource::Item(Kind::Node, "", "n"))
+        );
+        assert_eq!(
+            path("/api/v1/namespaces"),
+            some(Resource::Collection(Kind::Namespace, None))
+        );
+        assert_eq!(
+            path("/api/v1/namespaces/x"),
+            some(Resource::Item(Kind::Namespace, "", "x"))
+        );
+        assert_eq!(
+            path("/api/v1/pods"),
+            some(Resource::Collection(Kind::Pod, None))
+        );
+        assert_eq!(
+            path("/api/v1/namespaces/x/pods"),
+            some(Resource::Collection(Kind::Pod, Some("x")))
+        );
+        assert_eq!(
+            path("/api/v1/namespaces/x/pods/p"),
+            some(Resource::Item(Kind::Pod, "x", "p"))
+        );
+        assert_eq!(
+            path("/apis/networking.k8s.io/v1/namespaces/x/networkpolicies"),
+            some(Resource::Collection(Kind::NetworkPolicy, Some("x")))
+        );
+        for unserved in [
+            "/api/v1/pods/p",
+            "/api/v1/namespaces/x/nodes",
+            "/api/v1/networkpolicies",
+            "/apis/networking.k8s.io/v1/pods",
+            "/apis/networking.k8s.io/v2/networkpolicies",
+            "/api/v1/namespaces/x/pods/p/status",
+            "/api/v1",
+        ] {
+            assert_eq!(path(unserved), None, "{unserved}");
+        }
     }
 
     #[test]

@@ -1,18 +1,24 @@
 //! A Kubernetes API test server for the node agent's tests and benchmark: it serves
-//! `Node` list and watch the way kube-apiserver does (resourceVersions, paginated lists
-//! with continue tokens, chunked watch streams of JSON lines, bookmarks, `410 Gone` for
-//! versions older than the last compaction, as an `ERROR` event or as an HTTP status),
-//! and lets a test add, change and delete Nodes, stop it (every connection breaks),
-//! compact its history and start it again on the same address.
+//! list and watch of Nodes, Namespaces, Pods and NetworkPolicies the way kube-apiserver
+//! does (one resourceVersion sequence for all of them, paginated lists read at one
+//! snapshot with continue tokens, chunked watch streams of JSON lines, bookmarks,
+//! streaming lists, label and field selectors on both, `410 Gone` for versions older
+//! than the last compaction, as an `ERROR` event or as an HTTP status), and lets a test
+//! add, change and delete objects, stop it (every connection breaks), compact its
+//! history and start it again on the same address.
 //!
 //! No kube-apiserver can be installed where the tests run, so the agent's API side is
 //! tested against this server, with the real client (kube-rs), not against a cluster.
 //!
-//! - [`store`]: Nodes, versions and history; `http`: the protocol.
-//! - [`fixture::realistic_node`]: a Node as a kubelet writes it (~15 KB with 40 images).
+//! - [`Kind`]: what is served where; [`store`]: objects, versions and history;
+//!   [`selector`]: label and field selectors; `http`: the protocol and discovery.
+//! - [`fixture`]: a Node as a kubelet writes it (~15 KB with 40 images), a Pod as the
+//!   kubelet reports it, a labelled Namespace, NetworkPolicies from JSON.
 
 pub mod fixture;
 mod http;
+mod kind;
+pub mod selector;
 pub mod store;
 
 use std::fs::File;
@@ -26,7 +32,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use fixture::realistic_node;
+pub use fixture::{network_policy, realistic_namespace, realistic_node, realistic_pod};
+pub use kind::Kind;
 use store::Store;
 
 /// State shared by the connection threads.
@@ -35,6 +42,7 @@ pub(crate) struct Shared {
     store: Mutex<Store>,
     changed: Condvar,
     events: Mutex<Vec<Value>>,
+    requests: Mutex<Vec<String>>,
     /// False while stopped.
     running: AtomicBool,
     /// Bumped at every stop, so streams of an earlier run end.
@@ -55,6 +63,10 @@ impl Shared {
 
     pub(crate) fn lock_events(&self) -> MutexGuard<'_, Vec<Value>> {
         self.events.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn lock_requests(&self) -> MutexGuard<'_, Vec<String>> {
+        self.requests.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn wait_changed<'a>(
@@ -101,6 +113,7 @@ impl ApiServer {
             store: Mutex::new(Store::default()),
             changed: Condvar::new(),
             events: Mutex::new(Vec::new()),
+            requests: Mutex::new(Vec::new()),
             running: AtomicBool::new(false),
             generation: AtomicU64::new(0),
             gone_as_http: AtomicBool::new(false),
@@ -171,28 +184,88 @@ impl ApiServer {
         std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
     }
 
-    /// Creates or replaces a Node; returns its new resourceVersion. Panics on a Node
-    /// without a name (a mistake in the test).
-    pub fn apply_node(&self, node: Value) -> u64 {
+    /// Creates or replaces an object of `kind` (its `kind` and `apiVersion` are set,
+    /// a namespaced object without a namespace goes to `default`, a replaced object
+    /// keeps its uid); returns its new resourceVersion. Panics on an object the API
+    /// server would refuse (no name, a namespace on a cluster-scoped kind): a mistake in
+    /// the test. Nothing checks that a namespaced object's Namespace exists.
+    pub fn apply(&self, kind: Kind, object: Value) -> u64 {
         let rv = self
             .shared
             .lock()
-            .apply(node)
-            .unwrap_or_else(|e| panic!("apply_node: {e}"));
+            .apply(kind, object)
+            .unwrap_or_else(|e| panic!("apply {}: {e}", kind.name()));
         self.shared.changed.notify_all();
         rv
     }
 
-    /// Deletes a Node; false if there was none.
-    pub fn delete_node(&self, name: &str) -> bool {
-        let deleted = self.shared.lock().delete(name);
+    /// Deletes an object (`namespace` is `""` for a cluster-scoped kind); false if
+    /// there was none. Deleting a Namespace leaves the objects in it (the API server's
+    /// namespace controller would delete them, later).
+    pub fn delete(&self, kind: Kind, namespace: &str, name: &str) -> bool {
+        let deleted = self.shared.lock().delete(kind, namespace, name);
         self.shared.changed.notify_all();
         deleted
     }
 
+    /// The current object, as a get answers it.
+    pub fn get(&self, kind: Kind, namespace: &str, name: &str) -> Option<Value> {
+        let store = self.shared.lock();
+        let object = store.get(kind, namespace, name)?;
+        serde_json::from_slice(&object.json).ok()
+    }
+
+    /// The objects' keys in list order: `name` for a cluster-scoped kind,
+    /// `namespace/name` for a namespaced one.
+    pub fn keys(&self, kind: Kind) -> Vec<String> {
+        self.shared.lock().objects(kind).keys().cloned().collect()
+    }
+
+    /// Creates or replaces a Node; returns its new resourceVersion. Panics on a Node
+    /// without a name (a mistake in the test).
+    pub fn apply_node(&self, node: Value) -> u64 {
+        self.apply(Kind::Node, node)
+    }
+
+    /// Deletes a Node; false if there was none.
+    pub fn delete_node(&self, name: &str) -> bool {
+        self.delete(Kind::Node, "", name)
+    }
+
     /// The Nodes' names.
     pub fn node_names(&self) -> Vec<String> {
-        self.shared.lock().nodes.keys().cloned().collect()
+        self.keys(Kind::Node)
+    }
+
+    /// Creates or replaces a Namespace (labelled `kubernetes.io/metadata.name`, as the
+    /// API server does); returns its new resourceVersion.
+    pub fn apply_namespace(&self, namespace: Value) -> u64 {
+        self.apply(Kind::Namespace, namespace)
+    }
+
+    /// Deletes a Namespace (not what is in it); false if there was none.
+    pub fn delete_namespace(&self, name: &str) -> bool {
+        self.delete(Kind::Namespace, "", name)
+    }
+
+    /// Creates or replaces a Pod; returns its new resourceVersion.
+    pub fn apply_pod(&self, pod: Value) -> u64 {
+        self.apply(Kind::Pod, pod)
+    }
+
+    /// Deletes a Pod; false if there was none.
+    pub fn delete_pod(&self, namespace: &str, name: &str) -> bool {
+        self.delete(Kind::Pod, namespace, name)
+    }
+
+    /// Creates or replaces a NetworkPolicy; returns its new resourceVersion.
+    pub fn apply_network_policy(&self, policy: Value) -> u64 {
+        self.apply(Kind::NetworkPolicy, policy)
+    }
+
+    /// Deletes a NetworkPolicy; false if there was none.
+    pub fn delete_network_policy(&self, namespace: &str, name: &str) -> bool {
+        self.delete(Kind::NetworkPolicy, namespace, name)
     }
 
     /// The newest resourceVersion.
@@ -200,8 +273,8 @@ impl ApiServer {
         self.shared.lock().rv
     }
 
-    /// Makes every earlier resourceVersion too old: watches and continue tokens from
-    /// before now get `410 Gone`.
+    /// Makes every earlier resourceVersion too old, of every kind: watches and continue
+    /// tokens from before now get `410 Gone`.
     pub fn compact(&self) {
         self.shared.lock().compact();
         self.shared.changed.notify_all();
@@ -249,7 +322,7 @@ impl ApiServer {
         self.shared.changed.notify_all();
     }
 
-    /// Listens again on the same address (and namespace), keeping the Nodes.
+    /// Listens again on the same address (and namespace), keeping the objects.
     pub fn restart(&mut self) {
         self.stop();
         self.listen();
@@ -273,6 +346,11 @@ impl ApiServer {
     /// Bookmarks sent so far.
     pub fn bookmark_count(&self) -> u64 {
         self.shared.bookmarks.load(Ordering::SeqCst)
+    }
+
+    /// Every request served so far, as `METHOD path?query` (the query as sent).
+    pub fn requests(&self) -> Vec<String> {
+        self.shared.lock_requests().clone()
     }
 
     /// Events clients posted.
