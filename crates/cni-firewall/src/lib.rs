@@ -10,6 +10,7 @@
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
 
+mod backend;
 pub mod conntrack;
 pub mod egress;
 pub mod error;
@@ -22,7 +23,7 @@ mod nfnetlink;
 pub mod port_security;
 
 pub use error::{Error, Result};
-pub use masq::Backend;
+pub use backend::Backend;
 pub use nfnetlink::{SocketsKept, keep_sockets};
 #[doc(hidden)]
 pub use nfnetlink::{decode_dumped_rule, decode_dumped_set_elements};

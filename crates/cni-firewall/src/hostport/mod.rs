@@ -18,8 +18,8 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::masq::Backend;
 
 /// The reference's default mark bit for "masquerade this" (Kubernetes uses
 /// 14 and 15, Calico 20-31).
