@@ -6,8 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::error::{Error, Result};
-use crate::masq::iptables;
-use crate::nfnetlink;
+use crate::{iptables, nfnetlink};
 
 /// Which firewall tool carries the rules (`ipMasqBackend`, portmap's `backend`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

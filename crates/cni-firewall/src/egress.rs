@@ -18,7 +18,7 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
-use crate::masq::iptables::{self as ipt, Tables as _};
+use crate::iptables::{self as ipt, Tables as _};
 use crate::masq::nftables::{Field, addr_match, verdict};
 use crate::nfnetlink::{
     self, Batch, CMP_EQ, Expr, HOOK_POSTROUTING, Hook, NFPROTO_INET, Nfnl, PRIORITY_SRCNAT,

@@ -16,14 +16,15 @@ pub mod egress;
 pub mod error;
 mod exec;
 pub mod hostport;
+mod iptables;
 pub mod macspoof;
 pub mod masq;
 pub mod naming;
 mod nfnetlink;
 pub mod port_security;
 
-pub use error::{Error, Result};
 pub use backend::Backend;
+pub use error::{Error, Result};
 pub use nfnetlink::{SocketsKept, keep_sockets};
 #[doc(hidden)]
 pub use nfnetlink::{decode_dumped_rule, decode_dumped_set_elements};

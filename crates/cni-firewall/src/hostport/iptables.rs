@@ -24,9 +24,10 @@ use ipnetwork::IpNetwork;
 
 use super::{Forward, Snat};
 use crate::error::{Error, Result};
-use crate::masq::iptables::{
-    Family, NatTable, Tables as _, line, per_family, restore, save, truncated_comment_of,
+use crate::iptables::{
+    Family, NatTable, Tables as _, line, per_family, restore, save, strings, target,
 };
+use crate::masq::iptables::truncated_comment_of;
 use crate::naming::{hostport_comment, hostport_dnat_chain, parse_hostport_comment};
 
 /// The shared chains; never renamed, or an upgrade would strand rules.
@@ -37,10 +38,6 @@ pub(crate) const MASQ_CHAIN: &str = "CNI-HOSTPORT-MASQ";
 const MULTIPORT_MAX: usize = 15;
 /// Transactions computed again after a concurrent change, at most.
 const ATTEMPTS: usize = 5;
-
-fn strings(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|s| (*s).to_owned()).collect()
-}
 
 fn mark(bit: u8) -> String {
     let value = 1u32 << bit;
@@ -309,10 +306,6 @@ fn transact(
         target: target.into(),
         detail: "no attempt was made".into(),
     }))
-}
-
-fn target(chain: &str) -> String {
-    format!("table nat chain {chain}")
 }
 
 /// Installs the rules of `forward` in its family's table.

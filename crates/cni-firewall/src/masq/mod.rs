@@ -62,7 +62,10 @@ pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
     };
     let nft = relevant(nft, nftables::usable);
     let ipt = if ipt_needed {
-        relevant(iptables::teardown(network, container_id), iptables::usable)
+        relevant(
+            iptables::teardown(network, container_id),
+            crate::iptables::usable,
+        )
     } else {
         Ok(())
     };
@@ -123,7 +126,7 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(network: &str, valid: &[(C, I)]) -> Resu
         Err(e) => (Err(e), true),
     };
     let ipt = if ipt_needed {
-        relevant(iptables::gc(network, &ids), iptables::usable)
+        relevant(iptables::gc(network, &ids), crate::iptables::usable)
     } else {
         Ok(())
     };
