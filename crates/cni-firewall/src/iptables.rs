@@ -3,10 +3,13 @@
 //! transaction per family), with the tools' own quoting. Masquerade, host ports and the
 //! node agent's egress SNAT all read and write their iptables rules through this.
 
+use std::collections::HashSet;
+
 pub(crate) use cni_protocol::ip::Family;
 
 use crate::error::{Error, Result};
 use crate::exec;
+use crate::naming::{go_quote, parse_iptables_comment};
 
 /// Bounded wait for the xtables lock (legacy iptables): a hung holder must
 /// not block every pod start on the node forever.
@@ -227,6 +230,84 @@ pub(crate) fn target(chain: &str) -> String {
 /// a chain does not exist.
 const NO_SUCH_CHAIN: &str = "No chain/target/match by that name";
 
+/// The input that deletes every jump to one of `chains` (by its full text, from the
+/// chains that stay), then flushes and deletes those of `chains` that exist; `None`
+/// when there is nothing to do.
+pub(crate) fn removal_input(chains: &[String], current: &NatTable) -> Option<String> {
+    let mut body = String::new();
+    for rule in &current.rules {
+        let doomed_source = chains.contains(&rule.chain);
+        if !doomed_source && chains.iter().any(|c| rule.jumps_to(c)) {
+            body.push_str(&line(&format!("-D {}", rule.chain), &rule.args));
+        }
+    }
+    for chain in chains.iter().filter(|c| current.has_chain(c)) {
+        body.push_str(&format!("-F {chain}\n"));
+    }
+    for chain in chains.iter().filter(|c| current.has_chain(c)) {
+        body.push_str(&format!("-X {chain}\n"));
+    }
+    (!body.is_empty()).then(|| format!("*nat\n{body}COMMIT\n"))
+}
+
+/// How a feature names its per-container chains and comments the rules in them or
+/// jumping to them (`<kind>name: "<network>" id: "<containerID>"`), which is what
+/// tells GC whose a chain is.
+pub(crate) struct ContainerChains {
+    /// What precedes `name:` in the comments (`""` for masquerade, `"dnat "` for host
+    /// ports).
+    pub(crate) kind: &'static str,
+    /// What every such chain's name starts with.
+    pub(crate) prefix: &'static str,
+    /// The chain of a network and container ID.
+    pub(crate) chain_of: fn(&str, &str) -> String,
+}
+
+impl ContainerChains {
+    /// Whether `chain`, seen with a rule commented `comment`, is `network`'s chain of a
+    /// container not in `valid`: the comment names `network` and a container that is
+    /// not valid, and the chain's name is their hash (so chains of other networks or
+    /// other software are never touched); or iptables cut the comment (a long
+    /// container ID) and the chain is no valid container's.
+    pub(crate) fn is_stale(
+        &self,
+        network: &str,
+        valid: &HashSet<&str>,
+        chain: &str,
+        comment: &str,
+    ) -> bool {
+        if !chain.starts_with(self.prefix) {
+            return false;
+        }
+        match comment
+            .strip_prefix(self.kind)
+            .and_then(parse_iptables_comment)
+        {
+            Some((net, cid)) => {
+                net == network
+                    && (self.chain_of)(&net, &cid) == chain
+                    && !valid.contains(cid.as_str())
+            }
+            None => {
+                truncated_comment_of(comment, self.kind, network)
+                    && !valid.iter().any(|id| (self.chain_of)(network, id) == chain)
+            }
+        }
+    }
+}
+
+/// iptables keeps at most this many bytes of a comment (longer ones are cut silently).
+const COMMENT_KEPT: usize = 255;
+
+/// Whether `comment` is one of ours for `network` that iptables cut (a long container
+/// ID): it then names no container, and the chain's name tells whether it is a valid
+/// one's, so that GC still finds what ADD made. `kind` is what precedes `name:` in
+/// the comment.
+fn truncated_comment_of(comment: &str, kind: &str, network: &str) -> bool {
+    let prefix = format!("{kind}name: {} id: \"", go_quote(network));
+    comment.len() >= COMMENT_KEPT - 1 && comment.starts_with(&prefix)
+}
+
 /// Reads the nat table of `family`.
 pub(crate) fn save(family: Family) -> Result<NatTable> {
     exec::run(family.save_program(), &["-t", "nat"], None, "table nat").map(|out| parse_save(&out))
@@ -402,5 +483,45 @@ COMMIT
             program: "iptables".into(),
             searched: String::new(),
         }));
+    }
+
+    #[test]
+    fn stale_chains_are_judged_by_comment_and_name() {
+        use crate::naming::{hostport_comment, hostport_dnat_chain, iptables_chain_name};
+        let masq = ContainerChains {
+            kind: "",
+            prefix: "CNI-",
+            chain_of: iptables_chain_name,
+        };
+        let a = iptables_chain_name("mynet", "ctrA");
+        let valid: HashSet<&str> = ["ctrB"].into();
+        assert!(masq.is_stale("mynet", &valid, &a, COMMENT));
+        assert!(!masq.is_stale("othernet", &valid, &a, COMMENT));
+        assert!(!masq.is_stale("mynet", &["ctrA"].into(), &a, COMMENT));
+        // The comment's container must be the one the chain's name is the hash of.
+        let b = iptables_chain_name("mynet", "ctrB");
+        assert!(!masq.is_stale("mynet", &HashSet::new(), &b, COMMENT));
+        // A host port comment is not a masquerade one.
+        let dnat = hostport_comment("mynet", "ctrA");
+        assert!(!masq.is_stale("mynet", &valid, &a, &dnat));
+
+        let hostport = ContainerChains {
+            kind: "dnat ",
+            prefix: "CNI-DN-",
+            chain_of: hostport_dnat_chain,
+        };
+        let dn = hostport_dnat_chain("mynet", "ctrA");
+        assert!(hostport.is_stale("mynet", &valid, &dn, &dnat));
+        assert!(!hostport.is_stale("mynet", &valid, &dn, COMMENT));
+        assert!(!hostport.is_stale("mynet", &valid, &a, &dnat));
+
+        // A container ID so long that iptables cut the comment: the chain's name says
+        // whether it is a valid container's.
+        let long = "c".repeat(300);
+        let cut = hostport_comment("mynet", &long);
+        let long_chain = hostport_dnat_chain("mynet", &long);
+        assert!(hostport.is_stale("mynet", &valid, &long_chain, &cut));
+        assert!(!hostport.is_stale("mynet", &[long.as_str()].into(), &long_chain, &cut));
+        assert!(!hostport.is_stale("othernet", &valid, &long_chain, &cut));
     }
 }

@@ -37,18 +37,16 @@
 use std::collections::HashSet;
 use std::net::IpAddr;
 
-use ipnetwork::IpNetwork;
-
 use cni_protocol::ip::Family;
+use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
 use crate::iptables::{
-    NatTable, Tables as _, is_no_such_chain, line, list, per_family, restore, save, strings, target,
+    ContainerChains, NatTable, Tables as _, is_no_such_chain, line, list, per_family,
+    removal_input, restore, save, strings, target,
 };
 use crate::masq::nftables::subnet;
-use crate::naming::{
-    IPTABLES_CHAIN_PREFIX, iptables_chain_name, iptables_comment, parse_iptables_comment,
-};
+use crate::naming::{IPTABLES_CHAIN_PREFIX, iptables_chain_name, iptables_comment};
 
 /// The multicast range, which masquerade leaves alone.
 fn multicast(family: Family) -> &'static str {
@@ -223,25 +221,15 @@ fn setup_body(
 
 /// Input that deletes every jump to `chain`, then the chain itself.
 pub(crate) fn teardown_input(chain: &str, current: &NatTable) -> Option<String> {
-    chains_removal(&[chain.to_owned()], current)
+    removal_input(&[chain.to_owned()], current)
 }
 
-fn chains_removal(chains: &[String], current: &NatTable) -> Option<String> {
-    let mut body = String::new();
-    for rule in &current.rules {
-        let doomed_source = chains.contains(&rule.chain);
-        if !doomed_source && chains.iter().any(|c| rule.jumps_to(c)) {
-            body.push_str(&line(&format!("-D {}", rule.chain), &rule.args));
-        }
-    }
-    for chain in chains.iter().filter(|c| current.has_chain(c)) {
-        body.push_str(&format!("-F {chain}\n"));
-    }
-    for chain in chains.iter().filter(|c| current.has_chain(c)) {
-        body.push_str(&format!("-X {chain}\n"));
-    }
-    (!body.is_empty()).then(|| format!("*nat\n{body}COMMIT\n"))
-}
+/// How the per-container chains are named and their rules commented.
+const CHAINS: ContainerChains = ContainerChains {
+    kind: "",
+    prefix: IPTABLES_CHAIN_PREFIX,
+    chain_of: iptables_chain_name,
+};
 
 /// This network's `CNI-` chains whose container is not among `valid_ids`.
 ///
@@ -256,41 +244,16 @@ pub(crate) fn stale_chains(
     current
         .chains
         .iter()
-        .filter(|chain| chain.starts_with(IPTABLES_CHAIN_PREFIX))
         .filter(|chain| {
             current
                 .rules
                 .iter()
                 .filter(|r| &r.chain == *chain || r.jumps_to(chain))
                 .filter_map(|r| r.comment())
-                .any(|comment| match parse_iptables_comment(comment) {
-                    Some((net, cid)) => {
-                        net == network
-                            && iptables_chain_name(&net, &cid) == **chain
-                            && !valid_ids.contains(cid.as_str())
-                    }
-                    None => {
-                        truncated_comment_of(comment, "", network)
-                            && !valid_ids
-                                .iter()
-                                .any(|id| iptables_chain_name(network, id) == **chain)
-                    }
-                })
+                .any(|comment| CHAINS.is_stale(network, valid_ids, chain, comment))
         })
         .cloned()
         .collect()
-}
-
-/// iptables keeps at most this many bytes of a comment (longer ones are cut silently).
-const COMMENT_KEPT: usize = 255;
-
-/// Whether `comment` is one of ours for `network` that iptables cut (a long container
-/// ID): it then names no container, and the chain's name tells whether it is a valid
-/// one's, so that GC still finds what ADD made. `kind` is what precedes `name:` in
-/// the comment (`""` for masquerade, `"dnat "` for host ports).
-pub(crate) fn truncated_comment_of(comment: &str, kind: &str, network: &str) -> bool {
-    let prefix = format!("{kind}name: {} id: \"", crate::naming::go_quote(network));
-    comment.len() >= COMMENT_KEPT - 1 && comment.starts_with(&prefix)
 }
 
 /// Input that removes the chains [`stale_chains`] finds.
@@ -303,7 +266,7 @@ pub(crate) fn gc_input(
     if stale.is_empty() {
         return None;
     }
-    chains_removal(&stale, current)
+    removal_input(&stale, current)
 }
 
 /// The input that verifies every rule of the container (`-C` lines; the
