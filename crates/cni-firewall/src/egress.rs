@@ -19,11 +19,11 @@ use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
 use crate::iptables::{self as ipt, Tables as _};
-use crate::masq::nftables::{Field, addr_match, verdict};
 use crate::nfnetlink::{
     self, Batch, CMP_EQ, Expr, HOOK_POSTROUTING, Hook, NFPROTO_INET, Nfnl, PRIORITY_SRCNAT,
     VERDICT_RETURN,
 };
+use crate::nft_build::{Field, addr_match, verdict};
 use cni_protocol::ip::Family;
 
 /// The nftables table.

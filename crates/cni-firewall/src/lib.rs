@@ -21,6 +21,7 @@ pub mod macspoof;
 pub mod masq;
 pub mod naming;
 mod nfnetlink;
+mod nft_build;
 pub mod port_security;
 
 pub use backend::Backend;

@@ -17,7 +17,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use cni_protocol::MacAddr;
 
 use crate::error::{Error, Result};
-use crate::masq::nftables::verdict;
 use crate::naming::{NFT_COMMENT_MAX, port_security_id};
 use crate::nfnetlink::{
     BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Expr, HOOK_BRIDGE_PREROUTING,
@@ -25,6 +24,7 @@ use crate::nfnetlink::{
     REG_2, Rule, SetElement, TYPE_ETHERADDR, TYPE_IFNAME, TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP,
     is_not_found, is_restart,
 };
+use crate::nft_build::verdict;
 
 /// The table and its base chain.
 pub const TABLE: &str = "cni_port_security";
