@@ -1,11 +1,14 @@
 //! Pieces of nf_tables rules and chains that several features build alike: address
 //! matches and verdicts in the expressions `nft` compiles them to (masquerade, host
-//! ports, egress SNAT, the MAC spoof check and port security all use them).
+//! ports, egress SNAT, the MAC spoof check and port security all use them), and the
+//! bridge family's prerouting base chain (the MAC spoof check's and port security's).
 
 use std::net::IpAddr;
 
+use crate::error::Result;
 use crate::nfnetlink::{
-    BASE_NETWORK, CMP_EQ, Data, Expr, META_NFPROTO, NFPROTO_IPV4, NFPROTO_IPV6, REG_1, REG_VERDICT,
+    BASE_NETWORK, Batch, CMP_EQ, Data, Expr, HOOK_BRIDGE_PREROUTING, Hook, META_NFPROTO,
+    NFPROTO_BRIDGE, NFPROTO_IPV4, NFPROTO_IPV6, POLICY_ACCEPT, REG_1, REG_VERDICT,
 };
 
 /// An address's bytes in network order, as nf_tables compares them.
@@ -110,4 +113,23 @@ pub(crate) fn verdict(code: i32, chain: Option<&str>) -> Expr {
             chain: chain.map(Into::into),
         },
     }
+}
+
+/// Adds `table`'s base chain `chain` of type filter on the bridge family's prerouting
+/// hook, at `priority`, with policy accept (adding it again changes nothing). The
+/// MAC spoof check's `bridge nat PREROUTING` and port security's
+/// `bridge cni_port_security prerouting` are such chains.
+pub(crate) fn add_bridge_prerouting(
+    b: &mut Batch,
+    table: &str,
+    chain: &str,
+    priority: i32,
+) -> Result<()> {
+    let hook = Hook {
+        chain_type: "filter",
+        hooknum: HOOK_BRIDGE_PREROUTING,
+        priority,
+        policy: Some(POLICY_ACCEPT),
+    };
+    b.add_chain(NFPROTO_BRIDGE, table, chain, Some(hook), None)
 }
