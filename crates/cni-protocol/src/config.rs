@@ -3,6 +3,7 @@
 
 use crate::env::is_valid_identifier;
 use crate::error::{CniError, ErrorCode};
+use crate::json::json_kind;
 use crate::result::CniResult;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -179,18 +180,6 @@ impl NetConf {
                 format!("{path}: {inner}")
             }
         })
-    }
-}
-
-/// The JSON type of a value in the words of Go's decoder errors.
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
     }
 }
 
