@@ -74,17 +74,13 @@ impl NetConf {
         };
         let name = text("name");
         if name.is_empty() {
-            return Err(CniError::new(
-                ErrorCode::INVALID_NETWORK_CONFIG,
-                "missing network name",
-            ));
+            return Err(CniError::invalid_config("missing network name"));
         }
         if !is_valid_identifier(&name) {
-            return Err(CniError::new(
-                ErrorCode::INVALID_NETWORK_CONFIG,
-                "invalid characters found in network name",
-            )
-            .with_details(name));
+            return Err(
+                CniError::invalid_config("invalid characters found in network name")
+                    .with_details(name),
+            );
         }
         let mut cni_version = text("cniVersion");
         if cni_version.is_empty() {

@@ -160,15 +160,12 @@ fn refuse_loop(name: &str, chain: &[String]) -> Result<(), CniError> {
     if !chain.iter().any(|n| n == name) {
         return Ok(());
     }
-    Err(CniError::new(
-        crate::ErrorCode::INVALID_NETWORK_CONFIG,
-        format!(
-            "delegating to {name:?} would loop: {} is already running ({} -> {name}); \
+    Err(CniError::invalid_config(format!(
+        "delegating to {name:?} would loop: {} is already running ({} -> {name}); \
              check ipam.type",
-            name,
-            chain.join(" -> ")
-        ),
-    ))
+        name,
+        chain.join(" -> ")
+    )))
 }
 
 /// Runs delegate `name`, found at `plugin`: in-process when `plugin` is this executable

@@ -22,7 +22,7 @@ use crate::error::Error;
 use crate::exec::{self, Args, PluginPath};
 use cni_protocol::env::{is_valid_identifier, validate_container_id, validate_ifname};
 use cni_protocol::json::sort_keys;
-use cni_protocol::{CniError, CniResult, Command, ErrorCode, Version};
+use cni_protocol::{CniError, CniResult, Command, Version};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
@@ -334,17 +334,12 @@ fn result_value(result: &CniResult, version: &str) -> Result<Value, CniError> {
 /// libcni's network name rule (the container id rule).
 fn validate_network_name(name: &str) -> Result<(), CniError> {
     if name.is_empty() {
-        return Err(CniError::new(
-            ErrorCode::INVALID_NETWORK_CONFIG,
-            "missing network name:",
-        ));
+        return Err(CniError::invalid_config("missing network name:"));
     }
     if !is_valid_identifier(name) {
-        return Err(CniError::new(
-            ErrorCode::INVALID_NETWORK_CONFIG,
-            "invalid characters found in network name",
-        )
-        .with_details(name));
+        return Err(
+            CniError::invalid_config("invalid characters found in network name").with_details(name),
+        );
     }
     Ok(())
 }

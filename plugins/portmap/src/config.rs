@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use cni_firewall::Backend;
 use cni_firewall::hostport::{DEFAULT_MARK_BIT, Mapping, Protocol, Snat};
 use cni_protocol::config::canonicalize_keys;
-use cni_protocol::{CniError, CniResult, ErrorCode};
+use cni_protocol::{CniError, CniResult};
 use ipnetwork::IpNetwork;
 use serde_json::Value;
 
@@ -48,15 +48,13 @@ const KNOWN_KEYS: &[&str] = &[
     "hostIP",
 ];
 
-fn invalid(message: impl Into<String>) -> CniError {
-    CniError::new(ErrorCode::INVALID_NETWORK_CONFIG, message)
-}
-
 fn bool_key(raw: &Value, key: &str) -> Result<Option<bool>, CniError> {
     match raw.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(invalid(format!("{key} must be true or false, not {other}"))),
+        Some(other) => Err(CniError::invalid_config(format!(
+            "{key} must be true or false, not {other}"
+        ))),
     }
 }
 
@@ -66,12 +64,12 @@ fn strings_key(raw: &Value, key: &str) -> Result<Vec<String>, CniError> {
         Some(Value::Array(items)) => items
             .iter()
             .map(|item| {
-                item.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| invalid(format!("{key} must be a list of strings, not {item}")))
+                item.as_str().map(str::to_owned).ok_or_else(|| {
+                    CniError::invalid_config(format!("{key} must be a list of strings, not {item}"))
+                })
             })
             .collect(),
-        Some(other) => Err(invalid(format!(
+        Some(other) => Err(CniError::invalid_config(format!(
             "{key} must be a list of strings, not {other}"
         ))),
     }
@@ -98,10 +96,10 @@ fn port(entry: &Value, key: &str, index: usize) -> Result<u16, CniError> {
     };
     match value.as_i64() {
         Some(n) if (1..=65535).contains(&n) => Ok(n as u16),
-        Some(n) => Err(invalid(format!(
+        Some(n) => Err(CniError::invalid_config(format!(
             "Invalid {what} port number: {n} (runtimeConfig.portMappings[{index}].{key} must be 1-65535)"
         ))),
-        None => Err(invalid(format!(
+        None => Err(CniError::invalid_config(format!(
             "runtimeConfig.portMappings[{index}].{key} must be a port number, not {value}"
         ))),
     }
@@ -109,7 +107,7 @@ fn port(entry: &Value, key: &str, index: usize) -> Result<u16, CniError> {
 
 fn mapping(entry: &Value, index: usize) -> Result<Mapping, CniError> {
     if !entry.is_object() {
-        return Err(invalid(format!(
+        return Err(CniError::invalid_config(format!(
             "runtimeConfig.portMappings[{index}] must be an object, not {entry}"
         )));
     }
@@ -117,12 +115,12 @@ fn mapping(entry: &Value, index: usize) -> Result<Mapping, CniError> {
         None | Some(Value::Null) => Protocol::Tcp,
         Some(Value::String(p)) if p.is_empty() => Protocol::Tcp,
         Some(Value::String(p)) => Protocol::parse(p).ok_or_else(|| {
-            invalid(format!(
+            CniError::invalid_config(format!(
                 "runtimeConfig.portMappings[{index}].protocol {p:?} is not tcp, udp or sctp"
             ))
         })?,
         Some(other) => {
-            return Err(invalid(format!(
+            return Err(CniError::invalid_config(format!(
                 "runtimeConfig.portMappings[{index}].protocol must be a string, not {other}"
             )));
         }
@@ -131,12 +129,12 @@ fn mapping(entry: &Value, index: usize) -> Result<Mapping, CniError> {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) if s.is_empty() => None,
         Some(Value::String(s)) => Some(s.parse::<IpAddr>().map_err(|_| {
-            invalid(format!(
+            CniError::invalid_config(format!(
                 "runtimeConfig.portMappings[{index}].hostIP {s:?} is not an IP address"
             ))
         })?),
         Some(other) => {
-            return Err(invalid(format!(
+            return Err(CniError::invalid_config(format!(
                 "runtimeConfig.portMappings[{index}].hostIP must be a string, not {other}"
             )));
         }
@@ -159,7 +157,7 @@ fn mappings(raw: &Value) -> Result<Vec<Mapping>, CniError> {
         return Ok(Vec::new());
     };
     let items = list.as_array().ok_or_else(|| {
-        invalid(format!(
+        CniError::invalid_config(format!(
             "runtimeConfig.portMappings must be a list, not {list}"
         ))
     })?;
@@ -187,7 +185,7 @@ impl Config {
             Some(v) => match v.as_i64() {
                 Some(n) if (0..=31).contains(&n) => Some(n as u8),
                 _ => {
-                    return Err(invalid(format!(
+                    return Err(CniError::invalid_config(format!(
                         "MasqMarkBit must be between 0 and 31 (markMasqBit is {v})"
                     )));
                 }
@@ -199,13 +197,13 @@ impl Config {
                 Some(s.clone())
             }
             Some(other) => {
-                return Err(invalid(format!(
+                return Err(CniError::invalid_config(format!(
                     "externalSetMarkChain must be a chain name, not {other}"
                 )));
             }
         };
         if mark_bit.is_some() && external.is_some() {
-            return Err(invalid(
+            return Err(CniError::invalid_config(
                 "Cannot specify externalSetMarkChain and markMasqBit",
             ));
         }
@@ -222,12 +220,12 @@ impl Config {
         let backend = match raw.get("backend") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) => Some(s.parse::<Backend>().map_err(|_| {
-                invalid(format!(
+                CniError::invalid_config(format!(
                     "unrecognized backend {s:?} (backend must be \"iptables\" or \"nftables\")"
                 ))
             })?),
             Some(other) => {
-                return Err(invalid(format!(
+                return Err(CniError::invalid_config(format!(
                     "backend must be \"iptables\" or \"nftables\", not {other}"
                 )));
             }
@@ -250,7 +248,7 @@ impl Config {
             .into_iter()
             .find(|(b, key)| *b == Backend::Nftables && key.starts_with("conditions"))
         {
-            return Err(invalid(format!(
+            return Err(CniError::invalid_config(format!(
                 "{key} with nftables conditions is not supported; use \"backend\": \"iptables\" with iptables conditions"
             )));
         }
@@ -293,7 +291,7 @@ impl Config {
             Backend::Iptables => Backend::Nftables,
             Backend::Nftables => Backend::Iptables,
         };
-        Err(invalid(format!(
+        Err(CniError::invalid_config(format!(
             "{backend} backend was requested but configuration contains {other}-specific options {wrong:?}"
         )))
     }
@@ -344,6 +342,7 @@ pub fn container_addresses(prev: &CniResult, ifname: &str) -> Vec<IpNetwork> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cni_protocol::ErrorCode;
     use serde_json::json;
 
     fn parse(raw: Value) -> Result<Config, CniError> {
