@@ -1,7 +1,7 @@
 //! The network configuration on stdin: the keys every plugin shares, Go-style
 //! case-insensitive key matching, and typed decoding of a plugin's own keys.
 
-use crate::env::is_valid_identifier;
+use crate::env::validate_network_name;
 use crate::error::{CniError, ErrorCode};
 use crate::json::json_kind;
 use crate::result::CniResult;
@@ -73,15 +73,7 @@ impl NetConf {
                 .to_string()
         };
         let name = text("name");
-        if name.is_empty() {
-            return Err(CniError::invalid_config("missing network name"));
-        }
-        if !is_valid_identifier(&name) {
-            return Err(
-                CniError::invalid_config("invalid characters found in network name")
-                    .with_details(name),
-            );
-        }
+        validate_network_name(&name)?;
         let mut cni_version = text("cniVersion");
         if cni_version.is_empty() {
             cni_version = "0.1.0".into();
