@@ -9,6 +9,11 @@
 //! iptables rules go through `iptables-save`/`iptables-restore` with rules on
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
+//!
+//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`),
+//! over what they share: the nf_tables client (`nfnetlink`), the expressions and chains
+//! several features build alike (`nft_build`), the iptables-save/restore reader-writer
+//! (`iptables`) and the choice between the two tools ([`Backend`]).
 
 mod backend;
 pub mod conntrack;
