@@ -8,6 +8,9 @@
 //! laid out the way `nft` lays them out (same attributes, same user-data
 //! TLVs), so `nft list` prints what we add exactly as if `nft` had added it.
 //!
+//! Sets and maps of every kind (interval sets of concatenations, verdict maps,
+//! elements in bulk) and their dumps are in the `sets` submodule.
+//!
 //! Netlink requests to the kernel are processed synchronously inside
 //! `send()`: when it returns, every acknowledgement and error of a batch is
 //! already queued on the socket, which is what lets [`Nfnl::commit`] collect
@@ -24,6 +27,11 @@ use cni_netlink::wire::{
 use nix::libc;
 
 use crate::error::{Error, Result};
+
+mod sets;
+pub(crate) use sets::{
+    BYTEORDER_BIG_ENDIAN, ChainHook, Element, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE,
+};
 
 // nfnetlink (linux/netfilter/nfnetlink.h).
 const NFGENMSG_LEN: usize = 4;
