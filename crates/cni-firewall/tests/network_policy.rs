@@ -958,13 +958,38 @@ fn a_thousand_profiles_and_ten_thousand_pods() {
         let single = started.elapsed();
         assert_eq!((c.pods_added, c.messages), (1, 1));
         eprintln!("one more pod afterwards: {single:?}");
+        // And twenty more, one by one.
+        let mut each = Vec::new();
+        for i in 2..22 {
+            one.ingress.insert(
+                ip(&format!("10.201.0.{i}")),
+                s.ingress_profiles.keys().nth(i).unwrap().clone(),
+            );
+            let started = Instant::now();
+            assert_eq!(t.apply(&one).unwrap().messages, 1);
+            each.push(started.elapsed());
+        }
+        each.sort();
+        eprintln!(
+            "twenty more pods one by one: min {:?}, median {:?}, max {:?}",
+            each[0], each[10], each[19]
+        );
 
+        // Ten boxes changed one by one (each: one element out, one in).
         let mut boxes = one.clone();
-        boxes.egress_profiles.values_mut().next().unwrap().allow[0].ports = (80, 81);
-        let started = Instant::now();
-        let c = t.apply(&boxes).unwrap();
-        eprintln!("one box changed afterwards: {:?}", started.elapsed());
-        assert_eq!((c.boxes_added, c.boxes_removed, c.messages), (1, 1, 2));
+        let mut each = Vec::new();
+        for p in boxes.egress_profiles.clone().keys().take(10) {
+            boxes.egress_profiles.get_mut(p).unwrap().allow[0].ports = (80, 81);
+            let started = Instant::now();
+            let c = t.apply(&boxes).unwrap();
+            each.push(started.elapsed());
+            assert_eq!((c.boxes_added, c.boxes_removed, c.messages), (1, 1, 2));
+        }
+        each.sort();
+        eprintln!(
+            "ten boxes changed one by one: min {:?}, median {:?}, max {:?}",
+            each[0], each[5], each[9]
+        );
 
         let started = Instant::now();
         assert_eq!(t.apply(&boxes).unwrap(), Changes::default());
