@@ -799,14 +799,26 @@ fn invalid(what: String, reason: String) -> Error {
     Error::InvalidPolicy { what, reason }
 }
 
-/// Checks `want` and puts it in the form the table is compared in.
-fn normalize(want: &PolicyState) -> Result<Held> {
-    let mut held = Held::default();
-    let profiles = [&want.ingress_profiles, &want.egress_profiles];
-    let pods = [&want.ingress, &want.egress];
+impl PolicyState {
+    fn profiles(&self, direction: Direction) -> &BTreeMap<String, Profile> {
+        match direction {
+            Direction::Ingress => &self.ingress_profiles,
+            Direction::Egress => &self.egress_profiles,
+        }
+    }
+
+    fn pods(&self, direction: Direction) -> &BTreeMap<IpAddr, String> {
+        match direction {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+}
+
+/// Checks every profile's name and boxes.
+fn check_profiles(want: &PolicyState) -> Result<()> {
     for direction in DIRECTIONS {
-        let i = direction.index();
-        for (name, profile) in profiles[i] {
+        for (name, profile) in want.profiles(direction) {
             let what = || format!("{} profile {name:?}", direction.name());
             if !valid_name(name) {
                 return Err(invalid(
@@ -814,26 +826,43 @@ fn normalize(want: &PolicyState) -> Result<Held> {
                     format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
                 ));
             }
-            held.profiles[i].insert(
-                name.clone(),
-                boxes(profile).map_err(|r| invalid(what(), r))?,
-            );
+            check_boxes(profile).map_err(|reason| invalid(what(), reason))?;
         }
-        for (ip, name) in pods[i] {
-            if !held.profiles[i].contains_key(name) {
-                return Err(invalid(
-                    format!("{} of pod {ip}", direction.name()),
-                    format!("its profile {name:?} does not exist"),
-                ));
+    }
+    Ok(())
+}
+
+/// The error of a pod whose profile is not in the state.
+fn no_such_profile(direction: Direction, ip: IpAddr, name: &str) -> Error {
+    invalid(
+        format!("{} of pod {ip}", direction.name()),
+        format!("its profile {name:?} does not exist"),
+    )
+}
+
+/// Checks `want` and puts it in the form the table is compared in.
+fn normalize(want: &PolicyState) -> Result<Held> {
+    check_profiles(want)?;
+    let mut held = Held::default();
+    for direction in DIRECTIONS {
+        let i = direction.index();
+        let profiles = want.profiles(direction);
+        for (ip, name) in want.pods(direction) {
+            if !profiles.contains_key(name) {
+                return Err(no_such_profile(direction, *ip, name));
             }
         }
-        held.pods[i] = pods[i].clone();
+        held.profiles[i] = profiles
+            .iter()
+            .map(|(name, p)| (name.clone(), p.allow.iter().cloned().collect()))
+            .collect();
+        held.pods[i] = want.pods(direction).clone();
     }
     Ok(held)
 }
 
-/// A profile's boxes, checked one by one and for overlaps.
-fn boxes(profile: &Profile) -> std::result::Result<BTreeSet<Allow>, String> {
+/// Checks a profile's boxes one by one and for overlaps.
+fn check_boxes(profile: &Profile) -> std::result::Result<(), String> {
     for a in &profile.allow {
         a.check()?;
     }
@@ -851,7 +880,12 @@ fn boxes(profile: &Profile) -> std::result::Result<BTreeSet<Allow>, String> {
             }
         }
     }
-    Ok(profile.allow.iter().cloned().collect())
+    Ok(())
+}
+
+/// Whether a profile's (valid, so duplicate-free) boxes are the held ones.
+fn same_boxes(held: &BTreeSet<Allow>, allow: &[Allow]) -> bool {
+    held.len() == allow.len() && allow.iter().all(|a| held.contains(a))
 }
 
 // ---- transactions ----
@@ -933,26 +967,27 @@ fn change_profile(
     c.profiles_changed += 1;
 }
 
-/// Map changes of one direction: removals first (a pod that changes profile is
-/// removed and added again), then additions.
-fn change_pods(
-    b: &mut Batch,
-    c: &mut Changes,
-    direction: Direction,
-    have: &BTreeMap<IpAddr, String>,
-    want: &BTreeMap<IpAddr, String>,
-) {
+/// One pod's change in one direction's maps: whether its element is there to be
+/// removed, and the profile of the element that replaces it.
+#[derive(Debug, Clone, Copy)]
+struct PodChange<'a> {
+    ip: IpAddr,
+    remove: bool,
+    add: Option<&'a str>,
+}
+
+/// Map changes of one direction: per family, removals first (a pod that changes
+/// profile is removed and added again), then additions.
+fn write_pods(b: &mut Batch, c: &mut Changes, direction: Direction, pods: &[PodChange<'_>]) {
     for family in FAMILIES {
         let map = direction.map(family);
-        let gone: Vec<Element> = have
-            .iter()
-            .filter(|(ip, p)| Family::of(**ip) == family && want.get(*ip) != Some(*p))
-            .map(|(ip, _)| addr_element(*ip))
+        let ours = || pods.iter().filter(|p| Family::of(p.ip) == family);
+        let gone: Vec<Element> = ours()
+            .filter(|p| p.remove)
+            .map(|p| addr_element(p.ip))
             .collect();
-        let new: Vec<Element> = want
-            .iter()
-            .filter(|(ip, p)| Family::of(**ip) == family && have.get(*ip) != Some(*p))
-            .map(|(ip, p)| jump_element(*ip, direction.chain(p)))
+        let new: Vec<Element> = ours()
+            .filter_map(|p| Some(jump_element(p.ip, direction.chain(p.add?))))
             .collect();
         if !gone.is_empty() {
             b.delete_elements(NFPROTO_INET, TABLE, &map, &gone);
@@ -963,6 +998,76 @@ fn change_pods(
         c.pods_removed += gone.len();
         c.pods_added += new.len();
     }
+}
+
+/// The pod changes of one direction from `have` to `want`, in one pass over both
+/// (sorted) maps. A pod may only name a profile of `want`; `removed` holds the
+/// profiles `want` drops, which pods left as they were must not name.
+fn pod_changes<'a>(
+    direction: Direction,
+    have: &'a BTreeMap<IpAddr, String>,
+    want: &'a PolicyState,
+    removed: &BTreeSet<&str>,
+) -> Result<Vec<PodChange<'a>>> {
+    let profiles = want.profiles(direction);
+    let exists = |ip: IpAddr, name: &'a str| {
+        if profiles.contains_key(name) {
+            Ok(Some(name))
+        } else {
+            Err(no_such_profile(direction, ip, name))
+        }
+    };
+    let mut out = Vec::new();
+    let mut old = have.iter().peekable();
+    let mut new = want.pods(direction).iter().peekable();
+    loop {
+        let change = match (old.peek(), new.peek()) {
+            (None, None) => break,
+            (Some((ip, _)), Some((nip, _))) if ip == nip => {
+                let ((ip, was), (_, is)) = (
+                    old.next().unwrap_or_else(|| unreachable!()),
+                    new.next().unwrap_or_else(|| unreachable!()),
+                );
+                if was == is {
+                    if removed.contains(is.as_str()) {
+                        return Err(no_such_profile(direction, *ip, is));
+                    }
+                    continue;
+                }
+                PodChange {
+                    ip: *ip,
+                    remove: true,
+                    add: exists(*ip, is)?,
+                }
+            }
+            (Some((ip, _)), Some((nip, _))) if ip > nip => {
+                let Some((ip, is)) = new.next() else { break };
+                PodChange {
+                    ip: *ip,
+                    remove: false,
+                    add: exists(*ip, is)?,
+                }
+            }
+            (Some(_), _) => {
+                let Some((ip, _)) = old.next() else { break };
+                PodChange {
+                    ip: *ip,
+                    remove: true,
+                    add: None,
+                }
+            }
+            (None, Some(_)) => {
+                let Some((ip, is)) = new.next() else { break };
+                PodChange {
+                    ip: *ip,
+                    remove: false,
+                    add: exists(*ip, is)?,
+                }
+            }
+        };
+        out.push(change);
+    }
+    Ok(out)
 }
 
 /// Takes `ips` out of the pending sets whether or not they are there: each is
@@ -987,42 +1092,100 @@ fn finish(b: Batch, mut c: Changes) -> (Batch, Changes) {
     (b, c)
 }
 
-/// The transaction from `have` to `want` that also resolves `resolve`; `None` when
-/// there is nothing to send. New profiles come before the map elements that jump
-/// to them, removed ones after the map elements that used them.
-fn diff(have: &Held, want: &Held, resolve: &[IpAddr]) -> Result<Option<(Batch, Changes)>> {
-    if have == want && resolve.is_empty() {
-        return Ok(None);
-    }
-    let mut b = Batch::new();
-    let mut c = Changes::default();
-    for direction in DIRECTIONS {
-        let i = direction.index();
-        for (name, boxes) in &want.profiles[i] {
-            match have.profiles[i].get(name) {
-                None => add_profile(&mut b, &mut c, direction, name, boxes)?,
-                Some(old) if old != boxes => {
-                    change_profile(&mut b, &mut c, direction, name, old, boxes);
-                }
-                Some(_) => {}
-            }
+/// What a committed diff changes in the held state.
+#[derive(Debug, Default)]
+struct Edits {
+    /// Profiles added or changed, with their boxes, and removed (`None`).
+    profiles: Vec<(Direction, String, Option<BTreeSet<Allow>>)>,
+    /// Pods added or moved to another profile, and removed (`None`).
+    pods: Vec<(Direction, IpAddr, Option<String>)>,
+}
+
+impl Edits {
+    fn apply(self, held: &mut Held) {
+        for (direction, name, boxes) in self.profiles {
+            let profiles = &mut held.profiles[direction.index()];
+            match boxes {
+                Some(boxes) => profiles.insert(name, boxes),
+                None => profiles.remove(&name),
+            };
+        }
+        for (direction, ip, profile) in self.pods {
+            let pods = &mut held.pods[direction.index()];
+            match profile {
+                Some(profile) => pods.insert(ip, profile),
+                None => pods.remove(&ip),
+            };
         }
     }
+}
+
+/// The transaction from `have` to `want` that also resolves `resolve`, and what
+/// it changes in `have`; `None` when there is nothing to send. New profiles come
+/// before the map elements that jump to them, removed ones after the map elements
+/// that used them. The profiles of `want` must have been checked
+/// ([`check_profiles`]); the pods are checked here: every pod that changes, and
+/// those left as they were against the profiles `want` drops.
+fn diff(
+    have: &Held,
+    want: &PolicyState,
+    resolve: &[IpAddr],
+) -> Result<Option<(Batch, Changes, Edits)>> {
+    let mut edits = Edits::default();
+    let mut new_profiles = Vec::new();
+    let mut removed: [BTreeSet<&str>; 2] = Default::default();
+    let mut pods = Vec::new();
     for direction in DIRECTIONS {
         let i = direction.index();
-        change_pods(&mut b, &mut c, direction, &have.pods[i], &want.pods[i]);
+        let profiles = want.profiles(direction);
+        for (name, profile) in profiles {
+            let old = have.profiles[i].get(name);
+            if old.is_none_or(|old| !same_boxes(old, &profile.allow)) {
+                let boxes: BTreeSet<Allow> = profile.allow.iter().cloned().collect();
+                new_profiles.push((direction, name, old, boxes));
+            }
+        }
+        removed[i] = have.profiles[i]
+            .keys()
+            .filter(|name| !profiles.contains_key(*name))
+            .map(String::as_str)
+            .collect();
+        pods.push(pod_changes(direction, &have.pods[i], want, &removed[i])?);
+    }
+    let untouched = new_profiles.is_empty()
+        && removed.iter().all(BTreeSet::is_empty)
+        && pods.iter().all(Vec::is_empty);
+    if untouched && resolve.is_empty() {
+        return Ok(None);
+    }
+
+    let mut b = Batch::new();
+    let mut c = Changes::default();
+    for (direction, name, old, boxes) in new_profiles {
+        match old {
+            None => add_profile(&mut b, &mut c, direction, name, &boxes)?,
+            Some(old) => change_profile(&mut b, &mut c, direction, name, old, &boxes),
+        }
+        edits.profiles.push((direction, name.clone(), Some(boxes)));
+    }
+    for (direction, changes) in DIRECTIONS.into_iter().zip(&pods) {
+        write_pods(&mut b, &mut c, direction, changes);
+        edits.pods.extend(
+            changes
+                .iter()
+                .map(|p| (direction, p.ip, p.add.map(str::to_owned))),
+        );
     }
     unpend(&mut b, resolve);
     c.pending_resolved = resolve.len();
-    for direction in DIRECTIONS {
-        let i = direction.index();
-        for name in have.profiles[i].keys() {
-            if !want.profiles[i].contains_key(name) {
-                remove_profile(&mut b, &mut c, direction, name);
-            }
+    for (direction, names) in DIRECTIONS.into_iter().zip(&removed) {
+        for name in names {
+            remove_profile(&mut b, &mut c, direction, name);
+            edits.profiles.push((direction, (*name).to_owned(), None));
         }
     }
-    Ok(Some(finish(b, c)))
+    let (b, c) = finish(b, c);
+    Ok(Some((b, c, edits)))
 }
 
 /// The transaction that makes the table from scratch, run only if the rule set is
@@ -1064,8 +1227,15 @@ fn fresh(
         }
     }
     for direction in DIRECTIONS {
-        let i = direction.index();
-        change_pods(&mut b, &mut c, direction, &BTreeMap::new(), &want.pods[i]);
+        let pods: Vec<PodChange<'_>> = want.pods[direction.index()]
+            .iter()
+            .map(|(ip, profile)| PodChange {
+                ip: *ip,
+                remove: false,
+                add: Some(profile),
+            })
+            .collect();
+        write_pods(&mut b, &mut c, direction, &pods);
     }
     for family in FAMILIES {
         let elems: Vec<Element> = pending
@@ -1278,35 +1448,42 @@ impl PolicyTable {
     /// or not they are still pending), so that no packet passes between the
     /// pending drop and the profiles' judgement.
     pub fn apply_resolving(&mut self, want: &PolicyState, resolve: &[IpAddr]) -> Result<Changes> {
-        let want = normalize(want)?;
+        check_profiles(want)?;
         if self.view == View::Unknown {
             self.load()?;
         }
-        let result = match &self.view {
+        let failed = match &mut self.view {
             View::Held {
                 held,
                 rebuild: false,
-            } => match diff(held, &want, resolve)? {
+            } => match diff(held, want, resolve)? {
                 None => return Ok(Changes::default()),
-                Some((batch, changes)) => self.nl.commit(batch, &target()).map(|()| changes),
+                Some((batch, changes, edits)) => match self.nl.commit(batch, &target()) {
+                    Ok(()) => {
+                        edits.apply(held);
+                        return Ok(changes);
+                    }
+                    Err(e) => e,
+                },
             },
-            _ => self.create(&want, resolve),
+            _ => {
+                let held = normalize(want)?;
+                match self.create(&held, resolve) {
+                    Ok(changes) => {
+                        self.view = View::Held {
+                            held,
+                            rebuild: false,
+                        };
+                        return Ok(changes);
+                    }
+                    Err(e) => e,
+                }
+            }
         };
-        match result {
-            Ok(changes) => {
-                self.view = View::Held {
-                    held: want,
-                    rebuild: false,
-                };
-                Ok(changes)
-            }
-            Err(e) => {
-                // The error that counts is the first; a failed read leaves the view
-                // unknown, and the next apply reads again.
-                let _ = self.load();
-                Err(e)
-            }
-        }
+        // The error that counts is the first; a failed read leaves the view
+        // unknown, and the next apply reads again.
+        let _ = self.load();
+        Err(failed)
     }
 
     /// Makes the table from scratch (replacing one that is there), carrying over
@@ -1627,11 +1804,62 @@ mod tests {
     #[test]
     fn the_same_state_sends_nothing() {
         let held = normalize(&state()).unwrap();
-        assert!(diff(&held, &held, &[]).unwrap().is_none());
+        assert!(diff(&held, &state(), &[]).unwrap().is_none());
         // Box order does not matter.
         let mut s = state();
         s.ingress_profiles.get_mut("aa11").unwrap().allow.reverse();
-        assert!(diff(&held, &normalize(&s).unwrap(), &[]).unwrap().is_none());
+        assert!(diff(&held, &s, &[]).unwrap().is_none());
+    }
+
+    /// From any of these states to any other, the diff's edits turn the held state
+    /// into the wanted one (and no diff means they are the same).
+    #[test]
+    fn edits_make_the_held_state_the_wanted_one() {
+        let mut states = vec![PolicyState::default(), state()];
+        let mut s = state();
+        s.ingress.insert(ip("fd00::9"), "aa11".into());
+        s.egress.remove(&ip("10.1.0.2"));
+        states.push(s.clone());
+        s.ingress_profiles.insert("cc33".into(), profile(&[]));
+        s.ingress.insert(ip("10.1.0.2"), "cc33".into());
+        states.push(s.clone());
+        s.ingress_profiles.remove("aa11");
+        s.ingress.retain(|_, p| p != "aa11");
+        s.egress_profiles.get_mut("bb22").unwrap().allow[0].ports = (1, 2);
+        states.push(s);
+        for from in &states {
+            for to in &states {
+                let mut have = normalize(from).unwrap();
+                match diff(&have, to, &[]).unwrap() {
+                    None => assert_eq!(have, normalize(to).unwrap()),
+                    Some((_, _, edits)) => {
+                        edits.apply(&mut have);
+                        assert_eq!(have, normalize(to).unwrap());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pods_may_only_name_profiles_that_stay() {
+        let have = normalize(&state()).unwrap();
+        // Left as it was, but its profile goes.
+        let mut s = state();
+        s.egress_profiles.clear();
+        let e = diff(&have, &s, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("egress of pod 10.1.0.2: its profile \"bb22\" does not exist"),
+            "{e}"
+        );
+        // Moved to a profile that does not exist.
+        let mut s = state();
+        s.ingress.insert(ip("fd00::2"), "zz99".into());
+        let e = diff(&have, &s, &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("ingress of pod fd00::2: its profile \"zz99\" does not exist"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1639,9 +1867,7 @@ mod tests {
         let have = normalize(&state()).unwrap();
         let mut s = state();
         s.ingress.insert(ip("10.1.0.3"), "aa11".into());
-        let (b, c) = diff(&have, &normalize(&s).unwrap(), &[ip("10.1.0.3")])
-            .unwrap()
-            .unwrap();
+        let (b, c, _) = diff(&have, &s, &[ip("10.1.0.3")]).unwrap().unwrap();
         assert_eq!(
             describe(&b),
             [
@@ -1673,7 +1899,7 @@ mod tests {
         );
         s.ingress.insert(ip("10.1.0.2"), "cc33".into());
         s.ingress.insert(ip("fd00::2"), "cc33".into());
-        let (b, c) = diff(&have, &normalize(&s).unwrap(), &[]).unwrap().unwrap();
+        let (b, c, _) = diff(&have, &s, &[]).unwrap().unwrap();
         let t = "inet cni_node_policy";
         assert_eq!(
             describe(&b),
@@ -1711,7 +1937,7 @@ mod tests {
         let mut s = state();
         let p = s.ingress_profiles.get_mut("aa11").unwrap();
         p.allow[0].ports = (80, 82);
-        let (b, c) = diff(&have, &normalize(&s).unwrap(), &[]).unwrap().unwrap();
+        let (b, c, _) = diff(&have, &s, &[]).unwrap().unwrap();
         assert_eq!(
             describe(&b),
             [
