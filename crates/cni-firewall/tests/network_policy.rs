@@ -843,6 +843,33 @@ fn only_differences_are_sent_and_a_restart_adopts_the_table() {
         again.load().unwrap();
         let c = again.apply(&boxes).unwrap();
         assert_eq!((c.pods_added, c.messages, c.created), (1, 1, false));
+        // The same edit unnoticed (no resync): a change that removes that element
+        // fails as a whole, the table is read again, and the next apply succeeds.
+        sh(
+            "nft",
+            &[
+                "delete",
+                "element",
+                "inet",
+                TABLE,
+                "egress4",
+                "{ 10.9.0.3 }",
+            ],
+        );
+        let mut gone = boxes.clone();
+        gone.egress.remove(&ip("10.9.0.3"));
+        gone.ingress.insert(ip("10.9.0.8"), "aa11".into());
+        let before = ruleset();
+        let e = again.apply(&gone).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("delete element inet cni_node_policy egress4 (1 element)"),
+            "{e}"
+        );
+        assert_eq!(ruleset(), before, "nothing of the failed transaction stays");
+        let c = again.apply(&gone).unwrap();
+        assert_eq!((c.pods_added, c.pods_removed, c.messages), (1, 0, 1));
+        again.apply(&boxes).unwrap();
         // A hand edit of a rule: the table is made again, in one transaction.
         sh(
             "nft",
