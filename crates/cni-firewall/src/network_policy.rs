@@ -82,11 +82,15 @@
 //! # New pods
 //!
 //! The bridge plugin adds a new pod's addresses to the pending sets at ADD
-//! ([`add_pending`], a no-op when the table does not exist), so the pod neither
-//! sends nor receives anything (but router and neighbour discovery, and replies to
-//! the node's probes) until the agent has judged it; the agent removes them in the
-//! same transaction as the map elements that judge the pod
-//! ([`PolicyTable::apply_resolving`]). DEL removes them ([`remove_pending`]).
+//! ([`add_pending`], a no-op when the table does not exist), with the pod's
+//! `namespace/name` as the elements' comment, so the pod neither sends nor receives
+//! anything (but router and neighbour discovery, and replies to the node's probes)
+//! until the agent has judged it. The agent releases them in the same transaction
+//! as the map elements that judge the pod: [`PolicyTable::apply_judged`] releases
+//! the pending addresses it judges for the same pod (an address handed on to a new
+//! pod stays pending while the agent still believes it is the old pod's);
+//! [`PolicyTable::apply_resolving`] releases the addresses it is given. DEL removes
+//! them ([`remove_pending`]).
 //!
 //! # Living with other tables
 //!
@@ -113,6 +117,8 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::error::{Error, Result};
+use sha2::Digest as _;
+
 use crate::masq::nftables::verdict;
 use crate::nfnetlink::{
     BASE_NETWORK, BASE_TRANSPORT, BYTEORDER_BIG_ENDIAN, Batch, CMP_EQ, CMP_NEQ, ChainHook, Element,
@@ -751,7 +757,7 @@ fn box_element(a: &Allow) -> Element {
     Element {
         key: box_key(a.first, a.protocols.0, a.ports.0),
         key_end: Some(box_key(a.last, a.protocols.1, a.ports.1)),
-        verdict: None,
+        ..Element::default()
     }
 }
 
@@ -780,16 +786,46 @@ fn decode_box(e: &Element, family: Family) -> Option<Allow> {
 fn addr_element(ip: IpAddr) -> Element {
     Element {
         key: addr_bytes(ip),
-        key_end: None,
-        verdict: None,
+        ..Element::default()
     }
+}
+
+/// A pending address, with the pod it was added for.
+fn pending_element(ip: IpAddr, pod: Option<&str>) -> Element {
+    Element {
+        key: addr_bytes(ip),
+        comment: pod.map(pod_tag),
+        ..Element::default()
+    }
+}
+
+/// Longest pod name kept whole in a pending element's comment (nft's comments hold
+/// 254 bytes).
+const POD_TAG_MAX: usize = 200;
+
+/// What a pending element's comment holds of its pod's `namespace/name`: all of it,
+/// or, when too long, its start and a hash of the whole (the same for the same pod,
+/// which is all a comparison needs).
+fn pod_tag(pod: &str) -> String {
+    if pod.len() <= POD_TAG_MAX {
+        return pod.to_owned();
+    }
+    let mut end = 120;
+    while !pod.is_char_boundary(end) {
+        end -= 1;
+    }
+    let hash: String = sha2::Sha256::digest(pod.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{}... sha256:{hash}", &pod[..end])
 }
 
 fn jump_element(ip: IpAddr, chain: String) -> Element {
     Element {
         key: addr_bytes(ip),
-        key_end: None,
         verdict: Some((VERDICT_JUMP, Some(chain))),
+        ..Element::default()
     }
 }
 
@@ -912,7 +948,7 @@ fn add_profile(
             .collect();
         c.boxes_added += elems.len();
         if !elems.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &set, &elems);
+            b.add_elements(NFPROTO_INET, TABLE, &set, &elems)?;
         }
     }
     let chain = direction.chain(name);
@@ -942,7 +978,7 @@ fn change_profile(
     name: &str,
     have: &BTreeSet<Allow>,
     want: &BTreeSet<Allow>,
-) {
+) -> Result<()> {
     for family in FAMILIES {
         let set = direction.set(name, family);
         let gone: Vec<Element> = have
@@ -959,12 +995,13 @@ fn change_profile(
             b.delete_elements(NFPROTO_INET, TABLE, &set, &gone);
         }
         if !new.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &set, &new);
+            b.add_elements(NFPROTO_INET, TABLE, &set, &new)?;
         }
         c.boxes_removed += gone.len();
         c.boxes_added += new.len();
     }
     c.profiles_changed += 1;
+    Ok(())
 }
 
 /// One pod's change in one direction's maps: whether its element is there to be
@@ -978,7 +1015,12 @@ struct PodChange<'a> {
 
 /// Map changes of one direction: per family, removals first (a pod that changes
 /// profile is removed and added again), then additions.
-fn write_pods(b: &mut Batch, c: &mut Changes, direction: Direction, pods: &[PodChange<'_>]) {
+fn write_pods(
+    b: &mut Batch,
+    c: &mut Changes,
+    direction: Direction,
+    pods: &[PodChange<'_>],
+) -> Result<()> {
     for family in FAMILIES {
         let map = direction.map(family);
         let ours = || pods.iter().filter(|p| Family::of(p.ip) == family);
@@ -993,11 +1035,12 @@ fn write_pods(b: &mut Batch, c: &mut Changes, direction: Direction, pods: &[PodC
             b.delete_elements(NFPROTO_INET, TABLE, &map, &gone);
         }
         if !new.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &map, &new);
+            b.add_elements(NFPROTO_INET, TABLE, &map, &new)?;
         }
         c.pods_removed += gone.len();
         c.pods_added += new.len();
     }
+    Ok(())
 }
 
 /// The pod changes of one direction from `have` to `want`, in one pass over both
@@ -1072,7 +1115,7 @@ fn pod_changes<'a>(
 
 /// Takes `ips` out of the pending sets whether or not they are there: each is
 /// added (a no-op when present) and deleted in the same transaction.
-fn unpend(b: &mut Batch, ips: &[IpAddr]) {
+fn unpend(b: &mut Batch, ips: &[IpAddr]) -> Result<()> {
     for family in FAMILIES {
         let elems: Vec<Element> = ips
             .iter()
@@ -1080,10 +1123,11 @@ fn unpend(b: &mut Batch, ips: &[IpAddr]) {
             .map(|ip| addr_element(*ip))
             .collect();
         if !elems.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems);
+            b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems)?;
             b.delete_elements(NFPROTO_INET, TABLE, family.pending(), &elems);
         }
     }
+    Ok(())
 }
 
 fn finish(b: Batch, mut c: Changes) -> (Batch, Changes) {
@@ -1164,19 +1208,19 @@ fn diff(
     for (direction, name, old, boxes) in new_profiles {
         match old {
             None => add_profile(&mut b, &mut c, direction, name, &boxes)?,
-            Some(old) => change_profile(&mut b, &mut c, direction, name, old, &boxes),
+            Some(old) => change_profile(&mut b, &mut c, direction, name, old, &boxes)?,
         }
         edits.profiles.push((direction, name.clone(), Some(boxes)));
     }
     for (direction, changes) in DIRECTIONS.into_iter().zip(&pods) {
-        write_pods(&mut b, &mut c, direction, changes);
+        write_pods(&mut b, &mut c, direction, changes)?;
         edits.pods.extend(
             changes
                 .iter()
                 .map(|p| (direction, p.ip, p.add.map(str::to_owned))),
         );
     }
-    unpend(&mut b, resolve);
+    unpend(&mut b, resolve)?;
     c.pending_resolved = resolve.len();
     for (direction, names) in DIRECTIONS.into_iter().zip(&removed) {
         for name in names {
@@ -1190,12 +1234,12 @@ fn diff(
 
 /// The transaction that makes the table from scratch, run only if the rule set is
 /// still at `generation`: the old table goes first if there is one (`replace`),
-/// and the addresses still `pending` are carried over.
+/// and the addresses still `pending` are carried over, with their pods.
 fn fresh(
     want: &Held,
     generation: u32,
     replace: bool,
-    pending: &[IpAddr],
+    pending: &BTreeMap<IpAddr, Option<String>>,
 ) -> Result<(Batch, Changes)> {
     let mut b = Batch::at_generation(generation);
     let mut c = Changes {
@@ -1235,16 +1279,20 @@ fn fresh(
                 add: Some(profile),
             })
             .collect();
-        write_pods(&mut b, &mut c, direction, &pods);
+        write_pods(&mut b, &mut c, direction, &pods)?;
     }
     for family in FAMILIES {
         let elems: Vec<Element> = pending
             .iter()
-            .filter(|ip| Family::of(**ip) == family)
-            .map(|ip| addr_element(*ip))
+            .filter(|(ip, _)| Family::of(**ip) == family)
+            .map(|(ip, pod)| Element {
+                key: addr_bytes(*ip),
+                comment: pod.clone(),
+                ..Element::default()
+            })
             .collect();
         if !elems.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems);
+            b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems)?;
         }
     }
     Ok(finish(b, c))
@@ -1384,17 +1432,39 @@ fn read(nl: &mut Nfnl) -> Result<View> {
     Ok(View::Held { held, rebuild })
 }
 
-/// The addresses in the pending sets (none when the table or a set is missing).
-fn read_pending(nl: &mut Nfnl) -> Result<Vec<IpAddr>> {
-    let mut out = Vec::new();
+/// The addresses in the pending sets, with the pods they were added for (none when
+/// the table or a set is missing).
+fn read_pending(nl: &mut Nfnl) -> Result<BTreeMap<IpAddr, Option<String>>> {
+    let mut out = BTreeMap::new();
     for family in FAMILIES {
         match nl.elements(NFPROTO_INET, TABLE, family.pending()) {
-            Ok(elems) => out.extend(elems.iter().filter_map(|e| addr_of(&e.key))),
+            Ok(elems) => out.extend(
+                elems
+                    .into_iter()
+                    .filter_map(|e| Some((addr_of(&e.key)?, e.comment))),
+            ),
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(out)
+}
+
+/// The pending addresses that `judged` holds for the pod they were added for (or
+/// that were added without one).
+fn releasable(
+    pending: &BTreeMap<IpAddr, Option<String>>,
+    judged: &BTreeMap<IpAddr, String>,
+) -> Vec<IpAddr> {
+    pending
+        .iter()
+        .filter(|(ip, pod)| {
+            judged
+                .get(ip)
+                .is_some_and(|j| pod.as_ref().is_none_or(|p| *p == pod_tag(j)))
+        })
+        .map(|(ip, _)| *ip)
+        .collect()
 }
 
 /// Whether every error in `e` is the kernel's "no such table, chain or set".
@@ -1486,6 +1556,23 @@ impl PolicyTable {
         Err(failed)
     }
 
+    /// [`PolicyTable::apply_resolving`] for an agent that knows which pod holds each
+    /// address it judges (`judged`: address -> `namespace/name`, isolated or not):
+    /// the pending addresses that `judged` holds for the same pod (or that were
+    /// added without a pod) are released in the same transaction. Reads the two
+    /// pending sets (new pods only: a handful of elements), never the rest of the
+    /// table; a pass with nothing to change and nothing pending sends nothing.
+    pub fn apply_judged(
+        &mut self,
+        want: &PolicyState,
+        judged: &BTreeMap<IpAddr, String>,
+    ) -> Result<Changes> {
+        check_profiles(want)?;
+        let pending = read_pending(&mut self.nl)?;
+        let resolve = releasable(&pending, judged);
+        self.apply_resolving(want, &resolve)
+    }
+
     /// Makes the table from scratch (replacing one that is there), carrying over
     /// the pending addresses but `resolve`, in a transaction that runs only if
     /// nothing changed since they were read.
@@ -1496,13 +1583,10 @@ impl PolicyTable {
             let pending = if exists {
                 read_pending(&mut self.nl)?
             } else {
-                Vec::new()
+                BTreeMap::new()
             };
-            let kept: Vec<IpAddr> = pending
-                .iter()
-                .filter(|ip| !resolve.contains(ip))
-                .copied()
-                .collect();
+            let mut kept = pending.clone();
+            kept.retain(|ip, _| !resolve.contains(ip));
             let (batch, mut changes) = fresh(want, generation, exists, &kept)?;
             changes.pending_resolved = pending.len() - kept.len();
             match self.nl.commit(batch, &target()) {
@@ -1537,9 +1621,16 @@ impl PolicyTable {
 
 /// For the bridge plugin at ADD: puts a new pod's addresses in the pending sets,
 /// so that its traffic is dropped until the agent has judged it, in one small
-/// transaction. Returns false, changing nothing, when the table does not exist
-/// (NetworkPolicy is not enforced on this node) or `ips` is empty.
-pub fn add_pending(ips: &[IpAddr]) -> Result<bool> {
+/// transaction. `pod` is the pod's `namespace/name` when the runtime gave it
+/// (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`): kept with the addresses (the elements'
+/// comment), so that [`PolicyTable::apply_judged`] releases them only for that pod,
+/// not for an earlier pod the agent still believes holds the address. Returns
+/// false, changing nothing, when the table does not exist (NetworkPolicy is not
+/// enforced on this node) or `ips` is empty.
+///
+/// Call it before the pod record that tells the agent about the pod is written, and
+/// before the pod's interface comes up.
+pub fn add_pending(ips: &[IpAddr], pod: Option<&str>) -> Result<bool> {
     if ips.is_empty() {
         return Ok(false);
     }
@@ -1548,10 +1639,10 @@ pub fn add_pending(ips: &[IpAddr]) -> Result<bool> {
         let elems: Vec<Element> = ips
             .iter()
             .filter(|ip| Family::of(**ip) == family)
-            .map(|ip| addr_element(*ip))
+            .map(|ip| pending_element(*ip, pod))
             .collect();
         if !elems.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems);
+            b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems)?;
         }
     }
     match Nfnl::open()?.commit(b, &target()) {
@@ -1562,22 +1653,24 @@ pub fn add_pending(ips: &[IpAddr]) -> Result<bool> {
 }
 
 /// For DEL: takes the addresses out of the pending sets, whether or not they are
-/// there (and whether or not the table is).
+/// there (and whether or not the table is). Call it before the addresses are given
+/// back to IPAM: once they are, another pod's ADD may make them pending again.
 pub fn remove_pending(ips: &[IpAddr]) -> Result<()> {
     if ips.is_empty() {
         return Ok(());
     }
     let mut b = Batch::new();
-    unpend(&mut b, ips);
+    unpend(&mut b, ips)?;
     match Nfnl::open()?.commit(b, &target()) {
         Err(e) if !all_not_found(&e) => Err(e),
         _ => Ok(()),
     }
 }
 
-/// The addresses in the pending sets (for the agent's start and GC); none when
-/// the table does not exist.
-pub fn pending() -> Result<Vec<IpAddr>> {
+/// The addresses in the pending sets, with the pods they were added for as their
+/// comments hold them (for the agent's start and GC); none when the table does not
+/// exist.
+pub fn pending() -> Result<BTreeMap<IpAddr, Option<String>>> {
     read_pending(&mut Nfnl::open()?)
 }
 
@@ -1954,7 +2047,8 @@ mod tests {
     #[test]
     fn a_fresh_table_has_its_fixed_part_first_and_carries_pending_over() {
         let want = normalize(&state()).unwrap();
-        let (b, c) = fresh(&want, 7, true, &[ip("10.1.0.9")]).unwrap();
+        let pending = [(ip("10.1.0.9"), Some("ns/new".to_owned()))].into();
+        let (b, c) = fresh(&want, 7, true, &pending).unwrap();
         let ops = describe(&b);
         let t = "inet cni_node_policy";
         assert_eq!(
@@ -1978,6 +2072,50 @@ mod tests {
         );
         assert!(c.created);
         assert_eq!((c.profiles_added, c.pods_added, c.boxes_added), (2, 3, 4));
+    }
+
+    /// An address is released for the pod it was made pending for: not for another
+    /// pod the agent still believes holds it (an address handed on).
+    #[test]
+    fn pending_addresses_are_released_for_their_own_pod() {
+        let pending: BTreeMap<IpAddr, Option<String>> = [
+            (ip("10.1.0.5"), Some("ns/b".to_owned())),
+            (ip("10.1.0.6"), None),
+            (ip("10.1.0.7"), Some("ns/c".to_owned())),
+            (ip("10.1.0.8"), Some(pod_tag(&"x".repeat(300)))),
+        ]
+        .into();
+        let judged: BTreeMap<IpAddr, String> = [
+            (ip("10.1.0.5"), "ns/a".to_owned()),
+            (ip("10.1.0.6"), "ns/d".to_owned()),
+            (ip("10.1.0.8"), "x".repeat(300)),
+        ]
+        .into();
+        assert_eq!(
+            releasable(&pending, &judged),
+            [ip("10.1.0.6"), ip("10.1.0.8")]
+        );
+        let mut judged = judged;
+        judged.insert(ip("10.1.0.5"), "ns/b".into());
+        assert_eq!(releasable(&pending, &judged).len(), 3);
+    }
+
+    #[test]
+    fn long_pod_names_are_cut_to_what_a_comment_holds() {
+        assert_eq!(pod_tag("ns/pod"), "ns/pod");
+        let long = format!("ns/{}", "é".repeat(150));
+        let tag = pod_tag(&long);
+        assert!(tag.len() < 160 && tag.contains("... sha256:"), "{tag}");
+        assert_eq!(tag, pod_tag(&long));
+        assert_ne!(tag, pod_tag(&format!("{long}x")));
+        let mut b = Batch::new();
+        b.add_elements(
+            NFPROTO_INET,
+            TABLE,
+            PENDING4,
+            &[pending_element(ip("10.0.0.1"), Some(&long))],
+        )
+        .unwrap();
     }
 
     #[test]

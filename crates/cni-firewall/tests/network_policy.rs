@@ -685,10 +685,10 @@ fn traffic_between_pods_on_a_bridge_is_judged() {
         t.apply(&s).unwrap();
         let d = pod(5);
         let _d_server = serve(Some(&d.ns), &[d.v4], 80);
-        assert!(network_policy::add_pending(&[d.v4, d.v6]).unwrap());
-        let mut listed = network_policy::pending().unwrap();
-        listed.sort();
-        assert_eq!(listed, [d.v4, d.v6]);
+        assert!(network_policy::add_pending(&[d.v4, d.v6], Some("ns/d")).unwrap());
+        let listed = network_policy::pending().unwrap();
+        let d_pod = Some("ns/d".to_owned());
+        assert_eq!(listed, [(d.v4, d_pod.clone()), (d.v6, d_pod)].into());
         assert!(!tcp_ok(&c.ns, d.v4, 80), "nothing reaches a pending pod");
         assert!(!tcp_ok(&d.ns, c.v4, 80), "a pending pod reaches nothing");
         assert!(!tcp_ok(&d.ns, ip(GATEWAY4), 9000), "nor the node");
@@ -698,14 +698,25 @@ fn traffic_between_pods_on_a_bridge_is_judged() {
             .ingress_profiles
             .insert("d0".into(), profile(&[Allow::all_traffic(c.v4, c.v4)]));
         judged.ingress.insert(d.v4, "d0".into());
-        let changes = t.apply_resolving(&judged, &[d.v4, d.v6]).unwrap();
-        assert_eq!(changes.pending_resolved, 2);
+        // An agent that still believes the addresses are an earlier pod's does not
+        // release them: its judgement is not d's.
+        let earlier: BTreeMap<IpAddr, String> =
+            [(d.v4, "ns/old".into()), (d.v6, "ns/old".into())].into();
+        let changes = t.apply_judged(&judged, &earlier).unwrap();
+        assert_eq!((changes.pending_resolved, changes.pods_added), (0, 1));
+        assert_eq!(network_policy::pending().unwrap().len(), 2);
+        assert!(!tcp_ok(&c.ns, d.v4, 80), "still pending");
+        // Judged as d's: released in the transaction that judges them.
+        let pods: BTreeMap<IpAddr, String> = [(d.v4, "ns/d".into()), (d.v6, "ns/d".into())].into();
+        let changes = t.apply_judged(&judged, &pods).unwrap();
+        assert_eq!((changes.pending_resolved, changes.messages), (2, 4));
         assert!(network_policy::pending().unwrap().is_empty());
+        assert_eq!(t.apply_judged(&judged, &pods).unwrap(), Changes::default());
         assert!(tcp_ok(&c.ns, d.v4, 80), "judged: c may reach d");
         assert!(!tcp_ok(&b.ns, d.v4, 80), "judged: b may not");
         assert!(tcp_ok(&d.ns, c.v4, 80), "d is not isolated for egress");
         // DEL: the addresses go, also when they are gone already.
-        network_policy::add_pending(&[d.v4]).unwrap();
+        network_policy::add_pending(&[d.v4], None).unwrap();
         network_policy::remove_pending(&[d.v4, d.v6]).unwrap();
         network_policy::remove_pending(&[d.v4, d.v6]).unwrap();
         assert!(network_policy::pending().unwrap().is_empty());
@@ -715,7 +726,7 @@ fn traffic_between_pods_on_a_bridge_is_judged() {
         t.delete().unwrap();
         assert!(tcp_ok(&c.ns, b.v4, 80) && tcp_ok(&a.ns, c.v4, 80));
         assert!(
-            !network_policy::add_pending(&[d.v4]).unwrap(),
+            !network_policy::add_pending(&[d.v4], None).unwrap(),
             "no table: a no-op"
         );
         network_policy::remove_pending(&[d.v4]).unwrap();
@@ -886,11 +897,15 @@ fn only_differences_are_sent_and_a_restart_adopts_the_table() {
         });
         assert!(!listing().contains("\t\taccept\n"));
         // A table made again keeps its pending addresses.
-        network_policy::add_pending(&[ip("10.9.0.99")]).unwrap();
+        network_policy::add_pending(&[ip("10.9.0.99")], Some("ns/p")).unwrap();
         sh("nft", &["add", "chain", "inet", TABLE, "stray"]);
         again.load().unwrap();
         assert!(again.apply(&boxes).unwrap().created);
-        assert_eq!(network_policy::pending().unwrap(), [ip("10.9.0.99")]);
+        assert_eq!(
+            network_policy::pending().unwrap(),
+            [(ip("10.9.0.99"), Some("ns/p".to_owned()))].into(),
+            "carried over with its pod"
+        );
         assert!(!listing().contains("stray"));
     });
 }

@@ -12,10 +12,10 @@ use super::{
     NFT_MSG_NEWCHAIN, NFT_MSG_NEWSET, NFT_MSG_NEWSETELEM, NFTA_CHAIN_HOOK, NFTA_CHAIN_NAME,
     NFTA_CHAIN_POLICY, NFTA_CHAIN_TABLE, NFTA_CHAIN_TYPE, NFTA_DATA_VALUE, NFTA_DATA_VERDICT,
     NFTA_HOOK_HOOKNUM, NFTA_HOOK_PRIORITY, NFTA_LIST_ELEM, NFTA_SET_ELEM_KEY,
-    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE, NFTA_SET_FLAGS,
-    NFTA_SET_ID, NFTA_SET_KEY_LEN, NFTA_SET_KEY_TYPE, NFTA_SET_NAME, NFTA_SET_TABLE,
-    NFTA_SET_USERDATA, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE, Nfnl, attr, attr_u32, attrs, be_u32,
-    c_string, family_name,
+    NFTA_SET_ELEM_LIST_ELEMENTS, NFTA_SET_ELEM_LIST_SET, NFTA_SET_ELEM_LIST_TABLE,
+    NFTA_SET_ELEM_USERDATA, NFTA_SET_FLAGS, NFTA_SET_ID, NFTA_SET_KEY_LEN, NFTA_SET_KEY_TYPE,
+    NFTA_SET_NAME, NFTA_SET_TABLE, NFTA_SET_USERDATA, NFTA_VERDICT_CHAIN, NFTA_VERDICT_CODE, Nfnl,
+    attr, attr_u32, attrs, be_u32, c_string, family_name, parse_udata_comment, udata_comment,
 };
 use crate::error::Result;
 
@@ -136,13 +136,14 @@ pub(crate) struct ChainInfo {
 }
 
 /// A set element: its key, the end of its range (interval sets of concatenations
-/// give both ends of every field's range), and a verdict map's verdict (code, and
-/// the chain of a `jump`/`goto`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// give both ends of every field's range), a verdict map's verdict (code, and the
+/// chain of a `jump`/`goto`), and its comment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Element {
     pub(crate) key: Vec<u8>,
     pub(crate) key_end: Option<Vec<u8>>,
     pub(crate) verdict: Option<(i32, Option<String>)>,
+    pub(crate) comment: Option<String>,
 }
 
 /// nft's user data of a set: the key's byte order, a map's data byte order and
@@ -226,9 +227,16 @@ impl Batch {
     }
 
     /// `add element <set> { ... }`, as many messages as the elements need.
-    /// Adding an element that is there already (same key and data) is no error.
-    pub(crate) fn add_elements(&mut self, family: u8, table: &str, set: &str, elems: &[Element]) {
-        self.elements(NFT_MSG_NEWSETELEM, family, table, set, elems);
+    /// Adding an element that is there already (same key and data) is no error, and
+    /// leaves its comment as it was. Fails on a comment too long for nft.
+    pub(crate) fn add_elements(
+        &mut self,
+        family: u8,
+        table: &str,
+        set: &str,
+        elems: &[Element],
+    ) -> Result<()> {
+        self.elements(NFT_MSG_NEWSETELEM, family, table, set, elems)
     }
 
     /// `delete element <set> { ... }` (by key, and range end where there is one);
@@ -240,10 +248,30 @@ impl Batch {
         set: &str,
         elems: &[Element],
     ) {
-        self.elements(NFT_MSG_DELSETELEM, family, table, set, elems);
+        // Only keys: a deletion carries no data or comment (so it cannot fail here).
+        let keys: Vec<Element> = elems
+            .iter()
+            .map(|e| Element {
+                key: e.key.clone(),
+                key_end: e.key_end.clone(),
+                ..Element::default()
+            })
+            .collect();
+        let _ = self.elements(NFT_MSG_DELSETELEM, family, table, set, &keys);
     }
 
-    fn elements(&mut self, ty: u16, family: u8, table: &str, set: &str, elems: &[Element]) {
+    fn elements(
+        &mut self,
+        ty: u16,
+        family: u8,
+        table: &str,
+        set: &str,
+        elems: &[Element],
+    ) -> Result<()> {
+        let comments: Vec<Option<Vec<u8>>> = elems
+            .iter()
+            .map(|e| e.comment.as_deref().map(udata_comment).transpose())
+            .collect::<Result<_>>()?;
         let (verb, flags) = if ty == NFT_MSG_NEWSETELEM {
             ("add", cni_netlink::wire::NLM_F_CREATE)
         } else {
@@ -262,7 +290,7 @@ impl Batch {
             self.w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
             let list = self.w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
             let mut written = 0;
-            for e in rest {
+            for (e, comment) in rest.iter().zip(&comments[elems.len() - rest.len()..]) {
                 if self.w.as_bytes().len() - list > ELEMENTS_PER_MESSAGE_BYTES {
                     break;
                 }
@@ -281,6 +309,9 @@ impl Batch {
                     self.w.nest_end(verdict);
                     self.w.nest_end(data);
                 }
+                if let Some(udata) = comment {
+                    self.w.attr(NFTA_SET_ELEM_USERDATA, udata);
+                }
                 self.w.nest_end(elem);
                 written += 1;
             }
@@ -296,6 +327,7 @@ impl Batch {
             }
             rest = &rest[written..];
         }
+        Ok(())
     }
 }
 
@@ -369,6 +401,7 @@ pub(crate) fn parse_elements(payload: &[u8]) -> Vec<Element> {
                 key: value(elem, NFTA_SET_ELEM_KEY)?,
                 key_end: value(elem, NFTA_SET_ELEM_KEY_END),
                 verdict,
+                comment: attr(elem, NFTA_SET_ELEM_USERDATA).and_then(parse_udata_comment),
             })
         })
         .collect()
@@ -509,10 +542,11 @@ mod tests {
                 key: i.to_be_bytes().to_vec(),
                 key_end: (i % 2 == 0).then(|| (i + 1).to_be_bytes().to_vec()),
                 verdict: Some((VERDICT_JUMP, Some(format!("ingress-{i:032x}")))),
+                comment: (i % 3 == 0).then(|| format!("ns/pod-{i}")),
             })
             .collect();
         let mut b = Batch::new();
-        b.add_elements(NFPROTO_INET, "t", "m", &elems);
+        b.add_elements(NFPROTO_INET, "t", "m", &elems).unwrap();
         let count = b.messages();
         assert!(count > 1, "{count}");
         let (bytes, ops) = b.finish();
@@ -529,6 +563,14 @@ mod tests {
             back.extend(parse_elements(msg.payload));
         }
         assert_eq!(back, elems);
+        // A comment nft cannot hold fails before anything is written.
+        let long = Element {
+            comment: Some("x".repeat(300)),
+            ..Element::default()
+        };
+        let mut b = Batch::new();
+        assert!(b.add_elements(NFPROTO_INET, "t", "s", &[long]).is_err());
+        assert_eq!(b.messages(), 0);
     }
 
     #[test]
