@@ -2,7 +2,7 @@
 //! nftables, the bridge plugin's MAC spoof check, the portmap plugin's host ports and
 //! the node agent's egress SNAT, the bridge's port security, named exactly like the
 //! reference plugins' rules so operators and the reference plugins recognise
-//! them.
+//! them, and the node agent's NetworkPolicy datapath.
 //!
 //! nftables rules (masquerade and the MAC spoof check) are changed over
 //! netlink, one nf_tables transaction per change, without starting `nft`;
@@ -25,6 +25,7 @@ mod iptables;
 pub mod macspoof;
 pub mod masq;
 pub mod naming;
+pub mod network_policy;
 mod nfnetlink;
 mod nft_build;
 pub mod port_security;
