@@ -119,13 +119,13 @@ use std::net::IpAddr;
 use crate::error::{Error, Result};
 use sha2::Digest as _;
 
-use crate::masq::nftables::verdict;
 use crate::nfnetlink::{
     BASE_NETWORK, BASE_TRANSPORT, BYTEORDER_BIG_ENDIAN, Batch, CMP_EQ, CMP_NEQ, ChainHook, Element,
     Expr, Hook, META_L4PROTO, META_NFPROTO, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, Nfnl,
     POLICY_ACCEPT, REG_1, REG_2, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_IP6ADDR,
     TYPE_IPADDR, VERDICT_DROP, VERDICT_JUMP, VERDICT_RETURN, is_not_found, is_restart,
 };
+use crate::nft_build::{addr_bytes, verdict};
 
 /// The table (family `inet`).
 pub const TABLE: &str = "cni_node_policy";
@@ -725,13 +725,6 @@ fn box_spec(name: &str, family: Family) -> SetSpec<'_> {
         interval: true,
         verdict_map: false,
         key_byteorder: 0,
-    }
-}
-
-fn addr_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
     }
 }
 
