@@ -319,7 +319,8 @@ impl Reconciler {
         );
         match effects.datapath.apply(&compiled) {
             Ok(true) => tracing::info!(
-                "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {}                  profiles",
+                "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {} \
+                 profiles",
                 outcome.policy.0,
                 outcome.policy.1,
                 outcome.policy.2
@@ -337,7 +338,8 @@ impl Reconciler {
         for (key, list) in &problems {
             if self.reported.policy_problems.get(key) != Some(list) {
                 tracing::warn!(
-                    "NetworkPolicy {key} cannot be enforced exactly, so it is enforced more                      strictly: {}",
+                    "NetworkPolicy {key} cannot be enforced exactly, so it is enforced more \
+                     strictly: {}",
                     list.join("; ")
                 );
             }
