@@ -25,10 +25,14 @@
 //! - [`cluster`]: a cluster of namespaces on an underlay, each node running `cni-node`
 //!   against the Kubernetes API test server.
 //! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
+//! - [`nft`]: nftables commits seen as they happen, and the NetworkPolicy table as
+//!   `nft -j` lists it.
+//! - [`connections`]: short TCP connections between namespaces, timed one by one.
 
 pub mod bins;
 pub mod cases;
 pub mod cluster;
+pub mod connections;
 pub mod fleet;
 pub mod hostport;
 pub mod ipam;
@@ -36,6 +40,7 @@ pub mod json;
 pub mod kernel;
 pub mod names;
 pub mod netns;
+pub mod nft;
 pub mod plugin;
 pub mod podman;
 pub mod privilege;
