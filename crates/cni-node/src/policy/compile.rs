@@ -161,7 +161,8 @@ struct Rect {
     keys: Keys,
 }
 
-/// Peers' addresses, computed once per pass for each (namespace, peer).
+/// Peers' addresses, computed once per pass for each peer (and, for a peer of the
+/// policy's own namespace, each namespace).
 #[derive(Debug, Default)]
 struct PeerCache {
     peers: HashMap<(String, Peer), Rc<Addrs>>,
@@ -217,7 +218,15 @@ impl<'v, 'a> Compiler<'v, 'a> {
     }
 
     fn one_peer(&mut self, namespace: &str, peer: &Peer) -> Rc<Addrs> {
-        let cache_key = (namespace.to_owned(), peer.clone());
+        // Only a peer without a namespace selector depends on the policy's namespace:
+        // the others are computed once for every policy that has them.
+        let scope = match peer {
+            Peer::Pods {
+                namespaces: None, ..
+            } => namespace,
+            Peer::Pods { .. } | Peer::IpBlock { .. } => "",
+        };
+        let cache_key = (scope.to_owned(), peer.clone());
         if let Some(hit) = self.peers.peers.get(&cache_key) {
             return Rc::clone(hit);
         }
@@ -225,21 +234,28 @@ impl<'v, 'a> Compiler<'v, 'a> {
         match peer {
             Peer::IpBlock { cidr, except } => addrs.push_block(*cidr, except),
             Peer::Pods {
-                namespaces: None, ..
+                namespaces: None,
+                pods,
             } => {
                 for pod in self.by_namespace.get(namespace).into_iter().flatten() {
-                    if self.view.peer_selects(namespace, peer, pod) {
+                    if pods.matches(&pod.labels) {
                         pod.ips.iter().for_each(|ip| addrs.push(*ip));
                     }
                 }
             }
             Peer::Pods {
-                namespaces: Some(_),
-                ..
+                namespaces: Some(namespaces),
+                pods,
             } => {
-                for pod in self.by_namespace.values().flatten() {
-                    if self.view.peer_selects(namespace, peer, pod) {
-                        pod.ips.iter().for_each(|ip| addrs.push(*ip));
+                // Each namespace's labels are matched once, not once per pod.
+                for (name, in_namespace) in &self.by_namespace {
+                    if !self.view.namespace_selected(name, namespaces) {
+                        continue;
+                    }
+                    for pod in in_namespace {
+                        if pods.matches(&pod.labels) {
+                            pod.ips.iter().for_each(|ip| addrs.push(*ip));
+                        }
                     }
                 }
             }
