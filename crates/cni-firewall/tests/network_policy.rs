@@ -910,6 +910,65 @@ fn only_differences_are_sent_and_a_restart_adopts_the_table() {
     });
 }
 
+/// A profile set of many elements that loses one is made anew in the transaction (its
+/// chain flushed and filled again), the others are edited: the kernel holds exactly
+/// the wanted elements, the rules are back, a second apply sends nothing, and a new
+/// process adopts the result.
+#[test]
+fn a_big_profile_set_that_loses_an_element_is_made_anew() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        let mut s = small_state();
+        let many: Vec<Allow> = (0..200u16)
+            .map(|i| {
+                let a = format!("10.{}.{}.1", 100 + i / 100, i % 100);
+                let b = format!("10.{}.{}.2", 100 + i / 100, i % 100);
+                allow(&a, &b, (17, 17), (5353, 5360))
+            })
+            .collect();
+        s.ingress_profiles.get_mut("aa11").unwrap().allow.extend(many);
+        let mut t = PolicyTable::open().unwrap();
+        t.apply(&s).unwrap();
+        let rules_before: Vec<String> = listing()
+            .lines()
+            .filter(|l| l.contains("@ingress-aa11"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(rules_before.len(), 2, "{}", listing());
+
+        let mut less = s.clone();
+        let gone = less.ingress_profiles.get_mut("aa11").unwrap().allow.remove(5);
+        let ipv4 = less.ingress_profiles["aa11"]
+            .allow
+            .iter()
+            .filter(|a| a.first.is_ipv4())
+            .count();
+        let c = t.apply(&less).unwrap();
+        assert_eq!(
+            (c.profiles_changed, c.boxes_added, c.boxes_removed),
+            (1, ipv4, ipv4 + 1),
+            "the IPv4 set made anew, the IPv6 set untouched"
+        );
+        let listed = listing();
+        let rules_after: Vec<String> = listed
+            .lines()
+            .filter(|l| l.contains("@ingress-aa11"))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(rules_after, rules_before);
+        let set = sh("nft", &["list", "set", "inet", TABLE, "ingress-aa11-v4"]);
+        assert!(!set.contains(&gone.first.to_string()), "{set}");
+        assert_eq!(set.matches(". udp . 5353-5360").count(), 199, "{set}");
+        assert_eq!(t.apply(&less).unwrap(), Changes::default());
+
+        let mut again = PolicyTable::open().unwrap();
+        again.load().unwrap();
+        assert_eq!(again.apply(&less).unwrap(), Changes::default());
+    });
+}
+
 /// Test 4: a thousand profiles and ten thousand map elements in one transaction,
 /// and a one-pod change afterwards. Times are printed; the bounds are only there
 /// to catch a pathology (debug build, shared machine).
