@@ -900,9 +900,11 @@ fn check_boxes(profile: &Profile) -> std::result::Result<(), String> {
         a.check()?;
     }
     // Sorted by first address: a box can only overlap the ones after it that start
-    // before it ends.
+    // before it ends. (The agent's boxes come sorted: then nothing is sorted here.)
     let mut sorted: Vec<&Allow> = profile.allow.iter().collect();
-    sorted.sort();
+    if !is_sorted(&profile.allow) {
+        sorted.sort();
+    }
     for (i, a) in sorted.iter().enumerate() {
         for b in &sorted[i + 1..] {
             if b.family() != a.family() || b.first > a.last {
@@ -916,9 +918,21 @@ fn check_boxes(profile: &Profile) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// Whether a profile's (valid, so duplicate-free) boxes are the held ones.
+/// Whether a profile's (valid, so duplicate-free) boxes are the held ones: compared
+/// in order when they come sorted (one pass, no lookups), else looked up one by one.
 fn same_boxes(held: &BTreeSet<Allow>, allow: &[Allow]) -> bool {
-    held.len() == allow.len() && allow.iter().all(|a| held.contains(a))
+    if held.len() != allow.len() {
+        return false;
+    }
+    if is_sorted(allow) {
+        held.iter().eq(allow.iter())
+    } else {
+        allow.iter().all(|a| held.contains(a))
+    }
+}
+
+fn is_sorted(allow: &[Allow]) -> bool {
+    allow.windows(2).all(|w| w[0] <= w[1])
 }
 
 // ---- transactions ----
@@ -999,10 +1013,7 @@ fn change_profile(
         .into_iter()
         .filter(|family| {
             let held = have.iter().filter(|a| a.family() == *family).count();
-            held > REBUILD_ABOVE
-                && have
-                    .difference(want)
-                    .any(|a| a.family() == *family)
+            held > REBUILD_ABOVE && have.difference(want).any(|a| a.family() == *family)
         })
         .collect();
     let chain = direction.chain(name);
@@ -1566,6 +1577,11 @@ impl PolicyTable {
     /// pending drop and the profiles' judgement.
     pub fn apply_resolving(&mut self, want: &PolicyState, resolve: &[IpAddr]) -> Result<Changes> {
         check_profiles(want)?;
+        self.apply_checked(want, resolve)
+    }
+
+    /// [`PolicyTable::apply_resolving`] of a `want` whose profiles are checked.
+    fn apply_checked(&mut self, want: &PolicyState, resolve: &[IpAddr]) -> Result<Changes> {
         if self.view == View::Unknown {
             self.load()?;
         }
@@ -1617,7 +1633,7 @@ impl PolicyTable {
         check_profiles(want)?;
         let pending = read_pending(&mut self.nl)?;
         let resolve = releasable(&pending, judged);
-        self.apply_resolving(want, &resolve)
+        self.apply_checked(want, &resolve)
     }
 
     /// Makes the table from scratch (replacing one that is there), carrying over
@@ -2069,6 +2085,26 @@ mod tests {
             ),
             (1, 1, 2, 2)
         );
+    }
+
+    #[test]
+    fn boxes_compare_in_any_order() {
+        let boxes = state().ingress_profiles["aa11"].allow.clone();
+        let held: BTreeSet<Allow> = boxes.iter().cloned().collect();
+        let mut reversed = boxes.clone();
+        reversed.reverse();
+        assert!(is_sorted(&boxes) && !is_sorted(&reversed));
+        assert!(same_boxes(&held, &boxes));
+        assert!(same_boxes(&held, &reversed));
+        let mut other = boxes.clone();
+        other[0].ports = (80, 82);
+        assert!(!same_boxes(&held, &other));
+        assert!(!same_boxes(&held, &boxes[1..]));
+        let mut overlapping = boxes.clone();
+        overlapping.push(allow("10.1.0.9", "10.1.0.9", (6, 6), (80, 80)));
+        assert!(check_boxes(&profile(&overlapping)).is_err(), "unsorted");
+        overlapping.sort();
+        assert!(check_boxes(&profile(&overlapping)).is_err(), "sorted");
     }
 
     #[test]
