@@ -68,7 +68,7 @@ pub trait PolicyDatapath: Send {
     /// Makes the kernel hold `want` (only the differences from what it holds) and
     /// releases the addresses `want` judges from the pending sets; whether anything
     /// changed.
-    fn apply(&mut self, want: &Compiled) -> Result<bool, Error>;
+    fn apply(&mut self, want: Compiled) -> Result<bool, Error>;
     /// Reads the kernel's table again (the resync: a hand edit is repaired by the next
     /// apply).
     fn reload(&mut self) -> Result<(), Error>;
@@ -317,7 +317,7 @@ impl Reconciler {
             compiled.egress.len(),
             compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
         );
-        match effects.datapath.apply(&compiled) {
+        match effects.datapath.apply(compiled) {
             Ok(true) => tracing::info!(
                 "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {} \
                  profiles",

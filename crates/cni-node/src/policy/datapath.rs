@@ -29,22 +29,15 @@ impl Table {
 }
 
 fn profiles(
-    from: &std::collections::BTreeMap<String, Vec<Allow>>,
+    from: std::collections::BTreeMap<String, Vec<Allow>>,
 ) -> std::collections::BTreeMap<String, Profile> {
-    from.iter()
-        .map(|(name, allow)| {
-            (
-                name.clone(),
-                Profile {
-                    allow: allow.clone(),
-                },
-            )
-        })
+    from.into_iter()
+        .map(|(name, allow)| (name, Profile { allow }))
         .collect()
 }
 
 impl PolicyDatapath for Table {
-    fn apply(&mut self, want: &Compiled) -> Result<bool> {
+    fn apply(&mut self, want: Compiled) -> Result<bool> {
         // Bridged traffic between a node's pods reaches netfilter only through
         // br_netfilter; checked every pass (two sysctl reads), since anything may turn
         // it off.
@@ -57,11 +50,13 @@ impl PolicyDatapath for Table {
             );
             self.bridge_netfilter_on = true;
         }
+        // Moved, not copied: at 10,000 pods and 1,000 policies the profiles hold
+        // about 480,000 boxes.
         let state = PolicyState {
-            ingress: want.ingress.clone(),
-            egress: want.egress.clone(),
-            ingress_profiles: profiles(&want.ingress_profiles),
-            egress_profiles: profiles(&want.egress_profiles),
+            ingress: want.ingress,
+            egress: want.egress,
+            ingress_profiles: profiles(want.ingress_profiles),
+            egress_profiles: profiles(want.egress_profiles),
         };
         let changes = self
             .table
