@@ -928,7 +928,11 @@ fn a_big_profile_set_that_loses_an_element_is_made_anew() {
                 allow(&a, &b, (17, 17), (5353, 5360))
             })
             .collect();
-        s.ingress_profiles.get_mut("aa11").unwrap().allow.extend(many);
+        s.ingress_profiles
+            .get_mut("aa11")
+            .unwrap()
+            .allow
+            .extend(many);
         let mut t = PolicyTable::open().unwrap();
         t.apply(&s).unwrap();
         let rules_before: Vec<String> = listing()
@@ -939,7 +943,12 @@ fn a_big_profile_set_that_loses_an_element_is_made_anew() {
         assert_eq!(rules_before.len(), 2, "{}", listing());
 
         let mut less = s.clone();
-        let gone = less.ingress_profiles.get_mut("aa11").unwrap().allow.remove(5);
+        let gone = less
+            .ingress_profiles
+            .get_mut("aa11")
+            .unwrap()
+            .allow
+            .remove(5);
         let ipv4 = less.ingress_profiles["aa11"]
             .allow
             .iter()
