@@ -48,7 +48,7 @@ use cni_kube_api::{Kind, network_policy, realistic_namespace, realistic_pod};
 use cni_node::policy::model::{Side, Verdict, View};
 use cni_node::policy::objects::{PodInfo, PolicyInfo, SlimNamespace, SlimNetworkPolicy, SlimPod};
 use cni_node::policy::selector::Labels;
-use network_policy_cases::{Action, Case};
+use network_policy_cases::{Action, Case, Step};
 use serde_json::{Value, json};
 
 /// The servers' ports.
@@ -544,24 +544,89 @@ impl World {
     }
 
     /// Runs a case: the previous one's policies and labels gone, then each step's
-    /// changes and a matrix that equals the model.
+    /// changes, the model checked against upstream's truth tables, and a matrix that
+    /// equals the model.
     fn run_case(&mut self, case: &Case) -> Result<Vec<Converged>, String> {
         let mut steps = Vec::new();
+        let mut problems = Vec::new();
         let mut since = Instant::now();
         self.reset();
         for (n, step) in case.steps.iter().enumerate() {
             if n > 0 {
                 since = Instant::now();
             }
-            for action in step {
+            for action in &step.actions {
                 self.act(action);
             }
-            let converged = self
-                .converge(since)
-                .map_err(|e| format!("step {}: {e}", n + 1))?;
-            steps.push(converged);
+            let wrong = self.check_model(case, step);
+            if !wrong.is_empty() {
+                problems.push(format!(
+                    "step {}: the model disagrees with upstream's truth table:\n{}",
+                    n + 1,
+                    wrong.join("\n")
+                ));
+            }
+            match self.converge(since) {
+                Ok(converged) => steps.push(converged),
+                Err(e) => {
+                    problems.push(format!("step {}: {e}", n + 1));
+                    break;
+                }
+            }
         }
-        Ok(steps)
+        if problems.is_empty() {
+            Ok(steps)
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+
+    /// Where the model (of the objects now) and the step's truth tables disagree, on
+    /// the case's pods.
+    fn check_model(&self, case: &Case, step: &Step) -> Vec<String> {
+        let objects = self.objects();
+        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
+        let mut wrong = Vec::new();
+        for check in &step.checks {
+            let protocol = match check.protocol {
+                "TCP" => Protocol::Tcp,
+                "UDP" => Protocol::Udp,
+                other => panic!("a truth table of {other} (a mistake in the case)"),
+            };
+            for from in &case.pods {
+                for to in case.pods.iter().filter(|to| *to != from) {
+                    let (f, t) = (
+                        &self.members[self.member(from)],
+                        &self.members[self.member(to)],
+                    );
+                    for v6 in [false, true] {
+                        if (v6 && !check.ipv6) || (!v6 && !check.ipv4) {
+                            continue;
+                        }
+                        let verdict =
+                            view.verdict(f.ip(v6), t.ip(v6), protocol.number(), check.port);
+                        let want = check.allows(from, to);
+                        if verdict.allowed() != want {
+                            wrong.push(format!(
+                                "  {from} -> {to} {}/{} IPv{}: upstream says {}, the model {} \
+                                 ({})",
+                                check.protocol,
+                                check.port,
+                                if v6 { 6 } else { 4 },
+                                if want { "allowed" } else { "denied" },
+                                if verdict.allowed() {
+                                    "allows"
+                                } else {
+                                    "denies"
+                                },
+                                why(&verdict)
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        wrong
     }
 }
 
@@ -724,6 +789,12 @@ fn upstream_cases_and_ours_match_the_model() {
         println!("CNI_NETPOL_CASES={only:?}: {} cases", cases.len());
     }
 
+    let tables: usize = cases
+        .iter()
+        .flat_map(|c| &c.steps)
+        .map(|s| s.checks.len())
+        .sum();
+    println!("{} cases, {tables} truth tables", cases.len());
     let mut failures = Vec::new();
     let mut times = Vec::new();
     for (i, case) in cases.iter().enumerate() {
