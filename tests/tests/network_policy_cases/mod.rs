@@ -1,6 +1,6 @@
 //! The cases of `network_policy.rs` as data: the upstream e2e suite's
-//! (kubernetes `test/e2e/network/netpol/network_policy.go`: 42 TCP, 3 UDP; its 3 SCTP
-//! cases need an SCTP kernel), then endPort and dual-stack ipBlock cases of our own.
+//! (kubernetes `test/e2e/network/netpol/network_policy.go`: 42 TCP, 3 UDP, 3 SCTP), then
+//! endPort and dual-stack ipBlock cases of our own.
 //!
 //! A case is a list of steps; a step is the changes it makes (policies applied,
 //! replaced or deleted, pod and namespace labels set) and upstream's truth tables for
@@ -994,6 +994,58 @@ pub fn upstream_udp() -> Vec<Case> {
                     ),
                 )],
                 vec![udp(80, vec![deny("*", "x/a"), allow("y/a", "x/a")])],
+            )],
+        ),
+    ]
+}
+
+/// Upstream's 3 SCTP cases. Their truth tables are SCTP's: the model is checked
+/// against them on any kernel, the matrix probes TCP and UDP only.
+pub fn upstream_sctp() -> Vec<Case> {
+    let sctp = |port: u16, expect: Vec<Expect>| Check {
+        protocol: "SCTP",
+        port,
+        ipv4: true,
+        ipv6: true,
+        expect,
+    };
+    vec![
+        case(
+            "sctp: should support a 'default-deny-ingress' policy",
+            &["x/a", "x/b", "y/a", "y/b"],
+            vec![step(
+                vec![policy("x", "deny-all", ingress(json!({}), json!([])))],
+                vec![sctp(80, vec![deny("*", "x")])],
+            )],
+        ),
+        case(
+            "sctp: should enforce policy based on Ports",
+            &["x/a", "x/b", "y/a", "z/a"],
+            vec![step(
+                vec![policy(
+                    "x",
+                    "allow-ingress-on-port-81-ns-x",
+                    ingress(
+                        pod("a"),
+                        json!([{"from": [{"namespaceSelector": ns("y")}], "ports": [{"port": 81, "protocol": "SCTP"}]}]),
+                    ),
+                )],
+                vec![sctp(81, vec![deny("x", "x/a"), deny("z", "x/a")])],
+            )],
+        ),
+        case(
+            "sctp: should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector",
+            &["x/a", "x/b", "y/a"],
+            vec![step(
+                vec![policy(
+                    "x",
+                    "allow-ns-y-pod-a-via-namespace-pod-selector",
+                    ingress(
+                        pod("a"),
+                        json!([{"from": [{"namespaceSelector": ns("y"), "podSelector": pod("a")}]}]),
+                    ),
+                )],
+                vec![sctp(80, vec![deny("*", "x/a"), allow("y/a", "x/a")])],
             )],
         ),
     ]
