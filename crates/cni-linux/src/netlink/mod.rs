@@ -14,6 +14,7 @@ mod netconf;
 mod route;
 mod rtnl;
 mod veth;
+pub mod vxlan;
 mod wait;
 
 use std::cell::RefCell;
@@ -29,6 +30,7 @@ pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};
 pub use route::Route;
 pub use veth::VethPair;
+pub use vxlan::{Vxlan, VxlanInfo, vtep_mac};
 pub use wait::OPER_UP_DELAYS;
 
 pub use cni_netlink::socket::{Notified, Subscription};
@@ -233,6 +235,7 @@ pub(crate) mod tests {
                     link_netnsid: None,
                     vlan_filtering: None,
                     bridge_port: None,
+                    vxlan: None,
                 },
                 Link {
                     index: 5,
@@ -248,6 +251,7 @@ pub(crate) mod tests {
                     link_netnsid: None,
                     vlan_filtering: Some(false),
                     bridge_port: None,
+                    vxlan: None,
                 },
                 Link {
                     index: 7,
@@ -265,6 +269,7 @@ pub(crate) mod tests {
                     link_netnsid: Some(0),
                     vlan_filtering: None,
                     bridge_port: Some(BridgePort::default()),
+                    vxlan: None,
                 },
             ]
         );

@@ -77,6 +77,17 @@ pub(super) const RT_TABLE_MAIN: u8 = 254;
 pub(super) const RTN_UNICAST: u8 = 1;
 pub(super) const RT_SCOPE_NOWHERE: u8 = 255;
 
+// VXLAN link data (IFLA_VXLAN_*, inside IFLA_INFO_DATA of kind "vxlan").
+pub(super) const IFLA_VXLAN_ID: u16 = 1;
+pub(super) const IFLA_VXLAN_LINK: u16 = 3;
+pub(super) const IFLA_VXLAN_LOCAL: u16 = 4;
+pub(super) const IFLA_VXLAN_LEARNING: u16 = 7;
+pub(super) const IFLA_VXLAN_PORT: u16 = 15;
+pub(super) const IFLA_VXLAN_LOCAL6: u16 = 17;
+pub(super) const IFLA_VXLAN_UDP_CSUM: u16 = 18;
+pub(super) const IFLA_VXLAN_UDP_ZERO_CSUM6_TX: u16 = 19;
+pub(super) const IFLA_VXLAN_UDP_ZERO_CSUM6_RX: u16 = 20;
+
 /// `struct ifinfomsg`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct IfInfo {
@@ -204,6 +215,16 @@ pub(super) fn ip_value(family: u8, v: &[u8]) -> Result<std::net::IpAddr, Malform
             .map(|b| std::net::Ipv6Addr::from(b).into())
             .map_err(|_| Malformed("IPv6 address attribute of another length")),
         _ => Err(Malformed("address of an unknown family")),
+    }
+}
+
+/// An address attribute whose length says its family (an FDB entry's
+/// destination, a VXLAN device's local address): 4 or 16 bytes.
+pub(super) fn ip_of_len(v: &[u8]) -> Result<std::net::IpAddr, Malformed> {
+    match v.len() {
+        4 => ip_value(AF_INET, v),
+        16 => ip_value(AF_INET6, v),
+        _ => Err(Malformed("address attribute neither 4 nor 16 bytes long")),
     }
 }
 
