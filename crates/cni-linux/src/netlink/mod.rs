@@ -10,6 +10,7 @@
 mod addr;
 mod bridge;
 mod link;
+mod neigh;
 mod netconf;
 mod route;
 mod rtnl;
@@ -28,6 +29,7 @@ use crate::netns::NetNs;
 pub use addr::Address;
 pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};
+pub use neigh::{FdbEntry, Neighbour};
 pub use route::Route;
 pub use veth::VethPair;
 pub use vxlan::{Vxlan, VxlanInfo, vtep_mac};
@@ -140,6 +142,11 @@ pub enum Reply {
     Address(std::result::Result<Option<Address>, Malformed>),
     /// RTM_NEWROUTE; `None` for a route that is not unicast or not IP.
     Route(std::result::Result<Option<Route>, Malformed>),
+    /// RTM_NEWNEIGH of family `AF_BRIDGE`; `None` for one without an Ethernet address.
+    Fdb(std::result::Result<Option<FdbEntry>, Malformed>),
+    /// RTM_NEWNEIGH of another family; `None` for one that is not IPv4 or IPv6 or
+    /// has no address.
+    Neighbour(std::result::Result<Option<Neighbour>, Malformed>),
     /// RTM_NEWNETCONF: the forwarding setting, if it carries one.
     Forwarding(std::result::Result<Option<bool>, Malformed>),
     /// A message type no request of this client decodes.
@@ -164,6 +171,10 @@ pub fn decode_reply(msg: &Message<'_>) -> Reply {
         },
         rtnl::RTM_NEWADDR => Reply::Address(Address::parse(msg.payload)),
         rtnl::RTM_NEWROUTE => Reply::Route(Route::parse(msg.payload)),
+        rtnl::RTM_NEWNEIGH if msg.payload.first() == Some(&rtnl::AF_BRIDGE) => {
+            Reply::Fdb(FdbEntry::parse(msg.payload))
+        }
+        rtnl::RTM_NEWNEIGH => Reply::Neighbour(Neighbour::parse(msg.payload)),
         netconf::RTM_NEWNETCONF => Reply::Forwarding(netconf::forwarding_of(msg.payload)),
         _ => Reply::Other,
     }
@@ -355,6 +366,18 @@ pub(crate) mod tests {
             decode_reply(&msg),
             Reply::Route(Err(Malformed("truncated rtmsg")))
         );
+        let fdb = message(rtnl::RTM_NEWNEIGH, 0, |w| {
+            w.bytes(&hex("07000000 04000000 c0000201"));
+            w.attr(rtnl::NDA_LLADDR, &[0x0a, 0x58, 10, 0, 0, 2]);
+        });
+        let msg = messages(&fdb).next().unwrap().unwrap();
+        assert!(matches!(decode_reply(&msg), Reply::Fdb(Ok(Some(e))) if e.index == 4));
+        let arp = message(rtnl::RTM_NEWNEIGH, 0, |w| {
+            w.bytes(&hex("02000000 04000000 80000001"));
+            w.attr(rtnl::NDA_DST, &[10, 244, 2, 0]);
+        });
+        let msg = messages(&arp).next().unwrap().unwrap();
+        assert!(matches!(decode_reply(&msg), Reply::Neighbour(Ok(Some(n))) if n.ip.is_ipv4()));
         let other = message(99, 0, |_| {});
         let msg = messages(&other).next().unwrap().unwrap();
         assert_eq!(decode_reply(&msg), Reply::Other);
