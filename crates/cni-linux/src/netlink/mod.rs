@@ -1,11 +1,12 @@
 //! Netlink (rtnetlink) client: links, bridges and their ports, veth pairs,
-//! addresses and routes. A [`Netlink`] handle talks to one network
-//! namespace, fixed when its socket is created; see [`Netlink::connect_in`].
+//! VXLAN devices with their FDB and neighbour entries, addresses and routes.
+//! A [`Netlink`] handle talks to one network namespace, fixed when its socket
+//! is created; see [`Netlink::connect_in`].
 //!
 //! Every method is a plain blocking call: one request, answered by the
 //! kernel before the `send` carrying it returns (see `cni_netlink`). The
-//! messages are built and parsed in `rtnl`, which knows only the
-//! attributes the plugins use and skips the rest.
+//! messages are built and parsed in `rtnl`, which knows only the attributes
+//! the plugins and the node agent use and skips the rest.
 
 mod addr;
 mod bridge;

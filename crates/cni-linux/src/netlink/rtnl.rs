@@ -80,6 +80,8 @@ pub(super) const RTAX_ADVMSS: u16 = 8;
 pub(super) const RT_TABLE_MAIN: u8 = 254;
 pub(super) const RTN_UNICAST: u8 = 1;
 pub(super) const RT_SCOPE_NOWHERE: u8 = 255;
+/// `rtm_flags`: the gateway is on the output link, whatever its addresses say.
+pub(super) const RTNH_F_ONLINK: u32 = 0x4;
 
 // VXLAN link data (IFLA_VXLAN_*, inside IFLA_INFO_DATA of kind "vxlan").
 pub(super) const IFLA_VXLAN_ID: u16 = 1;
@@ -187,16 +189,18 @@ pub(super) struct RtMsg {
     pub(super) protocol: u8,
     pub(super) scope: u8,
     pub(super) kind: u8,
+    /// RTM_F_* and RTNH_F_* bits.
+    pub(super) flags: u32,
 }
 
 impl RtMsg {
     pub(super) const LEN: usize = 12;
 
     pub(super) fn write(&self, w: &mut Writer) {
-        // src_len and tos are 0, as are the RTM_F_* flags.
+        // src_len and tos are 0.
         w.bytes(&[self.family, self.dst_len, 0, 0]);
         w.bytes(&[self.table, self.protocol, self.scope, self.kind]);
-        w.bytes(&0u32.to_ne_bytes());
+        w.bytes(&self.flags.to_ne_bytes());
     }
 
     pub(super) fn parse(payload: &[u8]) -> Result<(Self, &[u8]), Malformed> {
@@ -210,6 +214,7 @@ impl RtMsg {
             protocol: h[5],
             scope: h[6],
             kind: h[7],
+            flags: u32_at(h, 8),
         };
         Ok((header, &payload[Self::LEN..]))
     }
