@@ -4,11 +4,13 @@
 //! is created; see [`Netlink::connect_in`].
 //!
 //! Every method is a plain blocking call: one request, answered by the
-//! kernel before the `send` carrying it returns (see `cni_netlink`). The
-//! messages are built and parsed in `rtnl`, which knows only the attributes
-//! the plugins and the node agent use and skips the rest.
+//! kernel before the `send` carrying it returns (see `cni_netlink`), except
+//! [`Netlink::apply`], which sends many in one `send`. The messages are built
+//! and parsed in `rtnl`, which knows only the attributes the plugins and the
+//! node agent use and skips the rest.
 
 mod addr;
+mod batch;
 mod bridge;
 mod link;
 mod neigh;
@@ -28,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 pub use addr::Address;
+pub use batch::{BATCH_CHANGES, Change};
 pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};
 pub use neigh::{FdbEntry, Neighbour};

@@ -16,8 +16,9 @@
 //! - IPv6: VXLAN to uplink in place; uplink to VXLAN refused (`EINVAL`,
 //!   "Nexthop has invalid gateway or device mismatch"): IPv6 checks an onlink
 //!   gateway against the routing table, and the route being replaced covers it
-//!   through another device. In place all the same with a host route for the
-//!   VTEP address through the VXLAN device, added before and deleted after.
+//!   through another device. In place all the same in one batch
+//!   ([`Netlink::apply`](super::Netlink::apply)): a host route for the VTEP
+//!   address through the VXLAN device, the replacement, the host route deleted.
 //! - Both refuse an onlink route through a device that is down (`ENETDOWN`,
 //!   "Nexthop device is not up"), and setting the device down deletes the
 //!   routes through it: they are added again once it is up.
