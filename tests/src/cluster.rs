@@ -210,22 +210,25 @@ impl Host {
 
     /// Attaches a pod through cnitool with the conflist the agent wrote.
     pub fn add_pod(&mut self) {
-        self.attach("");
+        self.attach(unique_name("cl-pod"), "");
     }
 
-    /// Attaches Kubernetes pod `namespace/name` as containerd and CRI-O do: cnitool with
-    /// `CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=…;K8S_POD_NAME=…` (so the bridge
+    /// Attaches Kubernetes pod `namespace/name` (of `uid`) as containerd does: cnitool
+    /// with `CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=…;K8S_POD_NAME=…;
+    /// K8S_POD_INFRA_CONTAINER_ID=<the container id>;K8S_POD_UID=…` (so the bridge
     /// records the pod's addresses for the agent), the same arguments at DEL. Returns
     /// the pod.
-    pub fn add_k8s_pod(&mut self, namespace: &str, name: &str) -> &Pod {
-        self.attach(&format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"
-        ))
+    pub fn add_k8s_pod(&mut self, namespace: &str, name: &str, uid: &str) -> &Pod {
+        let id = unique_name("cl-pod");
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};\
+             K8S_POD_INFRA_CONTAINER_ID={id};K8S_POD_UID={uid}"
+        );
+        self.attach(id, &args)
     }
 
-    fn attach(&mut self, cni_args: &str) -> &Pod {
+    fn attach(&mut self, id: String, cni_args: &str) -> &Pod {
         let ns = Netns::new("cnibb-cl-pod");
-        let id = unique_name("cl-pod");
         let out = self.cnitool_with_args(&["add", NETWORK, ns.path_str()], &id, cni_args);
         let result: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("cnitool add: not JSON ({e}): {out}"));
