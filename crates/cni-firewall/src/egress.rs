@@ -18,12 +18,12 @@ use std::net::IpAddr;
 use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
-use crate::masq::iptables::{self as ipt, Tables as _};
-use crate::masq::nftables::{Field, addr_match, verdict};
+use crate::iptables::{self as ipt, Tables as _};
 use crate::nfnetlink::{
     self, Batch, CMP_EQ, Expr, HOOK_POSTROUTING, Hook, NFPROTO_INET, Nfnl, PRIORITY_SRCNAT,
     VERDICT_RETURN,
 };
+use crate::nft_build::{Field, addr_match, verdict};
 use cni_protocol::ip::Family;
 
 /// The nftables table.
@@ -224,7 +224,7 @@ fn iptables_rules(policy: &EgressPolicy, family: Family) -> Vec<Vec<String>> {
             "-m".to_owned(),
             "comment".to_owned(),
             "--comment".to_owned(),
-            format!("\"{IPTABLES_COMMENT}\""),
+            IPTABLES_COMMENT.to_owned(),
         ]
     };
     let multicast = if v4 { "224.0.0.0/4" } else { "ff00::/8" };
@@ -246,23 +246,6 @@ fn iptables_rules(policy: &EgressPolicy, family: Family) -> Vec<Vec<String>> {
     rules
 }
 
-/// `iptables-save` writes a /32 (/128) destination with its prefix and drops quotes
-/// around one-word comments; compare in that form.
-fn normalized(args: &[String]) -> Vec<String> {
-    args.iter()
-        .map(|a| a.trim_matches('"').to_owned())
-        .collect()
-}
-
-/// An argument as `iptables-restore` reads it back: quoted when it holds a space.
-fn quoted(arg: &str) -> String {
-    if arg.contains(char::is_whitespace) && !arg.starts_with('"') {
-        format!("\"{arg}\"")
-    } else {
-        arg.to_owned()
-    }
-}
-
 fn sync_iptables(policy: &EgressPolicy) -> Result<bool> {
     let mut changed = false;
     for family in Family::ALL {
@@ -280,13 +263,13 @@ fn sync_iptables(policy: &EgressPolicy) -> Result<bool> {
             .iter()
             .any(|r| r.chain == "POSTROUTING" && r.args.iter().any(|a| a == IPTABLES_CHAIN));
         let same = have.as_ref().is_some_and(|t| {
-            let have: Vec<Vec<String>> = t
+            let have: Vec<&Vec<String>> = t
                 .rules
                 .iter()
                 .filter(|r| r.chain == IPTABLES_CHAIN)
-                .map(|r| normalized(&r.args))
+                .map(|r| &r.args)
                 .collect();
-            have == want.iter().map(|r| normalized(r)).collect::<Vec<_>>()
+            have == want.iter().collect::<Vec<_>>()
         });
         if same && jump {
             continue;
@@ -295,11 +278,19 @@ fn sync_iptables(policy: &EgressPolicy) -> Result<bool> {
         input.push_str(&format!(":{IPTABLES_CHAIN} - [0:0]\n"));
         input.push_str(&format!("-F {IPTABLES_CHAIN}\n"));
         for rule in &want {
-            input.push_str(&format!("-A {IPTABLES_CHAIN} {}\n", rule.join(" ")));
+            input.push_str(&ipt::line(&format!("-A {IPTABLES_CHAIN}"), rule));
         }
         if !jump {
-            input.push_str(&format!(
-                "-A POSTROUTING -m comment --comment \"{IPTABLES_COMMENT}\" -j {IPTABLES_CHAIN}\n"
+            input.push_str(&ipt::line(
+                "-A POSTROUTING",
+                &ipt::strings(&[
+                    "-m",
+                    "comment",
+                    "--comment",
+                    IPTABLES_COMMENT,
+                    "-j",
+                    IPTABLES_CHAIN,
+                ]),
             ));
         }
         input.push_str("COMMIT\n");
@@ -336,8 +327,7 @@ pub fn remove(backend: EgressBackend) -> Result<()> {
                 for rule in &nat.rules {
                     if rule.chain == "POSTROUTING" && rule.args.iter().any(|a| a == IPTABLES_CHAIN)
                     {
-                        let args: Vec<String> = rule.args.iter().map(|a| quoted(a)).collect();
-                        input.push_str(&format!("-D POSTROUTING {}\n", args.join(" ")));
+                        input.push_str(&ipt::line("-D POSTROUTING", &rule.args));
                     }
                 }
                 input.push_str(&format!(
@@ -445,15 +435,15 @@ mod tests {
             exempt: nets(&["10.244.1.0/24", "10.244.0.0/24", "fd00:244::/48"]),
         };
         let v4: Vec<String> = iptables_rules(&policy, Family::V4)
-            .into_iter()
-            .map(|r| r.join(" "))
+            .iter()
+            .map(|r| ipt::line("-A CNI-NODE-EGRESS", r))
             .collect();
         assert_eq!(
             v4,
             [
-                "-d 224.0.0.0/4 -m comment --comment \"cni-node egress SNAT\" -j RETURN",
-                "-d 10.244.0.0/23 -m comment --comment \"cni-node egress SNAT\" -j RETURN",
-                "-s 10.244.1.0/24 -m comment --comment \"cni-node egress SNAT\" -j MASQUERADE",
+                "-A CNI-NODE-EGRESS -d 224.0.0.0/4 -m comment --comment \"cni-node egress SNAT\" -j RETURN\n",
+                "-A CNI-NODE-EGRESS -d 10.244.0.0/23 -m comment --comment \"cni-node egress SNAT\" -j RETURN\n",
+                "-A CNI-NODE-EGRESS -s 10.244.1.0/24 -m comment --comment \"cni-node egress SNAT\" -j MASQUERADE\n",
             ]
         );
         assert_eq!(iptables_rules(&policy, Family::V6).len(), 3);

@@ -112,6 +112,29 @@ pub enum Error {
         what: String,
     },
 
+    /// A NetworkPolicy state that cannot be enforced as given (a bad profile name,
+    /// overlapping boxes, a pod judged by a profile that does not exist); nothing
+    /// was changed.
+    #[error("invalid network policy state: {what}: {reason}")]
+    InvalidPolicy {
+        /// What is wrong, e.g. `ingress profile "ab12"`.
+        what: String,
+        /// Why, naming the offending values.
+        reason: String,
+    },
+
+    /// Bridged traffic cannot be handed to netfilter (`br_netfilter` and its
+    /// `net.bridge.bridge-nf-call-*` switches), which NetworkPolicy on a bridge
+    /// needs.
+    #[error("bridge netfilter: {what}")]
+    BridgeNetfilter {
+        /// What failed.
+        what: String,
+        /// The sysctl's failure, if one is the cause.
+        #[source]
+        source: Option<cni_linux::Error>,
+    },
+
     /// Several independent steps failed (teardown, GC keep going and report
     /// everything at the end).
     #[error("{}", Joined(.0))]

@@ -22,10 +22,10 @@ use crate::naming::{
     MACSPOOF_CHAIN_PREFIX, macspoof_comment, macspoof_iface_chain, macspoof_mac_chain,
 };
 use crate::nfnetlink::{
-    BASE_LINK, Batch, CMP_EQ, Data, Expr, HOOK_BRIDGE_PREROUTING, Hook, META_IIFNAME,
-    NFPROTO_BRIDGE, Nfnl, POLICY_ACCEPT, REG_1, REG_VERDICT, Rule, VERDICT_DROP, VERDICT_JUMP,
-    VERDICT_RETURN,
+    BASE_LINK, Batch, CMP_EQ, Expr, META_IIFNAME, NFPROTO_BRIDGE, Nfnl, REG_1, Rule, VERDICT_DROP,
+    VERDICT_JUMP, VERDICT_RETURN,
 };
+use crate::nft_build::{add_bridge_prerouting, verdict};
 
 const FAMILY: &str = "bridge";
 const TABLE: &str = "nat";
@@ -53,16 +53,6 @@ impl Snapshot {
 
     fn rules_in<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
         self.rules.iter().filter(move |r| r.chain == chain)
-    }
-}
-
-fn verdict(code: i32, chain: Option<&str>) -> Expr {
-    Expr::Immediate {
-        dreg: REG_VERDICT,
-        data: Data::Verdict {
-            code,
-            chain: chain.map(Into::into),
-        },
     }
 }
 
@@ -197,13 +187,7 @@ pub(crate) fn setup_batch(
     let f = NFPROTO_BRIDGE;
     let mut b = Batch::new();
     b.add_table(f, TABLE, None)?;
-    let hook = Hook {
-        chain_type: "filter",
-        hooknum: HOOK_BRIDGE_PREROUTING,
-        priority: PRIORITY_DSTNAT,
-        policy: Some(POLICY_ACCEPT),
-    };
-    b.add_chain(f, TABLE, BASE_CHAIN, Some(hook), None)?;
+    add_bridge_prerouting(&mut b, TABLE, BASE_CHAIN, PRIORITY_DSTNAT)?;
     b.add_chain(f, TABLE, &iface, None, None)?;
     b.add_chain(f, TABLE, &mac_chain, None, None)?;
     b.flush_chain(f, TABLE, &iface);

@@ -8,6 +8,9 @@
 //! laid out the way `nft` lays them out (same attributes, same user-data
 //! TLVs), so `nft list` prints what we add exactly as if `nft` had added it.
 //!
+//! Sets and maps of every kind (interval sets of concatenations, verdict maps,
+//! elements in bulk) and their dumps are in the `sets` submodule.
+//!
 //! Netlink requests to the kernel are processed synchronously inside
 //! `send()`: when it returns, every acknowledgement and error of a batch is
 //! already queued on the socket, which is what lets [`Nfnl::commit`] collect
@@ -24,6 +27,11 @@ use cni_netlink::wire::{
 use nix::libc;
 
 use crate::error::{Error, Result};
+
+mod sets;
+pub(crate) use sets::{
+    BYTEORDER_BIG_ENDIAN, ChainHook, Element, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE,
+};
 
 // nfnetlink (linux/netfilter/nfnetlink.h).
 const NFGENMSG_LEN: usize = 4;
@@ -48,6 +56,11 @@ const NFT_MSG_DELSETELEM: u16 = 14;
 const NFT_MSG_GETGEN: u16 = 16;
 /// NFTA_GEN_ID of a NEWGEN answer.
 const NFTA_GEN_ID: u16 = 1;
+/// Transactions of up to this many changes ask the kernel to acknowledge each; larger
+/// ones only their last (see [`Nfnl::commit`]).
+const ACK_EACH_UP_TO: usize = 64;
+/// Transactions up to this size fit any socket's default send buffer.
+const SMALL_BATCH_BYTES: usize = 64 * 1024;
 /// A batch begin carrying this makes the kernel refuse the batch (ERESTART)
 /// unless the rule set is still at that generation.
 const NFNL_BATCH_GENID: u16 = 1;
@@ -215,6 +228,22 @@ pub(crate) enum Expr {
         set: String,
         invert: bool,
     },
+    /// `ct <key>` loaded into `dreg` (e.g. `ct state`, `ct direction`), of the
+    /// packet's own direction.
+    Ct {
+        key: u32,
+        dreg: u32,
+    },
+    /// `byteorder`: converts `len` bytes in `sreg`, as words of `size` bytes, to
+    /// (`hton`) or from network order; nft puts one after `meta l4proto` in a
+    /// concatenation.
+    Byteorder {
+        sreg: u32,
+        dreg: u32,
+        op: u32,
+        len: u32,
+        size: u32,
+    },
     /// `snat`/`dnat` from an address register and a port register.
     Nat {
         nat_type: u32,
@@ -327,6 +356,8 @@ impl Writer {
             Expr::Fib { .. } => "fib",
             Expr::Nat { .. } => "nat",
             Expr::Lookup { .. } => "lookup",
+            Expr::Ct { .. } => "ct",
+            Expr::Byteorder { .. } => "byteorder",
             Expr::Other(name) => name,
         };
         self.attr_str(NFTA_EXPR_NAME, name);
@@ -424,6 +455,23 @@ impl Writer {
                     // NFT_LOOKUP_F_INV
                     self.attr_u32(5, 1);
                 }
+            }
+            Expr::Ct { key, dreg } => {
+                self.attr_u32(2, *key);
+                self.attr_u32(1, *dreg);
+            }
+            Expr::Byteorder {
+                sreg,
+                dreg,
+                op,
+                len,
+                size,
+            } => {
+                self.attr_u32(1, *sreg);
+                self.attr_u32(2, *dreg);
+                self.attr_u32(3, *op);
+                self.attr_u32(4, *len);
+                self.attr_u32(5, *size);
             }
             Expr::Other(_) => {}
         }
@@ -925,6 +973,23 @@ fn parse_expr(elem: &[u8]) -> Expr {
                 invert: attr_u32(d, 5).unwrap_or(0) & 1 != 0,
             })
         })(),
+        // Only the load form of the packet's own direction (no source register,
+        // no direction).
+        "ct" if attr(d, 3).is_none() && attr(d, 4).is_none() => (|| {
+            Some(Expr::Ct {
+                key: attr_u32(d, 2)?,
+                dreg: attr_u32(d, 1)?,
+            })
+        })(),
+        "byteorder" => (|| {
+            Some(Expr::Byteorder {
+                sreg: attr_u32(d, 1)?,
+                dreg: attr_u32(d, 2)?,
+                op: attr_u32(d, 3)?,
+                len: attr_u32(d, 4)?,
+                size: attr_u32(d, 5)?,
+            })
+        })(),
         "fib" => (|| {
             Some(Expr::Fib {
                 dreg: attr_u32(d, 1)?,
@@ -1144,6 +1209,12 @@ impl Nfnl {
         let sock = self.socket(target)?;
         let base = sock.last_seq();
         let (mut bytes, ops) = batch.finish();
+        // A large transaction asks for the acknowledgement of its last change only:
+        // the kernel answers every change that asks with a datagram of its own, which
+        // would overflow the receive buffer. Refusals are sent whatever the flags, and
+        // the kernel queues every answer of a batch once it has processed all of it,
+        // so the last change's acknowledgement still says the whole batch went in.
+        let sparse = ops.len() > ACK_EACH_UP_TO;
         // Renumber into this socket's sequence space so a reply from an
         // earlier request can never be mistaken for one of these.
         let mut offset = 0;
@@ -1156,14 +1227,26 @@ impl Nfnl {
                     .try_into()
                     .unwrap_or_default(),
             );
+            if sparse && seq >= 1 && (seq as usize) < ops.len() {
+                let flags = u16::from_ne_bytes([bytes[offset + 6], bytes[offset + 7]]) & !NLM_F_ACK;
+                bytes[offset + 6..offset + 8].copy_from_slice(&flags.to_ne_bytes());
+            }
             last = base.wrapping_add(seq);
             bytes[offset + 8..offset + 12].copy_from_slice(&last.to_ne_bytes());
             offset += len.max(NLMSG_HDRLEN).next_multiple_of(4);
         }
         sock.set_last_seq(last);
+        // Room for the whole transaction in one datagram, and for the refusals of a
+        // large one (small ones fit the default buffers, and save the system calls).
+        if sparse || bytes.len() > SMALL_BATCH_BYTES {
+            sock.reserve_buffers(bytes.len(), 1 << 20);
+        }
         sock.send(&bytes).map_err(|e| netlink_error(target, e))?;
 
-        let mut acked = vec![false; ops.len()];
+        let mut acked = vec![sparse; ops.len()];
+        if let Some(last) = acked.last_mut() {
+            *last = false;
+        }
         let mut errors = Vec::new();
         while let Some(datagram) = sock.recv(true).map_err(|e| netlink_error(target, e))? {
             for msg in messages(datagram) {
@@ -1513,6 +1596,17 @@ mod tests {
                 },
             },
             Expr::Masq { flags: 0 },
+            Expr::Ct {
+                key: 0,
+                dreg: REG_1,
+            },
+            Expr::Byteorder {
+                sreg: 9,
+                dreg: 9,
+                op: 1,
+                len: 1,
+                size: 2,
+            },
         ];
         let mut b = Batch::new();
         b.add_rule(NFPROTO_INET, "t", "c", &exprs, Some("hi"))

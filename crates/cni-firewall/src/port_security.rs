@@ -17,14 +17,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use cni_protocol::MacAddr;
 
 use crate::error::{Error, Result};
-use crate::masq::nftables::verdict;
 use crate::naming::{NFT_COMMENT_MAX, port_security_id};
 use crate::nfnetlink::{
-    BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Expr, HOOK_BRIDGE_PREROUTING,
-    Hook, META_IIFNAME, META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl, POLICY_ACCEPT, REG_1,
-    REG_2, Rule, SetElement, TYPE_ETHERADDR, TYPE_IFNAME, TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP,
-    is_not_found, is_restart,
+    BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Expr, META_IIFNAME,
+    META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl, REG_1, REG_2, Rule, SetElement,
+    TYPE_ETHERADDR, TYPE_IFNAME, TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP, is_not_found, is_restart,
 };
+use crate::nft_build::{add_bridge_prerouting, verdict};
 
 /// The table and its base chain.
 pub const TABLE: &str = "cni_port_security";
@@ -499,13 +498,7 @@ fn add_base(b: &mut Batch) -> Result<()> {
             set.key_type == TYPE_IFNAME,
         );
     }
-    let hook = Hook {
-        chain_type: "filter",
-        hooknum: HOOK_BRIDGE_PREROUTING,
-        priority: PRIORITY_FILTER,
-        policy: Some(POLICY_ACCEPT),
-    };
-    b.add_chain(f, TABLE, BASE_CHAIN, Some(hook), None)?;
+    add_bridge_prerouting(b, TABLE, BASE_CHAIN, PRIORITY_FILTER)?;
     for r in base_rules() {
         b.add_rule(f, TABLE, BASE_CHAIN, &r.exprs, None)?;
     }

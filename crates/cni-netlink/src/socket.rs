@@ -64,6 +64,32 @@ impl Socket {
         self.seq = seq;
     }
 
+    /// Raises the socket's send buffer to hold a datagram of `send` bytes and its
+    /// receive buffer to `recv` bytes, where they are smaller; never lowers them.
+    ///
+    /// The kernel refuses a datagram larger than the send buffer (`EMSGSIZE`), and
+    /// an nf_tables transaction is one datagram. With `CAP_NET_ADMIN` the sizes are
+    /// forced past the system's maxima (`SO_SNDBUFFORCE`, as `nft` does); without
+    /// it they are asked for up to those maxima, and a send that still does not
+    /// fit fails as it would have.
+    pub fn reserve_buffers(&self, send: usize, recv: usize) {
+        use nix::sys::socket::{getsockopt, setsockopt, sockopt};
+        let fd = &self.sock;
+        // The kernel doubles what is set (for its bookkeeping) and reports the
+        // doubled value; the room for data is about half of what it reports.
+        let want = send + 4096;
+        if getsockopt(fd, sockopt::SndBuf).is_ok_and(|now| now / 2 < want)
+            && setsockopt(fd, sockopt::SndBufForce, &want).is_err()
+        {
+            let _ = setsockopt(fd, sockopt::SndBuf, &want);
+        }
+        if getsockopt(fd, sockopt::RcvBuf).is_ok_and(|now| now / 2 < recv)
+            && setsockopt(fd, sockopt::RcvBufForce, &recv).is_err()
+        {
+            let _ = setsockopt(fd, sockopt::RcvBuf, &recv);
+        }
+    }
+
     /// Sends one datagram (one message or a batch of them).
     pub fn send(&self, bytes: &[u8]) -> Result<(), Error> {
         let sent = self.sock.send(bytes, 0)?;
@@ -276,5 +302,24 @@ mod tests {
         sock.request(&again, |m| replies.push(m.ty)).unwrap();
         assert_eq!(replies, [RTM_NEWLINK]);
         assert!(sock.request(&[1, 2, 3], |_| {}).is_err());
+    }
+
+    /// Buffers grow to what is asked (forced past the system's maxima as root,
+    /// which the root tests run as; otherwise up to the maxima) and never shrink.
+    #[test]
+    fn buffers_grow_and_never_shrink() {
+        use nix::sys::socket::{getsockopt, sockopt};
+        let sock = Socket::open(NETLINK_ROUTE).expect("a NETLINK_ROUTE socket");
+        let before = getsockopt(&sock.sock, sockopt::SndBuf).unwrap();
+        sock.reserve_buffers(4 << 20, 1 << 20);
+        let send = getsockopt(&sock.sock, sockopt::SndBuf).unwrap();
+        let recv = getsockopt(&sock.sock, sockopt::RcvBuf).unwrap();
+        assert!(send >= before, "{send} < {before}");
+        if nix::unistd::geteuid().is_root() {
+            assert!(send / 2 >= 4 << 20, "{send}");
+            assert!(recv / 2 >= 1 << 20, "{recv}");
+        }
+        sock.reserve_buffers(1, 1);
+        assert_eq!(getsockopt(&sock.sock, sockopt::SndBuf).unwrap(), send);
     }
 }

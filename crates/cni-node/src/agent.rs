@@ -26,7 +26,7 @@ use crate::metrics::Metrics;
 use crate::node::SlimNode;
 use crate::plan::{PlanSettings, Settings};
 use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
-use crate::reconcile::{ConfDir, Effects, Reconciler};
+use crate::reconcile::{ConfDir, Effects, PolicyEffects, Reconciler};
 use crate::store::{Items, Store};
 use crate::wake::{Wake, Woken};
 use crate::{api, egress, host};
@@ -233,7 +233,14 @@ pub async fn run(options: Options) -> Result<()> {
             }),
             routes: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
             egress,
-            policy: None,
+            policy: if options.network_policy {
+                Some(PolicyEffects {
+                    datapath: Box::new(crate::policy::datapath::Table::open()?),
+                    records_dir: options.pod_record_dir.clone(),
+                })
+            } else {
+                None
+            },
         },
     );
     let reconciler_thread = {

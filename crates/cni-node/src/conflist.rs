@@ -91,7 +91,7 @@ pub fn write_if_changed(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<bool
         Err(e) => return Err(e),
     }
     std::fs::create_dir_all(dir)?;
-    cni_installer::atomic::write(dir, name, bytes, 0o644)?;
+    cni_atomic_file::write(dir, name, bytes, 0o644)?;
     Ok(true)
 }
 

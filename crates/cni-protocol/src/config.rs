@@ -1,8 +1,9 @@
 //! The network configuration on stdin: the keys every plugin shares, Go-style
 //! case-insensitive key matching, and typed decoding of a plugin's own keys.
 
-use crate::env::is_valid_identifier;
+use crate::env::validate_network_name;
 use crate::error::{CniError, ErrorCode};
+use crate::json::json_kind;
 use crate::result::CniResult;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -72,19 +73,7 @@ impl NetConf {
                 .to_string()
         };
         let name = text("name");
-        if name.is_empty() {
-            return Err(CniError::new(
-                ErrorCode::INVALID_NETWORK_CONFIG,
-                "missing network name",
-            ));
-        }
-        if !is_valid_identifier(&name) {
-            return Err(CniError::new(
-                ErrorCode::INVALID_NETWORK_CONFIG,
-                "invalid characters found in network name",
-            )
-            .with_details(name));
-        }
+        validate_network_name(&name)?;
         let mut cni_version = text("cniVersion");
         if cni_version.is_empty() {
             cni_version = "0.1.0".into();
@@ -179,18 +168,6 @@ impl NetConf {
                 format!("{path}: {inner}")
             }
         })
-    }
-}
-
-/// The JSON type of a value in the words of Go's decoder errors.
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
     }
 }
 

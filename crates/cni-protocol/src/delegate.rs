@@ -9,7 +9,7 @@ use crate::error::CniError;
 use crate::inproc;
 use crate::result::CniResult;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Output, Stdio};
 
 /// Finds plugin `name` in the `CNI_PATH` directories: the first regular file of that name.
 pub fn find_plugin(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
@@ -51,18 +51,27 @@ fn exec_plugin_in_chain(
     } else {
         cmd.env(CHAIN_VAR, chain);
     }
-    let child = crate::process::spawn_retrying(
-        cmd.env("CNI_COMMAND", command.as_str())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit()),
-    )
-    .map_err(|e| CniError::internal(format!("failed to run {}: {e}", plugin.display())))?;
-    // A plugin may exit without reading all of stdin; its answer is what counts.
-    let (output, _written) = crate::process::wait_feeding(child, stdin);
-    let output = output
-        .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
+    cmd.env("CNI_COMMAND", command.as_str())
+        .stderr(Stdio::inherit());
+    let output = exec_with_stdin(&mut cmd, stdin)?;
     interpret(output.status.success(), &output.status, output.stdout)
+}
+
+/// Runs a plugin executable, as delegation and cnitool do: `command` (the plugin's
+/// path, its environment and where its stderr goes, as the caller set them) is started,
+/// retried while its file is busy being installed, and fed `stdin` while its stdout
+/// (and stderr, if piped) is collected. A plugin may exit without reading all of stdin;
+/// its answer is what counts, so a broken pipe is not an error.
+pub fn exec_with_stdin(
+    command: &mut std::process::Command,
+    stdin: &[u8],
+) -> Result<Output, CniError> {
+    command.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let spawned = crate::process::spawn_retrying(command);
+    let program = Path::new(command.get_program()).display();
+    let child = spawned.map_err(|e| CniError::internal(format!("failed to run {program}: {e}")))?;
+    let (output, _written) = crate::process::wait_feeding(child, stdin);
+    output.map_err(|e| CniError::internal(format!("failed to wait for {program}: {e}")))
 }
 
 /// Reads a delegate's answer from its success, exit status (for the message when it
@@ -151,15 +160,12 @@ fn refuse_loop(name: &str, chain: &[String]) -> Result<(), CniError> {
     if !chain.iter().any(|n| n == name) {
         return Ok(());
     }
-    Err(CniError::new(
-        crate::ErrorCode::INVALID_NETWORK_CONFIG,
-        format!(
-            "delegating to {name:?} would loop: {} is already running ({} -> {name}); \
+    Err(CniError::invalid_config(format!(
+        "delegating to {name:?} would loop: {} is already running ({} -> {name}); \
              check ipam.type",
-            name,
-            chain.join(" -> ")
-        ),
-    ))
+        name,
+        chain.join(" -> ")
+    )))
 }
 
 /// Runs delegate `name`, found at `plugin`: in-process when `plugin` is this executable

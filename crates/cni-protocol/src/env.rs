@@ -156,6 +156,21 @@ pub fn is_valid_identifier(text: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
+/// Validates a network name as the reference plugins do: present, and made of the
+/// characters a container id may hold ([`is_valid_identifier`]); code 7, with the name
+/// in the details.
+pub fn validate_network_name(name: &str) -> Result<(), CniError> {
+    if name.is_empty() {
+        return Err(CniError::invalid_config("missing network name"));
+    }
+    if !is_valid_identifier(name) {
+        return Err(
+            CniError::invalid_config("invalid characters found in network name").with_details(name),
+        );
+    }
+    Ok(())
+}
+
 /// The longest `CNI_CONTAINERID` accepted, in bytes. Runtimes use 64 hex digits; a
 /// bound keeps every file, comment and name made from it within what reads it back
 /// (host-local reservation files, firewall comments).
@@ -333,6 +348,25 @@ mod tests {
         assert_eq!(
             validate_container_id("").unwrap_err().code,
             ErrorCode::UNKNOWN_CONTAINER
+        );
+    }
+
+    #[test]
+    fn network_name_rules() {
+        assert!(validate_network_name("my-net.1_x").is_ok());
+        let err = validate_network_name("").unwrap_err();
+        assert_eq!(
+            (err.code, err.msg.as_str()),
+            (ErrorCode(7), "missing network name")
+        );
+        let err = validate_network_name("a/b").unwrap_err();
+        assert_eq!(
+            (err.code, err.msg.as_str(), err.details.as_str()),
+            (
+                ErrorCode(7),
+                "invalid characters found in network name",
+                "a/b"
+            )
         );
     }
 

@@ -66,6 +66,12 @@ impl CniError {
         }
     }
 
+    /// A code-7 error: a mistake in the network config (a key's value, a combination
+    /// of keys, a missing `prevResult`).
+    pub fn invalid_config(msg: impl Into<String>) -> Self {
+        Self::new(ErrorCode::INVALID_NETWORK_CONFIG, msg)
+    }
+
     /// A code-999 error, what the reference plugins return for their own failures.
     pub fn internal(msg: impl Into<String>) -> Self {
         Self::new(ErrorCode::INTERNAL, msg)

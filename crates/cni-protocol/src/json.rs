@@ -1,4 +1,5 @@
-//! JSON printing in the reference plugins' layout: 4-space indentation, no trailing newline.
+//! JSON as the reference plugins print it (4-space indentation, no trailing newline)
+//! and as Go's decoder names its types in errors.
 
 use serde::Serialize;
 use serde_json::Value;
@@ -29,6 +30,19 @@ pub fn sort_keys(value: Value) -> Value {
         }
         Value::Array(items) => Value::Array(items.into_iter().map(sort_keys).collect()),
         other => other,
+    }
+}
+
+/// The JSON type of a value in the words of Go's decoder errors (`cannot unmarshal
+/// number into ...`): `null`, `bool`, `number`, `string`, `array`, `object`.
+pub fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
     }
 }
 

@@ -5,6 +5,7 @@
 //! plugin configs kept from `<dir>/<network>/*.conf`.
 
 use crate::error::Error;
+use cni_protocol::json::json_kind;
 use cni_protocol::{CURRENT_VERSION, Version};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -328,18 +329,6 @@ fn read(path: &Path) -> Result<Vec<u8>, Error> {
         path: path.to_path_buf(),
         source,
     })
-}
-
-/// The JSON kind in Go's decoder errors (`number`, `string`, `array`, ...).
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "bool",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 /// Go's `%T` of a decoded JSON value.

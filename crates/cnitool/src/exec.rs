@@ -2,7 +2,7 @@
 //! environment plus the six `CNI_*` variables, the config on stdin; stdout is the result
 //! or the error JSON, stderr is passed on.
 
-use cni_protocol::delegate::find_plugin;
+use cni_protocol::delegate::{exec_with_stdin, find_plugin};
 use cni_protocol::{CniError, CniResult, Command, ErrorCode};
 use serde_json::Value;
 use std::io::Write;
@@ -77,7 +77,10 @@ pub fn exec_plugin(
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
-    let child = cni_protocol::process::spawn_retrying(
+    // Stdin is fed, and stdout and stderr drained, concurrently, so that neither a
+    // plugin that does not read its stdin nor one that writes much to stderr can block
+    // us.
+    let output = exec_with_stdin(
         std::process::Command::new(plugin)
             .env("CNI_COMMAND", command.as_str())
             .env("CNI_CONTAINERID", args.container_id)
@@ -85,17 +88,9 @@ pub fn exec_plugin(
             .env("CNI_ARGS", cni_args.join(";"))
             .env("CNI_IFNAME", args.ifname)
             .env("CNI_PATH", path.joined())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
             .stderr(Stdio::piped()),
-    )
-    .map_err(|e| CniError::internal(format!("failed to run {}: {e}", plugin.display())))?;
-    // Stdin is fed, and stdout and stderr drained, concurrently, so that neither a
-    // plugin that does not read its stdin nor one that writes much to stderr can block
-    // us. A plugin may exit without reading all of stdin; its answer is what counts.
-    let (output, _written) = cni_protocol::process::wait_feeding(child, stdin);
-    let output = output
-        .map_err(|e| CniError::internal(format!("failed to wait for {}: {e}", plugin.display())))?;
+        stdin,
+    )?;
     let (status, stdout, stderr) = (output.status, output.stdout, output.stderr);
     if status.success() {
         // libcni passes a successful plugin's stderr on to its own.

@@ -20,9 +20,9 @@ use crate::cache::{self, Entry};
 use crate::config::{NetworkConfigList, PluginConfig};
 use crate::error::Error;
 use crate::exec::{self, Args, PluginPath};
-use cni_protocol::env::{is_valid_identifier, validate_container_id, validate_ifname};
+use cni_protocol::env::{self, validate_container_id, validate_ifname};
 use cni_protocol::json::sort_keys;
-use cni_protocol::{CniError, CniResult, Command, ErrorCode, Version};
+use cni_protocol::{CniError, CniResult, Command, Version};
 use serde_json::{Map, Value};
 use std::path::PathBuf;
 
@@ -331,22 +331,13 @@ fn result_value(result: &CniResult, version: &str) -> Result<Value, CniError> {
     serde_json::from_str(&text).map_err(|e| CniError::internal(e.to_string()))
 }
 
-/// libcni's network name rule (the container id rule).
+/// libcni's network name rule: the plugins' ([`env::validate_network_name`]), with
+/// libcni's words for a missing name.
 fn validate_network_name(name: &str) -> Result<(), CniError> {
     if name.is_empty() {
-        return Err(CniError::new(
-            ErrorCode::INVALID_NETWORK_CONFIG,
-            "missing network name:",
-        ));
+        return Err(CniError::invalid_config("missing network name:"));
     }
-    if !is_valid_identifier(name) {
-        return Err(CniError::new(
-            ErrorCode::INVALID_NETWORK_CONFIG,
-            "invalid characters found in network name",
-        )
-        .with_details(name));
-    }
-    Ok(())
+    env::validate_network_name(name)
 }
 
 #[cfg(test)]

@@ -2,16 +2,16 @@
 //! DaemonSet image (`deploy/Containerfile`) and of an unpacked release tarball.
 //!
 //! - [`cli`]: the command line.
-//! - [`atomic`]: replacing a file by writing a temp file beside it and renaming it over
-//!   the old one, so a plugin that is running from the old file keeps running (writing
-//!   into a running executable fails with "Text file busy"); the plugin names, one
-//!   multi-call executable, become hard links of one file, each name renamed into place.
+//! - [`cni_atomic_file`] (used here as `atomic`): replacing a file by writing a temp
+//!   file beside it and renaming it over the old one, so a plugin that is running from
+//!   the old file keeps running (writing into a running executable fails with "Text
+//!   file busy"); the plugin names, one multi-call executable, become hard links of one
+//!   file, each name renamed into place.
 //! - [`plan`]: what to do with each binary: install, leave unchanged, replace, or refuse
 //!   a downgrade of one of ours.
 //! - [`conflist`]: the optional network config written into the CNI conf dir.
 //! - [`wait`]: sleeping until SIGTERM, for a DaemonSet container with no shell.
 
-pub mod atomic;
 pub mod cli;
 pub mod conflist;
 pub mod plan;
@@ -23,6 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use cli::{Command, Options};
+use cni_atomic_file as atomic;
 use plan::{Action, Existing, PLUGINS};
 
 /// Everything that stops an installation.

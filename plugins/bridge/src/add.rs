@@ -7,6 +7,7 @@ use crate::config::BridgeConf;
 use crate::effects::{ContainerSysctls, Effects, Pending, PortSecurity, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
+use cni_firewall::macspoof::ContainerMac as _;
 use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
 use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
@@ -185,9 +186,10 @@ fn add(
             // Beside the container's sysctls and addresses; waited for before its link
             // comes up, so the port forwards nothing of the pod's until the pod is in
             // the sets.
-            let mac = container.mac.ok_or_else(|| {
-                CniError::internal(format!("{ifname:?} has no MAC for portSecurity"))
-            })?;
+            let mac = container
+                .mac
+                .container_mac()
+                .with_context(|| format!("cannot protect {ifname:?} with portSecurity"))?;
             let port = PortSecurity {
                 container_id: req.args.container_id.clone(),
                 ifname: ifname.to_owned(),

@@ -41,11 +41,6 @@ const KNOWN_KEYS: &[&str] = &[
     "runtimeConfig",
 ];
 
-/// A mistake in the network config (code 7), in the reference's words where it has them.
-fn invalid_config(msg: impl Into<String>) -> CniError {
-    CniError::new(ErrorCode::INVALID_NETWORK_CONFIG, msg)
-}
-
 /// The default bridge name.
 pub const DEFAULT_BRIDGE: &str = "cni0";
 
@@ -240,31 +235,31 @@ impl BridgeConf {
         env_mac: Option<String>,
     ) -> Result<Self, CniError> {
         if !(0..=4094).contains(&raw.vlan) {
-            return Err(invalid_config(format!(
+            return Err(CniError::invalid_config(format!(
                 "invalid VLAN ID {} (must be between 0 and 4094)",
                 raw.vlan
             )));
         }
         let vlan_trunk = raw.vlan_trunk.as_deref().map(collect_trunk).transpose()?;
         let mtu = u32::try_from(raw.mtu).map_err(|_| {
-            invalid_config(format!(
+            CniError::invalid_config(format!(
                 "invalid MTU {} (mtu must be between 0 and {})",
                 raw.mtu,
                 u32::MAX
             ))
         })?;
         if raw.disable_container_interface && !ipam_type.is_empty() {
-            return Err(invalid_config(
+            return Err(CniError::invalid_config(
                 "cannot use IPAM when DisableContainerInterface flag is set",
             ));
         }
         if raw.port_security && ipam_type.is_empty() {
-            return Err(invalid_config(
+            return Err(CniError::invalid_config(
                 "portSecurity needs an ipam section: the pod may send only from the addresses IPAM gives it",
             ));
         }
         if raw.hairpin_mode && raw.promisc_mode {
-            return Err(invalid_config(
+            return Err(CniError::invalid_config(
                 "cannot set hairpin mode and promiscuous mode at the same time",
             ));
         }
@@ -279,7 +274,7 @@ impl BridgeConf {
             .or(env_mac.filter(|m| !m.is_empty()))
             .map(|text| {
                 text.parse::<MacAddr>()
-                    .map_err(|e| invalid_config(format!("{e} (the pod's MAC)")))
+                    .map_err(|e| CniError::invalid_config(format!("{e} (the pod's MAC)")))
             })
             .transpose()?;
         let dns = raw.dns.and_then(|d| {
@@ -302,7 +297,7 @@ impl BridgeConf {
                 if dir.is_absolute() {
                     Ok(dir)
                 } else {
-                    Err(invalid_config(format!(
+                    Err(CniError::invalid_config(format!(
                         "podRecordDir must be an absolute path, not {d:?}"
                     )))
                 }
@@ -313,7 +308,7 @@ impl BridgeConf {
             .as_deref()
             .map(str::parse::<cni_firewall::Backend>)
             .transpose()
-            .map_err(|e| invalid_config(format!("{e} (ipMasqBackend)")))?;
+            .map_err(|e| CniError::invalid_config(format!("{e} (ipMasqBackend)")))?;
         Ok(Self {
             network: network.to_string(),
             bridge: if raw.bridge.is_empty() {
@@ -407,25 +402,25 @@ fn collect_trunk(entries: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
         match (entry.min_id, entry.max_id) {
             (Some(min), Some(max)) => {
                 if !valid(min) {
-                    return Err(invalid_config("incorrect trunk minID parameter"));
+                    return Err(CniError::invalid_config("incorrect trunk minID parameter"));
                 }
                 if !valid(max) {
-                    return Err(invalid_config("incorrect trunk maxID parameter"));
+                    return Err(CniError::invalid_config("incorrect trunk maxID parameter"));
                 }
                 if max < min {
-                    return Err(invalid_config(
+                    return Err(CniError::invalid_config(
                         "minID is greater than maxID in trunk parameter",
                     ));
                 }
                 vlans.extend(min..=max);
             }
             (None, Some(_)) => {
-                return Err(invalid_config(
+                return Err(CniError::invalid_config(
                     "minID and maxID should be configured simultaneously, minID is missing",
                 ));
             }
             (Some(_), None) => {
-                return Err(invalid_config(
+                return Err(CniError::invalid_config(
                     "minID and maxID should be configured simultaneously, maxID is missing",
                 ));
             }
@@ -433,7 +428,7 @@ fn collect_trunk(entries: &[Option<RawTrunk>]) -> Result<Vec<u16>, CniError> {
         }
         if let Some(id) = entry.id {
             if !valid(id) {
-                return Err(invalid_config("incorrect trunk id parameter"));
+                return Err(CniError::invalid_config("incorrect trunk id parameter"));
             }
             vlans.insert(id);
         }

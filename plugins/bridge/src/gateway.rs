@@ -63,12 +63,9 @@ pub fn apply(result: &mut CniResult, conf: &BridgeConf) -> Result<Gateways, CniE
                 .filter(|_| gw.is_ipv4() == v4)
                 .ok_or_else(|| {
                     // The gateway comes from the IPAM plugin's config.
-                    CniError::new(
-                        cni_protocol::ErrorCode::INVALID_NETWORK_CONFIG,
-                        format!(
-                            "IPAM result: gateway {gw} is not of the family of address {address} (check the ipam config)"
-                        ),
-                    )
+                    CniError::invalid_config(format!(
+                        "IPAM result: gateway {gw} is not of the family of address {address} (check the ipam config)"
+                    ))
                 })?;
             if v4 {
                 gateways.v4.push(net)

@@ -7,8 +7,10 @@ use std::net::IpAddr;
 use cni_firewall::Backend;
 use cni_firewall::hostport::{DEFAULT_MARK_BIT, Mapping, Protocol, Snat};
 use cni_protocol::config::canonicalize_keys;
-use cni_protocol::{CniError, CniResult, ErrorCode};
+use cni_protocol::{CniError, CniResult};
 use ipnetwork::IpNetwork;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 /// The parsed configuration.
@@ -48,33 +50,167 @@ const KNOWN_KEYS: &[&str] = &[
     "hostIP",
 ];
 
-fn invalid(message: impl Into<String>) -> CniError {
-    CniError::new(ErrorCode::INVALID_NETWORK_CONFIG, message)
+/// A member's value: absent (or `null`, as in Go); `T` when the JSON has the type the
+/// plugin wants; else the JSON text of what came instead, so that the error can name
+/// the key and show the value.
+#[derive(Debug, Default)]
+enum Member<T> {
+    #[default]
+    Absent,
+    Valid(T),
+    Wrong(String),
 }
 
-fn bool_key(raw: &Value, key: &str) -> Result<Option<bool>, CniError> {
-    match raw.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(invalid(format!("{key} must be true or false, not {other}"))),
+impl<'de, T: FromJson> Deserialize<'de> for Member<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(Member::from_json)
     }
 }
 
-fn strings_key(raw: &Value, key: &str) -> Result<Vec<String>, CniError> {
-    match raw.get(key) {
-        None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|item| {
-                item.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| invalid(format!("{key} must be a list of strings, not {item}")))
-            })
-            .collect(),
-        Some(other) => Err(invalid(format!(
-            "{key} must be a list of strings, not {other}"
-        ))),
+impl<T: FromJson> Member<T> {
+    fn from_json(value: Value) -> Self {
+        if value.is_null() {
+            return Member::Absent;
+        }
+        match T::from_json(value) {
+            Ok(valid) => Member::Valid(valid),
+            Err(other) => Member::Wrong(other.to_string()),
+        }
     }
+}
+
+/// A type a member's JSON value may have: the value taken as it is when it has
+/// that JSON type, else given back.
+trait FromJson: Sized {
+    fn from_json(value: Value) -> Result<Self, Value>;
+}
+
+impl FromJson for bool {
+    fn from_json(value: Value) -> Result<Self, Value> {
+        value.as_bool().ok_or(value)
+    }
+}
+
+/// An integer, as Go's decoder reads one into an `int`.
+impl FromJson for i64 {
+    fn from_json(value: Value) -> Result<Self, Value> {
+        value.as_i64().ok_or(value)
+    }
+}
+
+impl FromJson for String {
+    fn from_json(value: Value) -> Result<Self, Value> {
+        match value {
+            Value::String(s) => Ok(s),
+            other => Err(other),
+        }
+    }
+}
+
+impl<T: FromJson> FromJson for Vec<Member<T>> {
+    fn from_json(value: Value) -> Result<Self, Value> {
+        match value {
+            Value::Array(items) => Ok(items.into_iter().map(Member::from_json).collect()),
+            other => Err(other),
+        }
+    }
+}
+
+impl<T> Member<T> {
+    /// `None` when absent, the value when it has the right type, else a code-7 error
+    /// that `message` words from the JSON that came.
+    fn or_refuse(self, message: impl FnOnce(&str) -> String) -> Result<Option<T>, CniError> {
+        match self {
+            Member::Absent => Ok(None),
+            Member::Valid(value) => Ok(Some(value)),
+            Member::Wrong(json) => Err(CniError::invalid_config(message(&json))),
+        }
+    }
+
+    /// [`Member::or_refuse`] for a value that must be there: absent is refused as `null`.
+    fn required(self, message: impl FnOnce(&str) -> String) -> Result<T, CniError> {
+        match self {
+            Member::Absent => Err(CniError::invalid_config(message("null"))),
+            Member::Valid(value) => Ok(value),
+            Member::Wrong(json) => Err(CniError::invalid_config(message(&json))),
+        }
+    }
+}
+
+/// A struct of members, read from a JSON object only (serde also reads a struct from an
+/// array).
+#[derive(Debug)]
+struct Object<T>(T);
+
+impl<T: DeserializeOwned> FromJson for Object<T> {
+    fn from_json(value: Value) -> Result<Self, Value> {
+        // Every member is read whatever its type, so reading an object does not fail.
+        match value.as_object().map(T::deserialize) {
+            Some(Ok(valid)) => Ok(Object(valid)),
+            _ => Err(value),
+        }
+    }
+}
+
+/// The plugin's keys. A value of the wrong type is read too ([`Member`]), and refused
+/// with the key's name by [`Config::parse`].
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawConf {
+    snat: Member<bool>,
+    #[serde(rename = "masqAll")]
+    masq_all: Member<bool>,
+    #[serde(rename = "markMasqBit")]
+    mark_masq_bit: Member<i64>,
+    #[serde(rename = "externalSetMarkChain")]
+    external_set_mark_chain: Member<String>,
+    #[serde(rename = "conditionsV4")]
+    conditions_v4: Member<Vec<Member<String>>>,
+    #[serde(rename = "conditionsV6")]
+    conditions_v6: Member<Vec<Member<String>>>,
+    backend: Member<String>,
+    /// Not an object: no mappings (the config parser refuses such a `runtimeConfig`
+    /// before the plugin sees it).
+    #[serde(rename = "runtimeConfig")]
+    runtime_config: Member<Object<RawRuntimeConfig>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawRuntimeConfig {
+    #[serde(rename = "portMappings")]
+    port_mappings: Member<Vec<Member<Object<RawMapping>>>>,
+}
+
+/// One `runtimeConfig.portMappings` entry.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawMapping {
+    #[serde(rename = "hostPort")]
+    host_port: Member<i64>,
+    #[serde(rename = "containerPort")]
+    container_port: Member<i64>,
+    protocol: Member<String>,
+    #[serde(rename = "hostIP")]
+    host_ip: Member<String>,
+}
+
+/// `key`, a list of strings; empty when absent.
+fn strings(member: Member<Vec<Member<String>>>, key: &str) -> Result<Vec<String>, CniError> {
+    let refuse = |json: &str| format!("{key} must be a list of strings, not {json}");
+    member
+        .or_refuse(refuse)?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|item| item.required(refuse))
+        .collect()
+}
+
+/// The error for a `markMasqBit` (shown as `json`) that is not a mark bit.
+fn bad_mark_bit(json: &str) -> CniError {
+    CniError::invalid_config(format!(
+        "MasqMarkBit must be between 0 and 31 (markMasqBit is {json})"
+    ))
 }
 
 /// Which backend a condition list is written for: iptables conditions start
@@ -89,84 +225,68 @@ fn backend_of_conditions(conditions: &[String]) -> Option<Backend> {
     }
 }
 
-fn port(entry: &Value, key: &str, index: usize) -> Result<u16, CniError> {
-    let value = entry.get(key).unwrap_or(&Value::Null);
+/// `key` (`hostPort` or `containerPort`) of mapping `index`: 1-65535.
+fn port(member: Member<i64>, key: &str, index: usize) -> Result<u16, CniError> {
     let what = if key == "hostPort" {
         "host"
     } else {
         "container"
     };
-    match value.as_i64() {
-        Some(n) if (1..=65535).contains(&n) => Ok(n as u16),
-        Some(n) => Err(invalid(format!(
-            "Invalid {what} port number: {n} (runtimeConfig.portMappings[{index}].{key} must be 1-65535)"
-        ))),
-        None => Err(invalid(format!(
-            "runtimeConfig.portMappings[{index}].{key} must be a port number, not {value}"
-        ))),
-    }
+    let path = format!("runtimeConfig.portMappings[{index}].{key}");
+    let n = member.required(|json| format!("{path} must be a port number, not {json}"))?;
+    u16::try_from(n).ok().filter(|p| *p != 0).ok_or_else(|| {
+        CniError::invalid_config(format!(
+            "Invalid {what} port number: {n} ({path} must be 1-65535)"
+        ))
+    })
 }
 
-fn mapping(entry: &Value, index: usize) -> Result<Mapping, CniError> {
-    if !entry.is_object() {
-        return Err(invalid(format!(
-            "runtimeConfig.portMappings[{index}] must be an object, not {entry}"
-        )));
-    }
-    let protocol = match entry.get("protocol") {
-        None | Some(Value::Null) => Protocol::Tcp,
-        Some(Value::String(p)) if p.is_empty() => Protocol::Tcp,
-        Some(Value::String(p)) => Protocol::parse(p).ok_or_else(|| {
-            invalid(format!(
-                "runtimeConfig.portMappings[{index}].protocol {p:?} is not tcp, udp or sctp"
-            ))
-        })?,
-        Some(other) => {
-            return Err(invalid(format!(
-                "runtimeConfig.portMappings[{index}].protocol must be a string, not {other}"
-            )));
-        }
-    };
-    let host_ip = match entry.get("hostIP") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.is_empty() => None,
-        Some(Value::String(s)) => Some(s.parse::<IpAddr>().map_err(|_| {
-            invalid(format!(
-                "runtimeConfig.portMappings[{index}].hostIP {s:?} is not an IP address"
-            ))
-        })?),
-        Some(other) => {
-            return Err(invalid(format!(
-                "runtimeConfig.portMappings[{index}].hostIP must be a string, not {other}"
-            )));
-        }
-    };
+fn mapping(entry: RawMapping, index: usize) -> Result<Mapping, CniError> {
+    let path = format!("runtimeConfig.portMappings[{index}]");
+    let protocol = entry
+        .protocol
+        .or_refuse(|json| format!("{path}.protocol must be a string, not {json}"))?
+        .filter(|p| !p.is_empty())
+        .map_or(Ok(Protocol::Tcp), |p| {
+            Protocol::parse(&p).ok_or_else(|| {
+                CniError::invalid_config(format!("{path}.protocol {p:?} is not tcp, udp or sctp"))
+            })
+        })?;
+    let host_ip = entry
+        .host_ip
+        .or_refuse(|json| format!("{path}.hostIP must be a string, not {json}"))?
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<IpAddr>().map_err(|_| {
+                CniError::invalid_config(format!("{path}.hostIP {s:?} is not an IP address"))
+            })
+        })
+        .transpose()?;
     Ok(Mapping {
-        host_port: port(entry, "hostPort", index)?,
-        container_port: port(entry, "containerPort", index)?,
+        host_port: port(entry.host_port, "hostPort", index)?,
+        container_port: port(entry.container_port, "containerPort", index)?,
         protocol,
         host_ip,
     })
 }
 
 /// `runtimeConfig.portMappings`, empty when absent.
-fn mappings(raw: &Value) -> Result<Vec<Mapping>, CniError> {
-    let Some(list) = raw
-        .get("runtimeConfig")
-        .and_then(|rc| rc.get("portMappings"))
-        .filter(|v| !v.is_null())
-    else {
+fn mappings(runtime_config: Member<Object<RawRuntimeConfig>>) -> Result<Vec<Mapping>, CniError> {
+    let Member::Valid(Object(runtime_config)) = runtime_config else {
         return Ok(Vec::new());
     };
-    let items = list.as_array().ok_or_else(|| {
-        invalid(format!(
-            "runtimeConfig.portMappings must be a list, not {list}"
-        ))
-    })?;
-    items
-        .iter()
+    let list = runtime_config
+        .port_mappings
+        .or_refuse(|json| format!("runtimeConfig.portMappings must be a list, not {json}"))?;
+    list.unwrap_or_default()
+        .into_iter()
         .enumerate()
-        .map(|(i, entry)| mapping(entry, i))
+        .map(|(i, entry)| {
+            let Object(entry) = entry.required(|json| {
+                format!("runtimeConfig.portMappings[{i}] must be an object, not {json}")
+            })?;
+            mapping(entry, i)
+        })
         .collect()
 }
 
@@ -179,33 +299,32 @@ impl Config {
             obj.remove("prevResult");
         }
         canonicalize_keys(&mut raw, KNOWN_KEYS);
-        let raw = &raw;
-        let snat_on = bool_key(raw, "snat")?.unwrap_or(true);
-        let masq_all = bool_key(raw, "masqAll")?.unwrap_or(false);
-        let mark_bit = match raw.get("markMasqBit") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_i64() {
-                Some(n) if (0..=31).contains(&n) => Some(n as u8),
-                _ => {
-                    return Err(invalid(format!(
-                        "MasqMarkBit must be between 0 and 31 (markMasqBit is {v})"
-                    )));
-                }
-            },
+        // A config that is not an object holds none of our keys.
+        let raw = Object::<RawConf>::from_json(raw).map_or_else(|_| RawConf::default(), |o| o.0);
+        let flag = |member: Member<bool>, key: &str| {
+            member.or_refuse(|json| format!("{key} must be true or false, not {json}"))
         };
-        let external = match raw.get("externalSetMarkChain") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) if !s.is_empty() && !s.contains(char::is_whitespace) => {
-                Some(s.clone())
-            }
-            Some(other) => {
-                return Err(invalid(format!(
-                    "externalSetMarkChain must be a chain name, not {other}"
+        let snat_on = flag(raw.snat, "snat")?.unwrap_or(true);
+        let masq_all = flag(raw.masq_all, "masqAll")?.unwrap_or(false);
+        let mark_bit = match raw.mark_masq_bit {
+            Member::Absent => None,
+            Member::Valid(n) if (0..=31).contains(&n) => Some(n as u8),
+            Member::Valid(n) => return Err(bad_mark_bit(&n.to_string())),
+            Member::Wrong(json) => return Err(bad_mark_bit(&json)),
+        };
+        let external_chain_set = !matches!(raw.external_set_mark_chain, Member::Absent);
+        let bad_chain =
+            |json: &str| format!("externalSetMarkChain must be a chain name, not {json}");
+        let external = match raw.external_set_mark_chain.or_refuse(bad_chain)? {
+            Some(s) if s.is_empty() || s.contains(char::is_whitespace) => {
+                return Err(CniError::invalid_config(bad_chain(
+                    &Value::String(s).to_string(),
                 )));
             }
+            other => other,
         };
         if mark_bit.is_some() && external.is_some() {
-            return Err(invalid(
+            return Err(CniError::invalid_config(
                 "Cannot specify externalSetMarkChain and markMasqBit",
             ));
         }
@@ -217,26 +336,22 @@ impl Config {
                 masq_all,
             },
         };
-        let conditions_v4 = strings_key(raw, "conditionsV4")?;
-        let conditions_v6 = strings_key(raw, "conditionsV6")?;
-        let backend = match raw.get("backend") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.parse::<Backend>().map_err(|_| {
-                invalid(format!(
-                    "unrecognized backend {s:?} (backend must be \"iptables\" or \"nftables\")"
-                ))
-            })?),
-            Some(other) => {
-                return Err(invalid(format!(
-                    "backend must be \"iptables\" or \"nftables\", not {other}"
-                )));
-            }
-        };
+        let conditions_v4 = strings(raw.conditions_v4, "conditionsV4")?;
+        let conditions_v6 = strings(raw.conditions_v6, "conditionsV6")?;
+        let backend = raw
+            .backend
+            .or_refuse(|json| format!("backend must be \"iptables\" or \"nftables\", not {json}"))?
+            .map(|s| {
+                s.parse::<Backend>().map_err(|_| {
+                    CniError::invalid_config(format!(
+                        "unrecognized backend {s:?} (backend must be \"iptables\" or \"nftables\")"
+                    ))
+                })
+            })
+            .transpose()?;
         let config = Config {
-            external_chain_set: raw
-                .get("externalSetMarkChain")
-                .is_some_and(|v| !v.is_null()),
-            mappings: mappings(raw)?,
+            external_chain_set,
+            mappings: mappings(raw.runtime_config)?,
             snat,
             backend,
             conditions_v4,
@@ -250,7 +365,7 @@ impl Config {
             .into_iter()
             .find(|(b, key)| *b == Backend::Nftables && key.starts_with("conditions"))
         {
-            return Err(invalid(format!(
+            return Err(CniError::invalid_config(format!(
                 "{key} with nftables conditions is not supported; use \"backend\": \"iptables\" with iptables conditions"
             )));
         }
@@ -293,7 +408,7 @@ impl Config {
             Backend::Iptables => Backend::Nftables,
             Backend::Nftables => Backend::Iptables,
         };
-        Err(invalid(format!(
+        Err(CniError::invalid_config(format!(
             "{backend} backend was requested but configuration contains {other}-specific options {wrong:?}"
         )))
     }
@@ -344,6 +459,7 @@ pub fn container_addresses(prev: &CniResult, ifname: &str) -> Vec<IpNetwork> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cni_protocol::ErrorCode;
     use serde_json::json;
 
     fn parse(raw: Value) -> Result<Config, CniError> {

@@ -43,7 +43,7 @@ fn prev_result(req: &Request, missing: &str) -> Result<CniResult, CniError> {
     req.config
         .prev_result
         .clone()
-        .ok_or_else(|| CniError::new(ErrorCode::INVALID_NETWORK_CONFIG, missing))
+        .ok_or_else(|| CniError::invalid_config(missing))
 }
 
 impl Plugin for Portmap {

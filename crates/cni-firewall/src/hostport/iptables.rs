@@ -24,10 +24,11 @@ use ipnetwork::IpNetwork;
 
 use super::{Forward, Snat};
 use crate::error::{Error, Result};
-use crate::masq::iptables::{
-    Family, NatTable, Tables as _, line, per_family, restore, save, truncated_comment_of,
+use crate::iptables::{
+    ContainerChains, Family, NatTable, Tables as _, line, per_family, removal_input, restore, save,
+    strings, target,
 };
-use crate::naming::{hostport_comment, hostport_dnat_chain, parse_hostport_comment};
+use crate::naming::{hostport_comment, hostport_dnat_chain};
 
 /// The shared chains; never renamed, or an upgrade would strand rules.
 pub(crate) const DNAT_CHAIN: &str = "CNI-HOSTPORT-DNAT";
@@ -37,10 +38,6 @@ pub(crate) const MASQ_CHAIN: &str = "CNI-HOSTPORT-MASQ";
 const MULTIPORT_MAX: usize = 15;
 /// Transactions computed again after a concurrent change, at most.
 const ATTEMPTS: usize = 5;
-
-fn strings(parts: &[&str]) -> Vec<String> {
-    parts.iter().map(|s| (*s).to_owned()).collect()
-}
 
 fn mark(bit: u8) -> String {
     let value = 1u32 << bit;
@@ -231,23 +228,12 @@ pub(crate) fn setup_input(forward: &Forward<'_>, current: &NatTable) -> String {
     format!("*nat\n{body}COMMIT\n")
 }
 
-/// The transaction that removes `chains` and every jump to them.
-pub(crate) fn removal_input(chains: &[String], current: &NatTable) -> Option<String> {
-    let mut body = String::new();
-    for rule in &current.rules {
-        if !chains.contains(&rule.chain) && chains.iter().any(|c| rule.jumps_to(c)) {
-            body.push_str(&line(&format!("-D {}", rule.chain), &rule.args));
-        }
-    }
-    let present: Vec<&String> = chains.iter().filter(|c| current.has_chain(c)).collect();
-    for chain in &present {
-        body.push_str(&format!("-F {chain}\n"));
-    }
-    for chain in &present {
-        body.push_str(&format!("-X {chain}\n"));
-    }
-    (!body.is_empty()).then(|| format!("*nat\n{body}COMMIT\n"))
-}
+/// How the per-container chains are named and the jumps to them commented.
+const CHAINS: ContainerChains = ContainerChains {
+    kind: "dnat ",
+    prefix: "CNI-DN-",
+    chain_of: hostport_dnat_chain,
+};
 
 /// `CNI-DN-` chains of `network` whose container is not in `valid`, found by
 /// the comments of the jumps to them (and only where the chain's name is that
@@ -262,22 +248,10 @@ pub(crate) fn stale_chains(
         .iter()
         .filter(|r| r.chain == DNAT_CHAIN)
         .filter_map(|r| {
-            let comment = r.comment()?;
-            if let Some((net, cid)) = parse_hostport_comment(comment) {
-                let chain = hostport_dnat_chain(&net, &cid);
-                return (net == network && !valid.contains(cid.as_str()) && r.jumps_to(&chain))
-                    .then_some(chain);
-            }
-            // Cut by iptables (a long container ID): the jump's target tells whether
-            // it is a valid container's chain.
-            if !truncated_comment_of(comment, "dnat ", network) {
-                return None;
-            }
-            let target = r.jump_target()?;
-            let valid_chain = valid
-                .iter()
-                .any(|id| hostport_dnat_chain(network, id) == target);
-            (!valid_chain && target.starts_with("CNI-DN-")).then(|| target.to_owned())
+            let chain = r.jump_target()?;
+            CHAINS
+                .is_stale(network, valid, chain, r.comment()?)
+                .then(|| chain.to_owned())
         })
         .collect();
     out.sort();
@@ -309,10 +283,6 @@ fn transact(
         target: target.into(),
         detail: "no attempt was made".into(),
     }))
-}
-
-fn target(chain: &str) -> String {
-    format!("table nat chain {chain}")
 }
 
 /// Installs the rules of `forward` in its family's table.

@@ -18,8 +18,8 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::masq::Backend;
 
 /// The reference's default mark bit for "masquerade this" (Kubernetes uses
 /// 14 and 15, Calico 20-31).
@@ -173,9 +173,10 @@ pub fn check(backend: Backend, forward: &Forward<'_>) -> Result<()> {
 /// backends; absent tools, tables or rules are not errors.
 pub fn teardown(network: &str, container_id: &str) -> Result<()> {
     let nft = relevant(nftables::teardown(container_id), nftables::usable);
-    let ipt = relevant(iptables::teardown(network, container_id), || {
-        crate::masq::iptables::usable()
-    });
+    let ipt = relevant(
+        iptables::teardown(network, container_id),
+        crate::iptables::usable,
+    );
     Error::collect([nft, ipt].into_iter().filter_map(Result::err).collect())
 }
 
@@ -189,16 +190,14 @@ pub fn gc(network: &str, valid: &HashSet<&str>, elsewhere: &dyn Fn(&str) -> bool
         nftables::gc(&|id: &str| valid.contains(id) || elsewhere(id)),
         nftables::usable,
     );
-    let ipt = relevant(iptables::gc(network, valid), || {
-        crate::masq::iptables::usable()
-    });
+    let ipt = relevant(iptables::gc(network, valid), crate::iptables::usable);
     Error::collect([nft, ipt].into_iter().filter_map(Result::err).collect())
 }
 
 /// Whether the named backend can be used here at all.
 pub fn usable(backend: Backend) -> bool {
     match backend {
-        Backend::Iptables => crate::masq::iptables::usable(),
+        Backend::Iptables => crate::iptables::usable(),
         Backend::Nftables => nftables::usable(),
     }
 }

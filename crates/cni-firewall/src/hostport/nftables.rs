@@ -23,13 +23,13 @@ use std::net::IpAddr;
 
 use super::{Forward, Snat};
 use crate::error::{Error, Result};
-use crate::masq::nftables::{Field, addr_match, verdict};
 use crate::nfnetlink::{
     BASE_TRANSPORT, Batch, CMP_EQ, Data, Expr, FIB_F_DADDR, FIB_RESULT_ADDRTYPE, HOOK_OUTPUT,
     HOOK_POSTROUTING, HOOK_PREROUTING, Hook, META_L4PROTO, NAT_DNAT, NAT_F_PROTO_SPECIFIED,
     NFPROTO_IPV4, NFPROTO_IPV6, Nfnl, PRIORITY_DSTNAT, PRIORITY_SRCNAT, REG_1, REG_2, RTN_LOCAL,
     Rule, VERDICT_JUMP,
 };
+use crate::nft_build::{Field, addr_bytes, addr_match, verdict};
 
 pub(crate) const TABLE: &str = "cni_hostport";
 const TABLE_COMMENT: &str = "CNI portmap plugin";
@@ -45,13 +45,6 @@ fn family_of(ip: IpAddr) -> u8 {
         NFPROTO_IPV4
     } else {
         NFPROTO_IPV6
-    }
-}
-
-fn bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
     }
 }
 
@@ -123,7 +116,7 @@ pub(crate) fn dnat_rules(forward: &Forward<'_>) -> Vec<Vec<Expr>> {
                 },
                 Expr::Immediate {
                     dreg: REG_1,
-                    data: Data::Value(bytes(ip)),
+                    data: Data::Value(addr_bytes(ip)),
                 },
                 Expr::Immediate {
                     dreg: REG_2,

@@ -16,86 +16,13 @@ pub(crate) mod iptables;
 pub(crate) mod nftables;
 
 use std::collections::HashSet;
-use std::fmt;
-use std::str::FromStr;
 
 use ipnetwork::IpNetwork;
 
+use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::naming::{IPTABLES_CHAIN_PREFIX, iptables_chain_name};
 use crate::nfnetlink::{NFPROTO_IPV4, NFPROTO_IPV6, Nfnl};
-
-/// Which firewall tool carries the masquerade rules (`ipMasqBackend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// Per-container `CNI-…` chains in the `nat` table.
-    Iptables,
-    /// Rules in table `inet cni_plugins_masquerade`.
-    Nftables,
-}
-
-impl FromStr for Backend {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "iptables" => Ok(Backend::Iptables),
-            "nftables" => Ok(Backend::Nftables),
-            other => Err(Error::UnknownBackend(other.to_owned())),
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Backend::Iptables => "iptables",
-            Backend::Nftables => "nftables",
-        })
-    }
-}
-
-impl Backend {
-    /// The backend for an `ipMasqBackend` value: parsed when set, otherwise
-    /// [`Backend::detect`].
-    pub fn from_config(value: Option<&str>) -> Result<Backend> {
-        value.map_or_else(|| Ok(Backend::detect()), str::parse)
-    }
-
-    /// The reference's default: iptables, unless only nftables works; when
-    /// neither works (e.g. no privileges yet), nftables only if iptables is
-    /// not installed but nft is.
-    pub fn detect() -> Backend {
-        let nft_installed = || crate::exec::locate("nft").is_some();
-        choose_default(
-            iptables::usable,
-            // We no longer need the nft binary, but the reference does, and
-            // the default must be the one it would pick.
-            || nft_installed() && nftables::usable(),
-            iptables::installed,
-            nft_installed,
-        )
-    }
-}
-
-/// The default-selection logic, with the probes passed in so it can be tested.
-fn choose_default(
-    ipt_usable: impl FnOnce() -> bool,
-    nft_usable: impl FnOnce() -> bool,
-    ipt_installed: impl FnOnce() -> bool,
-    nft_installed: impl FnOnce() -> bool,
-) -> Backend {
-    if ipt_usable() {
-        return Backend::Iptables;
-    }
-    if nft_usable() {
-        return Backend::Nftables;
-    }
-    if !ipt_installed() && nft_installed() {
-        return Backend::Nftables;
-    }
-    Backend::Iptables
-}
 
 /// Masquerades traffic from each of `ips` (container address with its
 /// prefix, e.g. `10.77.0.2/24`) to destinations outside its subnet, except
@@ -135,7 +62,10 @@ pub fn teardown(network: &str, ifname: &str, container_id: &str) -> Result<()> {
     };
     let nft = relevant(nft, nftables::usable);
     let ipt = if ipt_needed {
-        relevant(iptables::teardown(network, container_id), iptables::usable)
+        relevant(
+            iptables::teardown(network, container_id),
+            crate::iptables::usable,
+        )
     } else {
         Ok(())
     };
@@ -196,7 +126,7 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(network: &str, valid: &[(C, I)]) -> Resu
         Err(e) => (Err(e), true),
     };
     let ipt = if ipt_needed {
-        relevant(iptables::gc(network, &ids), iptables::usable)
+        relevant(iptables::gc(network, &ids), crate::iptables::usable)
     } else {
         Ok(())
     };
@@ -246,32 +176,5 @@ fn relevant(result: Result<()>, usable: impl FnOnce() -> bool) -> Result<()> {
         Err(Error::ProgramNotFound { .. }) => Ok(()),
         Err(e) if usable() => Err(e),
         _ => Ok(()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_backend_names() {
-        assert_eq!("iptables".parse::<Backend>().unwrap(), Backend::Iptables);
-        assert_eq!("nftables".parse::<Backend>().unwrap(), Backend::Nftables);
-        let e = "NFTables".parse::<Backend>().unwrap_err();
-        assert_eq!(e.to_string(), r#"unknown ipmasq backend "NFTables""#);
-        let e = Backend::from_config(Some("")).unwrap_err();
-        assert_eq!(e.to_string(), r#"unknown ipmasq backend """#);
-        assert_eq!(Backend::Nftables.to_string(), "nftables");
-    }
-
-    #[test]
-    fn default_selection_follows_reference() {
-        let t = || true;
-        let f = || false;
-        assert_eq!(choose_default(t, t, t, t), Backend::Iptables);
-        assert_eq!(choose_default(f, t, t, t), Backend::Nftables);
-        assert_eq!(choose_default(f, f, f, t), Backend::Nftables);
-        assert_eq!(choose_default(f, f, t, t), Backend::Iptables);
-        assert_eq!(choose_default(f, f, f, f), Backend::Iptables);
     }
 }

@@ -19,10 +19,10 @@ use ipnetwork::IpNetwork;
 use crate::error::{Error, Result};
 use crate::naming::{nft_comment, nft_instance_hash, nft_network_hash};
 use crate::nfnetlink::{
-    self, BASE_NETWORK, Batch, CMP_EQ, CMP_NEQ, Data, Expr, HOOK_POSTROUTING, Hook, META_NFPROTO,
-    NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, Nfnl, PRIORITY_SRCNAT, REG_1, REG_VERDICT, Rule,
-    VERDICT_GOTO, VERDICT_RETURN,
+    self, Batch, CMP_EQ, CMP_NEQ, Expr, HOOK_POSTROUTING, Hook, NFPROTO_INET, Nfnl,
+    PRIORITY_SRCNAT, Rule, VERDICT_GOTO, VERDICT_RETURN,
 };
+use crate::nft_build::{Field, addr_match, verdict};
 
 const FAMILY: &str = "inet";
 /// Table of the reference's nftables masquerade backend.
@@ -71,97 +71,6 @@ fn check_comment(comment: &str) -> Result<()> {
     Ok(())
 }
 
-fn addr_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
-
-/// `meta nfproto ipv4|ipv6`, which nft puts before any `ip`/`ip6` match in
-/// an `inet` table.
-fn nfproto(ip: IpAddr) -> [Expr; 2] {
-    let proto = if ip.is_ipv4() {
-        NFPROTO_IPV4
-    } else {
-        NFPROTO_IPV6
-    };
-    [
-        Expr::Meta {
-            key: META_NFPROTO,
-            dreg: REG_1,
-        },
-        Expr::Cmp {
-            sreg: REG_1,
-            op: CMP_EQ,
-            data: vec![proto],
-        },
-    ]
-}
-
-/// Which address of the IP header a match reads.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Field {
-    /// The source address.
-    Saddr,
-    /// The destination address.
-    Daddr,
-}
-
-/// `ip[6] saddr|daddr ==|!= <addr>/<prefix>` as nft compiles it: a whole
-/// address is loaded and compared; a byte-aligned prefix loads and compares
-/// only its bytes; any other prefix (also /0) loads the whole address and
-/// masks it first.
-pub(crate) fn addr_match(field: Field, op: u32, addr: IpAddr, prefix: u8) -> Vec<Expr> {
-    let bytes = addr_bytes(addr);
-    let full = bytes.len();
-    let offset = match (addr.is_ipv4(), field) {
-        (true, Field::Saddr) => 12,
-        (true, Field::Daddr) => 16,
-        (false, Field::Saddr) => 8,
-        (false, Field::Daddr) => 24,
-    };
-    let prefix = usize::from(prefix).min(full * 8);
-    let load = |len: usize| Expr::Payload {
-        dreg: REG_1,
-        base: BASE_NETWORK,
-        offset,
-        len: len as u32,
-    };
-    let mut out = Vec::from(nfproto(addr));
-    if prefix == full * 8 || (prefix > 0 && prefix % 8 == 0) {
-        let len = if prefix == full * 8 { full } else { prefix / 8 };
-        out.push(load(len));
-        out.push(Expr::Cmp {
-            sreg: REG_1,
-            op,
-            data: bytes[..len].to_vec(),
-        });
-    } else {
-        let mask: Vec<u8> = (0..full)
-            .map(|i| {
-                let bits = prefix.saturating_sub(i * 8).min(8);
-                (0xffu16 << (8 - bits)) as u8
-            })
-            .collect();
-        let masked = bytes.iter().zip(&mask).map(|(b, m)| b & m).collect();
-        out.push(load(full));
-        out.push(Expr::Bitwise {
-            sreg: REG_1,
-            dreg: REG_1,
-            len: full as u32,
-            mask,
-            xor: vec![0; full],
-        });
-        out.push(Expr::Cmp {
-            sreg: REG_1,
-            op,
-            data: masked,
-        });
-    }
-    out
-}
-
 /// The expressions of [`rule_body`]: `meta nfproto`, the source address,
 /// the destination outside the subnet, `masq`.
 fn masq_rule(ip: &IpNetwork) -> Vec<Expr> {
@@ -176,16 +85,6 @@ fn masq_rule(ip: &IpNetwork) -> Vec<Expr> {
     );
     out.push(Expr::Masq { flags: 0 });
     out
-}
-
-pub(crate) fn verdict(code: i32, chain: Option<&str>) -> Expr {
-    Expr::Immediate {
-        dreg: REG_VERDICT,
-        data: Data::Verdict {
-            code,
-            chain: chain.map(Into::into),
-        },
-    }
 }
 
 /// The rules of `postrouting`: `ip daddr == 224.0.0.0/4 return`,
@@ -472,6 +371,8 @@ pub(crate) fn usable() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::nfnetlink::{BASE_NETWORK, REG_1};
+    use crate::nft_build::nfproto;
 
     fn ips() -> Vec<IpNetwork> {
         vec![

@@ -20,19 +20,7 @@ use sha2::{Digest, Sha256};
 use super::model::View;
 use super::objects::{NamedPort, Peer, PodInfo, PolicyInfo, PortRef, Rule};
 
-/// Allowed traffic as a box: peer addresses `first..=last` (one family), IP protocols
-/// and destination ports, each an inclusive range.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Allow {
-    /// First peer address.
-    pub first: IpAddr,
-    /// Last peer address.
-    pub last: IpAddr,
-    /// IP protocols.
-    pub protocols: (u8, u8),
-    /// Destination ports.
-    pub ports: (u16, u16),
-}
+pub use cni_firewall::network_policy::Allow;
 
 /// What the kernel must hold on this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

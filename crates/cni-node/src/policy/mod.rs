@@ -3,6 +3,7 @@
 //! hold on this node ([`compile`]).
 
 pub mod compile;
+pub mod datapath;
 pub mod explain;
 pub mod model;
 pub mod objects;

@@ -1,5 +1,6 @@
 //! Replacing a file atomically: write a temp file in the target's directory, fsync it,
-//! set its mode, rename it over the target, fsync the directory.
+//! set its mode, rename it over the target, fsync the directory. The installer puts the
+//! plugins and its network config in place with it, the node agent its conflist.
 //!
 //! Why not copy in place: opening a running executable for writing fails with ETXTBSY
 //! ("Text file busy"), and truncating a config in place lets a reader see half of it.
@@ -18,7 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// Marks our temp files: `.<name>.cni-installer.<pid>.<nanos>.tmp`.
+/// Marks our temp files: `.<name>.cni-installer.<pid>.<nanos>.<count>.tmp`. (Named
+/// after the installer, which wrote them first; the node agent's are marked the same,
+/// so that either one's leftovers are recognised.)
 const TEMP_TAG: &str = ".cni-installer.";
 
 /// Writes `contents` to `dir/name` with `mode`, atomically. On failure the target is
@@ -130,7 +133,7 @@ mod tests {
                 .map(|d| d.as_nanos())
                 .unwrap_or_default();
             let path = std::env::temp_dir().join(format!(
-                "cni-installer-test-{tag}-{}-{nanos}",
+                "cni-atomic-file-test-{tag}-{}-{nanos}",
                 std::process::id()
             ));
             fs::create_dir(&path).unwrap();

@@ -1,0 +1,76 @@
+//! The kernel side of NetworkPolicy: the reconciler's [`PolicyDatapath`] over the
+//! firewall crate's `inet cni_node_policy` table, which keeps what it committed in
+//! memory and sends only differences.
+
+use cni_firewall::network_policy::{self, PolicyState, PolicyTable, Profile};
+
+use super::compile::{Allow, Compiled};
+use crate::error::{Error, Result};
+use crate::reconcile::PolicyDatapath;
+
+/// The table, as the agent drives it.
+#[derive(Debug)]
+pub struct Table {
+    table: PolicyTable,
+    bridge_netfilter_on: bool,
+}
+
+impl Table {
+    /// Opens the table and reads what an earlier run left in the kernel, so the first
+    /// pass sends only what differs (a restart changes nothing that is right).
+    pub fn open() -> Result<Self> {
+        let mut table = PolicyTable::open().map_err(Error::Policy)?;
+        table.load().map_err(Error::Policy)?;
+        Ok(Self {
+            table,
+            bridge_netfilter_on: false,
+        })
+    }
+}
+
+fn profiles(
+    from: &std::collections::BTreeMap<String, Vec<Allow>>,
+) -> std::collections::BTreeMap<String, Profile> {
+    from.iter()
+        .map(|(name, allow)| {
+            (
+                name.clone(),
+                Profile {
+                    allow: allow.clone(),
+                },
+            )
+        })
+        .collect()
+}
+
+impl PolicyDatapath for Table {
+    fn apply(&mut self, want: &Compiled) -> Result<bool> {
+        // Bridged traffic between a node's pods reaches netfilter only through
+        // br_netfilter; checked every pass (two sysctl reads), since anything may turn
+        // it off.
+        let were_on = network_policy::enable_bridge_netfilter().map_err(Error::Policy)?;
+        if !were_on || !self.bridge_netfilter_on {
+            tracing::info!(
+                "bridged traffic goes through netfilter (net.bridge.bridge-nf-call-iptables \
+                 and -ip6tables {}), so NetworkPolicy applies between pods of this node",
+                if were_on { "are on" } else { "turned on" }
+            );
+            self.bridge_netfilter_on = true;
+        }
+        let state = PolicyState {
+            ingress: want.ingress.clone(),
+            egress: want.egress.clone(),
+            ingress_profiles: profiles(&want.ingress_profiles),
+            egress_profiles: profiles(&want.egress_profiles),
+        };
+        let changes = self
+            .table
+            .apply_judged(&state, &want.judged)
+            .map_err(Error::Policy)?;
+        Ok(changes.sent())
+    }
+
+    fn reload(&mut self) -> Result<()> {
+        self.table.load().map_err(Error::Policy)
+    }
+}
