@@ -115,16 +115,14 @@ pub fn remove(dir: &Path, ips: &[IpAddr], container_id: &str) -> io::Result<()> 
 
 /// The addresses of every record in `dir`, published or staged (by any process),
 /// that `pred` picks: what an ADD killed midway left, or records of attachments that
-/// are gone.
+/// are gone. In directory order; an address with both a published and a staged
+/// record is there twice.
 pub fn find(dir: &Path, pred: impl Fn(&PodRecord) -> bool) -> io::Result<Vec<IpAddr>> {
-    let mut found: Vec<IpAddr> = entries(dir)?
+    Ok(entries(dir)?
         .into_iter()
         .filter(|(_, _, record)| pred(record))
         .map(|(ip, _, _)| ip)
-        .collect();
-    found.sort_unstable();
-    found.dedup();
-    Ok(found)
+        .collect())
 }
 
 /// Removes every record in `dir`, published or staged (by any process), that `pred`
@@ -243,6 +241,7 @@ mod tests {
 
     #[test]
     fn staged_records_are_found_by_container_but_not_read_until_published() {
+        use std::collections::BTreeSet;
         let dir = std::env::temp_dir().join(format!("cni-pod-staged-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         let mine: Vec<IpAddr> = vec!["10.244.1.5".parse().unwrap(), "fd00::5".parse().unwrap()];
@@ -255,14 +254,20 @@ mod tests {
         stage(&dir, &mine, &record("c1")).unwrap();
         // Staged: invisible to the agent, found by container id, not "owned" yet.
         assert_eq!(read_all(&dir).keys().collect::<Vec<_>>(), [&theirs[0]]);
-        assert_eq!(find(&dir, |r| r.container_id == "c1").unwrap(), mine);
+        let found = |id: &str| -> BTreeSet<IpAddr> {
+            find(&dir, |r| r.container_id == id)
+                .unwrap()
+                .into_iter()
+                .collect()
+        };
+        assert_eq!(found("c1"), mine.iter().copied().collect());
         assert!(owned(&dir, &mine, "c1").unwrap().is_empty());
         assert_eq!(read(&dir, mine[0]).unwrap(), None);
         // Another process's staged record (an ADD killed midway) is found too.
         fs::write(dir.join(".10.244.1.7.999999"), "x/b\nc3\n").unwrap();
         fs::write(dir.join(".fd00::7.1"), "x/b\nc3\n").unwrap();
         let c3: Vec<IpAddr> = vec!["10.244.1.7".parse().unwrap(), "fd00::7".parse().unwrap()];
-        assert_eq!(find(&dir, |r| r.container_id == "c3").unwrap(), c3);
+        assert_eq!(found("c3"), c3.iter().copied().collect());
         publish(&dir, &mine).unwrap();
         assert_eq!(read_all(&dir).len(), 3);
         assert_eq!(read(&dir, mine[1]).unwrap(), Some(record("c1")));
