@@ -44,15 +44,17 @@ pub fn write(dir: &Path, ips: &[IpAddr], record: &PodRecord) -> io::Result<()> {
 /// Writes whole records for `ips` into `dir` (created if missing) under this
 /// process's hidden names, where [`read_all`] does not see them yet; on failure, the
 /// one being written is removed.
+///
+/// Not synced to disk: a record serves the agent of the same boot, which reads it
+/// from the page cache, and a reboot ends the pods it names (a record cut short by a
+/// crash is one [`read_all`] skips). On a disk rather than tmpfs, a sync made every
+/// ADD wait milliseconds for the disk.
 pub fn stage(dir: &Path, ips: &[IpAddr], record: &PodRecord) -> io::Result<()> {
     fs::create_dir_all(dir)?;
     let text = format!("{}\n{}\n", record.pod, record.container_id);
     for ip in ips {
         let temp = staged_path(dir, *ip);
-        let written = fs::File::create(&temp).and_then(|mut file| {
-            file.write_all(text.as_bytes())?;
-            file.sync_data()
-        });
+        let written = fs::File::create(&temp).and_then(|mut file| file.write_all(text.as_bytes()));
         if let Err(e) = written {
             let _ = fs::remove_file(&temp);
             return Err(e);
