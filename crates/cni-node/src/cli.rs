@@ -250,54 +250,54 @@ pub struct Options {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthAddr(pub Option<SocketAddr>);
 
-fn non_empty(text: &str) -> Result<String, String> {
+fn non_empty(text: &str) -> Result<String, &'static str> {
     if text.is_empty() {
-        return Err("must not be empty".into());
+        return Err("must not be empty");
     }
     Ok(text.to_owned())
 }
 
-fn health_addr(text: &str) -> Result<HealthAddr, String> {
+fn health_addr(text: &str) -> Result<HealthAddr, &'static str> {
     if text == "off" {
         return Ok(HealthAddr(None));
     }
     text.parse()
         .map(|a| HealthAddr(Some(a)))
-        .map_err(|_| "expected IP:PORT (e.g. 127.0.0.1:9743) or off".into())
+        .map_err(|_| "expected IP:PORT (e.g. 127.0.0.1:9743) or off")
 }
 
-fn seconds(text: &str) -> Result<Duration, String> {
+fn seconds(text: &str) -> Result<Duration, &'static str> {
     text.parse::<u64>()
         .ok()
         .filter(|n| (1..=86_400).contains(n))
         .map(Duration::from_secs)
-        .ok_or_else(|| "expected a whole number of seconds from 1 to 86400".into())
+        .ok_or("expected a whole number of seconds from 1 to 86400")
 }
 
-fn cidr(text: &str) -> Result<IpNetwork, String> {
+fn cidr(text: &str) -> Result<IpNetwork, &'static str> {
     let text = text.trim();
     let net = cni_protocol::ip::parse_cidr(text).ok_or("not a CIDR")?;
-    IpNetwork::new(net.network(), net.prefix()).map_err(|_| "not a CIDR".into())
+    IpNetwork::new(net.network(), net.prefix()).map_err(|_| "not a CIDR")
 }
 
-fn conflist_name(name: &str) -> Result<String, String> {
+fn conflist_name(name: &str) -> Result<String, &'static str> {
     let loadable = [".conflist", ".conf", ".json"]
         .iter()
         .any(|ext| name.len() > ext.len() && name.ends_with(ext));
     if name.contains('/') || name.starts_with('.') || !loadable {
-        return Err("a file name ending in .conflist, .conf or .json (what runtimes load)".into());
+        return Err("a file name ending in .conflist, .conf or .json (what runtimes load)");
     }
     Ok(name.to_owned())
 }
 
-fn interface_name(name: &str) -> Result<String, String> {
+fn interface_name(name: &str) -> Result<String, &'static str> {
     if name.is_empty()
         || name.len() > 15
         || name.contains(['/', ' ', ':'])
         || name == "."
         || name == ".."
     {
-        return Err("not a valid interface name".into());
+        return Err("not a valid interface name");
     }
     Ok(name.to_owned())
 }

@@ -164,7 +164,7 @@ fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str,
     };
     match crate::policy::explain::explain(&snapshot, &question) {
         Ok((_, text)) => ("200 OK", TEXT, text),
-        Err(why) => ("400 Bad Request", TEXT, why + "\n"),
+        Err(why) => ("400 Bad Request", TEXT, chain(&why) + "\n"),
     }
 }
 

@@ -99,7 +99,7 @@ fn explain(args: &cli::ExplainArgs) -> ExitCode {
             }
         }
         Err(why) => {
-            eprintln!("cni-node explain: {why}");
+            eprintln!("cni-node explain: {}", chain(&why));
             ExitCode::from(2)
         }
     }
