@@ -391,7 +391,11 @@ impl World {
     }
 
     /// Runs the matrix until it equals the model (of the objects now), for at most
-    /// [`DEADLINE`] after `since`.
+    /// [`DEADLINE`] after `since`; the time is when the pass that matched began. A pass
+    /// ends at the first probe that disagrees, so while a change that denies is not in
+    /// force passes follow each other every few milliseconds; a change that allows
+    /// shows up to one [`PROBE_TIMEOUT`] late, when the first SYNs were dropped (TCP
+    /// sends the next one only after a second).
     fn converge(&self, since: Instant) -> Result<Converged, String> {
         let objects = self.objects();
         let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
