@@ -255,8 +255,13 @@ impl Reconciler {
             .into_iter()
             .map(|(ip, record)| (ip, record.pod))
             .collect();
-        let view = View::new(&snapshot.pods, &snapshot.namespaces, &snapshot.policies);
-        let compiled = compile(&view, &self.settings.plan.node_name, &records);
+        let view = View::with_records(
+            &snapshot.pods,
+            &snapshot.namespaces,
+            &snapshot.policies,
+            records,
+        );
+        let compiled = compile(&view, &self.settings.plan.node_name);
         outcome.policy = (
             compiled.ingress.len(),
             compiled.egress.len(),

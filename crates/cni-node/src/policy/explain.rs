@@ -2,6 +2,7 @@
 //! policies decided it, from the running agent's own view (served on its health
 //! address), so an operator sees what the agent enforces, not what the API says now.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::model::{Side, View};
@@ -24,15 +25,25 @@ pub struct Question {
     pub ipv6: bool,
 }
 
-/// The answer: allowed or not, and the explanation as text.
-pub fn explain(snapshot: &PolicySnapshot, q: &Question) -> Result<(bool, String)> {
+/// The answer: allowed or not, and the explanation as text; `records` are this node's
+/// pod records (address -> pod), as the reconciler sees them.
+pub fn explain(
+    snapshot: &PolicySnapshot,
+    records: BTreeMap<IpAddr, String>,
+    q: &Question,
+) -> Result<(bool, String)> {
     let protocol = match q.protocol.to_ascii_uppercase().as_str() {
         "TCP" => TCP,
         "UDP" => UDP,
         "SCTP" => SCTP,
         _ => return Err(Error::ExplainProtocol(q.protocol.clone())),
     };
-    let view = View::new(&snapshot.pods, &snapshot.namespaces, &snapshot.policies);
+    let view = View::with_records(
+        &snapshot.pods,
+        &snapshot.namespaces,
+        &snapshot.policies,
+        records,
+    );
     let address = |what: &str| -> Result<IpAddr> {
         if let Ok(ip) = what.parse::<IpAddr>() {
             return Ok(ip);
@@ -41,9 +52,8 @@ pub fn explain(snapshot: &PolicySnapshot, q: &Question) -> Result<(bool, String)
             .pods
             .get(what)
             .ok_or_else(|| Error::ExplainNoPod(what.to_owned()))?;
-        pod.ips
-            .iter()
-            .copied()
+        view.ips(pod)
+            .into_iter()
             .find(|ip| ip.is_ipv6() == q.ipv6)
             .ok_or_else(|| Error::ExplainNoAddress {
                 pod: what.to_owned(),
@@ -129,7 +139,6 @@ mod tests {
     use super::*;
     use crate::policy::model::tests::{cluster, policy};
     use serde_json::json;
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     #[test]
@@ -153,10 +162,10 @@ mod tests {
             port: 80,
             ipv6: false,
         };
-        let (allowed, text) = explain(&snapshot, &q("y/a", "x/b")).unwrap();
+        let (allowed, text) = explain(&snapshot, BTreeMap::new(), &q("y/a", "x/b")).unwrap();
         assert!(allowed, "{text}");
         assert!(text.contains("allowed by x/allow-y"), "{text}");
-        let (allowed, text) = explain(&snapshot, &q("z/a", "x/b")).unwrap();
+        let (allowed, text) = explain(&snapshot, BTreeMap::new(), &q("z/a", "x/b")).unwrap();
         assert!(!allowed, "{text}");
         assert!(
             text.contains("isolated by x/allow-y, x/deny; none of them allows it"),
@@ -166,14 +175,15 @@ mod tests {
             text.contains("egress of the source: no policy selects it"),
             "{text}"
         );
-        let (allowed, _) = explain(&snapshot, &q("192.0.2.1", "x/b")).unwrap();
+        let (allowed, _) = explain(&snapshot, BTreeMap::new(), &q("192.0.2.1", "x/b")).unwrap();
         assert!(!allowed);
-        let e = explain(&snapshot, &q("x/nope", "x/b"))
+        let e = explain(&snapshot, BTreeMap::new(), &q("x/nope", "x/b"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("no pod \"x/nope\""), "{e}");
         let e = explain(
             &snapshot,
+            BTreeMap::new(),
             &Question {
                 protocol: "icmp".into(),
                 ..q("y/a", "x/b")
