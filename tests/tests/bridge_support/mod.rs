@@ -165,7 +165,9 @@ impl Net {
 
     /// This network's `podRecordDir` (inside its `dataDir`, so it goes with it).
     pub fn records_dir(&self) -> PathBuf {
-        self.data.path().join("pods")
+        // Not "pods": that is a network name of conf/, whose IPAM state is
+        // <dataDir>/<network>.
+        self.data.path().join("pod-records")
     }
 
     /// Every file in [`Self::records_dir`], staged (hidden) ones too: name → content.
