@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::{plugin_path, require_root, unique_name};
 use cni_containerd_suite::cri::{HostPort, Protocol};
-use cni_containerd_suite::{Containerd, NETWORK, ping_from};
-use cni_kube_api::{ApiServer, realistic_node};
+use cni_containerd_suite::{Containerd, NETWORK, PodMeta, ping_from};
+use cni_kube_api::{ApiServer, realistic_namespace, realistic_node, realistic_pod};
 
 /// The template a node operator would install: our bridge with host-local over every
 /// range kubelet gives (one per family), default routes for each, masquerade on, our
@@ -103,21 +103,29 @@ fn require_containerd() -> bool {
 }
 
 /// The machine's own state the suite must leave alone: the root netns's links, addresses,
-/// routes and iptables rules, and the machine's containerd and CNI state directories.
+/// routes and iptables rules, the machine's containerd and CNI state directories, and
+/// the node agent's default pod record directory.
 ///
 /// Other software (a developer's Podman, other test suites) may change the machine
 /// while we run, so the check after a test looks for what *we* could have leaked: our
-/// bridge or pod CIDRs in the root netns, containerd state outside our fixture, our
-/// network in the machine's /var/lib/cni.
+/// bridge or pod CIDRs in the root netns, containerd state or pod records outside our
+/// fixture, our network in the machine's /var/lib/cni.
 #[derive(Debug)]
 struct MachineState {
-    containerd_dirs: BTreeMap<&'static str, Option<BTreeSet<String>>>,
+    state_dirs: BTreeMap<&'static str, Option<BTreeSet<String>>>,
     /// containerd's default pod netns pins, `/run/netns/cni-<uuid>`.
     cni_netns: BTreeSet<String>,
 }
 
-/// containerd's hard-coded and default state directories on the machine.
-const CONTAINERD_DIRS: [&str; 3] = ["/run/containerd", "/var/lib/containerd", "/opt/containerd"];
+/// containerd's hard-coded and default state directories on the machine, and the
+/// default of the agent's `--pod-record-dir` (the agent runs in the machine's mount
+/// namespace: it must be given the fixture's).
+const STATE_DIRS: [&str; 4] = [
+    "/run/containerd",
+    "/var/lib/containerd",
+    "/opt/containerd",
+    "/run/cni-plugins-rs/pods",
+];
 
 fn listing(dir: &str) -> Option<BTreeSet<String>> {
     std::fs::read_dir(dir).ok().map(|entries| {
@@ -145,10 +153,7 @@ fn command_output(program: &str) -> String {
 impl MachineState {
     fn now() -> Self {
         Self {
-            containerd_dirs: CONTAINERD_DIRS
-                .into_iter()
-                .map(|d| (d, listing(d)))
-                .collect(),
+            state_dirs: STATE_DIRS.into_iter().map(|d| (d, listing(d))).collect(),
             cni_netns: listing("/run/netns")
                 .unwrap_or_default()
                 .into_iter()
@@ -162,8 +167,8 @@ impl MachineState {
     fn assert_untouched(&self, bridge: &str, cidrs: &[&str]) {
         let after = Self::now();
         assert_eq!(
-            after.containerd_dirs, self.containerd_dirs,
-            "containerd state on the machine changed"
+            after.state_dirs, self.state_dirs,
+            "containerd state or pod records on the machine changed"
         );
         let new_netns: Vec<&String> = after.cni_netns.difference(&self.cni_netns).collect();
         assert!(
@@ -277,6 +282,13 @@ fn run_pod_with_ports(node: &Containerd, ports: &[HostPort]) -> Pod {
         .cri()
         .run_pod_with_ports(&name, &unique_name("uid"), node.cgroup_parent(), ports)
         .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", node.log()));
+    ready_pod(node, name, id)
+}
+
+/// `PodSandboxStatus` of the sandbox `id` just started for `name`: ready, with one
+/// IPv4 and one IPv6 address.
+#[track_caller]
+fn ready_pod(node: &Containerd, name: String, id: String) -> Pod {
     let status = node.cri().sandbox(&id).expect("PodSandboxStatus");
     assert_eq!(status.state, 0, "sandbox {name} not ready: {status:?}");
     assert!(status.pid > 0, "no sandbox pid: {status:?}");
@@ -635,13 +647,18 @@ fn pods_stay_reachable_across_a_containerd_restart_and_are_removed_cleanly() {
 struct NodeAgent {
     child: std::process::Child,
     log: std::path::PathBuf,
+    records: std::path::PathBuf,
 }
 
 impl NodeAgent {
     /// Starts the agent for Node `name` with the fixture's conf, bin and IPAM dirs, its
-    /// bridge and its network name, as the DaemonSet's container would.
+    /// bridge and its network name, as the DaemonSet's container would. Its pod record
+    /// directory (which it also writes into the conflist, for the bridge plugin) is in
+    /// the fixture's directory: the default, under /run, would be the machine's for the
+    /// agent and containerd's private tmpfs for the plugins.
     fn start(node: &Containerd, name: &str, kubeconfig: &Path) -> Self {
         let log = node.scratch("cni-node.log");
+        let records = node.scratch("pod-records");
         let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
         let child = Command::new("ip")
             .args(["netns", "exec", node.host().name()])
@@ -653,6 +670,7 @@ impl NodeAgent {
             .arg(format!("--ipam-data-dir={}", node.ipam_dir().display()))
             .arg(format!("--bridge={}", node.bridge()))
             .arg(format!("--network-name={NETWORK}"))
+            .arg(format!("--pod-record-dir={}", records.display()))
             .arg("--resync-interval=1")
             .arg("--verbose")
             .env_remove("KUBECONFIG")
@@ -661,11 +679,34 @@ impl NodeAgent {
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("start cni-node: {e}"));
-        Self { child, log }
+        Self {
+            child,
+            log,
+            records,
+        }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The pod record directory (the conflist's `podRecordDir`).
+    fn record_dir(&self) -> &Path {
+        &self.records
+    }
+
+    /// Every entry of the pod record directory (published records are named after the
+    /// address, staged ones are hidden) with its content.
+    fn records(&self) -> BTreeMap<String, String> {
+        std::fs::read_dir(&self.records)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                (e.file_name().to_string_lossy().into_owned(), text)
+            })
+            .collect()
     }
 
     /// Waits (bounded) for a line of the agent's log containing `needle`.
@@ -694,6 +735,57 @@ impl Drop for NodeAgent {
 fn agent_conflist(node: &Containerd) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(node.conf_dir().join("10-cni-plugins-rs.conflist")).ok()?;
     serde_json::from_str(&text).ok()
+}
+
+/// The Pod object `namespace/name` as the API holds it once the scheduler has put it on
+/// `node` and before kubelet has posted anything: [`realistic_pod`] with `labels`,
+/// phase Pending and neither `podIP` nor `podIPs`. There is no kubelet here, so the
+/// agent learns a pod's addresses only from the bridge plugin's records.
+fn scheduled_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    labels: &[(&str, &str)],
+) -> serde_json::Value {
+    let mut pod = realistic_pod(namespace, name, node, &[], labels);
+    pod["status"] = serde_json::json!({"phase": "Pending", "qosClass": "Burstable"});
+    pod
+}
+
+/// `RunPodSandbox` for the Pod `namespace/name` with `labels`, as kubelet makes it.
+#[track_caller]
+fn start_sandbox(
+    node: &Containerd,
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> String {
+    let uid = unique_name("uid");
+    let pod = PodMeta {
+        namespace,
+        name,
+        uid: &uid,
+        labels,
+    };
+    node.cri()
+        .run_pod_sandbox(&pod, node.cgroup_parent(), &[])
+        .unwrap_or_else(|e| panic!("RunPodSandbox {namespace}/{name}: {e}\n{}", node.log()))
+}
+
+/// A new Pod on the Node `node_name` as kubelet sees it: its object is in the API
+/// (applied here as the scheduler leaves it, [`scheduled_pod`]), then `RunPodSandbox`
+/// with its namespace, name and labels, then `PodSandboxStatus`.
+#[track_caller]
+fn run_k8s_pod(
+    node: &Containerd,
+    api: &ApiServer,
+    node_name: &str,
+    (namespace, name): (&str, &str),
+    labels: &[(&str, &str)],
+) -> Pod {
+    api.apply_pod(scheduled_pod(namespace, name, node_name, labels));
+    let id = start_sandbox(node, namespace, name, labels);
+    ready_pod(node, format!("{namespace}/{name}"), id)
 }
 
 /// The MTU of `eth0` inside the sandbox with pid `pid`.
@@ -775,6 +867,11 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         assert_eq!(bridge_conf["mtu"], 1450, "the uplink's MTU: {conflist}");
         assert_eq!(bridge_conf["ipam"]["ranges"][0][0]["subnet"], own[0]);
         assert_eq!(bridge_conf["ipam"]["ranges"][1][0]["subnet"], own[1]);
+        assert_eq!(
+            bridge_conf["podRecordDir"],
+            agent.record_dir().display().to_string(),
+            "NetworkPolicy is on: the plugin hands new pods over: {conflist}"
+        );
 
         // Another node joins: its pod CIDRs are routed through its InternalIPs.
         api.apply_node(realistic_node("node-b", &other, &other_ips, 5));
@@ -806,8 +903,10 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         // Pods get addresses from this node's pod CIDRs, the uplink's MTU, reach each
         // other and the gateways; traffic leaving the cluster is masqueraded by the
         // agent's rule for the pod CIDRs (the bridge's own ipMasq is off).
-        let a = run_pod(&node);
-        let b = run_pod(&node);
+        api.apply_namespace(realistic_namespace("default", &[]));
+        let labels = [("app", "cnibb")];
+        let a = run_k8s_pod(&node, &api, "node-a", ("default", "a"), &labels);
+        let b = run_k8s_pod(&node, &api, "node-a", ("default", "b"), &labels);
         for pod in [&a, &b] {
             assert!(contains(own[0], pod.v4), "{} outside {}", pod.v4, own[0]);
             assert!(contains(own[1], pod.v6), "{} outside {}", pod.v6, own[1]);
@@ -831,6 +930,11 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         }
 
         remove_pods(&node, &[&a, &b], &[]);
+        assert_eq!(
+            agent.records(),
+            BTreeMap::new(),
+            "pod records after removal"
+        );
         drop(agent);
         drop(api);
         node.bridge().to_owned()
