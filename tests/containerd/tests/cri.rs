@@ -10,20 +10,29 @@
 //! cgroup) after removal, a failed ADD that leaves nothing, pods that survive a
 //! containerd restart. One test replaces the template with the node agent (`cni-node`
 //! against the Kubernetes API test server): containerd uses the conflist the agent
-//! writes, and the agent routes another node's pod CIDRs and masquerades egress. Every
-//! test also checks that the machine's own netns, /run and /var/lib were not touched.
+//! writes, and the agent routes another node's pod CIDRs and masquerades egress. Another
+//! runs the agent with a NetworkPolicy and Pod objects that kubelet has not yet given
+//! addresses: a new pod is closed to the clients the policy does not allow from its
+//! first packet, open to the allowed one, held while the agent cannot judge it, and
+//! leaves nothing behind. Every test also checks that the machine's own netns, /run and
+//! /var/lib were not touched.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
-use std::path::Path;
+use std::io::{ErrorKind, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cni_blackbox::hostport::in_netns;
+use cni_blackbox::hostport::{in_netns, netns_of, peer_seen};
 use cni_blackbox::{plugin_path, require_root, unique_name};
 use cni_containerd_suite::cri::{HostPort, Protocol};
 use cni_containerd_suite::{Containerd, NETWORK, PodMeta, ping_from};
-use cni_kube_api::{ApiServer, realistic_namespace, realistic_node, realistic_pod};
+use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
+use serde_json::json;
 
 /// The template a node operator would install: our bridge with host-local over every
 /// range kubelet gives (one per family), default routes for each, masquerade on, our
@@ -1125,4 +1134,636 @@ fn host_ports_of_pods_answer_on_the_node_and_leave_no_rule() {
         node.bridge().to_owned()
     };
     machine.assert_untouched(&bridge, &cidrs);
+}
+
+// ---------------------------------------------------------------------------------------
+// NetworkPolicy through the CRI
+// ---------------------------------------------------------------------------------------
+
+/// The port the server pod listens on.
+const SERVER_PORT: u16 = 7070;
+/// Bound on one probe's connect. Pods on one bridge answer a SYN in well under a
+/// millisecond: a probe unanswered by then was dropped, or had nowhere to go yet.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(50);
+/// How long the clients keep probing the new server after `RunPodSandbox` returned.
+const OBSERVE: Duration = Duration::from_secs(3);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Signed milliseconds from `zero` to `at` (negative: before).
+fn ms(at: Instant, zero: Instant) -> f64 {
+    if at >= zero {
+        (at - zero).as_secs_f64() * 1e3
+    } else {
+        -(zero - at).as_secs_f64() * 1e3
+    }
+}
+
+/// Calls `check` until it returns `Ok` or `limit` has passed (then panics with `what`
+/// and its last error).
+#[track_caller]
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "{what}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How one TCP connect to the server ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Probe {
+    /// A listener accepted: the SYN reached the server.
+    Connected,
+    /// The server's stack answered with a reset (no listener yet): the SYN reached it.
+    Reset,
+    /// No answer within [`PROBE_TIMEOUT`]: dropped, or nowhere to go yet.
+    Silent,
+    /// Failed at once, with no answer from the server (no neighbour yet, no route).
+    Unreachable,
+}
+
+impl Probe {
+    /// Whether the SYN reached the server.
+    fn reached(self) -> bool {
+        matches!(self, Self::Connected | Self::Reset)
+    }
+}
+
+/// One connect from this thread's netns.
+fn probe(to: SocketAddr) -> Probe {
+    match TcpStream::connect_timeout(&to, PROBE_TIMEOUT) {
+        Ok(_) => Probe::Connected,
+        Err(e) => match e.kind() {
+            ErrorKind::ConnectionRefused => Probe::Reset,
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => Probe::Silent,
+            _ => Probe::Unreachable,
+        },
+    }
+}
+
+/// One probe: when it started, where to, how it ended.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    at: Instant,
+    to: SocketAddr,
+    outcome: Probe,
+}
+
+/// The new server's addresses, known as soon as host-local reserves them during the
+/// CNI ADD (before `RunPodSandbox` returns), with the time each was seen.
+type Targets = Arc<Mutex<Vec<(Instant, SocketAddr)>>>;
+
+/// A thread of its own that stops and is joined on drop.
+#[derive(Debug)]
+struct Worker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn spawn(work: impl FnOnce(Arc<AtomicBool>) + Send + 'static) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        Self {
+            stop,
+            thread: Some(std::thread::spawn(move || work(flag))),
+        }
+    }
+
+    /// Stops the thread and waits for it; whether it ended without panicking.
+    fn finish(&mut self) -> bool {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().is_none_or(|t| t.join().is_ok())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Fills `targets` with the addresses (on [`SERVER_PORT`]) that host-local reserves in
+/// `network_dir` beyond `before`, the moment their files appear.
+fn watch_reservations(network_dir: PathBuf, before: BTreeSet<String>, targets: Targets) -> Worker {
+    Worker::spawn(move |stop| {
+        while !stop.load(Ordering::SeqCst) {
+            for address in cni_blackbox::ipam::reservations(&network_dir).into_keys() {
+                let Ok(ip) = address.parse::<IpAddr>() else {
+                    continue;
+                };
+                let to = SocketAddr::new(ip, SERVER_PORT);
+                let mut known = lock(&targets);
+                if !before.contains(&address) && !known.iter().any(|(_, t)| *t == to) {
+                    known.push((Instant::now(), to));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+/// TCP connects from the netns at `netns` to every known target, one after the other,
+/// in a loop until stopped; every attempt is logged.
+#[derive(Debug)]
+struct Prober {
+    log: Arc<Mutex<Vec<Attempt>>>,
+    worker: Worker,
+}
+
+impl Prober {
+    fn start(netns: PathBuf, targets: &Targets) -> Self {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (into, targets) = (Arc::clone(&log), Arc::clone(targets));
+        let worker = Worker::spawn(move |stop| {
+            in_netns(&netns, move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let now: Vec<SocketAddr> = lock(&targets).iter().map(|(_, t)| *t).collect();
+                    for to in now {
+                        let at = Instant::now();
+                        let outcome = probe(to);
+                        lock(&into).push(Attempt { at, to, outcome });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            });
+        });
+        Self { log, worker }
+    }
+
+    fn attempts(&self) -> Vec<Attempt> {
+        lock(&self.log).clone()
+    }
+
+    /// Stops probing; every attempt made.
+    #[track_caller]
+    fn finish(mut self) -> Vec<Attempt> {
+        assert!(self.worker.finish(), "a prober failed");
+        self.attempts()
+    }
+}
+
+/// The first attempt to `to` that ended as `wanted` says.
+fn first(log: &[Attempt], to: SocketAddr, wanted: impl Fn(Probe) -> bool) -> Option<Instant> {
+    log.iter()
+        .find(|a| a.to == to && wanted(a.outcome))
+        .map(|a| a.at)
+}
+
+/// A TCP server on [`SERVER_PORT`] (both families) in a pod's netns: answers each
+/// connection with the peer address it saw; ends on drop.
+#[derive(Debug)]
+struct PeerEcho {
+    _worker: Worker,
+}
+
+impl PeerEcho {
+    fn start(pod: &Pod) -> Self {
+        let listener = in_netns(&netns_of(pod.pid), || {
+            TcpListener::bind(("::", SERVER_PORT))
+                .unwrap_or_else(|e| panic!("bind [::]:{SERVER_PORT}: {e}"))
+        });
+        listener
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("listener: {e}"));
+        let worker = Worker::spawn(move |stop| {
+            while !stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut stream, peer)) => {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.write_all(peer.ip().to_canonical().to_string().as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        Self { _worker: worker }
+    }
+}
+
+/// `nft` with `args` and `stdin` in the netns of process `pid`; its stdout.
+#[track_caller]
+fn nft_in_pod(pid: u32, args: &[&str], stdin: &str) -> String {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("nft")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run nft in {pid}'s netns: {e}"));
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all(stdin.as_bytes())
+            .unwrap_or_else(|e| panic!("nft's stdin: {e}"));
+    }
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("nft: {e}"));
+    assert!(
+        out.status.success(),
+        "nft {args:?} in {pid}'s netns: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Counts, in the pod's own netns (ahead of its sockets), the SYNs to [`SERVER_PORT`]
+/// from each of `sources`: what reached the pod, whatever a client concluded.
+fn count_syns(pod: &Pod, sources: &[IpAddr]) {
+    let rules: String = sources
+        .iter()
+        .map(|ip| {
+            let family = if ip.is_ipv4() { "ip" } else { "ip6" };
+            format!(
+                "    {family} saddr {ip} tcp dport {SERVER_PORT} tcp flags & (syn | ack) == syn \
+                 counter comment \"{ip}\"\n"
+            )
+        })
+        .collect();
+    nft_in_pod(
+        pod.pid,
+        &["-f", "-"],
+        &format!(
+            "table inet cnibb_seen {{\n  chain input {{\n    type filter hook input priority \
+             filter; policy accept;\n{rules}  }}\n}}\n"
+        ),
+    );
+}
+
+/// The SYNs [`count_syns`] counted, by source address.
+fn syns_seen(pod: &Pod) -> BTreeMap<IpAddr, u64> {
+    nft_in_pod(pod.pid, &["list", "table", "inet", "cnibb_seen"], "")
+        .lines()
+        .filter_map(|line| {
+            let packets = line
+                .split("counter packets ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?;
+            let source = line.split("comment \"").nth(1)?.split('"').next()?;
+            Some((source.parse().ok()?, packets.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The agent's NetworkPolicy table in the host netns, as `nft` prints it (`None`
+/// while it does not exist).
+fn policy_table(node: &Containerd) -> Option<String> {
+    let out = node
+        .host()
+        .exec(&["nft", "list", "table", "inet", "cni_node_policy"]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The elements of the table's pending sets: address -> the pod they were held for
+/// (the element's comment, empty without one).
+fn pending(node: &Containerd) -> BTreeMap<String, String> {
+    let mut held = BTreeMap::new();
+    for set in ["pending4", "pending6"] {
+        let out = node
+            .host()
+            .exec(&["nft", "-j", "list", "set", "inet", "cni_node_policy", set]);
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        let elements = json["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item["set"]["elem"].as_array())
+            .flatten();
+        for element in elements {
+            let (address, pod) = match element["elem"].as_object() {
+                Some(e) => (&e["val"], e.get("comment")),
+                None => (element, None),
+            };
+            held.insert(
+                address.as_str().unwrap_or_default().to_owned(),
+                pod.and_then(|c| c.as_str()).unwrap_or_default().to_owned(),
+            );
+        }
+    }
+    held
+}
+
+#[test]
+fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_clients() {
+    if !require_containerd() {
+        return;
+    }
+    let own = ["10.244.11.0/24", "fd00:10:244:11::/64"];
+    let node_ips = ["192.168.79.1", "fd00:79::1"];
+    let policy = ("prod", "clients-from-dev");
+    let machine = MachineState::now();
+    let bridge = {
+        let node = Containerd::start_without_template();
+        let host = node.host();
+        // The node's InternalIPs, on an uplink of their own.
+        host.exec_ok(&[
+            "ip", "link", "add", "uplink0", "type", "veth", "peer", "name", "uplink1",
+        ]);
+        for link in ["uplink0", "uplink1"] {
+            host.exec_ok(&["ip", "link", "set", link, "up"]);
+        }
+        for (ip, prefix) in [(node_ips[0], "24"), (node_ips[1], "64")] {
+            host.exec_ok(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{ip}/{prefix}"),
+                "dev",
+                "uplink0",
+                "nodad",
+            ]);
+        }
+        let api = ApiServer::start_in_netns(
+            host.path(),
+            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+        );
+        let kubeconfig = node.scratch("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        api.apply_node(realistic_node("node-a", &own, &node_ips, 5));
+        api.apply_namespace(realistic_namespace("prod", &[("env", "prod")]));
+        api.apply_namespace(realistic_namespace("dev", &[("env", "dev")]));
+        // Ingress to every pod of prod only from dev's pods labelled role=client (one
+        // peer: both selectors must match); egress is not restricted.
+        api.apply_network_policy(network_policy(
+            policy.0,
+            policy.1,
+            json!({
+                "podSelector": {},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{
+                    "namespaceSelector": {"matchLabels": {"env": "dev"}},
+                    "podSelector": {"matchLabels": {"role": "client"}},
+                }]}],
+            }),
+        ));
+        let agent = NodeAgent::start(&node, "node-a", &kubeconfig);
+        wait_network_ready(&node);
+        // The plugin holds new pods only where the agent has made its table.
+        wait_until(SETTLE_LIMIT, "no NetworkPolicy table", || {
+            policy_table(&node).map(drop).ok_or_else(|| agent.log())
+        });
+
+        // The clients: no policy selects them, so the agent releases them once judged.
+        let client = run_k8s_pod(
+            &node,
+            &api,
+            "node-a",
+            ("dev", "client"),
+            &[("app", "shop"), ("role", "client")],
+        );
+        let other = run_k8s_pod(&node, &api, "node-a", ("dev", "other"), &[("app", "shop")]);
+        wait_until(SETTLE_LIMIT, "the clients are still pending", || {
+            let held = pending(&node);
+            held.is_empty()
+                .then_some(())
+                .ok_or_else(|| format!("{held:?}\n{}", agent.log()))
+        });
+
+        // The server: its Pod object first (as the scheduler leaves it), then the
+        // sandbox, probed from both clients and from the node from the moment host-local
+        // has reserved its addresses, before RunPodSandbox returns.
+        let server_labels = [("app", "server")];
+        api.apply_pod(scheduled_pod("prod", "server", "node-a", &server_labels));
+        let targets = Targets::default();
+        let before: BTreeSet<String> = node.reservations().into_keys().collect();
+        let mut watch =
+            watch_reservations(node.ipam_dir().join(NETWORK), before, Arc::clone(&targets));
+        let denied = Prober::start(netns_of(other.pid), &targets);
+        let allowed = Prober::start(netns_of(client.pid), &targets);
+        let from_node = Prober::start(host.path().to_path_buf(), &targets);
+        let called = Instant::now();
+        let id = start_sandbox(&node, "prod", "server", &server_labels);
+        let returned = Instant::now();
+        let server = ready_pod(&node, "prod/server".to_owned(), id);
+        let addresses = [
+            SocketAddr::new(server.v4, SERVER_PORT),
+            SocketAddr::new(server.v6, SERVER_PORT),
+        ];
+        count_syns(&server, &[client.v4, client.v6, other.v4, other.v6]);
+        let counted = Instant::now();
+        let echo = PeerEcho::start(&server);
+        let listening = Instant::now();
+        let connected_both = |log: &[Attempt]| {
+            addresses
+                .iter()
+                .all(|to| first(log, *to, |p| p == Probe::Connected).is_some())
+        };
+        while Instant::now() < returned + OBSERVE
+            || (!connected_both(&allowed.attempts()) && Instant::now() < returned + SETTLE_LIMIT)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let denied = denied.finish();
+        let allowed = allowed.finish();
+        let from_node = from_node.finish();
+        watch.finish();
+        let seen = syns_seen(&server);
+        let known: Vec<(Instant, SocketAddr)> = lock(&targets).clone();
+
+        println!(
+            "NetworkPolicy through the CRI, ms from RunPodSandbox's return (negative: before):\n\
+             \x20 RunPodSandbox took {:.1}; SYN counters in the server at {:+.1}, its listener at {:+.1}",
+            ms(returned, called),
+            ms(counted, returned),
+            ms(listening, returned),
+        );
+        let at = |t: Option<Instant>| {
+            t.map_or_else(
+                || "never".to_owned(),
+                |t| format!("{:+.1}", ms(t, returned)),
+            )
+        };
+        for to in addresses {
+            let reserved = known.iter().find(|(_, t)| *t == to).map(|(at, _)| *at);
+            let node_reached = first(&from_node, to, Probe::reached);
+            let mine: Vec<&Attempt> = denied.iter().filter(|a| a.to == to).collect();
+            let count = |p: Probe| mine.iter().filter(|a| a.outcome == p).count();
+            let refused_while_up = node_reached.and_then(|up| {
+                mine.iter()
+                    .find(|a| a.at >= up && !a.outcome.reached())
+                    .map(|a| a.at)
+            });
+            println!(
+                "  {}: reserved {}; the node first reached it {}\n\
+                 \x20   denied dev/other: {} probes ({} before the return), first {}, last {}; \
+                 silent {}, unreachable {}, reached {}; first refused while the node reached the server {}\n\
+                 \x20   allowed dev/client: first reached {}, first connected {}",
+                to.ip(),
+                at(reserved),
+                at(node_reached),
+                mine.len(),
+                mine.iter().filter(|a| a.at < returned).count(),
+                at(mine.first().map(|a| a.at)),
+                at(mine.last().map(|a| a.at)),
+                count(Probe::Silent),
+                count(Probe::Unreachable),
+                count(Probe::Connected) + count(Probe::Reset),
+                at(refused_while_up),
+                at(first(&allowed, to, Probe::reached)),
+                at(first(&allowed, to, |p| p == Probe::Connected)),
+            );
+        }
+        println!("  SYNs the server's netns counted, by source: {seen:?}");
+
+        let mut reserved: Vec<SocketAddr> = known.iter().map(|(_, t)| *t).collect();
+        reserved.sort();
+        let mut want = addresses.to_vec();
+        want.sort();
+        assert_eq!(reserved, want, "the addresses probed are the server's");
+        for to in addresses {
+            // The server was up: the node (never judged) reached it.
+            assert!(
+                first(&from_node, to, Probe::reached).is_some(),
+                "the node never reached {to}: {:?}\n{}",
+                from_node.iter().rfind(|a| a.to == to),
+                agent.log()
+            );
+            // The denied client probed it all along and never got through.
+            let mine: Vec<&Attempt> = denied.iter().filter(|a| a.to == to).collect();
+            let leaks: Vec<f64> = mine
+                .iter()
+                .filter(|a| a.outcome.reached())
+                .map(|a| ms(a.at, returned))
+                .collect();
+            assert!(
+                leaks.is_empty(),
+                "dev/other reached {to} (ms from the return): {leaks:?}\n{}\n{}",
+                policy_table(&node).unwrap_or_default(),
+                agent.log()
+            );
+            // The allowed client got through...
+            let open = first(&allowed, to, |p| p == Probe::Connected);
+            assert!(
+                open.is_some(),
+                "dev/client never connected to {to}; last probe {:?}\n{}\n{}",
+                allowed.iter().rfind(|a| a.to == to),
+                policy_table(&node).unwrap_or_default(),
+                agent.log()
+            );
+            // ... and the denied one was still refused after that.
+            assert!(
+                mine.iter().any(|a| open.is_some_and(|open| a.at > open)),
+                "dev/other never probed {to} while the server accepted dev/client"
+            );
+        }
+        for ip in [other.v4, other.v6] {
+            assert_eq!(
+                seen.get(&ip),
+                Some(&0),
+                "SYNs from dev/other reached the server: {seen:?}"
+            );
+        }
+        for ip in [client.v4, client.v6] {
+            assert!(
+                seen.get(&ip).is_some_and(|n| *n > 0),
+                "no SYN from dev/client counted: {seen:?}"
+            );
+        }
+        // The server sees the client's own address (pod to pod, no NAT).
+        for (to, from) in [(addresses[0], client.v4), (addresses[1], client.v6)] {
+            let got = peer_seen(&netns_of(client.pid), to).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got, from.to_string(), "the server saw dev/client as");
+        }
+
+        // A pod whose object the API does not hold stays pending: it reaches nothing and
+        // nothing reaches it (a reset would say a SYN did). Removing its sandbox leaves
+        // neither its records nor its pending addresses.
+        let id = start_sandbox(&node, "prod", "unknown", &server_labels);
+        let unknown = ready_pod(&node, "prod/unknown".to_owned(), id);
+        let unknown_ips = [unknown.v4.to_string(), unknown.v6.to_string()];
+        let records = agent.records();
+        for ip in &unknown_ips {
+            assert_eq!(
+                records.get(ip).and_then(|r| r.lines().next()),
+                Some("prod/unknown"),
+                "the record of {ip}: {records:?}"
+            );
+        }
+        let held = pending(&node);
+        let want: BTreeMap<String, String> = unknown_ips
+            .iter()
+            .map(|ip| (ip.clone(), "prod/unknown".to_owned()))
+            .collect();
+        assert_eq!(held, want, "pending while the agent cannot find the Pod");
+        let to_unknown: Vec<Probe> = in_netns(&netns_of(client.pid), move || {
+            (0..5)
+                .map(|_| probe(SocketAddr::new(unknown.v4, SERVER_PORT)))
+                .collect()
+        });
+        assert!(
+            !to_unknown.iter().any(|p| p.reached()),
+            "dev/client reached the pending pod: {to_unknown:?}"
+        );
+        node.cri()
+            .stop(&unknown.id)
+            .unwrap_or_else(|e| panic!("{e}"));
+        node.cri()
+            .remove(&unknown.id)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let records = agent.records();
+        assert!(
+            !records.values().any(|r| r.starts_with("prod/unknown")),
+            "records left by the removed sandbox: {records:?}"
+        );
+        assert_eq!(pending(&node), BTreeMap::new(), "pending after removal");
+        let table = policy_table(&node).unwrap_or_default();
+        for ip in &unknown_ips {
+            assert!(
+                !table.contains(ip.as_str()),
+                "{ip} left in the table:\n{table}"
+            );
+        }
+
+        // Without the policy the server is open to both clients.
+        assert!(api.delete_network_policy(policy.0, policy.1));
+        let deleted = Instant::now();
+        let other_ns = netns_of(other.pid);
+        wait_until(SETTLE_LIMIT, "dev/other still cannot connect", || {
+            let ns = other_ns.clone();
+            let outcomes = in_netns(&ns, move || addresses.map(probe));
+            (outcomes == [Probe::Connected; 2])
+                .then_some(())
+                .ok_or_else(|| format!("{outcomes:?}\n{}", agent.log()))
+        });
+        println!(
+            "  policy deleted: dev/other connected over both families after {:.1} ms",
+            ms(Instant::now(), deleted)
+        );
+        for pod in [&client, &other] {
+            for (to, from) in [(addresses[0], pod.v4), (addresses[1], pod.v6)] {
+                let got = peer_seen(&netns_of(pod.pid), to).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(got, from.to_string(), "the server saw {} as", pod.name);
+            }
+        }
+
+        // Removal leaves no record and no element of the pods in the table.
+        drop(echo);
+        remove_pods(&node, &[&client, &other, &server], &[]);
+        assert_eq!(agent.records(), BTreeMap::new(), "records after removal");
+        assert_eq!(pending(&node), BTreeMap::new(), "pending after removal");
+        wait_until(
+            SETTLE_LIMIT,
+            "elements left in the NetworkPolicy table",
+            || {
+                let table = policy_table(&node).unwrap_or_default();
+                (!table.contains("elements")).then_some(()).ok_or(table)
+            },
+        );
+        drop(agent);
+        drop(api);
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &own);
 }
