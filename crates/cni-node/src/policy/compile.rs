@@ -435,11 +435,22 @@ pub fn compile(view: &View<'_>, node: &str, records: &BTreeMap<IpAddr, String>) 
     let mut out = Compiled::default();
     let mut compiler = Compiler::new(view);
     // Local pods with every address they are known by.
+    // An address the plugin recorded belongs to the recorded pod, even while the API
+    // still shows it on a pod that is going away (addresses are reused).
     let mut local: BTreeMap<String, (&PodInfo, BTreeSet<IpAddr>)> = view
         .pods
         .values()
         .filter(|pod| pod.node == node && !pod.host_network)
-        .map(|pod| (pod.key(), (pod, pod.ips.iter().copied().collect())))
+        .map(|pod| {
+            let key = pod.key();
+            let ips = pod
+                .ips
+                .iter()
+                .copied()
+                .filter(|ip| records.get(ip).is_none_or(|owner| *owner == key))
+                .collect();
+            (key, (pod, ips))
+        })
         .collect();
     for (ip, key) in records {
         if let Some(pod) = view.pods.get(key).filter(|p| !p.host_network) {
@@ -706,5 +717,36 @@ mod tests {
         let c = compile(&view, "n1", &records);
         assert!(c.ingress.contains_key(&ip));
         assert_eq!(c.judged.get(&ip).map(String::as_str), Some("x/new"));
+    }
+
+    #[test]
+    fn a_recorded_address_belongs_to_the_recorded_pod_not_to_the_one_leaving() {
+        let (mut pods, ns) = cluster();
+        // x/a (node n1) is leaving; the API still shows its address, which the plugin
+        // has just given to a new pod x/new on the same node.
+        let reused = pods["x/a"].ips[0];
+        let mut new = PodInfo {
+            namespace: "x".into(),
+            name: "new".into(),
+            node: "n1".into(),
+            ..PodInfo::default()
+        };
+        new.labels.insert("pod".into(), "new".into());
+        pods.insert(new.key(), new);
+        let policies: BTreeMap<_, _> = [policy(
+            "x",
+            "isolate-a",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}}),
+        )]
+        .into_iter()
+        .collect();
+        let view = View::new(&pods, &ns, &policies);
+        let records = [(reused, "x/new".to_owned())].into_iter().collect();
+        let c = compile(&view, "n1", &records);
+        assert_eq!(c.judged[&reused], "x/new");
+        assert!(
+            !c.ingress.contains_key(&reused),
+            "x/new is not isolated: {c:?}"
+        );
     }
 }
