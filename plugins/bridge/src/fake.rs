@@ -93,6 +93,7 @@ pub(crate) fn link(index: u32, name: &str, kind: &str) -> Link {
         link_netnsid: None,
         vlan_filtering: None,
         bridge_port: None,
+        vxlan: None,
     }
 }
 

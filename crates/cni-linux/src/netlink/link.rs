@@ -16,6 +16,7 @@ use super::rtnl::{
     IFLA_LINKINFO, IFLA_MASTER, IFLA_MTU, IFLA_OPERSTATE, IfInfo, RTEXT_FILTER_SKIP_STATS,
     RTM_DELLINK, RTM_GETLINK, RTM_NEWLINK,
 };
+use super::vxlan::VxlanInfo;
 use crate::error::{Error, Result};
 use crate::mac::MacAddr;
 
@@ -65,6 +66,8 @@ pub struct Link {
     pub vlan_filtering: Option<bool>,
     /// For a bridge port: its port flags.
     pub bridge_port: Option<BridgePort>,
+    /// For a VXLAN device: its settings.
+    pub vxlan: Option<VxlanInfo>,
 }
 
 /// Flags of a bridge port that the bridge plugin manages.
@@ -146,6 +149,7 @@ impl Link {
             link_netnsid: None,
             vlan_filtering: None,
             bridge_port: None,
+            vxlan: None,
         };
         for attr in attrs(attributes) {
             let (ty, v) = attr?;
@@ -179,6 +183,9 @@ impl Link {
                             self.vlan_filtering = Some(u8_value(v)? != 0);
                         }
                     }
+                }
+                IFLA_INFO_DATA if self.kind.as_deref() == Some("vxlan") => {
+                    self.vxlan = Some(VxlanInfo::parse(v)?);
                 }
                 IFLA_INFO_SLAVE_KIND => {
                     let kind = c_string(v);
