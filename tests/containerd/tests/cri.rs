@@ -1788,20 +1788,32 @@ fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_
             );
         }
 
-        // Without the policy the server is open to both clients.
+        // The policy still holds: dev/other is still refused...
+        let other_ns = netns_of(other.pid);
+        let ns = other_ns.clone();
+        let still = in_netns(&ns, move || addresses.map(probe));
+        assert!(
+            !still.iter().any(|p| p.reached()),
+            "dev/other reached the server before the policy was deleted: {still:?}\n{}\n{}",
+            policy_table(&node).unwrap_or_default(),
+            agent.log()
+        );
+        // ... and without the policy the server is open to both clients.
         assert!(api.delete_network_policy(policy.0, policy.1));
         let deleted = Instant::now();
-        let other_ns = netns_of(other.pid);
+        let mut opened = deleted;
         wait_until(SETTLE_LIMIT, "dev/other still cannot connect", || {
             let ns = other_ns.clone();
+            opened = Instant::now();
             let outcomes = in_netns(&ns, move || addresses.map(probe));
             (outcomes == [Probe::Connected; 2])
                 .then_some(())
                 .ok_or_else(|| format!("{outcomes:?}\n{}", agent.log()))
         });
         println!(
-            "  policy deleted: dev/other connected over both families after {:.1} ms",
-            ms(Instant::now(), deleted)
+            "  policy deleted: dev/other's first probes to connect over both families started \
+             {:.1} ms after (a dropped probe takes {PROBE_TIMEOUT:?})",
+            ms(opened, deleted)
         );
         for pod in [&client, &other] {
             for (to, from) in [(addresses[0], pod.v4), (addresses[1], pod.v6)] {
