@@ -25,6 +25,8 @@
 //! - [`cluster`]: a cluster of namespaces on an underlay, each node running `cni-node`
 //!   against the Kubernetes API test server.
 //! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
+//! - [`netpol`]: servers answering TCP and UDP in a pod, and a prober running many
+//!   connection probes at once, for the NetworkPolicy tests.
 
 pub mod bins;
 pub mod cases;
@@ -36,6 +38,7 @@ pub mod json;
 pub mod kernel;
 pub mod names;
 pub mod netns;
+pub mod netpol;
 pub mod plugin;
 pub mod podman;
 pub mod privilege;
