@@ -27,10 +27,14 @@
 //! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
 //! - [`netpol`]: servers answering TCP and UDP in a pod, and a prober running many
 //!   connection probes at once, for the NetworkPolicy tests.
+//! - [`nft`]: nftables commits seen as they happen, and the NetworkPolicy table as
+//!   `nft -j` lists it.
+//! - [`connections`]: short TCP connections between namespaces, timed one by one.
 
 pub mod bins;
 pub mod cases;
 pub mod cluster;
+pub mod connections;
 pub mod fleet;
 pub mod hostport;
 pub mod ipam;
@@ -39,6 +43,7 @@ pub mod kernel;
 pub mod names;
 pub mod netns;
 pub mod netpol;
+pub mod nft;
 pub mod plugin;
 pub mod podman;
 pub mod privilege;

@@ -1,8 +1,12 @@
 //! From the agent's view to what the kernel must hold on this node: for every local pod
 //! that some policy isolates, the profile that judges its ingress or egress, as
-//! pairwise disjoint boxes of (peer addresses, protocol, destination port). Pods with
-//! the same boxes share one profile, named by a hash of its contents, so a restarted
-//! agent computes the same names and adopts what is in the kernel.
+//! pairwise disjoint boxes of (peer addresses, protocol, destination port). Pods
+//! selected by the same policies (and, for ingress, with the same named ports) share
+//! one profile, named by a hash of those inputs, not of its boxes: a restarted agent
+//! computes the same names and adopts what is in the kernel, and a change of what the
+//! policies allow (a peer pod coming or going, a namespace's labels, a policy's rules)
+//! keeps the profile's name, so it reaches the kernel as the few elements of its sets
+//! that differ, not as new sets of thousands of elements.
 //!
 //! Protocol and port are one key, `protocol << 16 | port`: every port entry of a
 //! policy is one interval of it (a protocol's port range, a protocol's every port, or
@@ -161,7 +165,8 @@ struct Rect {
     keys: Keys,
 }
 
-/// Peers' addresses, computed once per pass for each (namespace, peer).
+/// Peers' addresses, computed once per pass for each peer (and, for a peer of the
+/// policy's own namespace, each namespace).
 #[derive(Debug, Default)]
 struct PeerCache {
     peers: HashMap<(String, Peer), Rc<Addrs>>,
@@ -220,7 +225,15 @@ impl<'v, 'a> Compiler<'v, 'a> {
     }
 
     fn one_peer(&mut self, namespace: &str, peer: &Peer) -> Rc<Addrs> {
-        let cache_key = (namespace.to_owned(), peer.clone());
+        // Only a peer without a namespace selector depends on the policy's namespace:
+        // the others are computed once for every policy that has them.
+        let scope = match peer {
+            Peer::Pods {
+                namespaces: None, ..
+            } => namespace,
+            Peer::Pods { .. } | Peer::IpBlock { .. } => "",
+        };
+        let cache_key = (scope.to_owned(), peer.clone());
         if let Some(hit) = self.peers.peers.get(&cache_key) {
             return Rc::clone(hit);
         }
@@ -228,21 +241,28 @@ impl<'v, 'a> Compiler<'v, 'a> {
         match peer {
             Peer::IpBlock { cidr, except } => addrs.push_block(*cidr, except),
             Peer::Pods {
-                namespaces: None, ..
+                namespaces: None,
+                pods,
             } => {
                 for (pod, ips) in self.by_namespace.get(namespace).into_iter().flatten() {
-                    if self.view.peer_selects(namespace, peer, pod) {
+                    if pods.matches(&pod.labels) {
                         ips.iter().for_each(|ip| addrs.push(*ip));
                     }
                 }
             }
             Peer::Pods {
-                namespaces: Some(_),
-                ..
+                namespaces: Some(namespaces),
+                pods,
             } => {
-                for (pod, ips) in self.by_namespace.values().flatten() {
-                    if self.view.peer_selects(namespace, peer, pod) {
-                        ips.iter().for_each(|ip| addrs.push(*ip));
+                // Each namespace's labels are matched once, not once per pod.
+                for (name, in_namespace) in &self.by_namespace {
+                    if !self.view.namespace_selected(name, namespaces) {
+                        continue;
+                    }
+                    for (pod, ips) in in_namespace {
+                        if pods.matches(&pod.labels) {
+                            ips.iter().for_each(|ip| addrs.push(*ip));
+                        }
                     }
                 }
             }
@@ -420,11 +440,16 @@ fn address(n: u128, v4: bool) -> IpAddr {
     }
 }
 
-/// A profile's name: a hash of its boxes.
-fn name(boxes: &[Allow]) -> String {
+/// A profile's name: a hash of the keys of the policies that select its pods and, for
+/// ingress, of the pods' named ports.
+fn name(policies: &[String], named_ports: &[NamedPort]) -> String {
     let mut hash = Sha256::new();
-    for b in boxes {
-        hash.update(format!("{b:?};"));
+    for key in policies {
+        hash.update(key.as_bytes());
+        hash.update(b"\n");
+    }
+    for port in named_ports {
+        hash.update(format!("{}/{}/{}\n", port.name, port.protocol, port.port));
     }
     hash.finalize()[..8]
         .iter()
@@ -483,9 +508,8 @@ pub fn compile(view: &View<'_>, node: &str) -> Compiled {
                             rects.extend(compiler.ingress_rects(policy, rule, &pod.named_ports));
                         }
                     }
-                    let profile = profile_of(&rects);
-                    let n = name(&profile);
-                    out.ingress_profiles.insert(n.clone(), profile);
+                    let n = name(&memo_key.0, &memo_key.1);
+                    out.ingress_profiles.insert(n.clone(), profile_of(&rects));
                     ingress_memo.insert(memo_key, n.clone());
                     n
                 }
@@ -510,9 +534,8 @@ pub fn compile(view: &View<'_>, node: &str) -> Compiled {
                             rects.extend(compiler.egress_rects(policy, rule));
                         }
                     }
-                    let profile = profile_of(&rects);
-                    let n = name(&profile);
-                    out.egress_profiles.insert(n.clone(), profile);
+                    let n = name(&names, &[]);
+                    out.egress_profiles.insert(n.clone(), profile_of(&rects));
                     egress_memo.insert(names, n.clone());
                     n
                 }
@@ -673,7 +696,7 @@ mod tests {
     }
 
     #[test]
-    fn pods_with_the_same_boxes_share_a_profile_and_names_are_stable() {
+    fn pods_selected_by_the_same_policies_share_a_profile_and_names_are_stable() {
         let (pods, ns) = cluster();
         let policies: BTreeMap<_, _> = [policy("x", "deny", json!({"podSelector": {}}))]
             .into_iter()
@@ -688,6 +711,35 @@ mod tests {
         );
         assert_eq!(c.judged.len(), 12, "six local pods, two addresses each");
         assert_eq!(compile(&view, "n2"), c);
+    }
+
+    #[test]
+    fn a_profile_keeps_its_name_when_what_it_allows_changes() {
+        let (mut pods, ns) = cluster();
+        let policies: BTreeMap<_, _> = [policy(
+            "x",
+            "from-b",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "b"}}}]}]}),
+        )]
+        .into_iter()
+        .collect();
+        let before = compile(&View::new(&pods, &ns, &policies), "n1");
+        // x/c gets the label the peer selects: the profile allows more, same name.
+        let c = pods.get_mut("x/c").unwrap();
+        c.labels.insert("pod".into(), "b".into());
+        let c_ip = c.ips[0];
+        let after = compile(&View::new(&pods, &ns, &policies), "n1");
+        let a_ip = pods["x/a"].ips[0];
+        assert_eq!(before.ingress[&a_ip], after.ingress[&a_ip]);
+        let name = &after.ingress[&a_ip];
+        assert!(!allows(&before.ingress_profiles[name], c_ip, TCP, 80));
+        assert!(allows(&after.ingress_profiles[name], c_ip, TCP, 80));
+        // Another policy selecting x/a is another profile.
+        let mut more = policies.clone();
+        more.extend([policy("x", "deny", json!({"podSelector": {}}))]);
+        let other = compile(&View::new(&pods, &ns, &more), "n1");
+        assert_ne!(&other.ingress[&a_ip], name);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use super::objects::{NamedPort, Peer, PodInfo, PolicyInfo, PolicyPort, PortRef, Rule};
-use super::selector::Labels;
+use super::selector::{Labels, Selector};
 
 /// The objects policy is judged on.
 #[derive(Debug)]
@@ -170,15 +170,16 @@ impl<'a> View<'a> {
             Peer::Pods {
                 namespaces: Some(namespaces),
                 pods,
-            } => {
-                let empty = Labels::new();
-                let labels = self.namespaces.get(&pod.namespace).unwrap_or(&empty);
-                // A pod whose namespace is not (yet) known is matched only by a
-                // selector of every namespace.
-                (self.namespaces.contains_key(&pod.namespace) || namespaces.is_everything())
-                    && namespaces.matches(labels)
-                    && pods.matches(&pod.labels)
-            }
+            } => self.namespace_selected(&pod.namespace, namespaces) && pods.matches(&pod.labels),
+        }
+    }
+
+    /// Whether a peer's namespace selector selects the namespace `name`. A namespace
+    /// that is not (yet) known is selected only by a selector of every namespace.
+    pub fn namespace_selected(&self, name: &str, selector: &Selector) -> bool {
+        match self.namespaces.get(name) {
+            Some(labels) => selector.matches(labels),
+            None => selector.is_everything(),
         }
     }
 
