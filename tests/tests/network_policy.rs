@@ -1281,3 +1281,112 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         failures.join("\n\n")
     );
 }
+
+/// An agent SIGKILLed right after a policy change is served, then restarted: the
+/// kernel keeps the rules it had (each change is one nftables transaction), so an
+/// allowed connection never loses an echo and a flow denied before and after the
+/// change is never let through, while the agent is away or starting again; the
+/// restarted agent converges on the change.
+#[test]
+fn an_agent_killed_in_the_middle_of_a_policy_change_opens_nothing_and_breaks_nothing() {
+    if !require_root() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut world = World::new();
+    let guard = |also_y_b: bool| {
+        let mut from = vec![json!({"podSelector": {"matchLabels": {"pod": "b"}}})];
+        if also_y_b {
+            from.push(json!({"namespaceSelector": {"matchLabels": {"ns": "y"}},
+                             "podSelector": {"matchLabels": {"pod": "b"}}}));
+        }
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"from": from}]})
+    };
+    world.act(&Action::Policy("x", "a-guard", guard(false)));
+    world
+        .converge(Instant::now())
+        .unwrap_or_else(|e| panic!("x/a admitting only x/b: {e}"));
+    let (xa, xb, ya) = (
+        world.member("x/a"),
+        world.member("x/b"),
+        world.member("y/a"),
+    );
+    let kept: Vec<Pinger> = [false, true]
+        .into_iter()
+        .map(|v6| {
+            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
+            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
+            Pinger::start(stream, false)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+
+    // The change (x/a also admits y/b) is served and the agent of x/a's node is killed
+    // at once, as it may be reading or applying it.
+    let node = world.members[xa].node;
+    let kubeconfig = world.cluster.kubeconfig.clone();
+    world.act(&Action::Policy("x", "a-guard", guard(true)));
+    world.cluster.host(node).kill_agent();
+    let killed = Instant::now();
+
+    // y/a -> x/a is denied before and after the change: probed while the agent is away
+    // and while it starts again.
+    let denied = probes_to(&world.members[ya].netns, &world.members[xa]);
+    let mut passed: Vec<String> = Vec::new();
+    let mut rounds = 0;
+    let probe_denied = |passed: &mut Vec<String>, rounds: &mut usize| {
+        *rounds += 1;
+        for (probe, outcome) in denied
+            .iter()
+            .zip(netpol::run(&denied, PROBE_TIMEOUT, |_, _| false))
+        {
+            if outcome.passed() {
+                passed.push(format!(
+                    "y/a -> {} {} passed {} after the kill",
+                    probe.to,
+                    probe.protocol.name(),
+                    seconds(killed.elapsed())
+                ));
+            }
+        }
+    };
+    while killed.elapsed() < Duration::from_secs(2) {
+        probe_denied(&mut passed, &mut rounds);
+    }
+    world.cluster.host(node).start_agent(&kubeconfig);
+    let restarted = Instant::now();
+    while restarted.elapsed() < Duration::from_secs(2) {
+        probe_denied(&mut passed, &mut rounds);
+    }
+    let converged = world.converge(restarted);
+    probe_denied(&mut passed, &mut rounds);
+    let mut failures = Vec::new();
+    match &converged {
+        Ok(c) => println!(
+            "agent killed after the change and restarted 2 s later: converged {} after the \
+             restart; y/a -> x/a probed in {rounds} rounds",
+            seconds(c.after)
+        ),
+        Err(e) => failures.push(format!("after the restart: {e}")),
+    }
+    failures.extend(passed);
+    for (v6, pinger) in [false, true].into_iter().zip(kept) {
+        let pings = pinger.finish();
+        let lost = pings.iter().filter(|(_, ok)| !ok).count();
+        println!(
+            "x/b -> x/a IPv{}: {} echoes through the kill and restart, {lost} lost",
+            if v6 { 6 } else { 4 },
+            pings.len()
+        );
+        if lost > 0 || pings.len() < 100 {
+            failures.push(format!(
+                "x/b -> x/a IPv{}: {lost} of {} echoes lost",
+                if v6 { 6 } else { 4 },
+                pings.len()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
