@@ -125,6 +125,11 @@ def timed(argv, env=None, stdin=b""):
 class Plugins:
     """A suite of plugin binaries (ours or the reference)."""
 
+    # CNI_ARGS of every call (the runtime's pod keys, for suites that read them).
+    cni_args = ""
+    # Whether the suite's host netns gets the node agent's NetworkPolicy table.
+    policy_table = False
+
     def __init__(self, name, bindir):
         self.name, self.bindir = name, bindir
 
@@ -132,6 +137,8 @@ class Plugins:
         env = {"PATH": ENV_PATH, "CNI_COMMAND": command, "CNI_CONTAINERID": cid,
                "CNI_NETNS": f"/run/netns/{pod}", "CNI_IFNAME": ifname,
                "CNI_PATH": self.bindir}
+        if self.cni_args:
+            env["CNI_ARGS"] = self.cni_args
         argv = [os.path.join(self.bindir, binary)]
         if rss_file:
             argv = ["/usr/bin/time", "-f", "%M", "-o", rss_file] + argv
@@ -139,11 +146,14 @@ class Plugins:
 
 
 class WithKeys(Plugins):
-    """Our suite with extra config keys (e.g. `portSecurity`), under its own name."""
+    """Our suite with extra config keys (e.g. `portSecurity`), under its own name; with
+    `cni_args`, the calls' CNI_ARGS; with `policy_table`, its host netns has the node
+    agent's NetworkPolicy table (the pending sets `podRecordDir` fills)."""
 
-    def __init__(self, name, bindir, keys):
+    def __init__(self, name, bindir, keys, cni_args="", policy_table=False):
         super().__init__(name, bindir)
         self.keys = keys
+        self.cni_args, self.policy_table = cni_args, policy_table
 
     def call(self, binary, command, cid, pod, conf, ifname="eth0", rss_file=None):
         return super().call(binary, command, cid, pod, dict(conf, **self.keys), ifname, rss_file)
@@ -264,6 +274,10 @@ def scenario_host(suite, scn, data_root):
     conf = net_conf(scn, suite.name, data)
     if isinstance(suite, Floor):
         suite.setup(host, scn["dual"])
+    if getattr(suite, "policy_table", False):
+        sh(["ip", "netns", "exec", host, "nft", "-f", "-"],
+           "table inet cni_node_policy {\n set pending4 { type ipv4_addr; }\n"
+           " set pending6 { type ipv6_addr; }\n}\n")
     return host, conf
 
 
@@ -493,15 +507,20 @@ def print_tables(rows, conc_rows, size_rows, meta):
               f"| {fmt(cell(scn, op, 'ours', 'cpu_p50_ms'))} "
               f"| {fmt(cell(scn, op, 'ref', 'cpu_p50_ms'))} "
               f"| {fmt(cell(scn, op, 'floor', 'cpu_p50_ms'))} |")
-    with_keys = [(r["scenario"], r["op"]) for r in rows if r["suite"] == "ps"]
-    if with_keys:
-        print("\nportSecurity: our ADD with it against without it, pods interleaved, "
+    for suite, what in (("ps", "portSecurity"),
+                        ("pr", "podRecordDir (records, and pending addresses in a "
+                               "NetworkPolicy table)"),
+                        ("pn", "podRecordDir (records; no NetworkPolicy table)")):
+        with_keys = [(r["scenario"], r["op"]) for r in rows if r["suite"] == suite]
+        if not with_keys:
+            continue
+        print(f"\n{what}: our ADD with it against without it, pods interleaved, "
               "wall ms p50 (p99):\n")
         print("| scenario | op | without | with | with/without p50 |")
         print("|---|---|---:|---:|---:|")
         for scn, op in with_keys:
             o50, o99 = cell(scn, op, "ours", "p50_ms"), cell(scn, op, "ours", "p99_ms")
-            p50, p99 = cell(scn, op, "ps", "p50_ms"), cell(scn, op, "ps", "p99_ms")
+            p50, p99 = cell(scn, op, suite, "p50_ms"), cell(scn, op, suite, "p99_ms")
             print(f"| {scn} | {op} | {fmt(o50)} ({fmt(o99)}) | {fmt(p50)} ({fmt(p99)}) "
                   f"| {ratio(p50, o50)} |")
     errs = [r for r in rows if r["op"] == "errors"]
@@ -641,6 +660,19 @@ def main():
             log(f"== {scn['name']} (ours without and with it, first {window} vs last {window})")
             with_ps = WithKeys("ps", a.ours, {"portSecurity": True})
             run_interleaved_scale(scn, [ours, with_ps], ps_pods, data_root, rows, raw, window)
+        scn = {"name": f"podRecordDir {ps_pods} pods dual-stack", "dual": True, "masq": None}
+        if wanted(scn["name"]):
+            log(f"== {scn['name']} (ours without and with it, first {window} vs last {window})")
+            # What containerd passes: the baseline gets it too, so that only the key differs.
+            k8s = ("IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-0;"
+                   "K8S_POD_INFRA_CONTAINER_ID=x;K8S_POD_UID=y")
+            records = os.path.join(data_root, "pods")
+            base = WithKeys("ours", a.ours, {}, cni_args=k8s)
+            held = WithKeys("pr", a.ours, {"podRecordDir": records + "-pr"}, cni_args=k8s,
+                            policy_table=True)
+            unheld = WithKeys("pn", a.ours, {"podRecordDir": records + "-pn"}, cni_args=k8s)
+            run_interleaved_scale(scn, [base, held, unheld], ps_pods, data_root, rows, raw,
+                                  window)
         scn = {"name": "concurrent", "dual": False, "masq": "iptables"}
         if wanted(scn["name"]):
             log(f"== {conc_pods} pods {width} at a time (ipMasq iptables)")

@@ -13,7 +13,7 @@
 # its cni-bin/, the plugin names as hard links of the multi-call binary), BENCH_ROUNDS and
 # BENCH_PODS (rounds per scenario, pods per suite and round: default 3 and 15), BENCH_ONLY
 # (comma-separated words: run only the parts whose names contain one, e.g. ipv4,nftables,
-# 250,portSecurity,concurrent,sizes).
+# 250,portSecurity,podRecordDir,concurrent,sizes).
 # Everything runs in throwaway network namespaces (never the machine's own), removed on
 # exit. Prints Markdown tables; see docs/performance.md. Nothing here asserts on time.
 set -euo pipefail

@@ -193,6 +193,26 @@ fn build(
         "--message-format=json-render-diagnostics",
     ])
     .current_dir(workspace_root());
+    // What cargo tells the test binary about its own package: build scripts that watch
+    // these (ring's watches CARGO_MANIFEST_DIR) would otherwise rerun, and everything
+    // after them rebuild, each time a build from a shell follows a test run.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_EXE_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+            ]
+            .contains(&key.as_ref())
+        {
+            cmd.env_remove(key.as_ref());
+        }
+    }
     let mut packages: Vec<&str> = plugins.iter().map(|(_, package, _)| *package).collect();
     packages.dedup();
     for package in packages {

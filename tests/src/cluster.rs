@@ -113,6 +113,8 @@ pub struct Pod {
     pub v4: IpAddr,
     /// Its IPv6 address.
     pub v6: IpAddr,
+    /// The `CNI_ARGS` it was added with (and is deleted with); empty for none.
+    pub cni_args: String,
 }
 
 /// One node: its namespace, directories, agent and pods.
@@ -126,6 +128,9 @@ pub struct Host {
     pub conf_dir: PathBuf,
     /// `--ipam-data-dir`.
     pub data_dir: PathBuf,
+    /// `--pod-record-dir`: the node's own, as on a real node (the default is a path of
+    /// the machine, which every test's nodes would share).
+    pub record_dir: PathBuf,
     /// cnitool's cache.
     pub cache_dir: PathBuf,
     /// The agent's stderr, appended to across restarts.
@@ -177,6 +182,7 @@ impl Host {
             .arg(format!("--cni-conf-dir={}", self.conf_dir.display()))
             .arg(format!("--cni-bin-dir={}", bin_dir().display()))
             .arg(format!("--ipam-data-dir={}", self.data_dir.display()))
+            .arg(format!("--pod-record-dir={}", self.record_dir.display()))
             .arg(format!("--resync-interval={}", self.resync_secs))
             .arg("--verbose")
             .args(&self.extra_args)
@@ -204,9 +210,26 @@ impl Host {
 
     /// Attaches a pod through cnitool with the conflist the agent wrote.
     pub fn add_pod(&mut self) {
-        let ns = Netns::new("cnibb-cl-pod");
+        self.attach(unique_name("cl-pod"), "");
+    }
+
+    /// Attaches Kubernetes pod `namespace/name` (of `uid`) as containerd does: cnitool
+    /// with `CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=…;K8S_POD_NAME=…;
+    /// K8S_POD_INFRA_CONTAINER_ID=<the container id>;K8S_POD_UID=…` (so the bridge
+    /// records the pod's addresses for the agent), the same arguments at DEL. Returns
+    /// the pod.
+    pub fn add_k8s_pod(&mut self, namespace: &str, name: &str, uid: &str) -> &Pod {
         let id = unique_name("cl-pod");
-        let out = self.cnitool(&["add", NETWORK, ns.path_str()], &id);
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};\
+             K8S_POD_INFRA_CONTAINER_ID={id};K8S_POD_UID={uid}"
+        );
+        self.attach(id, &args)
+    }
+
+    fn attach(&mut self, id: String, cni_args: &str) -> &Pod {
+        let ns = Netns::new("cnibb-cl-pod");
+        let out = self.cnitool_with_args(&["add", NETWORK, ns.path_str()], &id, cni_args);
         let result: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("cnitool add: not JSON ({e}): {out}"));
         let ip = |v4: bool| -> IpAddr {
@@ -219,23 +242,27 @@ impl Host {
                 .unwrap_or_else(|| panic!("no IPv{} address in {result}", if v4 { 4 } else { 6 }))
         };
         let (v4, v6) = (ip(true), ip(false));
-        self.pods.push(Pod { ns, id, v4, v6 });
+        self.pods.push(Pod {
+            ns,
+            id,
+            v4,
+            v6,
+            cni_args: cni_args.to_owned(),
+        });
+        self.pods
+            .last()
+            .unwrap_or_else(|| unreachable!("just pushed"))
     }
 
     /// Runs cnitool in this node's namespace with its conflist; panics unless it succeeds.
     pub fn cnitool(&self, args: &[&str], id: &str) -> String {
-        let out = Command::new("ip")
-            .args(["netns", "exec", self.ns.name(), "timeout", "60"])
-            .arg(plugin_path("cnitool"))
-            .args(args)
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("NETCONFPATH", &self.conf_dir)
-            .env("CNI_PATH", bin_dir())
-            .env("CNI_CACHE_DIR", &self.cache_dir)
-            .env("CNI_CONTAINERID", id)
-            .output()
-            .unwrap_or_else(|e| panic!("run cnitool: {e}"));
+        self.cnitool_with_args(args, id, "")
+    }
+
+    /// [`Self::cnitool`] with `CNI_ARGS` (none when empty).
+    pub fn cnitool_with_args(&self, args: &[&str], id: &str, cni_args: &str) -> String {
+        let out = self.cnitool_command(args, id, cni_args).output();
+        let out = out.unwrap_or_else(|e| panic!("run cnitool: {e}"));
         assert!(
             out.status.success(),
             "node {}: cnitool {args:?} failed: {}{}",
@@ -245,22 +272,32 @@ impl Host {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    fn cnitool_command(&self, args: &[&str], id: &str, cni_args: &str) -> Command {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", self.ns.name(), "timeout", "60"])
+            .arg(plugin_path("cnitool"))
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("NETCONFPATH", &self.conf_dir)
+            .env("CNI_PATH", bin_dir())
+            .env("CNI_CACHE_DIR", &self.cache_dir)
+            .env("CNI_CONTAINERID", id);
+        if !cni_args.is_empty() {
+            command.env("CNI_ARGS", cni_args);
+        }
+        command
+    }
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
         self.agent = None;
         for pod in std::mem::take(&mut self.pods) {
-            let out = Command::new("ip")
-                .args(["netns", "exec", self.ns.name(), "timeout", "60"])
-                .arg(plugin_path("cnitool"))
-                .args(["del", NETWORK, pod.ns.path_str()])
-                .env_clear()
-                .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-                .env("NETCONFPATH", &self.conf_dir)
-                .env("CNI_PATH", bin_dir())
-                .env("CNI_CACHE_DIR", &self.cache_dir)
-                .env("CNI_CONTAINERID", &pod.id)
+            let out = self
+                .cnitool_command(&["del", NETWORK, pod.ns.path_str()], &pod.id, &pod.cni_args)
                 .output();
             if let Ok(out) = out
                 && !out.status.success()
@@ -410,6 +447,7 @@ impl Cluster {
             ns,
             conf_dir: base.join("net.d"),
             data_dir: base.join("ipam"),
+            record_dir: base.join("pods"),
             cache_dir: base.join("cache"),
             log: base.join("cni-node.log"),
             resync_secs: 1,

@@ -25,6 +25,8 @@
 //! - [`cluster`]: a cluster of namespaces on an underlay, each node running `cni-node`
 //!   against the Kubernetes API test server.
 //! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
+//! - [`netpol`]: servers answering TCP and UDP in a pod, and a prober running many
+//!   connection probes at once, for the NetworkPolicy tests.
 //! - [`nft`]: nftables commits seen as they happen, and the NetworkPolicy table as
 //!   `nft -j` lists it.
 //! - [`connections`]: short TCP connections between namespaces, timed one by one.
@@ -40,6 +42,7 @@ pub mod json;
 pub mod kernel;
 pub mod names;
 pub mod netns;
+pub mod netpol;
 pub mod nft;
 pub mod plugin;
 pub mod podman;

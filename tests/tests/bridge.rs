@@ -15,6 +15,7 @@ use bridge_support::{
 };
 use cni_blackbox::{Netns, Outcome, check_cases, kernel, require_root};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::process::{Command, Stdio};
 
@@ -1615,4 +1616,300 @@ fn invalid_configs_are_refused_before_anything_is_made() {
         assert!(!has_link(&pod, "eth0"));
         net.assert_nothing_left("after refused ADD");
     });
+}
+
+/// What containerd passes for pod `ns/name` of sandbox `sandbox`.
+fn k8s_args(ns: &str, name: &str, sandbox: &str) -> String {
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name};\
+         K8S_POD_INFRA_CONTAINER_ID={sandbox};K8S_POD_UID=5b1c0c4e-8f0e-4c55-9e1e-3f6b1f0a2d11"
+    )
+}
+
+/// A dual-stack config with `podRecordDir` (this network's own directory).
+fn records_conf(net: &Net) -> Value {
+    net.conf(
+        "1.1.0",
+        &[V4, V6],
+        &json!({"isGateway": true, "podRecordDir": net.records_dir()}),
+    )
+}
+
+/// `command` of the attachment (`id`, `pod`, eth0) with the pod's CNI_ARGS.
+fn run_k8s(net: &Net, command: &str, conf: &Value, id: &str, pod: &Netns, args: &str) -> Outcome {
+    net.plugin(command, conf)
+        .attachment(id, pod, "eth0")
+        .cni_args(args)
+        .run()
+}
+
+#[test]
+fn pod_records_and_pending_addresses_from_add_to_del() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let pod = net.pod();
+    net.create_policy_table();
+    let conf = records_conf(&net);
+    let args = k8s_args("team-a", "web-7d4b9c-x2x8v", CID);
+    let add = run_k8s(&net, "ADD", &conf, CID, &pod, &args);
+    add.assert_success();
+    // One record per address of the pod: the pod, then the container, on two lines.
+    let record = format!("team-a/web-7d4b9c-x2x8v\n{CID}\n");
+    let want = BTreeMap::from([
+        ("10.77.0.2".to_string(), record.clone()),
+        ("fd00:77::2".to_string(), record),
+    ]);
+    assert_eq!(net.pod_records(), want, "{add}");
+    // Held pending (for the agent to release), with the pod they were added for.
+    let pending = BTreeMap::from([
+        (
+            "10.77.0.2".to_string(),
+            "team-a/web-7d4b9c-x2x8v".to_string(),
+        ),
+        (
+            "fd00:77::2".to_string(),
+            "team-a/web-7d4b9c-x2x8v".to_string(),
+        ),
+    ]);
+    assert_eq!(net.pending(), Some(pending));
+
+    // CHECK wants the records.
+    let mut check = conf.clone();
+    check["prevResult"] = add.json();
+    run_k8s(&net, "CHECK", &check, CID, &pod, &args).assert_success_silent();
+    std::fs::remove_file(net.records_dir().join("fd00:77::2")).unwrap();
+    let out = run_k8s(&net, "CHECK", &check, CID, &pod, &args);
+    out.assert_error(
+        999,
+        &format!(
+            "no pod record of fd00:77::2 in {}",
+            net.records_dir().display()
+        ),
+    );
+    pod_record_write(&net, "fd00:77::2", "team-a/web-7d4b9c-x2x8v", CID);
+
+    // DEL (with the cached result as prevResult, as libcni sends it): the pending
+    // addresses and the records go; a second DEL is fine.
+    let mut del = conf.clone();
+    del["prevResult"] = add.json();
+    run_k8s(&net, "DEL", &del, CID, &pod, &args).assert_success_silent();
+    assert_eq!(net.pod_records(), BTreeMap::new());
+    assert_eq!(net.pending(), Some(BTreeMap::new()));
+    run_k8s(&net, "DEL", &del, CID, &pod, &args).assert_success_silent();
+    net.assert_nothing_left("after DEL");
+}
+
+/// Writes a record by hand, as the plugin does.
+fn pod_record_write(net: &Net, ip: &str, pod: &str, id: &str) {
+    std::fs::write(net.records_dir().join(ip), format!("{pod}\n{id}\n")).unwrap();
+}
+
+#[test]
+fn pod_records_without_the_policy_table_and_del_without_prev_result_or_netns() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let pod = net.pod();
+    let conf = records_conf(&net);
+    let args = k8s_args("default", "db-0", CID);
+    let add = run_k8s(&net, "ADD", &conf, CID, &pod, &args);
+    add.assert_success();
+    assert_eq!(
+        net.pod_records().keys().collect::<Vec<_>>(),
+        ["10.77.0.2", "fd00:77::2"]
+    );
+    // The plugin never makes the table: no agent enforces NetworkPolicy here.
+    assert_eq!(net.pending(), None);
+    // Another pod's record of an address is not this container's to remove.
+    pod_record_write(&net, "10.77.0.200", "default/other", "ctr-other");
+    // DEL without prevResult and without a netns finds the records by container id.
+    let del = net
+        .plugin("DEL", &conf)
+        .container_id(CID)
+        .netns("")
+        .ifname("eth0")
+        .cni_args(&args)
+        .run();
+    del.assert_success_silent();
+    assert_eq!(
+        net.pod_records().keys().collect::<Vec<_>>(),
+        ["10.77.0.200"]
+    );
+    std::fs::remove_file(net.records_dir().join("10.77.0.200")).unwrap();
+    // The runtime removes the netns, and with it the veth.
+    pod.delete();
+    net.wait_host_veths_gone();
+    net.assert_nothing_left("after DEL");
+}
+
+#[test]
+fn without_pod_record_dir_or_pod_args_nothing_is_recorded() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    net.create_policy_table();
+    // podRecordDir without the pod's arguments (a runtime that is not Kubernetes).
+    let pod = net.pod();
+    let conf = records_conf(&net);
+    run_k8s(&net, "ADD", &conf, CID, &pod, "IgnoreUnknown=1").assert_success();
+    // The pod's arguments without podRecordDir.
+    let plain = net.conf("1.1.0", &[V4, V6], &json!({"isGateway": true}));
+    let pod2 = net.pod();
+    run_k8s(
+        &net,
+        "ADD",
+        &plain,
+        "ctr-2",
+        &pod2,
+        &k8s_args("a", "b", "ctr-2"),
+    )
+    .assert_success();
+    assert!(!net.records_dir().exists());
+    assert_eq!(net.pending(), Some(BTreeMap::new()));
+    run_k8s(&net, "DEL", &conf, CID, &pod, "IgnoreUnknown=1").assert_success_silent();
+    run_k8s(
+        &net,
+        "DEL",
+        &plain,
+        "ctr-2",
+        &pod2,
+        &k8s_args("a", "b", "ctr-2"),
+    )
+    .assert_success_silent();
+    net.assert_nothing_left("after DEL");
+}
+
+#[test]
+fn a_failed_add_leaves_no_pod_record_and_no_pending_address() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let pod = net.pod();
+    net.create_policy_table();
+    let conf = records_conf(&net);
+    let args = k8s_args("team-a", "web-0", CID);
+    // Bad arguments and a bad podRecordDir: refused before anything is made.
+    let out = run_k8s(
+        &net,
+        "ADD",
+        &conf,
+        CID,
+        &pod,
+        &k8s_args("Team_A", "web-0", CID),
+    );
+    out.assert_error(
+        4,
+        "invalid K8S_POD_NAMESPACE \"Team_A\" in CNI_ARGS: a namespace is a DNS label \
+         (at most 63 lower-case letters, digits and '-', starting and ending with a \
+         letter or digit)",
+    );
+    let mut relative = conf.clone();
+    relative["podRecordDir"] = json!("run/pods");
+    run_k8s(&net, "ADD", &relative, CID, &pod, &args)
+        .assert_error(7, "podRecordDir must be an absolute path, not \"run/pods\"");
+    assert!(!net.records_dir().exists());
+    // A failure after the records were made: the last step of ADD, found in a trace
+    // of a clean run on the bridge an earlier ADD made (as the failing ADD finds it).
+    run_k8s(&net, "ADD", &conf, CID, &pod, &args).assert_success();
+    run_k8s(&net, "DEL", &conf, CID, &pod, &args).assert_success_silent();
+    let trace_dir = cni_blackbox::TempDir::new("cnibb-records-trace");
+    let trace = trace_dir.path().join("trace");
+    let traced = net
+        .plugin("ADD", &conf)
+        .attachment(CID, &pod, "eth0")
+        .cni_args(&args)
+        .env(
+            "CNI_RS_FAILPOINT_TRACE",
+            trace_dir.path().join("trace").to_str().unwrap(),
+        )
+        .run();
+    traced.assert_success();
+    run_k8s(&net, "DEL", &conf, CID, &pod, &args).assert_success_silent();
+    net.assert_nothing_left("after the traced ADD's DEL");
+    let steps: Vec<String> = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("bridge/add/"))
+        .map(str::to_owned)
+        .collect();
+    for wanted in [
+        "bridge/add/pod-record-staged",
+        "bridge/add/pod-pending",
+        "bridge/add/pod-record",
+    ] {
+        assert!(steps.iter().any(|s| s == wanted), "{wanted}: {steps:?}");
+    }
+    let at = |step: &str| steps.iter().position(|s| s == step);
+    assert!(
+        at("bridge/add/pod-record") < at("bridge/add/container-up"),
+        "{steps:?}"
+    );
+    let last = format!("bridge:error@{}", steps.len());
+    let out = net
+        .plugin("ADD", &conf)
+        .attachment(CID, &pod, "eth0")
+        .cni_args(&args)
+        .env("CNI_RS_FAILPOINT", &last)
+        .run();
+    assert_eq!(out.error_code(), Some(999), "{out}");
+    net.assert_nothing_left("after an ADD that failed at its last step");
+    assert_eq!(net.pending(), Some(BTreeMap::new()));
+    assert!(!has_link(&pod, "eth0"));
+}
+
+#[test]
+fn gc_removes_the_pod_records_of_containers_without_a_valid_attachment() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    net.create_policy_table();
+    let conf = records_conf(&net);
+    let (keep, stale) = (net.pod(), net.pod());
+    run_k8s(
+        &net,
+        "ADD",
+        &conf,
+        "ctr-keep",
+        &keep,
+        &k8s_args("a", "keep", "ctr-keep"),
+    )
+    .assert_success();
+    run_k8s(
+        &net,
+        "ADD",
+        &conf,
+        "ctr-stale",
+        &stale,
+        &k8s_args("a", "stale", "ctr-stale"),
+    )
+    .assert_success();
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "ctr-keep", "ifname": "eth0"}]);
+    net.plugin("GC", &gc).run().assert_success_silent();
+    let left: BTreeMap<String, String> = net.pod_records();
+    assert_eq!(left.len(), 2, "{left:?}");
+    assert!(left.values().all(|r| r == "a/keep\nctr-keep\n"), "{left:?}");
+    let pending = net.pending().unwrap();
+    assert_eq!(
+        pending.keys().collect::<Vec<_>>(),
+        left.keys().collect::<Vec<_>>()
+    );
+    run_k8s(
+        &net,
+        "DEL",
+        &conf,
+        "ctr-keep",
+        &keep,
+        &k8s_args("a", "keep", "ctr-keep"),
+    )
+    .assert_success_silent();
+    drop(stale);
+    net.wait_host_veths_gone();
+    net.assert_nothing_left("after GC and DEL");
 }

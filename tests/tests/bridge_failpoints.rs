@@ -3,8 +3,9 @@
 //! one. Whatever the moment, DEL (or, for a killed ADD, GC once the runtime has removed
 //! the sandbox) must succeed and leave nothing of the attachment: no pod interface, no
 //! host veth, no host-local reservation, no masquerade rule in either backend, no
-//! spoof-check chain; and the same pod must be attachable again afterwards. A failing
-//! or panicking ADD must leave nothing behind by itself, without any DEL.
+//! spoof-check chain, no pod record, no address pending in the NetworkPolicy table;
+//! and the same pod must be attachable again afterwards. A failing or panicking ADD
+//! must leave nothing behind by itself, without any DEL.
 //!
 //! The steps are learnt from a traced clean run (`CNI_RS_FAILPOINT_TRACE`), so a new
 //! failpoint in the plugin is covered without touching this file. The black-box tests
@@ -12,8 +13,10 @@
 //!
 //! Each step runs on its own network (host netns, bridge, IPAM directory, firewall
 //! tables), so steps run in parallel. Every step is run for one config per masquerade
-//! backend (dual-stack, `isDefaultGateway`, `ipMasq`, `macspoofchk`) and a layer-2 one
-//! (`macspoofchk`, hairpin, port isolation), in CI as well: 29 and 15 ADD steps, a few
+//! backend (dual-stack, `isDefaultGateway`, `ipMasq`, `macspoofchk`, `portSecurity`,
+//! `podRecordDir` with the pod in `CNI_ARGS`, and a NetworkPolicy table in the host
+//! netns) and a layer-2 one (`macspoofchk`, hairpin, port isolation), in CI as well:
+//! 34 and 15 ADD steps, a few
 //! plugin runs each, about three minutes on two CPUs (`cargo test -p cni-blackbox --test
 //! bridge_failpoints`). The panic tests also need the dispatcher to turn a panic into
 //! an error document (exit code 1, the config's `cniVersion`).
@@ -35,9 +38,21 @@ const VARIANTS: [&str; 3] = ["iptables", "nftables", "layer2"];
 /// Steps in flight at once; each runs a handful of plugin and `ip`/`nft` processes.
 const WIDTH: usize = 3;
 
+/// What containerd passes for the pod: with `podRecordDir`, ADD records its addresses
+/// and holds them pending in the NetworkPolicy table.
+const K8S_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=failpoints;K8S_POD_NAME=pod-0;K8S_POD_INFRA_CONTAINER_ID=ctr-failpoint;K8S_POD_UID=7e1c";
+
+/// A throwaway network whose host netns has the node agent's NetworkPolicy table (its
+/// pending sets), so that a pending address left behind shows in `nft list ruleset`.
+fn network() -> Net {
+    let net = Net::new();
+    net.create_policy_table();
+    net
+}
+
 /// The config of a variant: `iptables` or `nftables` (dual-stack with default gateways,
-/// masquerade on that backend, the spoof check and port security), or `layer2` (no IPAM;
-/// spoof check, hairpin and port isolation).
+/// masquerade on that backend, the spoof check, port security and pod records), or
+/// `layer2` (no IPAM; spoof check, hairpin and port isolation).
 fn conf(net: &Net, variant: &str) -> Value {
     if variant == "layer2" {
         return net.conf(
@@ -56,6 +71,7 @@ fn conf(net: &Net, variant: &str) -> Value {
             "ipMasqBackend": variant,
             "macspoofchk": true,
             "portSecurity": true,
+            "podRecordDir": net.records_dir(),
         }),
     )
 }
@@ -77,7 +93,10 @@ fn check_conf(conf: &Value, add: &Outcome) -> Value {
 
 /// `command` of the attachment (`CID`, `pod`, `IFNAME`) with extra environment.
 fn run(net: &Net, command: &str, conf: &Value, pod: &Netns, env: &[(&str, &str)]) -> Outcome {
-    let mut plugin = net.plugin(command, conf).attachment(CID, pod, IFNAME);
+    let mut plugin = net
+        .plugin(command, conf)
+        .attachment(CID, pod, IFNAME)
+        .cni_args(K8S_ARGS);
     for (key, value) in env {
         plugin = plugin.env(key, value);
     }
@@ -93,7 +112,7 @@ fn learn_steps(
     prefix: &str,
     prepare: impl Fn(&Net, &Netns) -> Value,
 ) -> Vec<String> {
-    let net = Net::new();
+    let net = network();
     let pod = net.pod();
     let conf = prepare(&net, &pod);
     let dir = TempDir::new("cnibb-fp-trace");
@@ -189,7 +208,7 @@ fn every_step(steps: &[String], case: impl Fn(usize, &str) + Sync) {
 fn add_killed_then_del(variant: &str) {
     let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
-        let net = Net::new();
+        let net = network();
         let pod = net.pod();
         let conf = conf(&net, variant);
         let trigger = format!("bridge:kill@{n}");
@@ -205,7 +224,7 @@ fn add_killed_then_del(variant: &str) {
 fn add_killed_then_gc(variant: &str) {
     let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
-        let net = Net::new();
+        let net = network();
         let pod = net.pod();
         let conf = conf(&net, variant);
         let trigger = format!("bridge:kill@{n}");
@@ -226,7 +245,7 @@ fn add_killed_then_gc(variant: &str) {
 fn add_failing_rolls_back(variant: &str) {
     let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
-        let net = Net::new();
+        let net = network();
         let pod = net.pod();
         let conf = conf(&net, variant);
         let trigger = format!("bridge:error@{n}");
@@ -245,7 +264,7 @@ fn add_failing_rolls_back(variant: &str) {
 fn add_panicking_rolls_back(variant: &str) {
     let steps = learn_steps(variant, "ADD", "bridge/add/", |net, _| conf(net, variant));
     every_step(&steps, |n, step| {
-        let net = Net::new();
+        let net = network();
         let pod = net.pod();
         let conf = conf(&net, variant);
         let trigger = format!("bridge:panic@{n}");
@@ -275,7 +294,7 @@ fn killed_after_add_then_del(variant: &str, command: &str, prefix: &str) {
     };
     let steps = learn_steps(variant, command, prefix, prepare);
     every_step(&steps, |n, step| {
-        let net = Net::new();
+        let net = network();
         let pod = net.pod();
         let request = prepare(&net, &pod);
         let conf = conf_of(&request);

@@ -24,7 +24,7 @@ use cni_blackbox::underlay::address;
 use serde_json::Value;
 
 /// The steps `/readyz` names, one `<step>: <error>` line each.
-const STEPS: [&str; 4] = ["host", "conflist", "routes", "egress"];
+const STEPS: [&str; 5] = ["host", "conflist", "routes", "egress", "policy"];
 
 /// Asks `path` of `host`'s agent every 50 ms until `check` says done (`Ok(true)`),
 /// fails (`Err`, at once), or `within` passes; a probe that gets no answer (not yet

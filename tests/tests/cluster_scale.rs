@@ -135,6 +135,11 @@ fn the_agent_syncs_thousands_of_nodes() {
             dir.path().join("net.d").display()
         ))
         .arg(format!("--cni-bin-dir={}", dir.path().display()))
+        // Its own, not the machine's /run/cni-plugins-rs/pods.
+        .arg(format!(
+            "--pod-record-dir={}",
+            dir.path().join("pods").display()
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))

@@ -811,11 +811,12 @@ fn pod_tag(pod: &str) -> String {
     while !pod.is_char_boundary(end) {
         end -= 1;
     }
-    let hash: String = sha2::Sha256::digest(pod.as_bytes())[..8]
+    // SHA-512, which the plugins carry already for the reference's chain names.
+    let hash: String = sha2::Sha512::digest(pod.as_bytes())[..8]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("{}... sha256:{hash}", &pod[..end])
+    format!("{}... sha512:{hash}", &pod[..end])
 }
 
 fn jump_element(ip: IpAddr, chain: String) -> Element {
@@ -1697,6 +1698,12 @@ pub fn add_pending(ips: &[IpAddr], pod: Option<&str>) -> Result<bool> {
     if ips.is_empty() {
         return Ok(false);
     }
+    // Asking first is cheaper than a transaction the kernel refuses (about 10 ms): a
+    // node whose agent has not made the table yet pays one small request per ADD.
+    let mut nl = Nfnl::open()?;
+    if !nl.has_table(NFPROTO_INET, TABLE)? {
+        return Ok(false);
+    }
     let mut b = Batch::new();
     for family in FAMILIES {
         let elems: Vec<Element> = ips
@@ -1708,7 +1715,7 @@ pub fn add_pending(ips: &[IpAddr], pod: Option<&str>) -> Result<bool> {
             b.add_elements(NFPROTO_INET, TABLE, family.pending(), &elems)?;
         }
     }
-    match Nfnl::open()?.commit(b, &target()) {
+    match nl.commit(b, &target()) {
         Ok(()) => Ok(true),
         Err(e) if all_not_found(&e) => Ok(false),
         Err(e) => Err(e),
@@ -1722,9 +1729,13 @@ pub fn remove_pending(ips: &[IpAddr]) -> Result<()> {
     if ips.is_empty() {
         return Ok(());
     }
+    let mut nl = Nfnl::open()?;
+    if !nl.has_table(NFPROTO_INET, TABLE)? {
+        return Ok(());
+    }
     let mut b = Batch::new();
     unpend(&mut b, ips)?;
-    match Nfnl::open()?.commit(b, &target()) {
+    match nl.commit(b, &target()) {
         Err(e) if !all_not_found(&e) => Err(e),
         _ => Ok(()),
     }
@@ -2239,7 +2250,7 @@ mod tests {
         assert_eq!(pod_tag("ns/pod"), "ns/pod");
         let long = format!("ns/{}", "é".repeat(150));
         let tag = pod_tag(&long);
-        assert!(tag.len() < 160 && tag.contains("... sha256:"), "{tag}");
+        assert!(tag.len() < 160 && tag.contains("... sha512:"), "{tag}");
         assert_eq!(tag, pod_tag(&long));
         assert_ne!(tag, pod_tag(&format!("{long}x")));
         let mut b = Batch::new();

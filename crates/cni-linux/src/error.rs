@@ -1,6 +1,8 @@
 //! The crate's one error type. Every variant names the object it failed on
 //! (link, address, path) and keeps the kernel's answer as its source, so a
-//! caller can both print a useful chain and branch on the errno.
+//! caller can both print a useful chain and branch on the errno. A netlink
+//! refusal the kernel explained (extended ack) keeps the explanation too:
+//! `File exists (os error 17): <the kernel's text>`.
 
 use std::io;
 use std::net::IpAddr;
@@ -83,7 +85,9 @@ pub enum Error {
     Netlink {
         /// What was being done, naming the object.
         context: String,
-        /// The kernel's errno as an io::Error, or a protocol failure.
+        /// The kernel's errno as an io::Error (with its extended-ack text, when
+        /// it sent one; [`Error::errno`] reads the errno either way), or a
+        /// protocol failure.
         #[source]
         source: io::Error,
     },
@@ -157,8 +161,11 @@ impl Error {
     /// The errno behind this error as a positive number, if there is one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Self::Netlink { source, .. }
-            | Self::NetnsOpen { source, .. }
+            Self::Netlink { source, .. } => source.raw_os_error().or_else(|| {
+                let refusal = source.get_ref()?.downcast_ref::<Explained>()?;
+                Some(refusal.errno)
+            }),
+            Self::NetnsOpen { source, .. }
             | Self::NetnsThread { source, .. }
             | Self::Connect { source }
             | Self::SysctlRead { source, .. }
@@ -189,11 +196,23 @@ impl Error {
     pub fn is_not_found(&self) -> bool {
         match self {
             Self::LinkNotFound { .. } => true,
-            Self::Netlink { source, .. } => matches!(
-                source.raw_os_error().map(Errno::from_raw),
+            Self::Netlink { .. } => matches!(
+                self.errno().map(Errno::from_raw),
                 Some(Errno::ENODEV | Errno::ENOENT | Errno::ESRCH | Errno::EADDRNOTAVAIL)
             ),
             _ => false,
+        }
+    }
+
+    /// The kernel's own explanation of a netlink refusal (extended ack), when it
+    /// gave one: "Nexthop has invalid gateway", ...
+    pub fn kernel_message(&self) -> Option<&str> {
+        match self {
+            Self::Netlink { source, .. } => source
+                .get_ref()?
+                .downcast_ref::<Explained>()
+                .map(|e| e.message.as_str()),
+            _ => None,
         }
     }
 
@@ -201,6 +220,13 @@ impl Error {
     /// kernel's errno as the source, so `is_exists()` and friends see it.
     pub(crate) fn netlink(context: impl Into<String>, err: cni_netlink::Error) -> Self {
         let source = match err {
+            cni_netlink::Error::Kernel {
+                errno,
+                message: Some(message),
+            } if !message.is_empty() => {
+                let kind = io::Error::from_raw_os_error(errno).kind();
+                io::Error::new(kind, Explained { errno, message })
+            }
             cni_netlink::Error::Kernel { errno, .. } => io::Error::from_raw_os_error(errno),
             cni_netlink::Error::Io(e) => e,
             cni_netlink::Error::Malformed(m) => io::Error::new(io::ErrorKind::InvalidData, m),
@@ -211,6 +237,23 @@ impl Error {
         }
     }
 }
+
+/// A refusal with the kernel's explanation: printed as the errno is, then the
+/// text.
+#[derive(Debug)]
+struct Explained {
+    errno: i32,
+    message: String,
+}
+
+impl std::fmt::Display for Explained {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let os = io::Error::from_raw_os_error(self.errno);
+        write!(f, "{os}: {}", self.message)
+    }
+}
+
+impl std::error::Error for Explained {}
 
 #[cfg(test)]
 mod tests {
@@ -278,6 +321,40 @@ mod tests {
         let e = Error::netlink("failed to look up link \"x\"", garbled);
         assert_eq!(e.errno(), None);
         assert!(!e.is_not_found());
+    }
+
+    #[test]
+    fn the_kernels_explanation_is_kept_with_the_errno() {
+        let refusal = cni_netlink::Error::Kernel {
+            errno: 22,
+            message: Some("Nexthop has invalid gateway".into()),
+        };
+        let e = Error::netlink("failed to replace route 10.244.2.0/24", refusal);
+        assert_eq!(e.errno(), Some(22));
+        assert_eq!(e.kernel_message(), Some("Nexthop has invalid gateway"));
+        assert_eq!(e.to_string(), "failed to replace route 10.244.2.0/24");
+        let source = std::error::Error::source(&e).unwrap().to_string();
+        assert_eq!(
+            source,
+            "Invalid argument (os error 22): Nexthop has invalid gateway"
+        );
+        let gone = Error::netlink(
+            "failed to delete neighbour",
+            cni_netlink::Error::Kernel {
+                errno: 2,
+                message: Some("no such entry".into()),
+            },
+        );
+        assert!(gone.is_not_found());
+        let plain = Error::netlink(
+            "x",
+            cni_netlink::Error::Kernel {
+                errno: 17,
+                message: Some(String::new()),
+            },
+        );
+        assert!(plain.is_exists());
+        assert_eq!(plain.kernel_message(), None);
     }
 
     #[test]

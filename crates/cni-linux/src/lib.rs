@@ -1,6 +1,7 @@
 //! The Linux side of the CNI plugins: network namespaces ([`netns`]),
-//! netlink operations on links, bridges, veth pairs, addresses and routes
-//! ([`netlink`]), and sysctls ([`sysctl`]).
+//! netlink operations on links, bridges, veth pairs, VXLAN devices and their
+//! FDB and neighbour entries, addresses and routes ([`netlink`]), and sysctls
+//! ([`sysctl`]).
 //!
 //! Namespace discipline: no long-lived thread ever calls `setns`. Work
 //! inside another netns either uses a netlink socket created there
@@ -14,8 +15,8 @@ pub mod sysctl;
 pub use cni_protocol::mac::{self, MacAddr};
 pub use error::{Error, Result};
 pub use netlink::{
-    Address, BridgePort, Family, Link, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
-    VlanEntry,
+    Address, BridgePort, Change, Family, FdbEntry, Link, Neighbour, Netlink, OPER_UP_DELAYS,
+    OperState, Route, VethPair, VlanEntry, Vxlan, VxlanInfo,
 };
 pub use netns::NetNs;
 /// The errno type behind [`Error::errno`], to name errnos rather than write numbers.

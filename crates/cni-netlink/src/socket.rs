@@ -184,6 +184,89 @@ impl Socket {
             }
         }
     }
+
+    /// Sends `batch`, several requests in one datagram, and returns each one's
+    /// outcome in order. The requests are complete messages with distinct
+    /// sequence numbers (from [`Socket::next_seq`]); none may be a dump.
+    ///
+    /// Only the last request asks for an acknowledgement: this clears `NLM_F_ACK`
+    /// on the others and sets it on the last. The kernel handles rtnetlink
+    /// requests one after the other inside the `send` that carries them, answers
+    /// a refused one with its error whatever its flags, and goes on with the next;
+    /// so once the last one is answered, every refusal is queued before it, and a
+    /// request nobody answered went in. Thousands of requests cost one `send` and
+    /// as many reads as there are refusals, where one acknowledgement each would
+    /// cost a read each and could overflow the receive buffer (the kernel drops
+    /// what does not fit and the read fails with `ENOBUFS`, an outer error here).
+    ///
+    /// The outer error is for the exchange itself: a batch that does not frame, a
+    /// failed socket call, or no answer to the last request.
+    pub fn request_batch(&mut self, batch: &mut [u8]) -> Result<Vec<Result<(), Error>>, Error> {
+        // (offset of the flags, sequence number) of each message.
+        let mut requests: Vec<(usize, u32)> = Vec::new();
+        let mut offset = 0;
+        while offset < batch.len() {
+            let header = batch
+                .get(offset..offset + NLMSG_HDRLEN)
+                .ok_or(Malformed("truncated netlink header in a batch"))?;
+            let len = u32::from_ne_bytes([header[0], header[1], header[2], header[3]]) as usize;
+            let flags = u16::from_ne_bytes([header[6], header[7]]);
+            let seq = u32::from_ne_bytes([header[8], header[9], header[10], header[11]]);
+            if len < NLMSG_HDRLEN || offset + len > batch.len() {
+                return Err(Malformed("netlink message length out of bounds in a batch").into());
+            }
+            if flags & NLM_F_DUMP == NLM_F_DUMP {
+                return Err(Malformed("a dump in a batch").into());
+            }
+            if requests.iter().any(|(_, s)| *s == seq) {
+                return Err(Malformed("two requests of a batch share a sequence number").into());
+            }
+            requests.push((offset + 6, seq));
+            offset += len.next_multiple_of(4);
+        }
+        let Some(&(_, last_seq)) = requests.last() else {
+            return Ok(Vec::new());
+        };
+        for (i, (at, _)) in requests.iter().enumerate() {
+            let flags = u16::from_ne_bytes([batch[*at], batch[*at + 1]]);
+            let flags = if i + 1 == requests.len() {
+                flags | NLM_F_ACK
+            } else {
+                flags & !NLM_F_ACK
+            };
+            batch[*at..*at + 2].copy_from_slice(&flags.to_ne_bytes());
+        }
+        let mut outcomes: Vec<Result<(), Error>> = requests.iter().map(|_| Ok(())).collect();
+        self.send(batch)?;
+        loop {
+            // Everything is queued by the time `send` returns; an empty queue
+            // before the last answer means it will never come.
+            let Some(datagram) = self.recv(true)? else {
+                return Err(Malformed("no answer to the last request of a batch").into());
+            };
+            let mut done = false;
+            for msg in messages(datagram) {
+                let msg = msg?;
+                if msg.ty != NLMSG_ERROR {
+                    continue;
+                }
+                let Some(i) = requests.iter().position(|(_, s)| *s == msg.seq) else {
+                    continue;
+                };
+                let errno = msg.error_code()?;
+                if errno != 0 {
+                    outcomes[i] = Err(Error::Kernel {
+                        errno,
+                        message: msg.ext_ack_message(),
+                    });
+                }
+                done |= msg.seq == last_seq;
+            }
+            if done {
+                return Ok(outcomes);
+            }
+        }
+    }
 }
 
 /// What a wait on a [`Subscription`] found.
@@ -302,6 +385,49 @@ mod tests {
         sock.request(&again, |m| replies.push(m.ty)).unwrap();
         assert_eq!(replies, [RTM_NEWLINK]);
         assert!(sock.request(&[1, 2, 3], |_| {}).is_err());
+    }
+
+    /// A batch of link lookups (each answered by a reply, which the batch ignores):
+    /// only refusals and the last acknowledgement come back, one outcome each.
+    #[test]
+    fn a_batch_reports_each_refusal_and_ends_with_the_last_answer() {
+        let mut sock = Socket::open(NETLINK_ROUTE).expect("a NETLINK_ROUTE socket");
+        let mut batch = Vec::new();
+        // Loopback (there), a missing link, loopback again, a missing link last.
+        for index in [1, u32::MAX >> 1, 1, u32::MAX >> 2] {
+            batch.extend(getlink(&mut sock, index, NLM_F_ACK));
+        }
+        let outcomes = sock.request_batch(&mut batch).unwrap();
+        let errnos: Vec<Option<i32>> = outcomes
+            .iter()
+            .map(|o| o.as_ref().err().and_then(Error::errno))
+            .collect();
+        assert_eq!(errnos, [None, Some(libc::ENODEV), None, Some(libc::ENODEV)]);
+        // ACK cleared on all but the last.
+        let flags: Vec<u16> = messages(&batch).map(|m| m.unwrap().flags).collect();
+        assert_eq!(flags, [1, 1, 1, 5]);
+        // Replies of the batch left in the queue do not confuse the next request.
+        let mut replies = Vec::new();
+        let get = getlink(&mut sock, 1, 0);
+        sock.request(&get, |m| replies.push(m.ty)).unwrap();
+        assert_eq!(replies, [RTM_NEWLINK]);
+        assert!(sock.request_batch(&mut []).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_batch_that_does_not_frame_is_refused_before_it_is_sent() {
+        let mut sock = Socket::open(NETLINK_ROUTE).expect("a NETLINK_ROUTE socket");
+        let mut dump = getlink(&mut sock, 0, NLM_F_DUMP);
+        assert!(sock.request_batch(&mut dump).is_err());
+        let mut twice = getlink(&mut sock, 1, 0);
+        twice.extend(twice.clone());
+        assert!(sock.request_batch(&mut twice).is_err());
+        let mut cut = getlink(&mut sock, 1, 0);
+        cut.truncate(20);
+        assert!(sock.request_batch(&mut cut).is_err());
+        let mut long = getlink(&mut sock, 1, 0);
+        long[0] = 200;
+        assert!(sock.request_batch(&mut long).is_err());
     }
 
     /// Buffers grow to what is asked (forced past the system's maxima as root,

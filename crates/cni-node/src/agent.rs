@@ -48,6 +48,9 @@ pub struct Stores {
     pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
     /// NetworkPolicies (when enforced).
     pub policies: Arc<Mutex<Store<SlimNetworkPolicy>>>,
+    /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
+    /// for `explain` to see new pods as the reconciler does.
+    pub records_dir: Option<std::path::PathBuf>,
 }
 
 /// Everything the plan is computed from, as of one moment.
@@ -185,7 +188,12 @@ pub async fn run(options: Options) -> Result<()> {
     let nl = cni_linux::Netlink::connect().map_err(Error::Netlink)?;
     let egress = egress::open(options.masquerade)?;
     let metrics = Arc::new(Metrics::new());
-    let stores = Arc::new(Stores::default());
+    let stores = Arc::new(Stores {
+        records_dir: options
+            .network_policy
+            .then(|| options.pod_record_dir.clone()),
+        ..Stores::default()
+    });
     // Alive while the reconciler turns at least once every few resync intervals.
     let health = Health::new(options.resync * 6 + Duration::from_secs(30));
     if let Some(addr) = options.health_addr.0 {

@@ -67,6 +67,25 @@ pub struct Cli {
     pub options: Options,
 }
 
+impl Cli {
+    /// Parses the arguments (the program's name first): the agent needs a node name,
+    /// a subcommand does not.
+    pub fn parse_args(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+    ) -> Result<Self, clap::Error> {
+        use clap::CommandFactory;
+        let cli = Self::try_parse_from(args)?;
+        if cli.command.is_none() && cli.options.node_name.is_empty() {
+            return Err(Self::command().error(
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "no node name: set NODE_NAME (the DaemonSet sets it from spec.nodeName) \
+                 or --node-name <NAME>",
+            ));
+        }
+        Ok(cli)
+    }
+}
+
 /// What else `cni-node` does.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
@@ -102,8 +121,14 @@ pub struct ExplainArgs {
 /// The agent's settings.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct Options {
-    /// This node's name
-    #[arg(long, env = "NODE_NAME", value_name = "NAME", value_parser = non_empty)]
+    /// This node's name (required to run the agent)
+    #[arg(
+        long,
+        env = "NODE_NAME",
+        value_name = "NAME",
+        default_value = "",
+        hide_default_value = true
+    )]
     pub node_name: String,
 
     /// The kubeconfig to use [default: $KUBECONFIG, ~/.kube/config, then the in-cluster
@@ -250,54 +275,54 @@ pub struct Options {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthAddr(pub Option<SocketAddr>);
 
-fn non_empty(text: &str) -> Result<String, String> {
+fn non_empty(text: &str) -> Result<String, &'static str> {
     if text.is_empty() {
-        return Err("must not be empty".into());
+        return Err("must not be empty");
     }
     Ok(text.to_owned())
 }
 
-fn health_addr(text: &str) -> Result<HealthAddr, String> {
+fn health_addr(text: &str) -> Result<HealthAddr, &'static str> {
     if text == "off" {
         return Ok(HealthAddr(None));
     }
     text.parse()
         .map(|a| HealthAddr(Some(a)))
-        .map_err(|_| "expected IP:PORT (e.g. 127.0.0.1:9743) or off".into())
+        .map_err(|_| "expected IP:PORT (e.g. 127.0.0.1:9743) or off")
 }
 
-fn seconds(text: &str) -> Result<Duration, String> {
+fn seconds(text: &str) -> Result<Duration, &'static str> {
     text.parse::<u64>()
         .ok()
         .filter(|n| (1..=86_400).contains(n))
         .map(Duration::from_secs)
-        .ok_or_else(|| "expected a whole number of seconds from 1 to 86400".into())
+        .ok_or("expected a whole number of seconds from 1 to 86400")
 }
 
-fn cidr(text: &str) -> Result<IpNetwork, String> {
+fn cidr(text: &str) -> Result<IpNetwork, &'static str> {
     let text = text.trim();
     let net = cni_protocol::ip::parse_cidr(text).ok_or("not a CIDR")?;
-    IpNetwork::new(net.network(), net.prefix()).map_err(|_| "not a CIDR".into())
+    IpNetwork::new(net.network(), net.prefix()).map_err(|_| "not a CIDR")
 }
 
-fn conflist_name(name: &str) -> Result<String, String> {
+fn conflist_name(name: &str) -> Result<String, &'static str> {
     let loadable = [".conflist", ".conf", ".json"]
         .iter()
         .any(|ext| name.len() > ext.len() && name.ends_with(ext));
     if name.contains('/') || name.starts_with('.') || !loadable {
-        return Err("a file name ending in .conflist, .conf or .json (what runtimes load)".into());
+        return Err("a file name ending in .conflist, .conf or .json (what runtimes load)");
     }
     Ok(name.to_owned())
 }
 
-fn interface_name(name: &str) -> Result<String, String> {
+fn interface_name(name: &str) -> Result<String, &'static str> {
     if name.is_empty()
         || name.len() > 15
         || name.contains(['/', ' ', ':'])
         || name == "."
         || name == ".."
     {
-        return Err("not a valid interface name".into());
+        return Err("not a valid interface name");
     }
     Ok(name.to_owned())
 }
@@ -308,8 +333,12 @@ mod tests {
     use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Options, clap::Error> {
-        Cli::try_parse_from(std::iter::once("cni-node").chain(args.iter().copied()))
-            .map(|cli| cli.options)
+        Cli::parse_args(
+            std::iter::once("cni-node")
+                .chain(args.iter().copied())
+                .map(std::ffi::OsString::from),
+        )
+        .map(|cli| cli.options)
     }
 
     fn run(args: &[&str]) -> Options {
@@ -454,12 +483,18 @@ mod tests {
     fn without_a_node_name_the_error_says_how_to_give_one() {
         // NODE_NAME may be set in the environment of whoever runs the tests; the
         // command without the env fallback shows the message.
-        let e = Cli::command()
-            .mut_arg("node_name", |a| a.env(None::<&str>))
-            .try_get_matches_from(["cni-node"])
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--node-name"), "{e}");
+        // NODE_NAME may be set where the tests run; an empty --node-name overrides it.
+        let e = parse(&["--node-name="]).unwrap_err().to_string();
+        assert!(e.contains("--node-name") && e.contains("NODE_NAME"), "{e}");
+        // A subcommand needs no node name.
+        let cli = Cli::parse_args(
+            [
+                "cni-node", "explain", "--from", "x/a", "--to", "y/b", "--port", "80",
+            ]
+            .map(std::ffi::OsString::from),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(cli.command, Some(Subcommand::Explain(_))));
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("NODE_NAME"), "{help}");
         assert!(help.contains("--resync-interval"), "{help}");

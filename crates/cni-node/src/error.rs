@@ -132,6 +132,46 @@ pub enum Error {
     #[error("cannot start the async runtime")]
     Runtime(#[source] io::Error),
 
+    /// `explain` was asked about a protocol NetworkPolicy does not name.
+    #[error("unknown protocol {0:?}: TCP, UDP or SCTP")]
+    ExplainProtocol(String),
+
+    /// `explain` was asked about a pod the agent does not know.
+    #[error("no pod {0:?} (namespace/name) and not an address")]
+    ExplainNoPod(String),
+
+    /// `explain` was asked about a pod without an address of the family.
+    #[error("pod {pod} has no {family} address yet")]
+    ExplainNoAddress {
+        /// The pod.
+        pod: String,
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+    },
+
+    /// `explain` was asked about two addresses of different families.
+    #[error("{0} and {1} are of different families")]
+    ExplainFamilies(IpAddr, IpAddr),
+
+    /// `cni-node explain` could not talk to the agent.
+    #[error("cannot ask the agent at {agent} (its --health-addr)")]
+    AgentUnreachable {
+        /// The agent's address.
+        agent: SocketAddr,
+        /// What the connection said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The agent did not answer the question.
+    #[error("the agent at {agent} answered: {answer}")]
+    AgentRefused {
+        /// The agent's address.
+        agent: SocketAddr,
+        /// Its answer.
+        answer: String,
+    },
+
     /// The metrics could not be encoded (a bug: the registry holds only our metrics).
     #[error("cannot encode the metrics")]
     Metrics(#[source] std::fmt::Error),

@@ -162,9 +162,16 @@ fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str,
             "usage: /explain?from=POD|IP&to=POD|IP&protocol=TCP&port=N[&ipv6=1]\n".into(),
         );
     };
-    match crate::policy::explain::explain(&snapshot, &question) {
+    let records = stores
+        .and_then(|s| s.records_dir.as_deref())
+        .map(cni_protocol::pod_record::read_all)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(ip, record)| (ip, record.pod))
+        .collect();
+    match crate::policy::explain::explain(&snapshot, records, &question) {
         Ok((_, text)) => ("200 OK", TEXT, text),
-        Err(why) => ("400 Bad Request", TEXT, why + "\n"),
+        Err(why) => ("400 Bad Request", TEXT, chain(&why) + "\n"),
     }
 }
 

@@ -34,26 +34,23 @@ pub mod wake;
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use crate::error::{Error, chain};
 
 /// The program: parses the command line and runs the agent (or a subcommand). The
 /// runtime has two workers so that the probes are answered while a page of a large list
 /// is parsed; the reconciler has a thread of its own.
 pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
-    let cli =
-        match cli::Cli::try_parse_from(std::iter::once(OsString::from("cni-node")).chain(args)) {
-            Ok(cli) => cli,
-            Err(e) => {
-                let _ = e.print();
-                return if e.use_stderr() {
-                    ExitCode::from(2)
-                } else {
-                    ExitCode::SUCCESS
-                };
-            }
-        };
+    let cli = match cli::Cli::parse_args(std::iter::once(OsString::from("cni-node")).chain(args)) {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
     if let Some(cli::Subcommand::Explain(args)) = &cli.command {
         return explain(args);
     }
@@ -99,7 +96,7 @@ fn explain(args: &cli::ExplainArgs) -> ExitCode {
             }
         }
         Err(why) => {
-            eprintln!("cni-node explain: {why}");
+            eprintln!("cni-node explain: {}", chain(&why));
             ExitCode::from(2)
         }
     }

@@ -144,7 +144,7 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
             Ok(via) => {
                 out.routes.insert(cidr, via);
             }
-            Err(why) => skip(&mut out, &node.name, why),
+            Err(why) => skip(&mut out, &node.name, why.to_string()),
         }
     }
     out.in_cluster
@@ -237,30 +237,60 @@ fn bounds(cidr: IpNetwork) -> (u128, u128) {
     (start, start.saturating_add(span))
 }
 
+/// Why another node's pod CIDR gets no route.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoRoute {
+    /// The node has no InternalIP of the CIDR's family.
+    #[error("no {family} InternalIP to route {cidr} through")]
+    NoInternalIp {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// The pod CIDR.
+        cidr: IpNetwork,
+    },
+    /// Its InternalIP is one of ours.
+    #[error("InternalIP {0} is one of this host's addresses")]
+    OwnAddress(IpAddr),
+    /// Its InternalIP lies in our pod CIDR.
+    #[error("InternalIP {0} is inside this node's pod CIDR")]
+    InsideOwnPodCidr(IpAddr),
+    /// Its InternalIP is behind a router.
+    #[error(
+        "InternalIP {via} is reached through the gateway {gateway}, not on this node's link \
+         (routing pod CIDRs to node addresses needs the nodes on one L2 segment)"
+    )]
+    BehindGateway {
+        /// The InternalIP.
+        via: IpAddr,
+        /// The gateway this host would use.
+        gateway: IpAddr,
+    },
+    /// No route at all to its InternalIP.
+    #[error("no route to InternalIP {0}")]
+    Unreachable(IpAddr),
+}
+
 /// The node address to route `cidr` through, or why there is none.
 fn next_hop(
     node: &NodeInfo,
     cidr: IpNetwork,
     host: &HostView,
     own_pod_cidrs: &[IpNetwork],
-) -> Result<IpAddr, String> {
+) -> Result<IpAddr, NoRoute> {
     let family = if cidr.is_ipv4() { "IPv4" } else { "IPv6" };
     let via = node
         .internal_ip(cidr.is_ipv4())
-        .ok_or_else(|| format!("no {family} InternalIP to route {cidr} through"))?;
+        .ok_or(NoRoute::NoInternalIp { family, cidr })?;
     if host.addresses.contains(&via) {
-        return Err(format!("InternalIP {via} is one of this host's addresses"));
+        return Err(NoRoute::OwnAddress(via));
     }
     if own_pod_cidrs.iter().any(|c| c.contains(via)) {
-        return Err(format!("InternalIP {via} is inside this node's pod CIDR"));
+        return Err(NoRoute::InsideOwnPodCidr(via));
     }
     match host.reach(via) {
         Reach::OnLink => Ok(via),
-        Reach::Gateway(gw) => Err(format!(
-            "InternalIP {via} is reached through the gateway {gw}, not on this node's link \
-             (routing pod CIDRs to node addresses needs the nodes on one L2 segment)"
-        )),
-        Reach::NoRoute => Err(format!("no route to InternalIP {via}")),
+        Reach::Gateway(gateway) => Err(NoRoute::BehindGateway { via, gateway }),
+        Reach::NoRoute => Err(NoRoute::Unreachable(via)),
     }
 }
 

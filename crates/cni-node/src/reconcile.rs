@@ -308,9 +308,14 @@ impl Reconciler {
             .map(|(ip, record)| (ip, record.pod))
             .collect();
         phases.lap("pod records");
-        let view = View::new(&snapshot.pods, &snapshot.namespaces, &snapshot.policies);
+        let view = View::with_records(
+            &snapshot.pods,
+            &snapshot.namespaces,
+            &snapshot.policies,
+            records,
+        );
         phases.lap("policy view");
-        let compiled = compile(&view, &self.settings.plan.node_name, &records);
+        let compiled = compile(&view, &self.settings.plan.node_name);
         phases.lap("policy compile");
         outcome.policy = (
             compiled.ingress.len(),
@@ -523,14 +528,15 @@ mod tests {
     /// Everything the fakes were asked to do, in order.
     type Log = Arc<Mutex<Vec<String>>>;
 
-    struct FakeHost(Arc<Mutex<Result<HostState, String>>>);
+    /// The host as read, or `None` when reading fails.
+    struct FakeHost(Arc<Mutex<Option<HostState>>>);
     impl HostReader for FakeHost {
         fn read(&self) -> crate::error::Result<HostState> {
             self.0
                 .lock()
                 .unwrap()
                 .clone()
-                .map_err(|e| Error::HostEvents(io::Error::other(e)))
+                .ok_or_else(|| Error::HostEvents(io::Error::other("netlink said no")))
         }
     }
 
@@ -597,7 +603,7 @@ mod tests {
 
     struct Fixture {
         log: Log,
-        host: Arc<Mutex<Result<HostState, String>>>,
+        host: Arc<Mutex<Option<HostState>>>,
         file: Arc<Mutex<Option<Vec<u8>>>>,
         writable: Arc<Mutex<bool>>,
         reconciler: Reconciler,
@@ -619,7 +625,7 @@ mod tests {
 
     fn fixture() -> Fixture {
         let log = Log::default();
-        let host = Arc::new(Mutex::new(Ok(host_state())));
+        let host = Arc::new(Mutex::new(Some(host_state())));
         let file = Arc::new(Mutex::new(None));
         let writable = Arc::new(Mutex::new(true));
         let effects = Effects {
@@ -733,7 +739,7 @@ mod tests {
     #[test]
     fn a_host_that_cannot_be_read_is_a_host_failure_and_nothing_is_touched() {
         let mut f = fixture();
-        *f.host.lock().unwrap() = Err("netlink said no".into());
+        *f.host.lock().unwrap() = None;
         let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
         assert_eq!(outcome.failed_steps(), vec!["host"]);
         assert!(take(&f.log).is_empty());

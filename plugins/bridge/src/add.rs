@@ -12,10 +12,13 @@ use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRou
 use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
+use cni_protocol::pod_record::PodRecord;
 use cni_protocol::{CniError, CniResult, Context, Interface, Request};
 use ipnetwork::IpNetwork;
 use std::io::Read;
+use std::net::IpAddr;
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::path::Path;
 use std::time::Duration;
 
 /// How many random host-side veth names to try before giving up on clashes.
@@ -25,7 +28,7 @@ const VETH_NAME_ATTEMPTS: usize = 10;
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Something ADD created, and so must remove if a later step fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Undo {
     /// The container end of the veth (its host peer goes with it).
     ContainerLink,
@@ -37,6 +40,10 @@ enum Undo {
     PortSecurity,
     /// The masquerade rules.
     Masq,
+    /// The pod records of these addresses (`podRecordDir`).
+    PodRecord(Vec<IpAddr>),
+    /// These addresses in the NetworkPolicy table's pending sets.
+    PodPending(Vec<IpAddr>),
 }
 
 /// What ADD has done so far: the undo steps, and the work still running beside it,
@@ -195,16 +202,14 @@ fn add(
                 ifname: ifname.to_owned(),
                 host_veth: host_veth.name.clone(),
                 mac,
-                addresses: result
-                    .ips
-                    .iter()
-                    .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
-                    .map(|ip| ip.address.ip())
-                    .collect(),
+                addresses: container_addresses(&result),
             };
             progress.undo.push(Undo::PortSecurity);
             hit("bridge/add/port-security-before")?;
             progress.port_security = Some(fx.start_port_security_setup(port));
+        }
+        if let (Some(dir), Some(pod)) = (&conf.pod_record_dir, &conf.pod) {
+            hold_for_policy(req, fx, dir, pod, &result, &mut progress.undo)?;
         }
         prepare_container(pod_ns, pod, fx, conf, ifname, container.index, &result)?;
         if let Some(pending) = progress.port_security.take() {
@@ -283,6 +288,11 @@ fn rollback(
             Undo::MacSpoof => fx.macspoof_teardown(id, ifname),
             Undo::PortSecurity => fx.port_security_teardown(id, ifname),
             Undo::Masq => fx.masq_teardown(&conf.network, ifname, id),
+            Undo::PodRecord(ref ips) => conf
+                .pod_record_dir
+                .as_deref()
+                .map_or(Ok(()), |dir| fx.pod_record_remove(dir, ips, id)),
+            Undo::PodPending(ref ips) => fx.pending_remove(ips),
         };
         match outcome {
             Ok(()) => log::info(&format!("rolled back {step:?} after a failed ADD")),
@@ -292,6 +302,56 @@ fn rollback(
             }
         }
     }
+}
+
+/// The addresses IPAM gave the container's interface.
+fn container_addresses(result: &CniResult) -> Vec<IpAddr> {
+    result
+        .ips
+        .iter()
+        .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
+        .map(|ip| ip.address.ip())
+        .collect()
+}
+
+/// Tells the node agent which pod the new addresses belong to, and holds them in
+/// the NetworkPolicy table's pending sets (when it exists) until the agent has judged
+/// the pod. Before the pod's link comes up, so that not even its first packet passes
+/// unjudged. The records are staged, the addresses held, then the records published:
+/// the agent, woken by a record, releases addresses that are already pending, and an
+/// ADD killed in between leaves a staged record by which DEL or GC find them.
+fn hold_for_policy(
+    req: &Request,
+    fx: &impl Effects,
+    dir: &Path,
+    pod: &str,
+    result: &CniResult,
+    undo: &mut Vec<Undo>,
+) -> Result<(), CniError> {
+    let ips = container_addresses(result);
+    let record = PodRecord {
+        pod: pod.to_owned(),
+        container_id: req.args.container_id.clone(),
+    };
+    undo.push(Undo::PodRecord(ips.clone()));
+    hit("bridge/add/pod-record-before")?;
+    fx.pod_record_stage(dir, &ips, &record)?;
+    hit("bridge/add/pod-record-staged")?;
+    undo.push(Undo::PodPending(ips.clone()));
+    let held = fx.pending_add(&ips, pod)?;
+    hit("bridge/add/pod-pending")?;
+    fx.pod_record_publish(dir, &ips)?;
+    hit("bridge/add/pod-record")?;
+    log::info(&format!(
+        "recorded {ips:?} as pod {pod} in {}{}",
+        dir.display(),
+        if held {
+            ", pending the node agent's NetworkPolicy verdict"
+        } else {
+            " (no NetworkPolicy table: nothing held pending)"
+        }
+    ));
+    Ok(())
 }
 
 /// Sets the bridge's MAC to its current value. An explicitly set MAC stops the bridge
@@ -711,6 +771,7 @@ fn ensure_vlan_gateway(
 mod tests {
     use super::*;
     use crate::fake::{Fake, Namespace, link};
+    use std::collections::{BTreeMap, BTreeSet};
 
     const BRIDGE: &str = "br-unit";
 
@@ -722,7 +783,7 @@ mod tests {
                 container_id: "ctr-unit".into(),
                 netns: "/proc/self/ns/net".into(),
                 ifname: "eth0".into(),
-                args: String::new(),
+                args: K8S_ARGS.into(),
                 path: vec![],
                 netns_override: false,
             },
@@ -730,6 +791,9 @@ mod tests {
             stdin: json.as_bytes().to_vec(),
         }
     }
+
+    /// What containerd passes for a pod.
+    const K8S_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=unit;K8S_POD_NAME=pod-a;K8S_POD_INFRA_CONTAINER_ID=ctr-unit;K8S_POD_UID=4f0e";
 
     /// A world whose host already has the bridge, up, as an earlier ADD left it.
     fn world(conf: &BridgeConf) -> (Fake, Fake) {
@@ -948,12 +1012,12 @@ mod tests {
     }
 
     /// Dual-stack layer 3 with every external effect ADD has: IPAM, the gateway on
-    /// the bridge, forwarding, default routes, masquerade, the spoof check and port
-    /// security.
+    /// the bridge, forwarding, default routes, masquerade, the spoof check, port
+    /// security, and the pod records and pending addresses of NetworkPolicy.
     const LAYER3: &str = r#"{"cniVersion": "1.0.0", "name": "unit", "type": "bridge",
         "bridge": "br-unit", "isGateway": true, "isDefaultGateway": true,
         "ipMasq": true, "ipMasqBackend": "nftables", "macspoofchk": true,
-        "portSecurity": true,
+        "portSecurity": true, "podRecordDir": "/run/unit-records",
         "ipam": {"type": "host-local",
                  "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]]}}"#;
 
@@ -989,6 +1053,7 @@ mod tests {
         let lo = host.next_index();
         host.with_world(|w| {
             w.ipam = Some(host_local_result());
+            w.host.pending = Some(BTreeSet::new());
             w.pod.links.insert(lo, link(lo, "lo", "loopback"));
             w.pod
                 .sysctls
@@ -1019,15 +1084,25 @@ mod tests {
         host.fail_at(None);
         run_add(&req, &conf, &host, &pod).unwrap();
         let calls = host.log();
-        // The port's rules exist before the pod's link comes up.
+        // The port's rules, the pod records and the pending addresses exist before the
+        // pod's link comes up; the records are published once the addresses are pending.
         let at = |effect: &str| calls.iter().position(|c| c == effect);
         assert!(
             at("host:port_security_setup") < at("pod:set_up"),
             "{calls:?}"
         );
+        assert!(
+            at("host:pod_record_stage") < at("host:pending_add")
+                && at("host:pending_add") < at("host:pod_record_publish")
+                && at("host:pod_record_publish") < at("pod:set_up"),
+            "{calls:?}"
+        );
         for effect in [
             "host:macspoof_setup",
             "host:port_security_setup",
+            "host:pod_record_stage",
+            "host:pending_add",
+            "host:pod_record_publish",
             "host:ipam_add",
             "host:masq_setup",
             "pod:write_sysctl",
@@ -1094,6 +1169,13 @@ mod tests {
             assert_eq!(host_after.vlans, host_before.vlans);
             assert_eq!(host_after.routes, host_before.routes);
             assert!(host_after.reservations.is_empty() && host_after.rules.is_empty());
+            assert!(host_after.pod_records.is_empty(), "{:?}", host.log());
+            assert_eq!(
+                host_after.pending,
+                Some(BTreeSet::new()),
+                "{:?}",
+                host.log()
+            );
             // What may stay is what every attachment of the network shares.
             for a in &host_after.addresses {
                 assert!(
@@ -1187,6 +1269,17 @@ mod tests {
             ]
         );
 
+        // The pod records and the pending addresses, for the node agent.
+        let record = || ("unit/pod-a".to_string(), "ctr-unit".to_string(), true);
+        assert_eq!(
+            host_ns.pod_records,
+            BTreeMap::from([(ip("10.77.0.2"), record()), (ip("fd77::2"), record())])
+        );
+        assert_eq!(
+            host_ns.pending,
+            Some(BTreeSet::from([ip("10.77.0.2"), ip("fd77::2")]))
+        );
+
         // The pod: both addresses on eth0, up, IPv6 on, and the default routes; with
         // portSecurity, the link-local address its rules allow.
         assert!(eth0.up && port.up);
@@ -1208,6 +1301,78 @@ mod tests {
                 (net("0.0.0.0/0"), Some(ip("10.77.0.1")), Some(eth0.index)),
                 (net("::/0"), Some(ip("fd77::1")), Some(eth0.index)),
             ]
+        );
+    }
+
+    #[test]
+    fn without_pod_record_dir_or_pod_args_nothing_is_recorded_or_held() {
+        let without_dir = LAYER3.replace(r#""podRecordDir": "/run/unit-records","#, "");
+        for (json, args) in [
+            (without_dir.as_str(), K8S_ARGS),
+            (LAYER3, "IgnoreUnknown=1;K8S_POD_INFRA_CONTAINER_ID=x"),
+        ] {
+            let mut req = request(json);
+            req.args.args = args.into();
+            let conf = BridgeConf::load(&req).unwrap();
+            let (host, pod) = world_l3(&conf, false);
+            host.fail_at(None);
+            run_add(&req, &conf, &host, &pod).unwrap();
+            let calls = host.log();
+            assert!(
+                !calls
+                    .iter()
+                    .any(|c| c.contains("pod_record") || c.contains("pending")),
+                "{calls:?}"
+            );
+            let (host_ns, _) = host.snapshot();
+            assert!(host_ns.pod_records.is_empty());
+            assert_eq!(host_ns.pending, Some(BTreeSet::new()));
+        }
+    }
+
+    #[test]
+    fn without_the_policy_table_the_records_are_still_written() {
+        let req = request(LAYER3);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world_l3(&conf, false);
+        host.with_world(|w| w.host.pending = None);
+        run_add(&req, &conf, &host, &pod).unwrap();
+        let (host_ns, _) = host.snapshot();
+        assert_eq!(host_ns.pending, None);
+        assert_eq!(
+            host_ns.pod_records.keys().copied().collect::<Vec<_>>(),
+            [ip("10.77.0.2"), ip("fd77::2")]
+        );
+        assert!(host_ns.pod_records.values().all(|r| r.2));
+    }
+
+    #[test]
+    fn a_failed_add_takes_back_the_records_and_pending_addresses_before_the_reservation() {
+        let req = request(LAYER3);
+        let conf = BridgeConf::load(&req).unwrap();
+        let (host, pod) = world_l3(&conf, true);
+        host.fail_at(None);
+        run_add(&req, &conf, &host, &pod).unwrap();
+        // Fail the first call after the records are published.
+        let n = host
+            .log()
+            .iter()
+            .position(|c| c == "host:pod_record_publish")
+            .unwrap()
+            + 1;
+        let (host, pod) = world_l3(&conf, true);
+        let before = host.snapshot();
+        host.fail_at(Some(n));
+        run_add(&req, &conf, &host, &pod).unwrap_err();
+        assert_eq!(host.snapshot(), before);
+        let log = host.log();
+        let at = |effect: &str| log.iter().position(|c| c == effect).unwrap();
+        // Undone in reverse: the addresses leave the pending sets, then their records,
+        // and only then is the reservation released (so no other pod can have them yet).
+        assert!(
+            at("host:pending_remove") < at("host:pod_record_remove")
+                && at("host:pod_record_remove") < at("host:ipam_del"),
+            "{log:?}"
         );
     }
 }

@@ -1,10 +1,12 @@
 //! CHECK: the attachment described by `prevResult` still exists as ADD made it:
 //! bridge, container veth and its host peer on the bridge, addresses, routes, and
-//! (beyond the reference) the masquerade, spoof-check and port-security rules.
+//! (beyond the reference) the masquerade, spoof-check and port-security rules and the
+//! pod records.
 
 use crate::common::{fail, joined, mac_text, open_netns};
 use crate::config::BridgeConf;
 use crate::links::Links;
+use crate::records;
 use cni_firewall::{macspoof, masq, port_security};
 use cni_linux::{Family, Link, MacAddr, Netlink};
 use cni_protocol::error::internal;
@@ -96,6 +98,10 @@ pub fn check_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniError
             })
             .map_err(|e| internal(&e))?;
             hit("bridge/check/port-security")?;
+        }
+        if let (Some(dir), Some(pod)) = (&conf.pod_record_dir, &conf.pod) {
+            records::check(req, dir, pod, prev)?;
+            hit("bridge/check/pod-records")?;
         }
         Ok(())
     })

@@ -2,8 +2,9 @@
 //! and validation, and the container MAC from runtimeConfig, args or `CNI_ARGS`.
 
 use cni_linux::MacAddr;
-use cni_protocol::{CniArgs, CniError, ErrorCode, Request};
+use cni_protocol::{CniArgs, CniError, Command, ErrorCode, Request};
 use serde::Deserialize;
+use std::path::PathBuf;
 
 /// Every key the bridge reads, for Go-style case-insensitive matching.
 const KNOWN_KEYS: &[&str] = &[
@@ -28,6 +29,7 @@ const KNOWN_KEYS: &[&str] = &[
     "acceptRouterAdvertisements",
     "disableContainerInterface",
     "portIsolation",
+    "podRecordDir",
     "dns",
     "nameservers",
     "domain",
@@ -80,6 +82,8 @@ struct RawConf {
     disable_container_interface: bool,
     #[serde(rename = "portIsolation", default)]
     port_isolation: bool,
+    #[serde(rename = "podRecordDir", default)]
+    pod_record_dir: Option<String>,
     #[serde(default)]
     dns: Option<RawDns>,
     #[serde(default)]
@@ -161,6 +165,13 @@ pub struct BridgeConf {
     pub disable_container_interface: bool,
     /// Isolate the host port.
     pub port_isolation: bool,
+    /// `podRecordDir` (ours): where ADD records which Kubernetes pod its addresses
+    /// belong to, for the node agent; `None` when absent or empty.
+    pub pod_record_dir: Option<PathBuf>,
+    /// The pod (`namespace/name`) from `K8S_POD_NAMESPACE` and `K8S_POD_NAME` in
+    /// `CNI_ARGS`: read only with `podRecordDir`, and only for ADD and CHECK (DEL and
+    /// GC find records by container id and must not fail on arguments they never use).
+    pub pod: Option<String>,
     /// DNS override for the result, when any field is set.
     pub dns: Option<cni_protocol::Dns>,
     /// Container MAC requested by runtimeConfig, args or `CNI_ARGS`.
@@ -200,10 +211,21 @@ impl BridgeConf {
                 format!("failed to load netconf: {e}"),
             )
         })?;
-        let env_mac = CniArgs::parse(&req.args.args, &["MAC"])?
-            .get("MAC")
-            .map(str::to_string);
-        Self::from_raw(raw, &req.config.name, &req.config.ipam_type, env_mac)
+        // With podRecordDir the runtime's pod keys are ours to read (and so no longer
+        // unknown); without it, CNI_ARGS is as strict as the reference's.
+        let records = raw.pod_record_dir.as_deref().is_some_and(|d| !d.is_empty());
+        let known: &[&str] = if records {
+            &["MAC", K8S_NAMESPACE, K8S_NAME, K8S_UID, K8S_INFRA_ID]
+        } else {
+            &["MAC"]
+        };
+        let args = CniArgs::parse(&req.args.args, known)?;
+        let env_mac = args.get("MAC").map(str::to_string);
+        let mut conf = Self::from_raw(raw, &req.config.name, &req.config.ipam_type, env_mac)?;
+        if records && matches!(req.args.command, Command::Add | Command::Check) {
+            conf.pod = pod_of(&args)?;
+        }
+        Ok(conf)
     }
 
     fn from_raw(
@@ -267,6 +289,20 @@ impl BridgeConf {
                 options: d.options.unwrap_or_default(),
             })
         });
+        let pod_record_dir = raw
+            .pod_record_dir
+            .filter(|d| !d.is_empty())
+            .map(|d| {
+                let dir = PathBuf::from(&d);
+                if dir.is_absolute() {
+                    Ok(dir)
+                } else {
+                    Err(CniError::invalid_config(format!(
+                        "podRecordDir must be an absolute path, not {d:?}"
+                    )))
+                }
+            })
+            .transpose()?;
         let ip_masq_backend = raw
             .ip_masq_backend
             .as_deref()
@@ -297,11 +333,65 @@ impl BridgeConf {
             accept_router_advertisements: raw.accept_router_advertisements,
             disable_container_interface: raw.disable_container_interface,
             port_isolation: raw.port_isolation,
+            pod_record_dir,
+            pod: None,
             dns,
             mac,
             ipam_type: ipam_type.to_string(),
         })
     }
+}
+
+const K8S_NAMESPACE: &str = "K8S_POD_NAMESPACE";
+const K8S_NAME: &str = "K8S_POD_NAME";
+const K8S_UID: &str = "K8S_POD_UID";
+const K8S_INFRA_ID: &str = "K8S_POD_INFRA_CONTAINER_ID";
+
+/// `namespace/name` of the pod `CNI_ARGS` names; `None` when it names none. A
+/// namespace must be a DNS label and a name a DNS subdomain (RFC 1123), as
+/// Kubernetes has them: anything else is no pod of Kubernetes, and would not fit a
+/// pod record.
+fn pod_of(args: &CniArgs) -> Result<Option<String>, CniError> {
+    let invalid = |msg: String| CniError::new(ErrorCode::INVALID_ENVIRONMENT_VARIABLES, msg);
+    let (namespace, name) = match (args.get(K8S_NAMESPACE), args.get(K8S_NAME)) {
+        (None, None) => return Ok(None),
+        (Some(namespace), Some(name)) => (namespace, name),
+        (Some(_), None) => {
+            return Err(invalid(format!(
+                "CNI_ARGS has {K8S_NAMESPACE} but no {K8S_NAME} (podRecordDir needs both)"
+            )));
+        }
+        (None, Some(_)) => {
+            return Err(invalid(format!(
+                "CNI_ARGS has {K8S_NAME} but no {K8S_NAMESPACE} (podRecordDir needs both)"
+            )));
+        }
+    };
+    if !is_dns_label(namespace) {
+        return Err(invalid(format!(
+            "invalid {K8S_NAMESPACE} {namespace:?} in CNI_ARGS: a namespace is a DNS label \
+             (at most 63 lower-case letters, digits and '-', starting and ending with a \
+             letter or digit)"
+        )));
+    }
+    if name.len() > 253 || !name.split('.').all(is_dns_label) {
+        return Err(invalid(format!(
+            "invalid {K8S_NAME} {name:?} in CNI_ARGS: a pod name is a DNS subdomain (at \
+             most 253 characters: DNS labels joined by '.')"
+        )));
+    }
+    Ok(Some(format!("{namespace}/{name}")))
+}
+
+/// An RFC 1123 label: 1 to 63 of `a-z`, `0-9` and `-`, starting and ending with a
+/// letter or digit.
+fn is_dns_label(text: &str) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let bytes = text.as_bytes();
+    (1..=63).contains(&bytes.len())
+        && bytes.first().copied().is_some_and(alnum)
+        && bytes.last().copied().is_some_and(alnum)
+        && bytes.iter().all(|&c| alnum(c) || c == b'-')
 }
 
 /// Merges trunk entries into a sorted, deduplicated VLAN list, with the reference's checks.
@@ -354,10 +444,14 @@ mod tests {
     use super::*;
 
     fn load(json: &str, cni_args: &str) -> Result<BridgeConf, CniError> {
+        load_for(Command::Add, json, cni_args)
+    }
+
+    fn load_for(command: Command, json: &str, cni_args: &str) -> Result<BridgeConf, CniError> {
         let config = cni_protocol::NetConf::parse(json.as_bytes()).unwrap();
         let req = Request {
             args: cni_protocol::CmdArgs {
-                command: cni_protocol::Command::Add,
+                command,
                 container_id: "c".into(),
                 netns: String::new(),
                 ifname: "eth0".into(),
@@ -495,5 +589,140 @@ mod tests {
         let c = load(r#"{"name": "n", "dns": {"nameservers": []}}"#, "").unwrap();
         assert_eq!(c.dns, Some(cni_protocol::Dns::default()));
         assert_eq!(load(r#"{"name": "n", "dns": {}}"#, "").unwrap().dns, None);
+    }
+
+    const RECORDS: &str = r#"{"name": "n", "podRecordDir": "/run/cni-plugins-rs/pods"}"#;
+    const K8S: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-5d78c9869d-x2x8v;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=0f1e";
+
+    #[test]
+    fn pod_record_dir_and_the_pod_from_cni_args() {
+        let c = load(RECORDS, K8S).unwrap();
+        assert_eq!(
+            c.pod_record_dir.as_deref(),
+            Some(std::path::Path::new("/run/cni-plugins-rs/pods"))
+        );
+        assert_eq!(
+            c.pod.as_deref(),
+            Some("kube-system/coredns-5d78c9869d-x2x8v")
+        );
+        // The runtime's keys are known with podRecordDir, IgnoreUnknown or not.
+        let strict =
+            "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b.c;K8S_POD_UID=u;K8S_POD_INFRA_CONTAINER_ID=i";
+        assert_eq!(load(RECORDS, strict).unwrap().pod.as_deref(), Some("a/b.c"));
+        assert_eq!(
+            load(r#"{"name": "n"}"#, strict).unwrap_err().msg,
+            r#"ARGS: unknown args ["K8S_POD_NAMESPACE=a" "K8S_POD_NAME=b.c" "K8S_POD_UID=u" "K8S_POD_INFRA_CONTAINER_ID=i"]"#
+        );
+        // Without podRecordDir nothing is read; without the keys there is no pod.
+        let plain = load(r#"{"name": "n"}"#, K8S).unwrap();
+        assert_eq!((plain.pod_record_dir, plain.pod), (None, None));
+        assert_eq!(load(RECORDS, "IgnoreUnknown=1").unwrap().pod, None);
+        assert_eq!(load(RECORDS, "").unwrap().pod, None);
+        let empty = load(r#"{"name": "n", "podRecordDir": ""}"#, K8S).unwrap();
+        assert_eq!((empty.pod_record_dir, empty.pod), (None, None));
+        // DEL, GC and STATUS do not read the pod: a bad name does not stop a cleanup.
+        for command in [Command::Del, Command::Gc, Command::Status] {
+            let c = load_for(command, RECORDS, "K8S_POD_NAMESPACE=BAD;K8S_POD_NAME=x").unwrap();
+            assert!(c.pod_record_dir.is_some() && c.pod.is_none());
+        }
+        assert_eq!(
+            load_for(Command::Check, RECORDS, K8S)
+                .unwrap()
+                .pod
+                .as_deref(),
+            Some("kube-system/coredns-5d78c9869d-x2x8v")
+        );
+    }
+
+    #[test]
+    fn pod_record_dir_and_pod_args_refused_with_the_key_named() {
+        let err = load(r#"{"name": "n", "podRecordDir": "run/pods"}"#, K8S).unwrap_err();
+        assert_eq!(err.code, ErrorCode::INVALID_NETWORK_CONFIG);
+        assert_eq!(
+            err.msg,
+            r#"podRecordDir must be an absolute path, not "run/pods""#
+        );
+        let err = load(r#"{"name": "n", "podRecordDir": 5}"#, K8S).unwrap_err();
+        assert_eq!(err.code, ErrorCode::DECODING_FAILURE);
+        assert!(err.msg.contains("podRecordDir"), "{}", err.msg);
+        let long_label = "a".repeat(64);
+        let long_name = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(62),
+        ]
+        .join(".");
+        let cases = [
+            (
+                "K8S_POD_NAMESPACE=Kube;K8S_POD_NAME=p",
+                "invalid K8S_POD_NAMESPACE \"Kube\"",
+            ),
+            (
+                "K8S_POD_NAMESPACE=a.b;K8S_POD_NAME=p",
+                "invalid K8S_POD_NAMESPACE \"a.b\"",
+            ),
+            (
+                "K8S_POD_NAMESPACE=-a;K8S_POD_NAME=p",
+                "invalid K8S_POD_NAMESPACE \"-a\"",
+            ),
+            (
+                &format!("K8S_POD_NAMESPACE={long_label};K8S_POD_NAME=p"),
+                "invalid K8S_POD_NAMESPACE",
+            ),
+            (
+                "K8S_POD_NAMESPACE=;K8S_POD_NAME=p",
+                "invalid K8S_POD_NAMESPACE \"\"",
+            ),
+            (
+                "K8S_POD_NAMESPACE=a;K8S_POD_NAME=",
+                "invalid K8S_POD_NAME \"\"",
+            ),
+            (
+                "K8S_POD_NAMESPACE=a;K8S_POD_NAME=a/b",
+                "invalid K8S_POD_NAME \"a/b\"",
+            ),
+            (
+                "K8S_POD_NAMESPACE=a;K8S_POD_NAME=a..b",
+                "invalid K8S_POD_NAME \"a..b\"",
+            ),
+            (
+                "K8S_POD_NAMESPACE=a;K8S_POD_NAME=p-",
+                "invalid K8S_POD_NAME \"p-\"",
+            ),
+            (
+                &format!("K8S_POD_NAMESPACE=a;K8S_POD_NAME={long_name}"),
+                "invalid K8S_POD_NAME",
+            ),
+            (
+                "K8S_POD_NAME=p",
+                "CNI_ARGS has K8S_POD_NAME but no K8S_POD_NAMESPACE",
+            ),
+            (
+                "K8S_POD_NAMESPACE=a",
+                "CNI_ARGS has K8S_POD_NAMESPACE but no K8S_POD_NAME",
+            ),
+        ];
+        for (args, msg) in cases {
+            for command in [Command::Add, Command::Check] {
+                let err = load_for(command, RECORDS, args).unwrap_err();
+                assert_eq!(err.code, ErrorCode::INVALID_ENVIRONMENT_VARIABLES, "{args}");
+                assert!(err.msg.starts_with(msg), "{args}: {}", err.msg);
+            }
+        }
+        // The longest valid ones.
+        let longest = [
+            "a".repeat(63),
+            "b".repeat(63),
+            "c".repeat(63),
+            "d".repeat(61),
+        ]
+        .join(".");
+        assert_eq!(longest.len(), 253);
+        let args = format!(
+            "K8S_POD_NAMESPACE={long};K8S_POD_NAME={longest}",
+            long = "a".repeat(63)
+        );
+        assert!(load(RECORDS, &args).unwrap().pod.is_some());
     }
 }

@@ -1,9 +1,12 @@
 //! DEL: best effort and idempotent. Removes the container interface (when the netns
-//! still exists), releases IPAM, and removes masquerade and spoof-check rules, which
-//! are found by the attachment's names, so they go even when the netns is gone.
+//! still exists), the pod records and their pending addresses, releases IPAM, and
+//! removes masquerade and spoof-check rules, which are found by the attachment's
+//! names, so they go even when the netns is gone.
 
 use crate::common::{delete_link, joined};
 use crate::config::BridgeConf;
+use crate::effects::remove_pending;
+use crate::records;
 use cni_firewall::{macspoof, masq, port_security};
 use cni_linux::{NetNs, Netlink};
 use cni_protocol::error::internal;
@@ -23,7 +26,7 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
     // Netfilter sockets are closed once the veth is gone (see keep_sockets): closing
     // one sooner would make the deletion of the veth's host end wait for nf_tables.
     let sockets = cni_firewall::keep_sockets();
-    let (link, ipam, spoof, portsec, masq) = std::thread::scope(|scope| {
+    let (link, records, ipam, spoof, portsec, masq) = std::thread::scope(|scope| {
         let link = req.args.netns_path().map(|netns| {
             let allow_own = req.args.netns_override;
             scope.spawn(move || delete_container_link(netns, allow_own, ifname))
@@ -31,6 +34,12 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
         let masq = masq_needed.then(|| {
             scope.spawn(|| masq::teardown(&conf.network, ifname, id).map_err(|e| internal(&e)))
         });
+        // Before IPAM releases the addresses: once released, an address may be another
+        // pod's, pending for it.
+        let records = conf
+            .pod_record_dir
+            .as_deref()
+            .map(|dir| records::release(req, dir, remove_pending));
         let ipam = conf.is_layer3().then(|| req.ipam(Command::Del));
         let spoof = conf
             .macspoofchk
@@ -38,7 +47,14 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
         let portsec = conf
             .port_security
             .then(|| port_security::teardown(id, ifname).map_err(|e| internal(&e)));
-        (link.map(joined), ipam, spoof, portsec, masq.map(joined))
+        (
+            link.map(joined),
+            records,
+            ipam,
+            spoof,
+            portsec,
+            masq.map(joined),
+        )
     });
     drop(sockets);
     let mut errors = Errors::default();
@@ -47,6 +63,12 @@ pub fn delete_attachment(req: &Request, conf: &BridgeConf) -> Result<(), CniErro
             format!("deleted {ifname} in the pod (if it was there)")
         });
         hit("bridge/del/link")?;
+    }
+    if let Some(outcome) = records {
+        note(&mut errors, outcome, || {
+            "removed the pod records and their pending addresses".to_string()
+        });
+        hit("bridge/del/pod-records")?;
     }
     if let Some(outcome) = ipam {
         note(&mut errors, outcome, || {

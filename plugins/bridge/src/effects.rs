@@ -1,5 +1,6 @@
 //! The effects of ADD outside netlink, behind a small trait: the IPAM delegate, the
-//! masquerade and MAC spoof-check rules, and the container's sysctls. [`System`] is
+//! masquerade and MAC spoof-check rules, the container's sysctls, and the pod records
+//! and pending addresses of NetworkPolicy. [`System`] is
 //! the real implementation (the IPAM plugin, the firewall, and sysctl writes on a
 //! thread inside the pod's netns); the unit tests use the fake in `fake.rs`, so a
 //! failure at each of these steps can be tested without root.
@@ -9,12 +10,15 @@
 //! which keeps its call order deterministic.
 
 use cni_firewall::port_security::{self, Port};
-use cni_firewall::{Backend, macspoof, masq};
+use cni_firewall::{Backend, macspoof, masq, network_policy};
 use cni_linux::{MacAddr, NetNs, sysctl};
 use cni_protocol::error::internal;
+use cni_protocol::pod_record::{self, PodRecord};
 use cni_protocol::{CniError, CniResult, Command, Context, Request};
 use ipnetwork::IpNetwork;
+use std::net::IpAddr;
 use std::panic::resume_unwind;
+use std::path::Path;
 use std::thread::JoinHandle;
 
 /// Work started by ADD and taken up later: already finished, or running on a thread.
@@ -111,6 +115,27 @@ pub(crate) trait Effects {
         ifname: &str,
         settings: ContainerSysctls,
     ) -> Result<(), CniError>;
+    /// Writes the pod records of `ips` into `dir`, not yet visible to the node agent.
+    fn pod_record_stage(
+        &self,
+        dir: &Path,
+        ips: &[IpAddr],
+        record: &PodRecord,
+    ) -> Result<(), CniError>;
+    /// Makes the staged pod records of `ips` visible to the node agent.
+    fn pod_record_publish(&self, dir: &Path, ips: &[IpAddr]) -> Result<(), CniError>;
+    /// Removes the pod records of `ips` made for `container_id`, published or staged.
+    fn pod_record_remove(
+        &self,
+        dir: &Path,
+        ips: &[IpAddr],
+        container_id: &str,
+    ) -> Result<(), CniError>;
+    /// Holds `ips` of `pod` (`namespace/name`) in the NetworkPolicy table's pending
+    /// sets; whether the table exists (without it, nothing is held).
+    fn pending_add(&self, ips: &[IpAddr], pod: &str) -> Result<bool, CniError>;
+    /// Takes `ips` out of the pending sets; absent ones, or no table, are fine.
+    fn pending_remove(&self, ips: &[IpAddr]) -> Result<(), CniError>;
 }
 
 /// The real effects: the IPAM binary, the firewall tools, the kernel's sysctls.
@@ -217,6 +242,47 @@ impl Effects for System {
             .run(|| container_sysctls(sysctl::write, ifname, settings))
             .map_err(|e| internal(&e))?
     }
+
+    fn pod_record_stage(
+        &self,
+        dir: &Path,
+        ips: &[IpAddr],
+        record: &PodRecord,
+    ) -> Result<(), CniError> {
+        pod_record::stage(dir, ips, record)
+            .with_context(|| format!("failed to write the pod records in {}", dir.display()))
+    }
+
+    fn pod_record_publish(&self, dir: &Path, ips: &[IpAddr]) -> Result<(), CniError> {
+        pod_record::publish(dir, ips)
+            .with_context(|| format!("failed to publish the pod records in {}", dir.display()))
+    }
+
+    fn pod_record_remove(
+        &self,
+        dir: &Path,
+        ips: &[IpAddr],
+        container_id: &str,
+    ) -> Result<(), CniError> {
+        pod_record::remove(dir, ips, container_id)
+            .with_context(|| format!("failed to remove the pod records in {}", dir.display()))
+    }
+
+    fn pending_add(&self, ips: &[IpAddr], pod: &str) -> Result<bool, CniError> {
+        network_policy::add_pending(ips, Some(pod))
+            .context("failed to hold the pod's addresses in the NetworkPolicy table's pending sets")
+    }
+
+    fn pending_remove(&self, ips: &[IpAddr]) -> Result<(), CniError> {
+        remove_pending(ips)
+    }
+}
+
+/// Takes `ips` out of the NetworkPolicy table's pending sets (for DEL and GC, which
+/// call it directly); absent ones, or no table, are fine.
+pub(crate) fn remove_pending(ips: &[IpAddr]) -> Result<(), CniError> {
+    network_policy::remove_pending(ips)
+        .context("failed to take addresses out of the NetworkPolicy table's pending sets")
 }
 
 /// The attachment `portSecurity` protects, owned so that it can be handed to a thread.

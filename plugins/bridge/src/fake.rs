@@ -1,6 +1,6 @@
 //! An in-memory [`Links`] and [`Effects`] for unit tests: a host and a pod namespace
 //! with links, addresses, routes, port VLANs and per-link sysctls, the host's IPAM
-//! reservations and firewall rules, behaving like the kernel where
+//! reservations, firewall rules, pod records and pending addresses, behaving like the kernel where
 //! the bridge depends on it (EEXIST for a taken name, a veth's peer going with it,
 //! a link's sysctls and addresses going with the link). Any one call can be made to
 //! fail, to test what ADD leaves behind after a failure at each step.
@@ -13,10 +13,13 @@ use cni_linux::{
     VethPair, VlanEntry,
 };
 use cni_protocol::error::internal;
+use cni_protocol::pod_record::PodRecord;
 use cni_protocol::{CniError, CniResult, Request};
 use ipnetwork::IpNetwork;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -32,6 +35,10 @@ pub(crate) struct Namespace {
     pub reservations: BTreeMap<String, Vec<IpNetwork>>,
     /// Firewall rules, one line each, starting with the attachment they belong to.
     pub rules: BTreeSet<String>,
+    /// Pod records by address: `(namespace/name, container id, published)`.
+    pub pod_records: BTreeMap<IpAddr, (String, String, bool)>,
+    /// The NetworkPolicy table's pending addresses; `None` when there is no table.
+    pub pending: Option<BTreeSet<IpAddr>>,
 }
 
 impl Namespace {
@@ -93,6 +100,7 @@ pub(crate) fn link(index: u32, name: &str, kind: &str) -> Link {
         link_netnsid: None,
         vlan_filtering: None,
         bridge_port: None,
+        vxlan: None,
     }
 }
 
@@ -590,6 +598,69 @@ impl Effects for Fake {
         self.effect("masq_teardown")?;
         let prefix = rule_prefix("masq", container_id, ifname);
         self.host(|ns| ns.rules.retain(|r| !r.starts_with(&prefix)));
+        Ok(())
+    }
+
+    fn pod_record_stage(
+        &self,
+        _dir: &Path,
+        ips: &[IpAddr],
+        record: &PodRecord,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("pod_record_stage")?;
+        self.host(|ns| {
+            for ip in ips {
+                let entry = (record.pod.clone(), record.container_id.clone(), false);
+                ns.pod_records.insert(*ip, entry);
+            }
+        });
+        Ok(())
+    }
+
+    fn pod_record_publish(&self, _dir: &Path, ips: &[IpAddr]) -> std::result::Result<(), CniError> {
+        self.effect("pod_record_publish")?;
+        self.host(|ns| {
+            for ip in ips {
+                match ns.pod_records.get_mut(ip) {
+                    Some(record) => record.2 = true,
+                    None => return Err(CniError::internal(format!("no staged record of {ip}"))),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn pod_record_remove(
+        &self,
+        _dir: &Path,
+        ips: &[IpAddr],
+        container_id: &str,
+    ) -> std::result::Result<(), CniError> {
+        self.effect("pod_record_remove")?;
+        self.host(|ns| {
+            ns.pod_records
+                .retain(|ip, (_, id, _)| !(ips.contains(ip) && id == container_id));
+        });
+        Ok(())
+    }
+
+    fn pending_add(&self, ips: &[IpAddr], _pod: &str) -> std::result::Result<bool, CniError> {
+        self.effect("pending_add")?;
+        Ok(self.host(|ns| {
+            ns.pending
+                .as_mut()
+                .map(|pending| pending.extend(ips.iter().copied()))
+                .is_some()
+        }))
+    }
+
+    fn pending_remove(&self, ips: &[IpAddr]) -> std::result::Result<(), CniError> {
+        self.effect("pending_remove")?;
+        self.host(|ns| {
+            if let Some(pending) = ns.pending.as_mut() {
+                pending.retain(|ip| !ips.contains(ip));
+            }
+        });
         Ok(())
     }
 

@@ -103,6 +103,8 @@ mod tests {
             accept_router_advertisements: false,
             disable_container_interface: false,
             port_isolation: false,
+            pod_record_dir: None,
+            pod: None,
             dns: None,
             mac: None,
             ipam_type: "host-local".into(),

@@ -1,7 +1,10 @@
-//! GC: forwards to IPAM, then removes masquerade rules, spoof-check and port-security
-//! chains of attachments outside the valid list; keeps going past failures.
+//! GC: removes the pod records (and their pending addresses) of containers outside the
+//! valid list, forwards to IPAM, then removes masquerade rules, spoof-check and
+//! port-security chains of attachments outside it; keeps going past failures.
 
 use crate::config::BridgeConf;
+use crate::effects::remove_pending;
+use crate::records;
 use cni_protocol::error::internal;
 use cni_protocol::failpoint::hit;
 use cni_protocol::{CniError, Command, Errors, Request};
@@ -16,6 +19,10 @@ pub fn collect_garbage(req: &Request, conf: &BridgeConf) -> Result<(), CniError>
         .collect();
     let mut errors = Errors::default();
     hit("bridge/gc/start")?;
+    if let Some(dir) = &conf.pod_record_dir {
+        errors.note(records::collect_garbage(dir, &valid, remove_pending));
+        hit("bridge/gc/pod-records")?;
+    }
     if conf.is_layer3() {
         errors.note(req.ipam(Command::Gc));
         hit("bridge/gc/ipam")?;

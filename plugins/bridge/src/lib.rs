@@ -17,6 +17,7 @@ mod fake;
 pub mod gateway;
 mod gc;
 mod links;
+mod records;
 
 use cni_protocol::{CniError, CniResult, Command, Plugin, Request};
 use config::BridgeConf;
@@ -53,7 +54,8 @@ impl Plugin for Bridge {
         }
     }
 
-    /// Forwards GC to IPAM, then removes masquerade rules, spoof-check and
+    /// Removes the pod records of containers outside the valid list, forwards GC to
+    /// IPAM, then removes masquerade rules, spoof-check and
     /// port-security chains of attachments outside the valid list; keeps going past
     /// failures.
     fn gc(&self, req: &Request) -> Result<(), CniError> {

@@ -56,6 +56,20 @@ pub struct HostPort {
     pub host_ip: String,
 }
 
+/// The Pod a sandbox is made for, as kubelet copies it into the sandbox's config:
+/// metadata (namespace, name, uid) and labels.
+#[derive(Debug, Clone, Copy)]
+pub struct PodMeta<'a> {
+    /// `metadata.namespace`.
+    pub namespace: &'a str,
+    /// `metadata.name`.
+    pub name: &'a str,
+    /// `metadata.uid`.
+    pub uid: &'a str,
+    /// `metadata.labels`.
+    pub labels: &'a [(&'a str, &'a str)],
+}
+
 /// What `PodSandboxStatus` (verbose) says about a sandbox's network.
 #[derive(Debug, Clone)]
 pub struct SandboxNet {
@@ -149,15 +163,35 @@ impl Cri {
         cgroup_parent: &str,
         ports: &[HostPort],
     ) -> Result<String, String> {
+        let pod = PodMeta {
+            namespace: "default",
+            name,
+            uid,
+            labels: &[("app", "cnibb")],
+        };
+        self.run_pod_sandbox(&pod, cgroup_parent, ports)
+    }
+
+    /// `RunPodSandbox` as kubelet makes it for the Pod `pod` (containerd passes its
+    /// namespace and name to the plugins in `CNI_ARGS`, `K8S_POD_NAMESPACE` and
+    /// `K8S_POD_NAME`), with its own network namespace, its cgroup under
+    /// `cgroup_parent` (cgroupfs) and `ports` as host ports. Returns the sandbox id, or
+    /// the error message containerd gave.
+    pub fn run_pod_sandbox(
+        &self,
+        pod: &PodMeta<'_>,
+        cgroup_parent: &str,
+        ports: &[HostPort],
+    ) -> Result<String, String> {
         let mut client = self.client.clone();
         let config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
-                name: name.to_owned(),
-                uid: uid.to_owned(),
-                namespace: "default".to_owned(),
+                name: pod.name.to_owned(),
+                uid: pod.uid.to_owned(),
+                namespace: pod.namespace.to_owned(),
                 attempt: 0,
             }),
-            hostname: name.to_owned(),
+            hostname: pod.name.to_owned(),
             port_mappings: ports
                 .iter()
                 .map(|p| PortMapping {
@@ -167,7 +201,11 @@ impl Cri {
                     host_ip: p.host_ip.clone(),
                 })
                 .collect(),
-            labels: HashMap::from([("app".to_owned(), "cnibb".to_owned())]),
+            labels: pod
+                .labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
             linux: Some(LinuxPodSandboxConfig {
                 cgroup_parent: cgroup_parent.to_owned(),
                 security_context: Some(LinuxSandboxSecurityContext {

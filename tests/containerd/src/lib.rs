@@ -18,4 +18,4 @@ pub mod cri;
 pub mod procs;
 
 pub use containerd::{Containerd, NETWORK, SANDBOX_IMAGE, ping_from};
-pub use cri::{Cri, RuntimeStatus, SandboxNet};
+pub use cri::{Cri, PodMeta, RuntimeStatus, SandboxNet};

@@ -10,20 +10,29 @@
 //! cgroup) after removal, a failed ADD that leaves nothing, pods that survive a
 //! containerd restart. One test replaces the template with the node agent (`cni-node`
 //! against the Kubernetes API test server): containerd uses the conflist the agent
-//! writes, and the agent routes another node's pod CIDRs and masquerades egress. Every
-//! test also checks that the machine's own netns, /run and /var/lib were not touched.
+//! writes, and the agent routes another node's pod CIDRs and masquerades egress. Another
+//! runs the agent with a NetworkPolicy and Pod objects that kubelet has not yet given
+//! addresses: a new pod is closed to the clients the policy does not allow from its
+//! first packet, open to the allowed one, held while the agent cannot judge it, and
+//! leaves nothing behind. Every test also checks that the machine's own netns, /run and
+//! /var/lib were not touched.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
-use std::path::Path;
+use std::io::{ErrorKind, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cni_blackbox::hostport::in_netns;
+use cni_blackbox::hostport::{in_netns, netns_of, peer_seen};
 use cni_blackbox::{plugin_path, require_root, unique_name};
 use cni_containerd_suite::cri::{HostPort, Protocol};
-use cni_containerd_suite::{Containerd, NETWORK, ping_from};
-use cni_kube_api::{ApiServer, realistic_node};
+use cni_containerd_suite::{Containerd, NETWORK, PodMeta, ping_from};
+use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
+use serde_json::json;
 
 /// The template a node operator would install: our bridge with host-local over every
 /// range kubelet gives (one per family), default routes for each, masquerade on, our
@@ -103,21 +112,29 @@ fn require_containerd() -> bool {
 }
 
 /// The machine's own state the suite must leave alone: the root netns's links, addresses,
-/// routes and iptables rules, and the machine's containerd and CNI state directories.
+/// routes and iptables rules, the machine's containerd and CNI state directories, and
+/// the node agent's default pod record directory.
 ///
 /// Other software (a developer's Podman, other test suites) may change the machine
 /// while we run, so the check after a test looks for what *we* could have leaked: our
-/// bridge or pod CIDRs in the root netns, containerd state outside our fixture, our
-/// network in the machine's /var/lib/cni.
+/// bridge or pod CIDRs in the root netns, containerd state or pod records outside our
+/// fixture, our network in the machine's /var/lib/cni.
 #[derive(Debug)]
 struct MachineState {
-    containerd_dirs: BTreeMap<&'static str, Option<BTreeSet<String>>>,
+    state_dirs: BTreeMap<&'static str, Option<BTreeSet<String>>>,
     /// containerd's default pod netns pins, `/run/netns/cni-<uuid>`.
     cni_netns: BTreeSet<String>,
 }
 
-/// containerd's hard-coded and default state directories on the machine.
-const CONTAINERD_DIRS: [&str; 3] = ["/run/containerd", "/var/lib/containerd", "/opt/containerd"];
+/// containerd's hard-coded and default state directories on the machine, and the
+/// default of the agent's `--pod-record-dir` (the agent runs in the machine's mount
+/// namespace: it must be given the fixture's).
+const STATE_DIRS: [&str; 4] = [
+    "/run/containerd",
+    "/var/lib/containerd",
+    "/opt/containerd",
+    "/run/cni-plugins-rs/pods",
+];
 
 fn listing(dir: &str) -> Option<BTreeSet<String>> {
     std::fs::read_dir(dir).ok().map(|entries| {
@@ -145,10 +162,7 @@ fn command_output(program: &str) -> String {
 impl MachineState {
     fn now() -> Self {
         Self {
-            containerd_dirs: CONTAINERD_DIRS
-                .into_iter()
-                .map(|d| (d, listing(d)))
-                .collect(),
+            state_dirs: STATE_DIRS.into_iter().map(|d| (d, listing(d))).collect(),
             cni_netns: listing("/run/netns")
                 .unwrap_or_default()
                 .into_iter()
@@ -162,8 +176,8 @@ impl MachineState {
     fn assert_untouched(&self, bridge: &str, cidrs: &[&str]) {
         let after = Self::now();
         assert_eq!(
-            after.containerd_dirs, self.containerd_dirs,
-            "containerd state on the machine changed"
+            after.state_dirs, self.state_dirs,
+            "containerd state or pod records on the machine changed"
         );
         let new_netns: Vec<&String> = after.cni_netns.difference(&self.cni_netns).collect();
         assert!(
@@ -277,6 +291,13 @@ fn run_pod_with_ports(node: &Containerd, ports: &[HostPort]) -> Pod {
         .cri()
         .run_pod_with_ports(&name, &unique_name("uid"), node.cgroup_parent(), ports)
         .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}\n{}", node.log()));
+    ready_pod(node, name, id)
+}
+
+/// `PodSandboxStatus` of the sandbox `id` just started for `name`: ready, with one
+/// IPv4 and one IPv6 address.
+#[track_caller]
+fn ready_pod(node: &Containerd, name: String, id: String) -> Pod {
     let status = node.cri().sandbox(&id).expect("PodSandboxStatus");
     assert_eq!(status.state, 0, "sandbox {name} not ready: {status:?}");
     assert!(status.pid > 0, "no sandbox pid: {status:?}");
@@ -635,13 +656,18 @@ fn pods_stay_reachable_across_a_containerd_restart_and_are_removed_cleanly() {
 struct NodeAgent {
     child: std::process::Child,
     log: std::path::PathBuf,
+    records: std::path::PathBuf,
 }
 
 impl NodeAgent {
     /// Starts the agent for Node `name` with the fixture's conf, bin and IPAM dirs, its
-    /// bridge and its network name, as the DaemonSet's container would.
+    /// bridge and its network name, as the DaemonSet's container would. Its pod record
+    /// directory (which it also writes into the conflist, for the bridge plugin) is in
+    /// the fixture's directory: the default, under /run, would be the machine's for the
+    /// agent and containerd's private tmpfs for the plugins.
     fn start(node: &Containerd, name: &str, kubeconfig: &Path) -> Self {
         let log = node.scratch("cni-node.log");
+        let records = node.scratch("pod-records");
         let file = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
         let child = Command::new("ip")
             .args(["netns", "exec", node.host().name()])
@@ -653,6 +679,7 @@ impl NodeAgent {
             .arg(format!("--ipam-data-dir={}", node.ipam_dir().display()))
             .arg(format!("--bridge={}", node.bridge()))
             .arg(format!("--network-name={NETWORK}"))
+            .arg(format!("--pod-record-dir={}", records.display()))
             .arg("--resync-interval=1")
             .arg("--verbose")
             .env_remove("KUBECONFIG")
@@ -661,11 +688,34 @@ impl NodeAgent {
             .stderr(file)
             .spawn()
             .unwrap_or_else(|e| panic!("start cni-node: {e}"));
-        Self { child, log }
+        Self {
+            child,
+            log,
+            records,
+        }
     }
 
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The pod record directory (the conflist's `podRecordDir`).
+    fn record_dir(&self) -> &Path {
+        &self.records
+    }
+
+    /// Every entry of the pod record directory (published records are named after the
+    /// address, staged ones are hidden) with its content.
+    fn records(&self) -> BTreeMap<String, String> {
+        std::fs::read_dir(&self.records)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .map(|e| {
+                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                (e.file_name().to_string_lossy().into_owned(), text)
+            })
+            .collect()
     }
 
     /// Waits (bounded) for a line of the agent's log containing `needle`.
@@ -694,6 +744,57 @@ impl Drop for NodeAgent {
 fn agent_conflist(node: &Containerd) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(node.conf_dir().join("10-cni-plugins-rs.conflist")).ok()?;
     serde_json::from_str(&text).ok()
+}
+
+/// The Pod object `namespace/name` as the API holds it once the scheduler has put it on
+/// `node` and before kubelet has posted anything: [`realistic_pod`] with `labels`,
+/// phase Pending and neither `podIP` nor `podIPs`. There is no kubelet here, so the
+/// agent learns a pod's addresses only from the bridge plugin's records.
+fn scheduled_pod(
+    namespace: &str,
+    name: &str,
+    node: &str,
+    labels: &[(&str, &str)],
+) -> serde_json::Value {
+    let mut pod = realistic_pod(namespace, name, node, &[], labels);
+    pod["status"] = serde_json::json!({"phase": "Pending", "qosClass": "Burstable"});
+    pod
+}
+
+/// `RunPodSandbox` for the Pod `namespace/name` with `labels`, as kubelet makes it.
+#[track_caller]
+fn start_sandbox(
+    node: &Containerd,
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> String {
+    let uid = unique_name("uid");
+    let pod = PodMeta {
+        namespace,
+        name,
+        uid: &uid,
+        labels,
+    };
+    node.cri()
+        .run_pod_sandbox(&pod, node.cgroup_parent(), &[])
+        .unwrap_or_else(|e| panic!("RunPodSandbox {namespace}/{name}: {e}\n{}", node.log()))
+}
+
+/// A new Pod on the Node `node_name` as kubelet sees it: its object is in the API
+/// (applied here as the scheduler leaves it, [`scheduled_pod`]), then `RunPodSandbox`
+/// with its namespace, name and labels, then `PodSandboxStatus`.
+#[track_caller]
+fn run_k8s_pod(
+    node: &Containerd,
+    api: &ApiServer,
+    node_name: &str,
+    (namespace, name): (&str, &str),
+    labels: &[(&str, &str)],
+) -> Pod {
+    api.apply_pod(scheduled_pod(namespace, name, node_name, labels));
+    let id = start_sandbox(node, namespace, name, labels);
+    ready_pod(node, format!("{namespace}/{name}"), id)
 }
 
 /// The MTU of `eth0` inside the sandbox with pid `pid`.
@@ -775,6 +876,11 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         assert_eq!(bridge_conf["mtu"], 1450, "the uplink's MTU: {conflist}");
         assert_eq!(bridge_conf["ipam"]["ranges"][0][0]["subnet"], own[0]);
         assert_eq!(bridge_conf["ipam"]["ranges"][1][0]["subnet"], own[1]);
+        assert_eq!(
+            bridge_conf["podRecordDir"],
+            agent.record_dir().display().to_string(),
+            "NetworkPolicy is on: the plugin hands new pods over: {conflist}"
+        );
 
         // Another node joins: its pod CIDRs are routed through its InternalIPs.
         api.apply_node(realistic_node("node-b", &other, &other_ips, 5));
@@ -806,8 +912,10 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         // Pods get addresses from this node's pod CIDRs, the uplink's MTU, reach each
         // other and the gateways; traffic leaving the cluster is masqueraded by the
         // agent's rule for the pod CIDRs (the bridge's own ipMasq is off).
-        let a = run_pod(&node);
-        let b = run_pod(&node);
+        api.apply_namespace(realistic_namespace("default", &[]));
+        let labels = [("app", "cnibb")];
+        let a = run_k8s_pod(&node, &api, "node-a", ("default", "a"), &labels);
+        let b = run_k8s_pod(&node, &api, "node-a", ("default", "b"), &labels);
         for pod in [&a, &b] {
             assert!(contains(own[0], pod.v4), "{} outside {}", pod.v4, own[0]);
             assert!(contains(own[1], pod.v6), "{} outside {}", pod.v6, own[1]);
@@ -831,6 +939,11 @@ fn the_node_agent_writes_the_conflist_containerd_uses_and_routes_to_other_nodes(
         }
 
         remove_pods(&node, &[&a, &b], &[]);
+        assert_eq!(
+            agent.records(),
+            BTreeMap::new(),
+            "pod records after removal"
+        );
         drop(agent);
         drop(api);
         node.bridge().to_owned()
@@ -1021,4 +1134,710 @@ fn host_ports_of_pods_answer_on_the_node_and_leave_no_rule() {
         node.bridge().to_owned()
     };
     machine.assert_untouched(&bridge, &cidrs);
+}
+
+// ---------------------------------------------------------------------------------------
+// NetworkPolicy through the CRI
+// ---------------------------------------------------------------------------------------
+
+/// The port the server pod listens on.
+const SERVER_PORT: u16 = 7070;
+/// Bound on one probe's connect. Pods on one bridge answer a SYN in well under a
+/// millisecond: a probe unanswered by then was dropped, or had nowhere to go yet.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(20);
+/// Pause between two probes of one address from one source.
+const PROBE_PAUSE: Duration = Duration::from_millis(5);
+/// How long the clients keep probing the new server after `RunPodSandbox` returned.
+const OBSERVE: Duration = Duration::from_secs(3);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Signed milliseconds from `zero` to `at` (negative: before).
+fn ms(at: Instant, zero: Instant) -> f64 {
+    if at >= zero {
+        (at - zero).as_secs_f64() * 1e3
+    } else {
+        -(zero - at).as_secs_f64() * 1e3
+    }
+}
+
+/// Calls `check` until it returns `Ok` or `limit` has passed (then panics with `what`
+/// and its last error).
+#[track_caller]
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + limit;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "{what}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How one TCP connect to the server ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Probe {
+    /// A listener accepted: the SYN reached the server.
+    Connected,
+    /// The server's stack answered with a reset (no listener yet): the SYN reached it.
+    Reset,
+    /// No answer within [`PROBE_TIMEOUT`]: dropped, or nowhere to go yet.
+    Silent,
+    /// Failed at once, with no answer from the server (no neighbour yet, no route).
+    Unreachable,
+}
+
+impl Probe {
+    /// Whether the SYN reached the server.
+    fn reached(self) -> bool {
+        matches!(self, Self::Connected | Self::Reset)
+    }
+}
+
+/// One connect from this thread's netns.
+fn probe(to: SocketAddr) -> Probe {
+    match TcpStream::connect_timeout(&to, PROBE_TIMEOUT) {
+        Ok(_) => Probe::Connected,
+        Err(e) => match e.kind() {
+            ErrorKind::ConnectionRefused => Probe::Reset,
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => Probe::Silent,
+            _ => Probe::Unreachable,
+        },
+    }
+}
+
+/// One probe: when it started, where to, how it ended.
+#[derive(Debug, Clone, Copy)]
+struct Attempt {
+    at: Instant,
+    to: SocketAddr,
+    outcome: Probe,
+}
+
+/// The new server's addresses, known as soon as host-local reserves them during the
+/// CNI ADD (before `RunPodSandbox` returns), with the time each was seen.
+type Targets = Arc<Mutex<Vec<(Instant, SocketAddr)>>>;
+
+/// A thread of its own that stops and is joined on drop.
+#[derive(Debug)]
+struct Worker {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    fn spawn(work: impl FnOnce(Arc<AtomicBool>) + Send + 'static) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        Self {
+            stop,
+            thread: Some(std::thread::spawn(move || work(flag))),
+        }
+    }
+
+    /// Stops the thread and waits for it; whether it ended without panicking.
+    fn finish(&mut self) -> bool {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().is_none_or(|t| t.join().is_ok())
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// Fills `targets` with the addresses (on [`SERVER_PORT`]) that host-local reserves in
+/// `network_dir` beyond `before`, the moment their files appear.
+fn watch_reservations(network_dir: PathBuf, before: BTreeSet<String>, targets: Targets) -> Worker {
+    Worker::spawn(move |stop| {
+        while !stop.load(Ordering::SeqCst) {
+            for address in cni_blackbox::ipam::reservations(&network_dir).into_keys() {
+                let Ok(ip) = address.parse::<IpAddr>() else {
+                    continue;
+                };
+                let to = SocketAddr::new(ip, SERVER_PORT);
+                let mut known = lock(&targets);
+                if !before.contains(&address) && !known.iter().any(|(_, t)| *t == to) {
+                    known.push((Instant::now(), to));
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    })
+}
+
+/// TCP connects from the netns at `netns` to the known targets, one thread per address
+/// family, each in a loop until stopped; every attempt is logged.
+#[derive(Debug)]
+struct Prober {
+    log: Arc<Mutex<Vec<Attempt>>>,
+    workers: Vec<Worker>,
+}
+
+impl Prober {
+    fn start(netns: &Path, targets: &Targets) -> Self {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let workers = [true, false]
+            .into_iter()
+            .map(|v4| {
+                let (into, targets) = (Arc::clone(&log), Arc::clone(targets));
+                let netns = netns.to_path_buf();
+                Worker::spawn(move |stop| {
+                    in_netns(&netns, move || {
+                        while !stop.load(Ordering::SeqCst) {
+                            let now: Vec<SocketAddr> = lock(&targets)
+                                .iter()
+                                .map(|(_, t)| *t)
+                                .filter(|t| t.is_ipv4() == v4)
+                                .collect();
+                            for to in now {
+                                let at = Instant::now();
+                                let outcome = probe(to);
+                                lock(&into).push(Attempt { at, to, outcome });
+                            }
+                            std::thread::sleep(PROBE_PAUSE);
+                        }
+                    });
+                })
+            })
+            .collect();
+        Self { log, workers }
+    }
+
+    fn attempts(&self) -> Vec<Attempt> {
+        let mut log = lock(&self.log).clone();
+        log.sort_by_key(|a| a.at);
+        log
+    }
+
+    /// Stops probing; every attempt made, in order.
+    #[track_caller]
+    fn finish(mut self) -> Vec<Attempt> {
+        for worker in &mut self.workers {
+            assert!(worker.finish(), "a prober failed");
+        }
+        self.attempts()
+    }
+}
+
+/// The first attempt to `to` that ended as `wanted` says.
+fn first(log: &[Attempt], to: SocketAddr, wanted: impl Fn(Probe) -> bool) -> Option<Instant> {
+    log.iter()
+        .find(|a| a.to == to && wanted(a.outcome))
+        .map(|a| a.at)
+}
+
+/// How the attempts to `to` ended, counted.
+fn tally(log: &[Attempt], to: SocketAddr) -> String {
+    let mut counts: BTreeMap<Probe, usize> = BTreeMap::new();
+    for a in log.iter().filter(|a| a.to == to) {
+        *counts.entry(a.outcome).or_default() += 1;
+    }
+    let total: usize = counts.values().sum();
+    format!("{total} probes {counts:?}")
+}
+
+/// A TCP server on [`SERVER_PORT`] (both families) in a pod's netns: answers each
+/// connection with the peer address it saw; ends on drop.
+#[derive(Debug)]
+struct PeerEcho {
+    _worker: Worker,
+}
+
+impl PeerEcho {
+    fn start(pod: &Pod) -> Self {
+        let listener = in_netns(&netns_of(pod.pid), || {
+            TcpListener::bind(("::", SERVER_PORT))
+                .unwrap_or_else(|e| panic!("bind [::]:{SERVER_PORT}: {e}"))
+        });
+        listener
+            .set_nonblocking(true)
+            .unwrap_or_else(|e| panic!("listener: {e}"));
+        let worker = Worker::spawn(move |stop| {
+            while !stop.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut stream, peer)) => {
+                        let _ = stream.set_nonblocking(false);
+                        let _ = stream.write_all(peer.ip().to_canonical().to_string().as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+            }
+        });
+        Self { _worker: worker }
+    }
+}
+
+/// `sysctl -qw` of `settings` in the pod's netns.
+#[track_caller]
+fn sysctl_in_pod(pod: &Pod, settings: &[&str]) {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/proc/{}/ns/net", pod.pid))
+        .args(["sysctl", "-qw"])
+        .args(settings)
+        .output()
+        .unwrap_or_else(|e| panic!("run sysctl in {}: {e}", pod.name));
+    assert!(
+        out.status.success(),
+        "sysctl {settings:?} in {}: {}",
+        pod.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `nft` with `args` and `stdin` in the netns of process `pid`; its stdout.
+#[track_caller]
+fn nft_in_pod(pid: u32, args: &[&str], stdin: &str) -> String {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("nft")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run nft in {pid}'s netns: {e}"));
+    if let Some(mut input) = child.stdin.take() {
+        input
+            .write_all(stdin.as_bytes())
+            .unwrap_or_else(|e| panic!("nft's stdin: {e}"));
+    }
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("nft: {e}"));
+    assert!(
+        out.status.success(),
+        "nft {args:?} in {pid}'s netns: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Counts, in the pod's own netns (ahead of its sockets), the SYNs to [`SERVER_PORT`]
+/// from each of `sources`: what reached the pod, whatever a client concluded.
+fn count_syns(pod: &Pod, sources: &[IpAddr]) {
+    let rules: String = sources
+        .iter()
+        .map(|ip| {
+            let family = if ip.is_ipv4() { "ip" } else { "ip6" };
+            format!(
+                "    {family} saddr {ip} tcp dport {SERVER_PORT} tcp flags & (syn | ack) == syn \
+                 counter comment \"{ip}\"\n"
+            )
+        })
+        .collect();
+    nft_in_pod(
+        pod.pid,
+        &["-f", "-"],
+        &format!(
+            "table inet cnibb_seen {{\n  chain input {{\n    type filter hook input priority \
+             filter; policy accept;\n{rules}  }}\n}}\n"
+        ),
+    );
+}
+
+/// The SYNs [`count_syns`] counted, by source address.
+fn syns_seen(pod: &Pod) -> BTreeMap<IpAddr, u64> {
+    nft_in_pod(pod.pid, &["list", "table", "inet", "cnibb_seen"], "")
+        .lines()
+        .filter_map(|line| {
+            let packets = line
+                .split("counter packets ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?;
+            let source = line.split("comment \"").nth(1)?.split('"').next()?;
+            Some((source.parse().ok()?, packets.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The agent's NetworkPolicy table in the host netns, as `nft` prints it (`None`
+/// while it does not exist).
+fn policy_table(node: &Containerd) -> Option<String> {
+    let out = node
+        .host()
+        .exec(&["nft", "list", "table", "inet", "cni_node_policy"]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The elements of the table's pending sets: address -> the pod they were held for
+/// (the element's comment, empty without one).
+fn pending(node: &Containerd) -> BTreeMap<String, String> {
+    let mut held = BTreeMap::new();
+    for set in ["pending4", "pending6"] {
+        let out = node
+            .host()
+            .exec(&["nft", "-j", "list", "set", "inet", "cni_node_policy", set]);
+        let json: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+        let elements = json["nftables"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|item| item["set"]["elem"].as_array())
+            .flatten();
+        for element in elements {
+            let (address, pod) = match element["elem"].as_object() {
+                Some(e) => (&e["val"], e.get("comment")),
+                None => (element, None),
+            };
+            held.insert(
+                address.as_str().unwrap_or_default().to_owned(),
+                pod.and_then(|c| c.as_str()).unwrap_or_default().to_owned(),
+            );
+        }
+    }
+    held
+}
+
+#[test]
+fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_clients() {
+    if !require_containerd() {
+        return;
+    }
+    let own = ["10.244.11.0/24", "fd00:10:244:11::/64"];
+    let node_ips = ["192.168.79.1", "fd00:79::1"];
+    let policy = ("prod", "clients-from-dev");
+    let machine = MachineState::now();
+    let bridge = {
+        let node = Containerd::start_without_template();
+        let host = node.host();
+        // The node's InternalIPs, on an uplink of their own.
+        host.exec_ok(&[
+            "ip", "link", "add", "uplink0", "type", "veth", "peer", "name", "uplink1",
+        ]);
+        for link in ["uplink0", "uplink1"] {
+            host.exec_ok(&["ip", "link", "set", link, "up"]);
+        }
+        for (ip, prefix) in [(node_ips[0], "24"), (node_ips[1], "64")] {
+            host.exec_ok(&[
+                "ip",
+                "addr",
+                "add",
+                &format!("{ip}/{prefix}"),
+                "dev",
+                "uplink0",
+                "nodad",
+            ]);
+        }
+        let api = ApiServer::start_in_netns(
+            host.path(),
+            "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
+        );
+        let kubeconfig = node.scratch("kubeconfig");
+        api.write_kubeconfig(&kubeconfig);
+        api.apply_node(realistic_node("node-a", &own, &node_ips, 5));
+        api.apply_namespace(realistic_namespace("prod", &[("env", "prod")]));
+        api.apply_namespace(realistic_namespace("dev", &[("env", "dev")]));
+        // Ingress to every pod of prod only from dev's pods labelled role=client (one
+        // peer: both selectors must match); egress is not restricted.
+        api.apply_network_policy(network_policy(
+            policy.0,
+            policy.1,
+            json!({
+                "podSelector": {},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{
+                    "namespaceSelector": {"matchLabels": {"env": "dev"}},
+                    "podSelector": {"matchLabels": {"role": "client"}},
+                }]}],
+            }),
+        ));
+        let agent = NodeAgent::start(&node, "node-a", &kubeconfig);
+        wait_network_ready(&node);
+        // The plugin holds new pods only where the agent has made its table.
+        wait_until(SETTLE_LIMIT, "no NetworkPolicy table", || {
+            policy_table(&node).map(drop).ok_or_else(|| agent.log())
+        });
+
+        // The clients: no policy selects them, so the agent releases them once judged.
+        let client = run_k8s_pod(
+            &node,
+            &api,
+            "node-a",
+            ("dev", "client"),
+            &[("app", "shop"), ("role", "client")],
+        );
+        let other = run_k8s_pod(&node, &api, "node-a", ("dev", "other"), &[("app", "shop")]);
+        // A probe sent before the server's interface is up leaves the sender's neighbour
+        // entry resolving, retried once a second: ten milliseconds instead, so that the
+        // probes right after RunPodSandbox returns are answered (or dropped) as soon as
+        // the server can be reached at all.
+        for pod in [&client, &other] {
+            sysctl_in_pod(
+                pod,
+                &[
+                    "net.ipv4.neigh.eth0.retrans_time_ms=10",
+                    "net.ipv6.neigh.eth0.retrans_time_ms=10",
+                ],
+            );
+        }
+        for family in ["ipv4", "ipv6"] {
+            host.exec_ok(&[
+                "sysctl",
+                "-qw",
+                &format!("net.{family}.neigh.{}.retrans_time_ms=10", node.bridge()),
+            ]);
+        }
+        wait_until(SETTLE_LIMIT, "the clients are still pending", || {
+            let held = pending(&node);
+            held.is_empty()
+                .then_some(())
+                .ok_or_else(|| format!("{held:?}\n{}", agent.log()))
+        });
+
+        // The server: its Pod object first (as the scheduler leaves it), then the
+        // sandbox, probed from both clients and from the node from the moment host-local
+        // has reserved its addresses, before RunPodSandbox returns.
+        let server_labels = [("app", "server")];
+        api.apply_pod(scheduled_pod("prod", "server", "node-a", &server_labels));
+        let targets = Targets::default();
+        let before: BTreeSet<String> = node.reservations().into_keys().collect();
+        let mut watch =
+            watch_reservations(node.ipam_dir().join(NETWORK), before, Arc::clone(&targets));
+        let denied = Prober::start(&netns_of(other.pid), &targets);
+        let allowed = Prober::start(&netns_of(client.pid), &targets);
+        let from_node = Prober::start(host.path(), &targets);
+        let called = Instant::now();
+        let id = start_sandbox(&node, "prod", "server", &server_labels);
+        let returned = Instant::now();
+        let server = ready_pod(&node, "prod/server".to_owned(), id);
+        let addresses = [
+            SocketAddr::new(server.v4, SERVER_PORT),
+            SocketAddr::new(server.v6, SERVER_PORT),
+        ];
+        count_syns(&server, &[client.v4, client.v6, other.v4, other.v6]);
+        let counted = Instant::now();
+        let echo = PeerEcho::start(&server);
+        let listening = Instant::now();
+        let connected_both = |log: &[Attempt]| {
+            addresses
+                .iter()
+                .all(|to| first(log, *to, |p| p == Probe::Connected).is_some())
+        };
+        while Instant::now() < returned + OBSERVE
+            || (!connected_both(&allowed.attempts()) && Instant::now() < returned + SETTLE_LIMIT)
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let denied = denied.finish();
+        let allowed = allowed.finish();
+        let from_node = from_node.finish();
+        watch.finish();
+        let seen = syns_seen(&server);
+        let known: Vec<(Instant, SocketAddr)> = lock(&targets).clone();
+
+        println!(
+            "NetworkPolicy through the CRI, ms from RunPodSandbox's return (negative: before):\n\
+             \x20 RunPodSandbox took {:.1}; SYN counters in the server at {:+.1}, its listener at {:+.1}",
+            ms(returned, called),
+            ms(counted, returned),
+            ms(listening, returned),
+        );
+        let at = |t: Option<Instant>| {
+            t.map_or_else(
+                || "never".to_owned(),
+                |t| format!("{:+.1}", ms(t, returned)),
+            )
+        };
+        for to in addresses {
+            let reserved = known.iter().find(|(_, t)| *t == to).map(|(at, _)| *at);
+            let node_reached = first(&from_node, to, Probe::reached);
+            let mine: Vec<&Attempt> = denied.iter().filter(|a| a.to == to).collect();
+            let refused_while_up = node_reached.and_then(|up| {
+                mine.iter()
+                    .find(|a| a.at >= up && !a.outcome.reached())
+                    .map(|a| a.at)
+            });
+            println!(
+                "  {}: reserved {}\n\
+                 \x20   the node (never judged): first reached {}; {}\n\
+                 \x20   denied dev/other: first {}, last {}, {} before the return; first refused \
+                 after the node reached the server {}; {}\n\
+                 \x20   allowed dev/client: first reached {}, first connected {}; {}",
+                to.ip(),
+                at(reserved),
+                at(node_reached),
+                tally(&from_node, to),
+                at(mine.first().map(|a| a.at)),
+                at(mine.last().map(|a| a.at)),
+                mine.iter().filter(|a| a.at < returned).count(),
+                at(refused_while_up),
+                tally(&denied, to),
+                at(first(&allowed, to, Probe::reached)),
+                at(first(&allowed, to, |p| p == Probe::Connected)),
+                tally(&allowed, to),
+            );
+        }
+        println!("  SYNs the server's netns counted, by source: {seen:?}");
+
+        let mut reserved: Vec<SocketAddr> = known.iter().map(|(_, t)| *t).collect();
+        reserved.sort();
+        let mut want = addresses.to_vec();
+        want.sort();
+        assert_eq!(reserved, want, "the addresses probed are the server's");
+        for to in addresses {
+            // The server was up: the node (never judged) reached it.
+            assert!(
+                first(&from_node, to, Probe::reached).is_some(),
+                "the node never reached {to}: {:?}\n{}",
+                from_node.iter().rfind(|a| a.to == to),
+                agent.log()
+            );
+            // The denied client probed it all along and never got through.
+            let mine: Vec<&Attempt> = denied.iter().filter(|a| a.to == to).collect();
+            let leaks: Vec<f64> = mine
+                .iter()
+                .filter(|a| a.outcome.reached())
+                .map(|a| ms(a.at, returned))
+                .collect();
+            assert!(
+                leaks.is_empty(),
+                "dev/other reached {to} (ms from the return): {leaks:?}\n{}\n{}",
+                policy_table(&node).unwrap_or_default(),
+                agent.log()
+            );
+            // The allowed client got through...
+            let open = first(&allowed, to, |p| p == Probe::Connected);
+            assert!(
+                open.is_some(),
+                "dev/client never connected to {to}; last probe {:?}\n{}\n{}",
+                allowed.iter().rfind(|a| a.to == to),
+                policy_table(&node).unwrap_or_default(),
+                agent.log()
+            );
+            // ... and the denied one was still refused after that.
+            assert!(
+                mine.iter().any(|a| open.is_some_and(|open| a.at > open)),
+                "dev/other never probed {to} while the server accepted dev/client"
+            );
+        }
+        for ip in [other.v4, other.v6] {
+            assert_eq!(
+                seen.get(&ip),
+                Some(&0),
+                "SYNs from dev/other reached the server: {seen:?}"
+            );
+        }
+        for ip in [client.v4, client.v6] {
+            assert!(
+                seen.get(&ip).is_some_and(|n| *n > 0),
+                "no SYN from dev/client counted: {seen:?}"
+            );
+        }
+        // The server sees the client's own address (pod to pod, no NAT).
+        for (to, from) in [(addresses[0], client.v4), (addresses[1], client.v6)] {
+            let got = peer_seen(&netns_of(client.pid), to).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got, from.to_string(), "the server saw dev/client as");
+        }
+
+        // A pod whose object the API does not hold stays pending: it reaches nothing and
+        // nothing reaches it (a reset would say a SYN did). Removing its sandbox leaves
+        // neither its records nor its pending addresses.
+        let id = start_sandbox(&node, "prod", "unknown", &server_labels);
+        let unknown = ready_pod(&node, "prod/unknown".to_owned(), id);
+        let unknown_ips = [unknown.v4.to_string(), unknown.v6.to_string()];
+        let records = agent.records();
+        for ip in &unknown_ips {
+            assert_eq!(
+                records.get(ip).and_then(|r| r.lines().next()),
+                Some("prod/unknown"),
+                "the record of {ip}: {records:?}"
+            );
+        }
+        let held = pending(&node);
+        let want: BTreeMap<String, String> = unknown_ips
+            .iter()
+            .map(|ip| (ip.clone(), "prod/unknown".to_owned()))
+            .collect();
+        assert_eq!(held, want, "pending while the agent cannot find the Pod");
+        let to_unknown: Vec<Probe> = in_netns(&netns_of(client.pid), move || {
+            (0..5)
+                .map(|_| probe(SocketAddr::new(unknown.v4, SERVER_PORT)))
+                .collect()
+        });
+        assert!(
+            !to_unknown.iter().any(|p| p.reached()),
+            "dev/client reached the pending pod: {to_unknown:?}"
+        );
+        node.cri()
+            .stop(&unknown.id)
+            .unwrap_or_else(|e| panic!("{e}"));
+        node.cri()
+            .remove(&unknown.id)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let records = agent.records();
+        assert!(
+            !records.values().any(|r| r.starts_with("prod/unknown")),
+            "records left by the removed sandbox: {records:?}"
+        );
+        assert_eq!(pending(&node), BTreeMap::new(), "pending after removal");
+        let table = policy_table(&node).unwrap_or_default();
+        for ip in &unknown_ips {
+            assert!(
+                !table.contains(ip.as_str()),
+                "{ip} left in the table:\n{table}"
+            );
+        }
+
+        // The policy still holds: dev/other is still refused...
+        let other_ns = netns_of(other.pid);
+        let ns = other_ns.clone();
+        let still = in_netns(&ns, move || addresses.map(probe));
+        assert!(
+            !still.iter().any(|p| p.reached()),
+            "dev/other reached the server before the policy was deleted: {still:?}\n{}\n{}",
+            policy_table(&node).unwrap_or_default(),
+            agent.log()
+        );
+        // ... and without the policy the server is open to both clients.
+        assert!(api.delete_network_policy(policy.0, policy.1));
+        let deleted = Instant::now();
+        let mut opened = deleted;
+        wait_until(SETTLE_LIMIT, "dev/other still cannot connect", || {
+            let ns = other_ns.clone();
+            opened = Instant::now();
+            let outcomes = in_netns(&ns, move || addresses.map(probe));
+            (outcomes == [Probe::Connected; 2])
+                .then_some(())
+                .ok_or_else(|| format!("{outcomes:?}\n{}", agent.log()))
+        });
+        println!(
+            "  policy deleted: dev/other's first probes to connect over both families started \
+             {:.1} ms after (a dropped probe takes {PROBE_TIMEOUT:?})",
+            ms(opened, deleted)
+        );
+        for pod in [&client, &other] {
+            for (to, from) in [(addresses[0], pod.v4), (addresses[1], pod.v6)] {
+                let got = peer_seen(&netns_of(pod.pid), to).unwrap_or_else(|e| panic!("{e}"));
+                assert_eq!(got, from.to_string(), "the server saw {} as", pod.name);
+            }
+        }
+
+        // Removal leaves no record and no element of the pods in the table.
+        drop(echo);
+        remove_pods(&node, &[&client, &other, &server], &[]);
+        assert_eq!(agent.records(), BTreeMap::new(), "records after removal");
+        assert_eq!(pending(&node), BTreeMap::new(), "pending after removal");
+        wait_until(
+            SETTLE_LIMIT,
+            "elements left in the NetworkPolicy table",
+            || {
+                let table = policy_table(&node).unwrap_or_default();
+                (!table.contains("elements")).then_some(()).ok_or(table)
+            },
+        );
+        drop(agent);
+        drop(api);
+        node.bridge().to_owned()
+    };
+    machine.assert_untouched(&bridge, &own);
 }

@@ -15,6 +15,7 @@ use cni_netlink::{Socket, Writer};
 const RTM_GETLINK: u16 = 18;
 const RTM_GETADDR: u16 = 22;
 const RTM_GETROUTE: u16 = 26;
+const RTM_GETNEIGH: u16 = 30;
 const RTM_GETNETCONF: u16 = 82;
 const AF_UNSPEC: u8 = 0;
 const AF_INET: u8 = 2;
@@ -108,6 +109,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         NLM_F_DUMP,
         |w| family_header(w, AF_INET6, 12),
         &netlink.join("route6-dump"),
+    )?;
+    // The FDB entries of every device (the VXLAN devices' own, the bridge's,
+    // the addresses devices list) and the neighbours of every link.
+    capture(
+        &mut rt,
+        RTM_GETNEIGH,
+        NLM_F_DUMP,
+        |w| family_header(w, AF_BRIDGE, 16),
+        &netlink.join("fdb-dump"),
+    )?;
+    capture(
+        &mut rt,
+        RTM_GETNEIGH,
+        NLM_F_DUMP,
+        |w| family_header(w, AF_UNSPEC, 12),
+        &netlink.join("neigh-dump"),
     )?;
     capture(
         &mut rt,

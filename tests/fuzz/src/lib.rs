@@ -196,9 +196,10 @@ fn walk_attrs(data: &[u8], depth: u8) {
 }
 
 /// A datagram the kernel could send on a rtnetlink socket: split into messages as the
-/// socket does, each decoded as the client's requests decode it (link, bridge port
-/// VLANs, address, route, forwarding setting, error and extended ack), and its
-/// attributes walked at the offsets of the family headers.
+/// socket does, each decoded as the client's requests decode it (link with its VXLAN
+/// settings, bridge port VLANs, address, route, FDB entry, neighbour, forwarding
+/// setting, error and extended ack), and its attributes walked at the offsets of the
+/// family headers.
 pub fn netlink(data: &[u8]) {
     let mut framed = 0;
     for msg in messages(data) {
@@ -217,6 +218,11 @@ pub fn netlink(data: &[u8]) {
                     let _ = link.oper_state.to_string();
                     assert!(!link.name.contains('\0'), "{link:?}");
                     assert!(link.controller != Some(0) && link.peer_index != Some(0));
+                    if let Some(vxlan) = link.vxlan {
+                        assert_eq!(link.kind.as_deref(), Some("vxlan"), "{link:?}");
+                        assert!(vxlan.underlay != Some(0), "{link:?}");
+                        assert!(!vxlan.local.is_some_and(|ip| ip.is_unspecified()));
+                    }
                 }
                 if let Some(Ok(vlans)) = vlans {
                     assert!(vlans.len() <= msg.payload.len() / 8);
@@ -232,9 +238,17 @@ pub fn netlink(data: &[u8]) {
                     assert_eq!(gw.is_ipv4(), route.dst.is_ipv4(), "{route:?}");
                 }
             }
+            Reply::Fdb(Ok(Some(entry))) => {
+                let _ = (entry.to_string(), entry.is_permanent(), entry.is_self());
+                assert!(entry.master != Some(0), "{entry:?}");
+            }
+            Reply::Neighbour(Ok(Some(neighbour))) => {
+                let _ = neighbour.is_permanent();
+            }
             _ => {}
         }
-        // ifaddrmsg is 8 bytes, rtmsg 12, ifinfomsg 16; netconfmsg and nfgenmsg 4.
+        // ifaddrmsg is 8 bytes, rtmsg and ndmsg 12, ifinfomsg 16; netconfmsg and
+        // nfgenmsg 4.
         for header in [4, 8, 12, 16] {
             walk_attrs(msg.payload.get(header..).unwrap_or_default(), 3);
         }

@@ -156,8 +156,87 @@ impl Net {
             "{what}: reservations left"
         );
         assert_no_masq_rules(self, what);
+        assert_eq!(
+            self.pod_records(),
+            BTreeMap::new(),
+            "{what}: pod records left"
+        );
+    }
+
+    /// This network's `podRecordDir` (inside its `dataDir`, so it goes with it).
+    pub fn records_dir(&self) -> PathBuf {
+        // Not "pods": that is a network name of conf/, whose IPAM state is
+        // <dataDir>/<network>.
+        self.data.path().join("pod-records")
+    }
+
+    /// Every file in [`Self::records_dir`], staged (hidden) ones too: name → content.
+    pub fn pod_records(&self) -> BTreeMap<String, String> {
+        let Ok(list) = std::fs::read_dir(self.records_dir()) else {
+            return BTreeMap::new();
+        };
+        list.map(|e| {
+            let e = e.expect("read the records dir");
+            let name = e.file_name().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            (name, text)
+        })
+        .collect()
+    }
+
+    /// Makes the node agent's NetworkPolicy table in the host netns by hand, with
+    /// only what the plugin touches: the two pending sets.
+    pub fn create_policy_table(&self) {
+        self.host
+            .exec_ok(&["nft", "add", "table", "inet", POLICY_TABLE]);
+        for (set, kind) in [("pending4", "ipv4_addr"), ("pending6", "ipv6_addr")] {
+            let spec = format!("{{ type {kind} ; }}");
+            self.host
+                .exec_ok(&["nft", "add", "set", "inet", POLICY_TABLE, set, &spec]);
+        }
+    }
+
+    /// The addresses in the pending sets, each with its comment (the pod it was added
+    /// for, or empty); `None` when the table does not exist.
+    pub fn pending(&self) -> Option<BTreeMap<String, String>> {
+        let mut held = BTreeMap::new();
+        for set in ["pending4", "pending6"] {
+            let out = self
+                .host
+                .exec(&["nft", "-j", "list", "set", "inet", POLICY_TABLE, set]);
+            if !out.status.success() {
+                return None;
+            }
+            let dump: Value = serde_json::from_slice(&out.stdout).expect("nft -j output");
+            let elems = dump["nftables"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|o| o["set"]["elem"].as_array())
+                .flatten();
+            for elem in elems {
+                // A bare address, or {"elem": {"val": address, "comment": pod}}.
+                let inner = if elem["elem"].is_object() {
+                    &elem["elem"]
+                } else {
+                    elem
+                };
+                let (val, comment) = match inner.as_str() {
+                    Some(addr) => (addr.to_owned(), String::new()),
+                    None => (
+                        inner["val"].as_str().unwrap_or_default().to_owned(),
+                        inner["comment"].as_str().unwrap_or_default().to_owned(),
+                    ),
+                };
+                held.insert(val, comment);
+            }
+        }
+        Some(held)
     }
 }
+
+/// The node agent's NetworkPolicy table (family `inet`).
+pub const POLICY_TABLE: &str = "cni_node_policy";
 
 /// Panics if any masquerade, spoof-check or port-security rule of ours is in the host
 /// netns (the port-security table's empty base chain and map may stay).

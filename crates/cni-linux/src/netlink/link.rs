@@ -16,6 +16,7 @@ use super::rtnl::{
     IFLA_LINKINFO, IFLA_MASTER, IFLA_MTU, IFLA_OPERSTATE, IfInfo, RTEXT_FILTER_SKIP_STATS,
     RTM_DELLINK, RTM_GETLINK, RTM_NEWLINK,
 };
+use super::vxlan::VxlanInfo;
 use crate::error::{Error, Result};
 use crate::mac::MacAddr;
 
@@ -65,6 +66,8 @@ pub struct Link {
     pub vlan_filtering: Option<bool>,
     /// For a bridge port: its port flags.
     pub bridge_port: Option<BridgePort>,
+    /// For a VXLAN device: its settings.
+    pub vxlan: Option<VxlanInfo>,
 }
 
 /// Flags of a bridge port that the bridge plugin manages.
@@ -146,6 +149,7 @@ impl Link {
             link_netnsid: None,
             vlan_filtering: None,
             bridge_port: None,
+            vxlan: None,
         };
         for attr in attrs(attributes) {
             let (ty, v) = attr?;
@@ -180,6 +184,9 @@ impl Link {
                         }
                     }
                 }
+                IFLA_INFO_DATA if self.kind.as_deref() == Some("vxlan") => {
+                    self.vxlan = Some(VxlanInfo::parse(v)?);
+                }
                 IFLA_INFO_SLAVE_KIND => {
                     let kind = c_string(v);
                     if kind == "bridge" && self.bridge_port.is_none() {
@@ -201,6 +208,11 @@ impl Link {
                 }
                 _ => {}
             }
+        }
+        // A second IFLA_INFO_KIND after the data (no kernel sends one) leaves the data
+        // of a kind the link no longer says it is: dropped.
+        if self.kind.as_deref() != Some("vxlan") {
+            self.vxlan = None;
         }
         Ok(())
     }
@@ -441,5 +453,31 @@ mod tests {
              00000000 07000000 00000000 00000000 \
              1400 1a00 1000 0200 0c00 0100 0800 1600 01000000");
         assert_eq!(got, want);
+    }
+}
+
+#[cfg(test)]
+mod fuzz_regressions {
+    use crate::netlink::{Reply, decode_reply};
+    use cni_netlink::messages;
+
+    /// Found by the fuzz stage: VXLAN data, then a second IFLA_INFO_KIND naming
+    /// another kind; the link must not keep VXLAN data it no longer says it is.
+    #[test]
+    fn vxlan_data_followed_by_another_kind_is_dropped() {
+        let data = include_bytes!(
+            "../../../../tests/fuzz/regressions/netlink/vxlan-data-then-another-kind"
+        );
+        let mut links = 0;
+        for msg in messages(data) {
+            let Ok(msg) = msg else { break };
+            if let Reply::Link { link: Ok(link), .. } = decode_reply(&msg) {
+                links += 1;
+                if link.vxlan.is_some() {
+                    assert_eq!(link.kind.as_deref(), Some("vxlan"), "{link:?}");
+                }
+            }
+        }
+        assert!(links > 0);
     }
 }

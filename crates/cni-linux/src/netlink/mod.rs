@@ -1,19 +1,24 @@
 //! Netlink (rtnetlink) client: links, bridges and their ports, veth pairs,
-//! addresses and routes. A [`Netlink`] handle talks to one network
-//! namespace, fixed when its socket is created; see [`Netlink::connect_in`].
+//! VXLAN devices with their FDB and neighbour entries, addresses and routes.
+//! A [`Netlink`] handle talks to one network namespace, fixed when its socket
+//! is created; see [`Netlink::connect_in`].
 //!
 //! Every method is a plain blocking call: one request, answered by the
-//! kernel before the `send` carrying it returns (see `cni_netlink`). The
-//! messages are built and parsed in `rtnl`, which knows only the
-//! attributes the plugins use and skips the rest.
+//! kernel before the `send` carrying it returns (see `cni_netlink`), except
+//! [`Netlink::apply`], which sends many in one `send`. The messages are built
+//! and parsed in `rtnl`, which knows only the attributes the plugins and the
+//! node agent use and skips the rest.
 
 mod addr;
+mod batch;
 mod bridge;
 mod link;
+mod neigh;
 mod netconf;
 mod route;
 mod rtnl;
 mod veth;
+pub mod vxlan;
 mod wait;
 
 use std::cell::RefCell;
@@ -25,10 +30,13 @@ use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
 pub use addr::Address;
+pub use batch::{BATCH_CHANGES, Change};
 pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};
+pub use neigh::{FdbEntry, Neighbour};
 pub use route::Route;
 pub use veth::VethPair;
+pub use vxlan::{Vxlan, VxlanInfo, vtep_mac};
 pub use wait::OPER_UP_DELAYS;
 
 pub use cni_netlink::socket::{Notified, Subscription};
@@ -138,6 +146,11 @@ pub enum Reply {
     Address(std::result::Result<Option<Address>, Malformed>),
     /// RTM_NEWROUTE; `None` for a route that is not unicast or not IP.
     Route(std::result::Result<Option<Route>, Malformed>),
+    /// RTM_NEWNEIGH of family `AF_BRIDGE`; `None` for one without an Ethernet address.
+    Fdb(std::result::Result<Option<FdbEntry>, Malformed>),
+    /// RTM_NEWNEIGH of another family; `None` for one that is not IPv4 or IPv6 or
+    /// has no address.
+    Neighbour(std::result::Result<Option<Neighbour>, Malformed>),
     /// RTM_NEWNETCONF: the forwarding setting, if it carries one.
     Forwarding(std::result::Result<Option<bool>, Malformed>),
     /// A message type no request of this client decodes.
@@ -162,6 +175,10 @@ pub fn decode_reply(msg: &Message<'_>) -> Reply {
         },
         rtnl::RTM_NEWADDR => Reply::Address(Address::parse(msg.payload)),
         rtnl::RTM_NEWROUTE => Reply::Route(Route::parse(msg.payload)),
+        rtnl::RTM_NEWNEIGH if msg.payload.first() == Some(&rtnl::AF_BRIDGE) => {
+            Reply::Fdb(FdbEntry::parse(msg.payload))
+        }
+        rtnl::RTM_NEWNEIGH => Reply::Neighbour(Neighbour::parse(msg.payload)),
         netconf::RTM_NEWNETCONF => Reply::Forwarding(netconf::forwarding_of(msg.payload)),
         _ => Reply::Other,
     }
@@ -233,6 +250,7 @@ pub(crate) mod tests {
                     link_netnsid: None,
                     vlan_filtering: None,
                     bridge_port: None,
+                    vxlan: None,
                 },
                 Link {
                     index: 5,
@@ -248,6 +266,7 @@ pub(crate) mod tests {
                     link_netnsid: None,
                     vlan_filtering: Some(false),
                     bridge_port: None,
+                    vxlan: None,
                 },
                 Link {
                     index: 7,
@@ -265,6 +284,7 @@ pub(crate) mod tests {
                     link_netnsid: Some(0),
                     vlan_filtering: None,
                     bridge_port: Some(BridgePort::default()),
+                    vxlan: None,
                 },
             ]
         );
@@ -350,6 +370,18 @@ pub(crate) mod tests {
             decode_reply(&msg),
             Reply::Route(Err(Malformed("truncated rtmsg")))
         );
+        let fdb = message(rtnl::RTM_NEWNEIGH, 0, |w| {
+            w.bytes(&hex("07000000 04000000 c0000201"));
+            w.attr(rtnl::NDA_LLADDR, &[0x0a, 0x58, 10, 0, 0, 2]);
+        });
+        let msg = messages(&fdb).next().unwrap().unwrap();
+        assert!(matches!(decode_reply(&msg), Reply::Fdb(Ok(Some(e))) if e.index == 4));
+        let arp = message(rtnl::RTM_NEWNEIGH, 0, |w| {
+            w.bytes(&hex("02000000 04000000 80000001"));
+            w.attr(rtnl::NDA_DST, &[10, 244, 2, 0]);
+        });
+        let msg = messages(&arp).next().unwrap().unwrap();
+        assert!(matches!(decode_reply(&msg), Reply::Neighbour(Ok(Some(n))) if n.ip.is_ipv4()));
         let other = message(99, 0, |_| {});
         let msg = messages(&other).next().unwrap().unwrap();
         assert_eq!(decode_reply(&msg), Reply::Other);

@@ -1,4 +1,29 @@
 //! Routes: add (create, never replace), replace, list, delete.
+//!
+//! A route through a VXLAN device names its next hop `onlink`: the remote's VTEP
+//! address is on no subnet of the device, and the flag tells the kernel to take
+//! the gateway as reachable on the link anyway (`ip route add <pod cidr> via
+//! <vtep> dev <vxlan> onlink`).
+//!
+//! Replacing in place (`NLM_F_REPLACE`) matches the route by destination,
+//! table, type and metric (another metric is another route); the gateway and
+//! output device may differ. What the kernel (6.18) allows, as the root tests
+//! in `tests/vxlan.rs` show, for a pod CIDR's route moving between the uplink
+//! (`via <node address>`) and the VXLAN device (`via <VTEP address> dev
+//! <vxlan> onlink`, the VTEP address inside the pod CIDR, as flannel has it):
+//!
+//! - IPv4: in place both ways.
+//! - IPv6: VXLAN to uplink in place; uplink to VXLAN refused (`EINVAL`,
+//!   "Nexthop has invalid gateway or device mismatch"): IPv6 checks an onlink
+//!   gateway against the routing table, and the route being replaced covers it
+//!   through another device. In place all the same in one batch
+//!   ([`Netlink::apply`](super::Netlink::apply)): a host route for the VTEP
+//!   address through the VXLAN device, the replacement, the host route deleted.
+//! - Both refuse an onlink route through a device that is down (`ENETDOWN`,
+//!   "Nexthop device is not up"), and setting the device down deletes the
+//!   routes through it: they are added again once it is up.
+//! - IPv4 takes no onlink gateway in a namespace without any IPv4 address
+//!   (there is no local table yet): "Nexthop has invalid gateway".
 
 use std::fmt;
 use std::net::IpAddr;
@@ -12,7 +37,7 @@ use ipnetwork::IpNetwork;
 use super::rtnl::{
     AF_INET, AF_INET6, RT_SCOPE_NOWHERE, RT_TABLE_MAIN, RTA_DST, RTA_GATEWAY, RTA_METRICS, RTA_OIF,
     RTA_PRIORITY, RTA_TABLE, RTAX_ADVMSS, RTAX_MTU, RTM_DELROUTE, RTM_GETROUTE, RTM_NEWROUTE,
-    RTN_UNICAST, RtMsg, ip_bytes, ip_value,
+    RTN_UNICAST, RTNH_F_ONLINK, RtMsg, ip_bytes, ip_value,
 };
 use super::{Family, Netlink};
 use crate::error::{Error, Result};
@@ -42,6 +67,11 @@ pub struct Route {
     pub mtu: Option<u32>,
     /// Advertised MSS metric.
     pub advmss: Option<u32>,
+    /// The gateway is reachable on the output interface (`oif`, which the
+    /// kernel then requires) even though no address of it covers the gateway
+    /// (`RTNH_F_ONLINK`): how a route through a VXLAN device names the remote's
+    /// VTEP address. Read back from the kernel's `rtm_flags`.
+    pub onlink: bool,
 }
 
 impl Route {
@@ -57,12 +87,16 @@ impl Route {
             protocol: None,
             mtu: None,
             advmss: None,
+            onlink: false,
         }
     }
 
+    /// Flags of a replacement (`ip route replace`).
+    pub(super) const REPLACE_FLAGS: u16 = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE;
+
     /// Writes the route as `rtmsg` and attributes; `wildcards` leaves protocol
     /// and scope unset, so that a deletion matches whatever they are.
-    fn write(&self, w: &mut Writer, wildcards: bool) -> Result<()> {
+    pub(super) fn write(&self, w: &mut Writer, wildcards: bool) -> Result<()> {
         let (family, dst) = ip_bytes(self.dst.ip());
         let gw = match self.gw {
             Some(gw) if Family::of(gw) != Family::of(self.dst.ip()) => {
@@ -91,6 +125,7 @@ impl Route {
             protocol,
             scope,
             kind: RTN_UNICAST,
+            flags: if self.onlink { RTNH_F_ONLINK } else { 0 },
         }
         .write(w);
         w.attr(RTA_DST, &dst);
@@ -136,6 +171,7 @@ impl Route {
         route.table = Some(u32::from(header.table));
         route.scope = Some(header.scope);
         route.protocol = Some(header.protocol);
+        route.onlink = header.flags & RTNH_F_ONLINK != 0;
         for attr in attrs(attributes) {
             let (ty, v) = attr?;
             match ty {
@@ -173,6 +209,9 @@ impl fmt::Display for Route {
         if let Some(oif) = self.oif {
             write!(f, " dev #{oif}")?;
         }
+        if self.onlink {
+            f.write_str(" onlink")?;
+        }
         if let Some(metric) = self.metric {
             write!(f, " metric {metric}")?;
         }
@@ -208,7 +247,7 @@ impl Netlink {
         route.write(&mut w, false)?;
         self.exec(
             RTM_NEWROUTE,
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            Route::REPLACE_FLAGS,
             |out| out.bytes(w.as_bytes()),
             || format!("failed to replace route {route}"),
         )
@@ -360,6 +399,35 @@ mod tests {
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
             0x505
         );
+    }
+
+    #[test]
+    fn an_onlink_route_through_a_vxlan_device_is_what_ip_route_add_sends() {
+        // `ip route add 10.244.2.0/24 via 10.244.2.0 dev vx4 onlink` (vx4 is #4),
+        // strace'd: rtm_flags RTNH_F_ONLINK, then RTA_DST, RTA_GATEWAY, RTA_OIF.
+        let r = Route {
+            gw: Some("10.244.2.0".parse().unwrap()),
+            oif: Some(4),
+            onlink: true,
+            ..route("10.244.2.0/24")
+        };
+        let got = message(RTM_NEWROUTE, 0x605, |w| r.write(w, false).unwrap());
+        let want = hex("34000000 1800 0506 01000000 00000000 \
+             02180000 fe030001 04000000 \
+             08000100 0af40200 \
+             08000500 0af40200 \
+             08000400 04000000");
+        assert_eq!(got, want);
+        let back = Route::parse(&got[16..]).unwrap().unwrap();
+        assert!(back.onlink);
+        assert_eq!(
+            back.to_string(),
+            "10.244.2.0/24 via 10.244.2.0 dev #4 onlink table 254"
+        );
+        // Other next-hop flags the kernel reports (RTNH_F_LINKDOWN) are not onlink.
+        let mut linkdown = got.clone();
+        linkdown[24..28].copy_from_slice(&0x10u32.to_ne_bytes());
+        assert!(!Route::parse(&linkdown[16..]).unwrap().unwrap().onlink);
     }
 
     #[test]

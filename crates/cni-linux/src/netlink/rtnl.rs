@@ -1,6 +1,7 @@
-//! rtnetlink's numbers (linux/rtnetlink.h, if_link.h, if_addr.h, if_bridge.h)
-//! and its three family headers: `ifinfomsg` (links), `ifaddrmsg`
-//! (addresses) and `rtmsg` (routes). Only what the plugins send or read.
+//! rtnetlink's numbers (linux/rtnetlink.h, if_link.h, if_addr.h, if_bridge.h,
+//! neighbour.h) and its four family headers: `ifinfomsg` (links), `ifaddrmsg`
+//! (addresses), `rtmsg` (routes) and `ndmsg` (neighbours and FDB entries). Only
+//! what the plugins and the node agent send or read.
 
 use cni_netlink::{Malformed, Writer};
 
@@ -14,6 +15,9 @@ pub(super) const RTM_GETADDR: u16 = 22;
 pub(super) const RTM_NEWROUTE: u16 = 24;
 pub(super) const RTM_DELROUTE: u16 = 25;
 pub(super) const RTM_GETROUTE: u16 = 26;
+pub(super) const RTM_NEWNEIGH: u16 = 28;
+pub(super) const RTM_DELNEIGH: u16 = 29;
+pub(super) const RTM_GETNEIGH: u16 = 30;
 
 pub(super) const AF_UNSPEC: u8 = 0;
 pub(super) const AF_INET: u8 = 2;
@@ -76,6 +80,30 @@ pub(super) const RTAX_ADVMSS: u16 = 8;
 pub(super) const RT_TABLE_MAIN: u8 = 254;
 pub(super) const RTN_UNICAST: u8 = 1;
 pub(super) const RT_SCOPE_NOWHERE: u8 = 255;
+/// `rtm_flags`: the gateway is on the output link, whatever its addresses say.
+pub(super) const RTNH_F_ONLINK: u32 = 0x4;
+
+// VXLAN link data (IFLA_VXLAN_*, inside IFLA_INFO_DATA of kind "vxlan").
+pub(super) const IFLA_VXLAN_ID: u16 = 1;
+pub(super) const IFLA_VXLAN_LINK: u16 = 3;
+pub(super) const IFLA_VXLAN_LOCAL: u16 = 4;
+pub(super) const IFLA_VXLAN_LEARNING: u16 = 7;
+pub(super) const IFLA_VXLAN_PORT: u16 = 15;
+pub(super) const IFLA_VXLAN_LOCAL6: u16 = 17;
+pub(super) const IFLA_VXLAN_UDP_CSUM: u16 = 18;
+pub(super) const IFLA_VXLAN_UDP_ZERO_CSUM6_TX: u16 = 19;
+pub(super) const IFLA_VXLAN_UDP_ZERO_CSUM6_RX: u16 = 20;
+
+// Neighbour attributes (NDA_*), states (NUD_*) and flags (NTF_*).
+pub(super) const NDA_DST: u16 = 1;
+pub(super) const NDA_LLADDR: u16 = 2;
+pub(super) const NDA_PORT: u16 = 6;
+pub(super) const NDA_VNI: u16 = 7;
+pub(super) const NDA_IFINDEX: u16 = 8;
+pub(super) const NDA_MASTER: u16 = 9;
+pub(super) const NUD_NOARP: u16 = 0x40;
+pub(super) const NUD_PERMANENT: u16 = 0x80;
+pub(super) const NTF_SELF: u8 = 0x02;
 
 /// `struct ifinfomsg`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -161,16 +189,18 @@ pub(super) struct RtMsg {
     pub(super) protocol: u8,
     pub(super) scope: u8,
     pub(super) kind: u8,
+    /// RTM_F_* and RTNH_F_* bits.
+    pub(super) flags: u32,
 }
 
 impl RtMsg {
     pub(super) const LEN: usize = 12;
 
     pub(super) fn write(&self, w: &mut Writer) {
-        // src_len and tos are 0, as are the RTM_F_* flags.
+        // src_len and tos are 0.
         w.bytes(&[self.family, self.dst_len, 0, 0]);
         w.bytes(&[self.table, self.protocol, self.scope, self.kind]);
-        w.bytes(&0u32.to_ne_bytes());
+        w.bytes(&self.flags.to_ne_bytes());
     }
 
     pub(super) fn parse(payload: &[u8]) -> Result<(Self, &[u8]), Malformed> {
@@ -184,6 +214,45 @@ impl RtMsg {
             protocol: h[5],
             scope: h[6],
             kind: h[7],
+            flags: u32_at(h, 8),
+        };
+        Ok((header, &payload[Self::LEN..]))
+    }
+}
+
+/// `struct ndmsg`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct NdMsg {
+    pub(super) family: u8,
+    pub(super) index: u32,
+    /// NUD_* bits.
+    pub(super) state: u16,
+    /// NTF_* bits.
+    pub(super) flags: u8,
+    /// RTN_* type (0 in requests: the kernel's to say).
+    pub(super) kind: u8,
+}
+
+impl NdMsg {
+    pub(super) const LEN: usize = 12;
+
+    pub(super) fn write(&self, w: &mut Writer) {
+        w.bytes(&[self.family, 0, 0, 0]);
+        w.bytes(&self.index.to_ne_bytes());
+        w.bytes(&self.state.to_ne_bytes());
+        w.bytes(&[self.flags, self.kind]);
+    }
+
+    pub(super) fn parse(payload: &[u8]) -> Result<(Self, &[u8]), Malformed> {
+        let h = payload
+            .get(..Self::LEN)
+            .ok_or(Malformed("truncated ndmsg"))?;
+        let header = Self {
+            family: h[0],
+            index: u32_at(h, 4),
+            state: u16::from_ne_bytes([h[8], h[9]]),
+            flags: h[10],
+            kind: h[11],
         };
         Ok((header, &payload[Self::LEN..]))
     }
@@ -204,6 +273,16 @@ pub(super) fn ip_value(family: u8, v: &[u8]) -> Result<std::net::IpAddr, Malform
             .map(|b| std::net::Ipv6Addr::from(b).into())
             .map_err(|_| Malformed("IPv6 address attribute of another length")),
         _ => Err(Malformed("address of an unknown family")),
+    }
+}
+
+/// An address attribute whose length says its family (an FDB entry's
+/// destination, a VXLAN device's local address): 4 or 16 bytes.
+pub(super) fn ip_of_len(v: &[u8]) -> Result<std::net::IpAddr, Malformed> {
+    match v.len() {
+        4 => ip_value(AF_INET, v),
+        16 => ip_value(AF_INET6, v),
+        _ => Err(Malformed("address attribute neither 4 nor 16 bytes long")),
     }
 }
 

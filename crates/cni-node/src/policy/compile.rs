@@ -172,32 +172,35 @@ struct PeerCache {
     peers: HashMap<(String, Peer), Rc<Addrs>>,
 }
 
+/// A pod with its addresses (the API's and this node's records, see [`View::ips`]).
+type Located<'a> = (&'a PodInfo, Rc<Vec<IpAddr>>);
+
 struct Compiler<'v, 'a> {
     view: &'v View<'a>,
-    by_namespace: BTreeMap<&'a str, Vec<&'a PodInfo>>,
-    named_ports: BTreeMap<(&'a str, u8), Vec<(&'a PodInfo, u16)>>,
+    by_namespace: BTreeMap<&'a str, Vec<Located<'a>>>,
+    named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>>,
     peers: PeerCache,
 }
 
 impl<'v, 'a> Compiler<'v, 'a> {
     fn new(view: &'v View<'a>) -> Self {
-        let mut by_namespace: BTreeMap<&'a str, Vec<&'a PodInfo>> = BTreeMap::new();
-        let mut named_ports: BTreeMap<(&'a str, u8), Vec<(&'a PodInfo, u16)>> = BTreeMap::new();
-        for pod in view
-            .pods
-            .values()
-            .filter(|p| !p.host_network && !p.ips.is_empty())
-        {
-            by_namespace
-                .entry(pod.namespace.as_str())
-                .or_default()
-                .push(pod);
+        let mut by_namespace: BTreeMap<&'a str, Vec<Located<'a>>> = BTreeMap::new();
+        let mut named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>> = BTreeMap::new();
+        for pod in view.pods.values().filter(|p| !p.host_network) {
+            let ips = Rc::new(view.ips(pod));
+            if ips.is_empty() {
+                continue;
+            }
             for n in &pod.named_ports {
                 named_ports
                     .entry((n.name.as_str(), n.protocol))
                     .or_default()
-                    .push((pod, n.port));
+                    .push(((pod, Rc::clone(&ips)), n.port));
             }
+            by_namespace
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push((pod, ips));
         }
         Self {
             view,
@@ -241,9 +244,9 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 namespaces: None,
                 pods,
             } => {
-                for pod in self.by_namespace.get(namespace).into_iter().flatten() {
+                for (pod, ips) in self.by_namespace.get(namespace).into_iter().flatten() {
                     if pods.matches(&pod.labels) {
-                        pod.ips.iter().for_each(|ip| addrs.push(*ip));
+                        ips.iter().for_each(|ip| addrs.push(*ip));
                     }
                 }
             }
@@ -256,9 +259,9 @@ impl<'v, 'a> Compiler<'v, 'a> {
                     if !self.view.namespace_selected(name, namespaces) {
                         continue;
                     }
-                    for pod in in_namespace {
+                    for (pod, ips) in in_namespace {
                         if pods.matches(&pod.labels) {
-                            pod.ips.iter().for_each(|ip| addrs.push(*ip));
+                            ips.iter().for_each(|ip| addrs.push(*ip));
                         }
                     }
                 }
@@ -312,14 +315,14 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 PortRef::Any => numbered.push((key(p.protocol, 0), key(p.protocol, u16::MAX))),
                 PortRef::Range(a, b) => numbered.push((key(p.protocol, *a), key(p.protocol, *b))),
                 PortRef::Named(name) => {
-                    for (pod, number) in self
+                    for ((_, ips), number) in self
                         .named_ports
                         .get(&(name.as_str(), p.protocol))
                         .into_iter()
                         .flatten()
                     {
                         let mut mine = Addrs::default();
-                        for ip in pod.ips.iter().filter(|ip| addrs.contains(**ip)) {
+                        for ip in ips.iter().filter(|ip| addrs.contains(**ip)) {
                             mine.push(*ip);
                         }
                         if !mine.v4.is_empty() || !mine.v6.is_empty() {
@@ -454,19 +457,19 @@ fn name(policies: &[String], named_ports: &[NamedPort]) -> String {
         .collect()
 }
 
-/// Compiles the view for the pods of `node`; `records` adds addresses the CNI plugin
-/// handed over for pods whose address the API does not show yet (address -> pod key).
-pub fn compile(view: &View<'_>, node: &str, records: &BTreeMap<IpAddr, String>) -> Compiled {
+/// Compiles the view for the pods of `node`: the pods the API places there, and those
+/// the CNI plugin recorded here (their addresses before the API shows them, see
+/// [`View::with_records`]).
+pub fn compile(view: &View<'_>, node: &str) -> Compiled {
     let mut out = Compiled::default();
     let mut compiler = Compiler::new(view);
-    // Local pods with every address they are known by.
     let mut local: BTreeMap<String, (&PodInfo, BTreeSet<IpAddr>)> = view
         .pods
         .values()
         .filter(|pod| pod.node == node && !pod.host_network)
-        .map(|pod| (pod.key(), (pod, pod.ips.iter().copied().collect())))
+        .map(|pod| (pod.key(), (pod, view.ips(pod).into_iter().collect())))
         .collect();
-    for (ip, key) in records {
+    for (ip, key) in view.records() {
         if let Some(pod) = view.pods.get(key).filter(|p| !p.host_network) {
             local
                 .entry(key.clone())
@@ -643,7 +646,7 @@ mod tests {
             let policies: BTreeMap<_, _> = [policy("x", "p", spec.clone())].into_iter().collect();
             let view = View::new(&pods, &ns, &policies);
             for node in ["n1", "n2"] {
-                let c = compile(&view, node, &BTreeMap::new());
+                let c = compile(&view, node);
                 for p in c
                     .ingress_profiles
                     .values()
@@ -699,7 +702,7 @@ mod tests {
             .into_iter()
             .collect();
         let view = View::new(&pods, &ns, &policies);
-        let c = compile(&view, "n2", &BTreeMap::new());
+        let c = compile(&view, "n2");
         assert_eq!(c.ingress.len(), 4, "x/b and x/c, two addresses each");
         assert_eq!(c.ingress_profiles.len(), 1);
         assert_eq!(
@@ -707,7 +710,7 @@ mod tests {
             &Vec::<Allow>::new()
         );
         assert_eq!(c.judged.len(), 12, "six local pods, two addresses each");
-        assert_eq!(compile(&view, "n2", &BTreeMap::new()), c);
+        assert_eq!(compile(&view, "n2"), c);
     }
 
     #[test]
@@ -721,12 +724,12 @@ mod tests {
         )]
         .into_iter()
         .collect();
-        let before = compile(&View::new(&pods, &ns, &policies), "n1", &BTreeMap::new());
+        let before = compile(&View::new(&pods, &ns, &policies), "n1");
         // x/c gets the label the peer selects: the profile allows more, same name.
         let c = pods.get_mut("x/c").unwrap();
         c.labels.insert("pod".into(), "b".into());
         let c_ip = c.ips[0];
-        let after = compile(&View::new(&pods, &ns, &policies), "n1", &BTreeMap::new());
+        let after = compile(&View::new(&pods, &ns, &policies), "n1");
         let a_ip = pods["x/a"].ips[0];
         assert_eq!(before.ingress[&a_ip], after.ingress[&a_ip]);
         let name = &after.ingress[&a_ip];
@@ -735,7 +738,7 @@ mod tests {
         // Another policy selecting x/a is another profile.
         let mut more = policies.clone();
         more.extend([policy("x", "deny", json!({"podSelector": {}}))]);
-        let other = compile(&View::new(&pods, &ns, &more), "n1", &BTreeMap::new());
+        let other = compile(&View::new(&pods, &ns, &more), "n1");
         assert_ne!(&other.ingress[&a_ip], name);
     }
 
@@ -752,11 +755,71 @@ mod tests {
         let policies: BTreeMap<_, _> = [policy("x", "deny", json!({"podSelector": {}}))]
             .into_iter()
             .collect();
-        let view = View::new(&pods, &ns, &policies);
         let ip: IpAddr = "10.244.0.99".parse().unwrap();
         let records = [(ip, "x/new".to_owned())].into_iter().collect();
-        let c = compile(&view, "n1", &records);
+        let view = View::with_records(&pods, &ns, &policies, records);
+        let c = compile(&view, "n1");
         assert!(c.ingress.contains_key(&ip));
         assert_eq!(c.judged.get(&ip).map(String::as_str), Some("x/new"));
+    }
+
+    #[test]
+    fn a_recorded_address_belongs_to_the_recorded_pod_not_to_the_one_leaving() {
+        let (mut pods, ns) = cluster();
+        // x/a (node n1) is leaving; the API still shows its address, which the plugin
+        // has just given to a new pod x/new on the same node.
+        let reused = pods["x/a"].ips[0];
+        let mut new = PodInfo {
+            namespace: "x".into(),
+            name: "new".into(),
+            node: "n1".into(),
+            ..PodInfo::default()
+        };
+        new.labels.insert("pod".into(), "new".into());
+        pods.insert(new.key(), new);
+        let policies: BTreeMap<_, _> = [policy(
+            "x",
+            "isolate-a",
+            json!({"podSelector": {"matchLabels": {"pod": "a"}}}),
+        )]
+        .into_iter()
+        .collect();
+        let records = [(reused, "x/new".to_owned())].into_iter().collect();
+        let view = View::with_records(&pods, &ns, &policies, records);
+        let c = compile(&view, "n1");
+        assert_eq!(c.judged[&reused], "x/new");
+        assert!(
+            !c.ingress.contains_key(&reused),
+            "x/new is not isolated: {c:?}"
+        );
+    }
+
+    #[test]
+    fn a_pod_known_only_from_its_record_is_a_peer_already() {
+        let (mut pods, ns) = cluster();
+        let mut client = PodInfo {
+            namespace: "y".into(),
+            name: "client".into(),
+            node: "n1".into(),
+            ..PodInfo::default()
+        };
+        client.labels.insert("role".into(), "client".into());
+        pods.insert(client.key(), client);
+        let policies: BTreeMap<_, _> = [policy(
+            "x",
+            "clients-only",
+            json!({"podSelector": {}, "ingress": [{"from": [
+                {"namespaceSelector": {}, "podSelector": {"matchLabels": {"role": "client"}}}
+            ]}]}),
+        )]
+        .into_iter()
+        .collect();
+        let ip: IpAddr = "10.244.0.77".parse().unwrap();
+        let records = [(ip, "y/client".to_owned())].into_iter().collect();
+        let view = View::with_records(&pods, &ns, &policies, records);
+        let c = compile(&view, "n1");
+        let xa = pods["x/a"].ips[0];
+        assert!(allows(&c.ingress_profiles[&c.ingress[&xa]], ip, TCP, 80));
+        assert!(view.verdict(ip, xa, TCP, 80).allowed());
     }
 }

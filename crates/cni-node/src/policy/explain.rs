@@ -2,11 +2,13 @@
 //! policies decided it, from the running agent's own view (served on its health
 //! address), so an operator sees what the agent enforces, not what the API says now.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::model::{Side, View};
 use super::objects::{SCTP, TCP, UDP};
 use crate::agent::PolicySnapshot;
+use crate::error::{Error, Result};
 
 /// A question: from an address or a pod (`namespace/name`) to a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,37 +25,44 @@ pub struct Question {
     pub ipv6: bool,
 }
 
-/// The answer: allowed or not, and the explanation as text.
-pub fn explain(snapshot: &PolicySnapshot, q: &Question) -> Result<(bool, String), String> {
+/// The answer: allowed or not, and the explanation as text; `records` are this node's
+/// pod records (address -> pod), as the reconciler sees them.
+pub fn explain(
+    snapshot: &PolicySnapshot,
+    records: BTreeMap<IpAddr, String>,
+    q: &Question,
+) -> Result<(bool, String)> {
     let protocol = match q.protocol.to_ascii_uppercase().as_str() {
         "TCP" => TCP,
         "UDP" => UDP,
         "SCTP" => SCTP,
-        other => return Err(format!("unknown protocol {other:?}: TCP, UDP or SCTP")),
+        _ => return Err(Error::ExplainProtocol(q.protocol.clone())),
     };
-    let view = View::new(&snapshot.pods, &snapshot.namespaces, &snapshot.policies);
-    let address = |what: &str| -> Result<IpAddr, String> {
+    let view = View::with_records(
+        &snapshot.pods,
+        &snapshot.namespaces,
+        &snapshot.policies,
+        records,
+    );
+    let address = |what: &str| -> Result<IpAddr> {
         if let Ok(ip) = what.parse::<IpAddr>() {
             return Ok(ip);
         }
         let pod = snapshot
             .pods
             .get(what)
-            .ok_or_else(|| format!("no pod {what:?} (namespace/name) and not an address"))?;
-        pod.ips
-            .iter()
-            .copied()
+            .ok_or_else(|| Error::ExplainNoPod(what.to_owned()))?;
+        view.ips(pod)
+            .into_iter()
             .find(|ip| ip.is_ipv6() == q.ipv6)
-            .ok_or_else(|| {
-                format!(
-                    "pod {what} has no {} address yet",
-                    if q.ipv6 { "IPv6" } else { "IPv4" }
-                )
+            .ok_or_else(|| Error::ExplainNoAddress {
+                pod: what.to_owned(),
+                family: if q.ipv6 { "IPv6" } else { "IPv4" },
             })
     };
     let (src, dst) = (address(&q.from)?, address(&q.to)?);
     if src.is_ipv4() != dst.is_ipv4() {
-        return Err(format!("{src} and {dst} are of different families"));
+        return Err(Error::ExplainFamilies(src, dst));
     }
     let verdict = view.verdict(src, dst, protocol, q.port);
     let name = |ip: IpAddr| match view.pod_at(ip) {
@@ -95,12 +104,12 @@ pub fn explain(snapshot: &PolicySnapshot, q: &Question) -> Result<(bool, String)
 
 /// Asks the agent listening on `agent` (its `--health-addr`): whether the connection
 /// is allowed, and the explanation; an error when the agent cannot answer.
-pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String), String> {
+pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String)> {
     use crate::health::percent_encode;
     use std::io::{Read as _, Write as _};
     let timeout = std::time::Duration::from_secs(5);
-    let mut stream = std::net::TcpStream::connect_timeout(&agent, timeout)
-        .map_err(|e| format!("cannot reach the agent at {agent} (its --health-addr): {e}"))?;
+    let unreachable = |source| Error::AgentUnreachable { agent, source };
+    let mut stream = std::net::TcpStream::connect_timeout(&agent, timeout).map_err(unreachable)?;
     let _ = stream.set_read_timeout(Some(timeout));
     let request = format!(
         "GET /explain?from={}&to={}&protocol={}&port={}&ipv6={} HTTP/1.0\r\n\r\n",
@@ -114,10 +123,13 @@ pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String), 
     stream
         .write_all(request.as_bytes())
         .and_then(|()| stream.read_to_string(&mut reply))
-        .map_err(|e| format!("the agent at {agent}: {e}"))?;
+        .map_err(unreachable)?;
     let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
     if !head.starts_with("HTTP/1.0 200") {
-        return Err(body.trim_end().to_owned());
+        return Err(Error::AgentRefused {
+            agent,
+            answer: body.trim_end().to_owned(),
+        });
     }
     Ok((body.starts_with("allowed"), body.to_owned()))
 }
@@ -127,7 +139,6 @@ mod tests {
     use super::*;
     use crate::policy::model::tests::{cluster, policy};
     use serde_json::json;
-    use std::collections::BTreeMap;
     use std::sync::Arc;
 
     #[test]
@@ -151,10 +162,10 @@ mod tests {
             port: 80,
             ipv6: false,
         };
-        let (allowed, text) = explain(&snapshot, &q("y/a", "x/b")).unwrap();
+        let (allowed, text) = explain(&snapshot, BTreeMap::new(), &q("y/a", "x/b")).unwrap();
         assert!(allowed, "{text}");
         assert!(text.contains("allowed by x/allow-y"), "{text}");
-        let (allowed, text) = explain(&snapshot, &q("z/a", "x/b")).unwrap();
+        let (allowed, text) = explain(&snapshot, BTreeMap::new(), &q("z/a", "x/b")).unwrap();
         assert!(!allowed, "{text}");
         assert!(
             text.contains("isolated by x/allow-y, x/deny; none of them allows it"),
@@ -164,18 +175,22 @@ mod tests {
             text.contains("egress of the source: no policy selects it"),
             "{text}"
         );
-        let (allowed, _) = explain(&snapshot, &q("192.0.2.1", "x/b")).unwrap();
+        let (allowed, _) = explain(&snapshot, BTreeMap::new(), &q("192.0.2.1", "x/b")).unwrap();
         assert!(!allowed);
-        let e = explain(&snapshot, &q("x/nope", "x/b")).unwrap_err();
+        let e = explain(&snapshot, BTreeMap::new(), &q("x/nope", "x/b"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no pod \"x/nope\""), "{e}");
         let e = explain(
             &snapshot,
+            BTreeMap::new(),
             &Question {
                 protocol: "icmp".into(),
                 ..q("y/a", "x/b")
             },
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("unknown protocol"), "{e}");
     }
 }

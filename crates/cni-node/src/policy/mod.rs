@@ -11,6 +11,82 @@ pub mod selector;
 
 use serde_json::Value;
 
+/// Why a part of a Pod or a NetworkPolicy cannot be read exactly (the part then
+/// matches nothing, or isolates, never opens).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unreadable {
+    /// A field of the wrong JSON type.
+    #[error("{field} is not {expected}: {value}")]
+    Type {
+        /// The field.
+        field: String,
+        /// What it should be.
+        expected: &'static str,
+        /// What it is, cut short.
+        value: String,
+    },
+    /// A matchExpression without a key.
+    #[error("a matchExpression without a key: {0}")]
+    NoKey(String),
+    /// A matchExpression whose operator and values do not go together.
+    #[error("matchExpression {key:?} {operator} {why}")]
+    Operator {
+        /// The key.
+        key: String,
+        /// The operator as given.
+        operator: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// Not a CIDR.
+    #[error("{0:?} is not a CIDR")]
+    Cidr(String),
+    /// An `except` of the other family.
+    #[error("except {0:?} is not of the cidr's family")]
+    ExceptFamily(String),
+    /// A protocol NetworkPolicy does not name.
+    #[error("unknown protocol {0:?}")]
+    Protocol(String),
+    /// Not a port number.
+    #[error("{field} {value} is not a port")]
+    Port {
+        /// `port` or `endPort`.
+        field: &'static str,
+        /// What it is, cut short.
+        value: String,
+    },
+    /// `endPort` below `port`.
+    #[error("endPort {end} is below port {start}")]
+    EndBelowStart {
+        /// `port`.
+        start: u16,
+        /// `endPort`.
+        end: u16,
+    },
+    /// A combination the API does not allow.
+    #[error("{0}")]
+    Shape(&'static str),
+    /// Inside a selector.
+    #[error("{selector}: {inner}")]
+    Selector {
+        /// `podSelector` or `namespaceSelector`.
+        selector: &'static str,
+        /// What is wrong inside it.
+        inner: Box<Unreadable>,
+    },
+}
+
+impl Unreadable {
+    /// A field of the wrong type.
+    pub fn of_type(field: impl Into<String>, expected: &'static str, value: &Value) -> Self {
+        Self::Type {
+            field: field.into(),
+            expected,
+            value: short(value),
+        }
+    }
+}
+
 /// A JSON value for a message, cut short: API data can be anything.
 pub(crate) fn short(value: &Value) -> String {
     let mut text = value.to_string();

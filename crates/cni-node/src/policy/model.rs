@@ -27,6 +27,12 @@ pub struct View<'a> {
     /// Policies by `namespace/name`.
     pub policies: &'a BTreeMap<String, PolicyInfo>,
     by_ip: HashMap<IpAddr, &'a PodInfo>,
+    /// Addresses the CNI plugin recorded on this node, with their pods: a new pod's
+    /// addresses before the API shows them, and the owner of an address the API still
+    /// shows on a pod that is leaving.
+    records: BTreeMap<IpAddr, String>,
+    /// Recorded addresses by pod.
+    recorded: HashMap<String, Vec<IpAddr>>,
 }
 
 /// One direction's judgement.
@@ -72,17 +78,72 @@ impl<'a> View<'a> {
         namespaces: &'a BTreeMap<String, Labels>,
         policies: &'a BTreeMap<String, PolicyInfo>,
     ) -> Self {
-        let by_ip = pods
+        Self::with_records(pods, namespaces, policies, BTreeMap::new())
+    }
+
+    /// A view over the stores' items and this node's pod records (address -> pod
+    /// key): a recorded address is its recorded pod's, whatever the API shows yet.
+    pub fn with_records(
+        pods: &'a BTreeMap<String, PodInfo>,
+        namespaces: &'a BTreeMap<String, Labels>,
+        policies: &'a BTreeMap<String, PolicyInfo>,
+        records: BTreeMap<IpAddr, String>,
+    ) -> Self {
+        let mut by_ip: HashMap<IpAddr, &'a PodInfo> = pods
             .values()
             .filter(|p| !p.host_network)
             .flat_map(|p| p.ips.iter().map(move |ip| (*ip, p)))
             .collect();
+        let mut recorded: HashMap<String, Vec<IpAddr>> = HashMap::new();
+        for (ip, key) in &records {
+            match pods.get(key).filter(|p| !p.host_network) {
+                Some(pod) => {
+                    by_ip.insert(*ip, pod);
+                    recorded.entry(key.clone()).or_default().push(*ip);
+                }
+                // The pod is not (or no longer) known: the address is nobody's.
+                None => {
+                    by_ip.remove(ip);
+                }
+            }
+        }
         Self {
             pods,
             namespaces,
             policies,
             by_ip,
+            records,
+            recorded,
         }
+    }
+
+    /// This node's pod records: address -> pod key.
+    pub fn records(&self) -> &BTreeMap<IpAddr, String> {
+        &self.records
+    }
+
+    /// A pod's addresses: those the API shows, less any recorded for another pod,
+    /// and those recorded for it.
+    pub fn ips(&self, pod: &PodInfo) -> Vec<IpAddr> {
+        if pod.host_network {
+            return pod.ips.clone();
+        }
+        if self.records.is_empty() {
+            return pod.ips.clone();
+        }
+        let key = pod.key();
+        let mut out: Vec<IpAddr> = pod
+            .ips
+            .iter()
+            .copied()
+            .filter(|ip| self.records.get(ip).is_none_or(|owner| *owner == key))
+            .collect();
+        for ip in self.recorded.get(&key).into_iter().flatten() {
+            if !out.contains(ip) {
+                out.push(*ip);
+            }
+        }
+        out
     }
 
     /// The (non-hostNetwork) pod holding `ip`.

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::selector::{Labels, Selector};
-use super::short;
+use super::{Unreadable, short};
 use crate::store::Watched;
 
 /// IP protocol numbers NetworkPolicy names.
@@ -527,31 +527,33 @@ impl Watched for SlimNetworkPolicy {
     }
 }
 
-fn peer(entry: &Value) -> Result<Peer, String> {
+fn peer(entry: &Value) -> Result<Peer, Unreadable> {
     if !entry.is_object() {
-        return Err(format!("not an object: {}", short(entry)));
+        return Err(Unreadable::of_type("the entry", "an object", entry));
     }
     if let Some(block) = entry.get("ipBlock").filter(|b| !b.is_null()) {
         if entry.get("podSelector").is_some_and(|v| !v.is_null())
             || entry.get("namespaceSelector").is_some_and(|v| !v.is_null())
         {
-            return Err("ipBlock together with a selector".into());
+            return Err(Unreadable::Shape("ipBlock together with a selector"));
         }
         let cidr = block
             .get("cidr")
             .and_then(Value::as_str)
-            .ok_or("ipBlock without a cidr")?;
+            .ok_or(Unreadable::Shape("ipBlock without a cidr"))?;
         let cidr = parse_cidr(cidr)?;
         let mut except = Vec::new();
         if let Some(list) = block.get("except").filter(|v| !v.is_null()) {
-            let list = list.as_array().ok_or("ipBlock except is not a list")?;
+            let list = list
+                .as_array()
+                .ok_or_else(|| Unreadable::of_type("ipBlock except", "a list", list))?;
             for e in list {
                 let text = e
                     .as_str()
-                    .ok_or("an ipBlock except entry is not a string")?;
+                    .ok_or_else(|| Unreadable::of_type("an ipBlock except entry", "a string", e))?;
                 let hole = parse_cidr(text)?;
                 if hole.is_ipv4() != cidr.is_ipv4() {
-                    return Err(format!("except {text:?} is not of the cidr's family"));
+                    return Err(Unreadable::ExceptFamily(text.to_owned()));
                 }
                 except.push(hole);
             }
@@ -561,41 +563,47 @@ fn peer(entry: &Value) -> Result<Peer, String> {
     let pods = entry.get("podSelector").filter(|v| !v.is_null());
     let namespaces = entry.get("namespaceSelector").filter(|v| !v.is_null());
     if pods.is_none() && namespaces.is_none() {
-        return Err("neither a selector nor an ipBlock".into());
+        return Err(Unreadable::Shape("neither a selector nor an ipBlock"));
     }
     let pods = match pods {
-        Some(v) => Selector::parse(v).map_err(|e| format!("podSelector: {e}"))?,
+        Some(v) => Selector::parse(v).map_err(|e| Unreadable::Selector {
+            selector: "podSelector",
+            inner: Box::new(e),
+        })?,
         None => Selector::default(),
     };
     let namespaces = match namespaces {
-        Some(v) => Some(Selector::parse(v).map_err(|e| format!("namespaceSelector: {e}"))?),
+        Some(v) => Some(Selector::parse(v).map_err(|e| Unreadable::Selector {
+            selector: "namespaceSelector",
+            inner: Box::new(e),
+        })?),
         None => None,
     };
     Ok(Peer::Pods { namespaces, pods })
 }
 
-fn parse_cidr(text: &str) -> Result<IpNetwork, String> {
+fn parse_cidr(text: &str) -> Result<IpNetwork, Unreadable> {
     let net =
-        cni_protocol::ip::parse_cidr(text).ok_or_else(|| format!("{text:?} is not a CIDR"))?;
-    IpNetwork::new(net.network(), net.prefix()).map_err(|_| format!("{text:?} is not a CIDR"))
+        cni_protocol::ip::parse_cidr(text).ok_or_else(|| Unreadable::Cidr(text.to_owned()))?;
+    IpNetwork::new(net.network(), net.prefix()).map_err(|_| Unreadable::Cidr(text.to_owned()))
 }
 
-fn protocol(value: &Value) -> Result<u8, String> {
+fn protocol(value: &Value) -> Result<u8, Unreadable> {
     match value {
         Value::Null => Ok(TCP),
         Value::String(p) => match p.as_str() {
             "TCP" => Ok(TCP),
             "UDP" => Ok(UDP),
             "SCTP" => Ok(SCTP),
-            other => Err(format!("unknown protocol {other:?}")),
+            other => Err(Unreadable::Protocol(other.to_owned())),
         },
-        other => Err(format!("protocol is not a string: {}", short(other))),
+        other => Err(Unreadable::of_type("protocol", "a string", other)),
     }
 }
 
-fn policy_port(entry: &Value) -> Result<PolicyPort, String> {
+fn policy_port(entry: &Value) -> Result<PolicyPort, Unreadable> {
     if !entry.is_object() {
-        return Err(format!("not an object: {}", short(entry)));
+        return Err(Unreadable::of_type("the entry", "an object", entry));
     }
     let protocol = protocol(entry.get("protocol").unwrap_or(&Value::Null))?;
     let end = match entry.get("endPort") {
@@ -604,28 +612,34 @@ fn policy_port(entry: &Value) -> Result<PolicyPort, String> {
             v.as_u64()
                 .and_then(|n| u16::try_from(n).ok())
                 .filter(|n| *n > 0)
-                .ok_or_else(|| format!("endPort {} is not a port", short(v)))?,
+                .ok_or_else(|| Unreadable::Port {
+                    field: "endPort",
+                    value: short(v),
+                })?,
         ),
     };
     let port = match entry.get("port") {
         None | Some(Value::Null) if end.is_none() => PortRef::Any,
-        None | Some(Value::Null) => return Err("endPort without a port".into()),
+        None | Some(Value::Null) => return Err(Unreadable::Shape("endPort without a port")),
         Some(Value::String(name)) if end.is_none() => match name.parse::<u16>() {
             // An IntOrString port given as a string of digits is the number.
             Ok(n) if n > 0 => PortRef::Range(n, n),
-            _ if name.is_empty() => return Err("an empty port name".into()),
+            _ if name.is_empty() => return Err(Unreadable::Shape("an empty port name")),
             _ => PortRef::Named(name.clone()),
         },
-        Some(Value::String(_)) => return Err("endPort with a named port".into()),
+        Some(Value::String(_)) => return Err(Unreadable::Shape("endPort with a named port")),
         Some(v) => {
             let start = v
                 .as_u64()
                 .and_then(|n| u16::try_from(n).ok())
                 .filter(|n| *n > 0)
-                .ok_or_else(|| format!("port {} is not a port", short(v)))?;
+                .ok_or_else(|| Unreadable::Port {
+                    field: "port",
+                    value: short(v),
+                })?;
             let end = end.unwrap_or(start);
             if end < start {
-                return Err(format!("endPort {end} is below port {start}"));
+                return Err(Unreadable::EndBelowStart { start, end });
             }
             PortRef::Range(start, end)
         }

@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use super::Unreadable;
+
 /// Labels of an object.
 pub type Labels = BTreeMap<String, String>;
 
@@ -49,28 +51,30 @@ impl Selector {
     }
 
     /// Reads a `LabelSelector` object; `null` or `{}` select everything.
-    pub fn parse(value: &Value) -> Result<Self, String> {
+    pub fn parse(value: &Value) -> Result<Self, Unreadable> {
         let object = match value {
             Value::Null => return Ok(Self::default()),
             Value::Object(object) => object,
-            other => return Err(format!("not an object: {}", super::short(other))),
+            other => return Err(Unreadable::of_type("the selector", "an object", other)),
         };
         let mut requirements = Vec::new();
         match object.get("matchLabels") {
             None | Some(Value::Null) => {}
             Some(Value::Object(labels)) => {
                 for (key, value) in labels {
-                    let Some(value) = value.as_str() else {
-                        return Err(format!("matchLabels {key:?} is not a string"));
+                    let Some(text) = value.as_str() else {
+                        return Err(Unreadable::of_type(
+                            format!("matchLabels {key:?}"),
+                            "a string",
+                            value,
+                        ));
                     };
+                    let value = text;
                     requirements.push(Requirement::In(key.clone(), vec![value.to_owned()]));
                 }
             }
             Some(other) => {
-                return Err(format!(
-                    "matchLabels is not an object: {}",
-                    super::short(other)
-                ));
+                return Err(Unreadable::of_type("matchLabels", "an object", other));
             }
         }
         match object.get("matchExpressions") {
@@ -81,10 +85,7 @@ impl Selector {
                 }
             }
             Some(other) => {
-                return Err(format!(
-                    "matchExpressions is not a list: {}",
-                    super::short(other)
-                ));
+                return Err(Unreadable::of_type("matchExpressions", "a list", other));
             }
         }
         requirements.sort();
@@ -93,50 +94,57 @@ impl Selector {
     }
 }
 
-fn expression(e: &Value) -> Result<Requirement, String> {
+fn expression(e: &Value) -> Result<Requirement, Unreadable> {
     let key = e
         .get("key")
         .and_then(Value::as_str)
         .filter(|k| !k.is_empty())
-        .ok_or_else(|| format!("a matchExpression without a key: {}", super::short(e)))?
+        .ok_or_else(|| Unreadable::NoKey(super::short(e)))?
         .to_owned();
     let values: Vec<String> = match e.get("values") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(values)) => values
             .iter()
             .map(|v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("matchExpression {key:?}: a value is not a string"))
+                v.as_str().map(str::to_owned).ok_or_else(|| {
+                    Unreadable::of_type(format!("matchExpression {key:?}'s value"), "a string", v)
+                })
             })
             .collect::<Result<_, _>>()?,
         Some(other) => {
-            return Err(format!(
-                "matchExpression {key:?}: values is not a list: {}",
-                super::short(other)
+            return Err(Unreadable::of_type(
+                format!("matchExpression {key:?}'s values"),
+                "a list",
+                other,
             ));
         }
     };
     let operator = e.get("operator").and_then(Value::as_str).unwrap_or("");
     let requirement = match operator {
         "In" | "NotIn" if values.is_empty() => {
-            return Err(format!(
-                "matchExpression {key:?} {operator} needs at least one value"
-            ));
+            return Err(Unreadable::Operator {
+                key,
+                operator: operator.to_owned(),
+                why: "needs at least one value",
+            });
         }
         "Exists" | "DoesNotExist" if !values.is_empty() => {
-            return Err(format!(
-                "matchExpression {key:?} {operator} takes no values"
-            ));
+            return Err(Unreadable::Operator {
+                key,
+                operator: operator.to_owned(),
+                why: "takes no values",
+            });
         }
         "In" => Requirement::In(key, sorted(values)),
         "NotIn" => Requirement::NotIn(key, sorted(values)),
         "Exists" => Requirement::Exists(key),
         "DoesNotExist" => Requirement::DoesNotExist(key),
         other => {
-            return Err(format!(
-                "matchExpression {key:?}: unknown operator {other:?}"
-            ));
+            return Err(Unreadable::Operator {
+                key,
+                operator: other.to_owned(),
+                why: "is an unknown operator",
+            });
         }
     };
     Ok(requirement)
@@ -234,7 +242,7 @@ mod tests {
                 "not a string",
             ),
         ] {
-            let e = Selector::parse(&v).unwrap_err();
+            let e = Selector::parse(&v).unwrap_err().to_string();
             assert!(e.contains(want), "{v}: {e}");
         }
     }
