@@ -953,7 +953,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         })
         .collect();
     println!(
-        "policy-scale pods={} nodes={nodes} namespaces={NAMESPACES} policies={policy_count} local_pods={} isolated_ingress={} isolated_egress={} profile_sets={profiles} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} changes={changes} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} {} extra_commits={extra_commits} connections={} connect_none_p50_us={:.1} connect_none_p99_us={:.1} connect_policies_p50_us={:.1} connect_policies_p99_us={:.1} ratio_p50={:.3} ratio_p99={:.3}",
+        "policy-scale pods={} nodes={nodes} namespaces={NAMESPACES} policies={policy_count} local_pods={} isolated_ingress={} isolated_egress={} profiles={profiles} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} changes={changes} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} {} extra_commits={extra_commits} connections={} connect_none_p50_us={:.1} connect_none_p99_us={:.1} connect_policies_p50_us={:.1} connect_policies_p99_us={:.1} ratio_p50={:.3} ratio_p99={:.3}",
         served_pods,
         local_pods,
         want_ingress.len(),
