@@ -17,8 +17,8 @@
 //! pods and 1,000 policies):
 //!
 //! - the initial sync, from the agent's start until its metrics say every local pod
-//!   address is in the table (`/metrics` polled every 10 ms), then the table is read
-//!   once with `nft -j list table` and checked; the peak RSS (VmHWM);
+//!   address is in the table (`/metrics` polled every 10 ms), then the maps are read
+//!   once with `nft -j list map` and checked address by address; the peak RSS (VmHWM);
 //! - changes one at a time, a policy added, a pod's label changed, a pod added on the
 //!   agent's node, a namespace's label changed, in turn: each is timed from the moment
 //!   the test server holds it to the moment the agent's transaction is committed: the
@@ -67,7 +67,7 @@ const SERVER_PORT: u16 = 8080;
 /// The agent's node and its health endpoint (in the node's namespace).
 const NODE: u32 = 0;
 const HEALTH_ADDR: &str = "127.0.0.1:9743";
-/// The pod the gateway address of the node's bridge holds.
+/// The address of the node's bridge, the pods' default gateway.
 const GATEWAY: &str = "10.100.0.1";
 
 fn env_size(name: &str, default: u32, range: std::ops::RangeInclusive<u32>) -> u32 {
