@@ -5,8 +5,10 @@
 //!
 //! The agent computes the desired state as plain data ([`PolicyState`]): which
 //! local pod address is judged by which ingress and egress *profile*, and what
-//! each profile allows, as disjoint boxes of (peer address range, IP protocol range,
-//! destination port range). [`PolicyTable`] makes the kernel hold that state: it
+//! each profile allows: its own disjoint boxes of (peer address range, IP protocol
+//! range, destination port range), and rules over *peer sets* that profiles share
+//! (the addresses of a peer that many profiles allow, held once).
+//! [`PolicyTable`] makes the kernel hold that state: it
 //! keeps what it committed in memory and sends only the differences, in one
 //! nf_tables transaction, over netlink (a profile's set of many elements that loses
 //! any is sent whole again, which costs the kernel less than taking elements out of
@@ -16,7 +18,8 @@
 //!
 //! # The table
 //!
-//! Its rules do not grow with pods or policies; pods and boxes are set elements:
+//! Its rules do not grow with pods; pods, boxes and peers' addresses are set
+//! elements, and a profile's chain has a rule per peer set it uses:
 //!
 //! ```text
 //! table inet cni_node_policy {
@@ -28,9 +31,13 @@
 //!         type ipv4_addr . inet_proto . inet_service
 //!         flags interval                             # concatenated ranges (pipapo)
 //!     }
+//!     set peer-<peer>-v4 { type ipv4_addr }          # one pair per shared peer
+//!     set peer-<peer>-v6 { type ipv6_addr }
 //!     chain ingress-<profile> {
 //!         ip saddr . meta l4proto . th dport @ingress-<profile>-v4 accept
 //!         ip6 saddr . meta l4proto . th dport @ingress-<profile>-v6 accept
+//!         ip saddr @peer-<peer>-v4 tcp dport 8080 accept   # per peer rule, per family
+//!         ip6 saddr @peer-<peer>-v6 tcp dport 8080 accept
 //!         drop
 //!     }
 //!     chain egress-<profile> {                       # `return` instead of accept
@@ -78,8 +85,11 @@
 //! established connections at once, and a change that still allows it never breaks
 //! it: no conntrack sweep is needed, and none is made. The cost per
 //! original-direction packet is four hash lookups (the pending set twice, the two
-//! maps) and one pipapo lookup per profile that judges it (at most two), whatever
-//! the numbers of pods and policies.
+//! maps), one pipapo lookup per profile that judges it (at most two), whatever the
+//! numbers of pods and policies, and, when the profile's own set does not allow the
+//! packet, a hash lookup per peer rule of the profile up to the one that does: the
+//! caller decides which peers are worth a shared set (big ones, which would
+//! otherwise be copied into many profiles) and which go into the profiles' own sets.
 //!
 //! # New pods
 //!
@@ -259,13 +269,49 @@ impl fmt::Display for Allow {
     }
 }
 
-/// What one profile allows: pairwise disjoint boxes (checked: an overlap is an
-/// error that names both), of both families. No box of a family denies that
-/// family entirely.
+/// What one profile allows: its own boxes, pairwise disjoint (checked: an overlap is
+/// an error that names both), of both families, and rules over shared peer sets. No
+/// box of a family denies that family entirely.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Profile {
-    /// The boxes, in any order.
+    /// The boxes, in any order: the profile's own set.
     pub allow: Vec<Allow>,
+    /// Rules over shared peer sets ([`PolicyState::peer_sets`]), in any order; one
+    /// rule per family each in the profile's chain, after the lookup of its own set.
+    pub peers: Vec<PeerRule>,
+}
+
+/// Traffic allowed from (ingress) or to (egress) the addresses of a shared peer set:
+/// IP protocols `protocols.0..=protocols.1`, destination ports `ports.0..=ports.1`
+/// (as in [`Allow`]: a packet without ports is covered only by ports 0–65535).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PeerRule {
+    /// The peer set's name (a key of [`PolicyState::peer_sets`]).
+    pub set: String,
+    /// IP protocol numbers, inclusive.
+    pub protocols: (u8, u8),
+    /// Destination ports, inclusive.
+    pub ports: (u16, u16),
+}
+
+impl PeerRule {
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.protocols.0 > self.protocols.1 || self.ports.0 > self.ports.1 {
+            return Err(format!(
+                "the rule over peer set {:?} has a range that ends before it starts",
+                self.set
+            ));
+        }
+        Ok(())
+    }
+
+    fn all_protocols(&self) -> bool {
+        self.protocols == (0, u8::MAX)
+    }
+
+    fn all_ports(&self) -> bool {
+        self.ports == (0, u16::MAX)
+    }
 }
 
 /// The desired state, as the agent computes it.
@@ -282,6 +328,11 @@ pub struct PolicyState {
     pub ingress_profiles: BTreeMap<String, Profile>,
     /// Egress profiles by name; their boxes hold allowed DESTINATIONS.
     pub egress_profiles: BTreeMap<String, Profile>,
+    /// Peer sets shared by profiles' [`PeerRule`]s, by name (named as profiles are):
+    /// the addresses of a peer that many profiles allow (the pods of a selector), held
+    /// once, so that a pod coming or going changes one element of each set it is in,
+    /// not one element of every profile.
+    pub peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
 }
 
 /// What one [`PolicyTable::apply`] changed (all zero: nothing was sent).
@@ -303,6 +354,14 @@ pub struct Changes {
     pub boxes_added: usize,
     /// Boxes removed from profiles that stay.
     pub boxes_removed: usize,
+    /// Peer sets added (each a pair, one per family).
+    pub peer_sets_added: usize,
+    /// Peer sets removed.
+    pub peer_sets_removed: usize,
+    /// Addresses added to peer sets, also to added ones.
+    pub peer_addresses_added: usize,
+    /// Addresses removed from peer sets that stay.
+    pub peer_addresses_removed: usize,
     /// Map elements added (a pod that moves to another profile counts here and in
     /// `pods_removed`).
     pub pods_added: usize,
@@ -345,11 +404,29 @@ enum View {
     Held { held: Held, rebuild: bool },
 }
 
-/// The table's content: per direction, the pods' profiles and the profiles' boxes.
+/// The table's content: per direction, the pods' profiles and the profiles; the
+/// shared peer sets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct Held {
     pods: [BTreeMap<IpAddr, String>; 2],
-    profiles: [BTreeMap<String, BTreeSet<Allow>>; 2],
+    profiles: [BTreeMap<String, HeldProfile>; 2],
+    peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
+}
+
+/// A profile as the table holds it: its own boxes, and its peer rules sorted and
+/// without repeats (the order of its chain).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct HeldProfile {
+    boxes: BTreeSet<Allow>,
+    peers: Vec<PeerRule>,
+}
+
+/// A profile's peer rules in chain order.
+fn sorted_peers(peers: &[PeerRule]) -> Vec<PeerRule> {
+    let mut out = peers.to_vec();
+    out.sort();
+    out.dedup();
+    out
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -481,6 +558,21 @@ impl Direction {
             valid_name(profile).then_some((d, profile))
         })
     }
+}
+
+/// A shared peer set's kernel set of one family.
+fn peer_set(name: &str, family: Family) -> String {
+    format!("peer-{name}-v{}", family.digit())
+}
+
+/// The peer set and family of a kernel set's name.
+fn parse_peer_set(set: &str) -> Option<(&str, Family)> {
+    let rest = set.strip_prefix("peer-")?;
+    let (name, family) = rest
+        .strip_suffix("-v4")
+        .map(|n| (n, Family::V4))
+        .or_else(|| rest.strip_suffix("-v6").map(|n| (n, Family::V6)))?;
+    valid_name(name).then_some((name, family))
 }
 
 fn valid_name(name: &str) -> bool {
@@ -658,9 +750,111 @@ fn base_rules(base: Base) -> Vec<Vec<Expr>> {
 }
 
 /// A profile chain's rules: per family, `<peer> . meta l4proto . th dport @set`
-/// with the direction's verdict, then `drop`.
-fn profile_rules(direction: Direction, profile: &str) -> Vec<Vec<Expr>> {
-    let mut rules: Vec<Vec<Expr>> = FAMILIES
+/// with the direction's verdict; the peer rules (`peers`, in chain order), each per
+/// family; then `drop`.
+fn profile_rules(direction: Direction, profile: &str, peers: &[PeerRule]) -> Vec<Vec<Expr>> {
+    let mut rules = own_set_rules(direction, profile);
+    for rule in peers {
+        for family in FAMILIES {
+            rules.push(peer_rule(direction, family, rule));
+        }
+    }
+    rules.push(vec![verdict(VERDICT_DROP, None)]);
+    rules
+}
+
+/// `<field> <value>` for a one-value range, `<field> >= <first> <field> <= <last>`
+/// for a wider one, as nft writes them (the field loaded for each comparison); the
+/// data in network order, which the kernel compares byte by byte.
+fn range_match(field: &Expr, first: &[u8], last: &[u8]) -> Vec<Expr> {
+    if first == last {
+        vec![field.clone(), cmp(CMP_EQ, first)]
+    } else {
+        vec![
+            field.clone(),
+            cmp(CMP_GTE, first),
+            field.clone(),
+            cmp(CMP_LTE, last),
+        ]
+    }
+}
+
+/// One family's rule of a [`PeerRule`]: `ip saddr @peer-<set>-v4 [meta l4proto
+/// <protocols>] [th dport <ports>] accept` (for egress: `daddr`, `return`).
+fn peer_rule(direction: Direction, family: Family, rule: &PeerRule) -> Vec<Expr> {
+    let mut e = Vec::from(nfproto(family));
+    e.push(addr(family, direction.peer()));
+    e.push(lookup(&peer_set(&rule.set, family), false));
+    if !rule.all_protocols() {
+        e.extend(range_match(
+            &meta(META_L4PROTO, REG_1),
+            &[rule.protocols.0],
+            &[rule.protocols.1],
+        ));
+    }
+    if !rule.all_ports() {
+        e.extend(range_match(
+            &load(REG_1, BASE_TRANSPORT, 2, 2),
+            &rule.ports.0.to_be_bytes(),
+            &rule.ports.1.to_be_bytes(),
+        ));
+    }
+    e.push(verdict(direction.allowed(), None));
+    e
+}
+
+/// The [`PeerRule`] that `exprs` is the rule of, if it is exactly such a rule.
+fn decode_peer_rule(direction: Direction, family: Family, exprs: &[Expr]) -> Option<PeerRule> {
+    let at = exprs
+        .iter()
+        .position(|e| matches!(e, Expr::Lookup { dreg: None, .. }))?;
+    let Expr::Lookup { set, .. } = &exprs[at] else {
+        return None;
+    };
+    let (name, of) = parse_peer_set(set)?;
+    let mut rule = PeerRule {
+        set: name.to_owned(),
+        protocols: (0, u8::MAX),
+        ports: (0, u16::MAX),
+    };
+    // Which field the comparisons that follow are about.
+    let mut ports = false;
+    for e in &exprs[at + 1..] {
+        match e {
+            Expr::Meta { .. } => ports = false,
+            Expr::Payload { .. } => ports = true,
+            Expr::Cmp { op, data, .. } => {
+                let (low, high) = (
+                    *op == CMP_EQ || *op == CMP_GTE,
+                    *op == CMP_EQ || *op == CMP_LTE,
+                );
+                if ports {
+                    let v = u16::from_be_bytes(<[u8; 2]>::try_from(data.as_slice()).ok()?);
+                    if low {
+                        rule.ports.0 = v;
+                    }
+                    if high {
+                        rule.ports.1 = v;
+                    }
+                } else {
+                    let v = *data.first()?;
+                    if low {
+                        rule.protocols.0 = v;
+                    }
+                    if high {
+                        rule.protocols.1 = v;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    (of == family && peer_rule(direction, family, &rule) == exprs).then_some(rule)
+}
+
+/// A profile chain's first rules: per family, the lookup in the profile's own set.
+fn own_set_rules(direction: Direction, profile: &str) -> Vec<Vec<Expr>> {
+    FAMILIES
         .into_iter()
         .map(|family| {
             // nft's registers for the second and third fields: right after the
@@ -686,9 +880,7 @@ fn profile_rules(direction: Direction, profile: &str) -> Vec<Vec<Expr>> {
             ]);
             e
         })
-        .collect();
-    rules.push(vec![verdict(VERDICT_DROP, None)]);
-    rules
+        .collect()
 }
 
 // ---- sets and elements ----
@@ -706,6 +898,15 @@ fn map_spec(name: &str, family: Family) -> SetSpec<'_> {
         interval: false,
         verdict_map: true,
         key_byteorder: BYTEORDER_BIG_ENDIAN,
+    }
+}
+
+/// A shared peer set of one family: plain addresses, hashed.
+fn peer_spec(name: &str, family: Family) -> SetSpec<'_> {
+    SetSpec {
+        name,
+        verdict_map: false,
+        ..map_spec("", family)
     }
 }
 
@@ -861,6 +1062,23 @@ fn check_profiles(want: &PolicyState) -> Result<()> {
                 ));
             }
             check_boxes(profile).map_err(|reason| invalid(what(), reason))?;
+            for rule in &profile.peers {
+                rule.check().map_err(|reason| invalid(what(), reason))?;
+                if !want.peer_sets.contains_key(&rule.set) {
+                    return Err(invalid(
+                        what(),
+                        format!("its peer set {:?} does not exist", rule.set),
+                    ));
+                }
+            }
+        }
+    }
+    for name in want.peer_sets.keys() {
+        if !valid_name(name) {
+            return Err(invalid(
+                format!("peer set {name:?}"),
+                format!("a peer set name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
+            ));
         }
     }
     Ok(())
@@ -888,11 +1106,19 @@ fn normalize(want: &PolicyState) -> Result<Held> {
         }
         held.profiles[i] = profiles
             .iter()
-            .map(|(name, p)| (name.clone(), p.allow.iter().cloned().collect()))
+            .map(|(name, p)| (name.clone(), held_profile(p)))
             .collect();
         held.pods[i] = want.pods(direction).clone();
     }
+    held.peer_sets = want.peer_sets.clone();
     Ok(held)
+}
+
+fn held_profile(p: &Profile) -> HeldProfile {
+    HeldProfile {
+        boxes: p.allow.iter().cloned().collect(),
+        peers: sorted_peers(&p.peers),
+    }
 }
 
 /// Checks a profile's boxes one by one and for overlaps.
@@ -948,12 +1174,13 @@ fn add_profile(
     c: &mut Changes,
     direction: Direction,
     name: &str,
-    boxes: &BTreeSet<Allow>,
+    profile: &HeldProfile,
 ) -> Result<()> {
     for family in FAMILIES {
         let set = direction.set(name, family);
         b.add_set_spec(NFPROTO_INET, TABLE, &box_spec(&set, family));
-        let elems: Vec<Element> = boxes
+        let elems: Vec<Element> = profile
+            .boxes
             .iter()
             .filter(|a| a.family() == family)
             .map(box_element)
@@ -965,11 +1192,73 @@ fn add_profile(
     }
     let chain = direction.chain(name);
     b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
-    for rule in profile_rules(direction, name) {
+    for rule in profile_rules(direction, name, &profile.peers) {
         b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
     }
     c.profiles_added += 1;
     Ok(())
+}
+
+/// Adds a shared peer set: its two kernel sets with their addresses.
+fn add_peer_set(
+    b: &mut Batch,
+    c: &mut Changes,
+    name: &str,
+    addrs: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    for family in FAMILIES {
+        let set = peer_set(name, family);
+        b.add_set_spec(NFPROTO_INET, TABLE, &peer_spec(&set, family));
+        let elems: Vec<Element> = addrs
+            .iter()
+            .filter(|ip| Family::of(**ip) == family)
+            .map(|ip| addr_element(*ip))
+            .collect();
+        c.peer_addresses_added += elems.len();
+        if !elems.is_empty() {
+            b.add_elements(NFPROTO_INET, TABLE, &set, &elems)?;
+        }
+    }
+    c.peer_sets_added += 1;
+    Ok(())
+}
+
+/// Changes a shared peer set's addresses, element by element (a hashed set takes
+/// an element out at the cost of a lookup).
+fn change_peer_set(
+    b: &mut Batch,
+    c: &mut Changes,
+    name: &str,
+    have: &BTreeSet<IpAddr>,
+    want: &BTreeSet<IpAddr>,
+) -> Result<()> {
+    for family in FAMILIES {
+        let set = peer_set(name, family);
+        let of = |ips: std::collections::btree_set::Difference<'_, IpAddr>| -> Vec<Element> {
+            ips.filter(|ip| Family::of(**ip) == family)
+                .map(|ip| addr_element(*ip))
+                .collect()
+        };
+        let gone = of(have.difference(want));
+        let new = of(want.difference(have));
+        if !gone.is_empty() {
+            b.delete_elements(NFPROTO_INET, TABLE, &set, &gone);
+        }
+        if !new.is_empty() {
+            b.add_elements(NFPROTO_INET, TABLE, &set, &new)?;
+        }
+        c.peer_addresses_removed += gone.len();
+        c.peer_addresses_added += new.len();
+    }
+    Ok(())
+}
+
+/// Removes a shared peer set (no rule may use it any more).
+fn remove_peer_set(b: &mut Batch, c: &mut Changes, name: &str) {
+    for family in FAMILIES {
+        b.delete_set(NFPROTO_INET, TABLE, &peer_set(name, family));
+    }
+    c.peer_sets_removed += 1;
 }
 
 /// Removes a profile (no map element may jump to it any more): the chain with its
@@ -1000,9 +1289,10 @@ fn change_profile(
     c: &mut Changes,
     direction: Direction,
     name: &str,
-    have: &BTreeSet<Allow>,
-    want: &BTreeSet<Allow>,
+    have_profile: &HeldProfile,
+    want_profile: &HeldProfile,
 ) -> Result<()> {
+    let (have, want) = (&have_profile.boxes, &want_profile.boxes);
     let of = |boxes: &BTreeSet<Allow>, family: Family| -> Vec<Allow> {
         boxes
             .iter()
@@ -1018,8 +1308,10 @@ fn change_profile(
         })
         .collect();
     let chain = direction.chain(name);
-    if !rebuild.is_empty() {
-        // The sets are bound to the chain's rules: unbound first.
+    // The chain's rules are written anew when its peer rules change, or when one of
+    // its own sets is made anew (the sets are bound to the rules: unbound first).
+    let rewrite = !rebuild.is_empty() || have_profile.peers != want_profile.peers;
+    if rewrite {
         b.flush_chain(NFPROTO_INET, TABLE, &chain);
     }
     for family in FAMILIES {
@@ -1054,8 +1346,8 @@ fn change_profile(
         c.boxes_removed += gone.len();
         c.boxes_added += new.len();
     }
-    if !rebuild.is_empty() {
-        for rule in profile_rules(direction, name) {
+    if rewrite {
+        for rule in profile_rules(direction, name, &want_profile.peers) {
             b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
         }
     }
@@ -1198,19 +1490,27 @@ fn finish(b: Batch, mut c: Changes) -> (Batch, Changes) {
 /// What a committed diff changes in the held state.
 #[derive(Debug, Default)]
 struct Edits {
-    /// Profiles added or changed, with their boxes, and removed (`None`).
-    profiles: Vec<(Direction, String, Option<BTreeSet<Allow>>)>,
+    /// Profiles added or changed, and removed (`None`).
+    profiles: Vec<(Direction, String, Option<HeldProfile>)>,
+    /// Peer sets added or changed, and removed (`None`).
+    peer_sets: Vec<(String, Option<BTreeSet<IpAddr>>)>,
     /// Pods added or moved to another profile, and removed (`None`).
     pods: Vec<(Direction, IpAddr, Option<String>)>,
 }
 
 impl Edits {
     fn apply(self, held: &mut Held) {
-        for (direction, name, boxes) in self.profiles {
+        for (direction, name, profile) in self.profiles {
             let profiles = &mut held.profiles[direction.index()];
-            match boxes {
-                Some(boxes) => profiles.insert(name, boxes),
+            match profile {
+                Some(profile) => profiles.insert(name, profile),
                 None => profiles.remove(&name),
+            };
+        }
+        for (name, addrs) in self.peer_sets {
+            match addrs {
+                Some(addrs) => held.peer_sets.insert(name, addrs),
+                None => held.peer_sets.remove(&name),
             };
         }
         for (direction, ip, profile) in self.pods {
@@ -1222,6 +1522,9 @@ impl Edits {
         }
     }
 }
+
+/// A peer set to add (no held addresses) or change: name, held addresses, wanted ones.
+type PeerSetChange<'a> = (&'a String, Option<&'a BTreeSet<IpAddr>>, &'a BTreeSet<IpAddr>);
 
 /// The transaction from `have` to `want` that also resolves `resolve`, and what
 /// it changes in `have`; `None` when there is nothing to send. New profiles come
@@ -1243,9 +1546,13 @@ fn diff(
         let profiles = want.profiles(direction);
         for (name, profile) in profiles {
             let old = have.profiles[i].get(name);
-            if old.is_none_or(|old| !same_boxes(old, &profile.allow)) {
-                let boxes: BTreeSet<Allow> = profile.allow.iter().cloned().collect();
-                new_profiles.push((direction, name, old, boxes));
+            let peers = sorted_peers(&profile.peers);
+            if old.is_none_or(|old| !same_boxes(&old.boxes, &profile.allow) || old.peers != peers) {
+                let profile = HeldProfile {
+                    boxes: profile.allow.iter().cloned().collect(),
+                    peers,
+                };
+                new_profiles.push((direction, name, old, profile));
             }
         }
         removed[i] = have.profiles[i]
@@ -1255,21 +1562,46 @@ fn diff(
             .collect();
         pods.push(pod_changes(direction, &have.pods[i], want, &removed[i])?);
     }
+    let changed_peer_sets: Vec<PeerSetChange<'_>> = want
+        .peer_sets
+        .iter()
+        .filter_map(|(name, addrs)| match have.peer_sets.get(name) {
+            Some(old) if old == addrs => None,
+            old => Some((name, old, addrs)),
+        })
+        .collect();
+    let removed_peer_sets: Vec<&String> = have
+        .peer_sets
+        .keys()
+        .filter(|name| !want.peer_sets.contains_key(*name))
+        .collect();
     let untouched = new_profiles.is_empty()
         && removed.iter().all(BTreeSet::is_empty)
-        && pods.iter().all(Vec::is_empty);
+        && pods.iter().all(Vec::is_empty)
+        && changed_peer_sets.is_empty()
+        && removed_peer_sets.is_empty();
     if untouched && resolve.is_empty() {
         return Ok(None);
     }
 
     let mut b = Batch::new();
     let mut c = Changes::default();
-    for (direction, name, old, boxes) in new_profiles {
+    // Peer sets before the rules that use them, removed ones after.
+    for (name, old, addrs) in changed_peer_sets {
         match old {
-            None => add_profile(&mut b, &mut c, direction, name, &boxes)?,
-            Some(old) => change_profile(&mut b, &mut c, direction, name, old, &boxes)?,
+            None => add_peer_set(&mut b, &mut c, name, addrs)?,
+            Some(old) => change_peer_set(&mut b, &mut c, name, old, addrs)?,
         }
-        edits.profiles.push((direction, name.clone(), Some(boxes)));
+        edits.peer_sets.push((name.clone(), Some(addrs.clone())));
+    }
+    for (direction, name, old, profile) in new_profiles {
+        match old {
+            None => add_profile(&mut b, &mut c, direction, name, &profile)?,
+            Some(old) => change_profile(&mut b, &mut c, direction, name, old, &profile)?,
+        }
+        edits
+            .profiles
+            .push((direction, name.clone(), Some(profile)));
     }
     for (direction, changes) in DIRECTIONS.into_iter().zip(&pods) {
         write_pods(&mut b, &mut c, direction, changes)?;
@@ -1286,6 +1618,10 @@ fn diff(
             remove_profile(&mut b, &mut c, direction, name);
             edits.profiles.push((direction, (*name).to_owned(), None));
         }
+    }
+    for name in removed_peer_sets {
+        remove_peer_set(&mut b, &mut c, name);
+        edits.peer_sets.push((name.clone(), None));
     }
     let (b, c) = finish(b, c);
     Ok(Some((b, c, edits)))
@@ -1324,9 +1660,12 @@ fn fresh(
             b.add_rule(NFPROTO_INET, TABLE, base.name(), &rule, None)?;
         }
     }
+    for (name, addrs) in &want.peer_sets {
+        add_peer_set(&mut b, &mut c, name, addrs)?;
+    }
     for direction in DIRECTIONS {
-        for (name, boxes) in &want.profiles[direction.index()] {
-            add_profile(&mut b, &mut c, direction, name, boxes)?;
+        for (name, profile) in &want.profiles[direction.index()] {
+            add_profile(&mut b, &mut c, direction, name, profile)?;
         }
     }
     for direction in DIRECTIONS {
@@ -1394,8 +1733,23 @@ fn read(nl: &mut Nfnl) -> Result<View> {
         }
         match Direction::parse_chain(&chain.name) {
             Some((direction, profile)) if chain.hook.is_none() => {
-                rebuild |= !same_rules(&chain.name, profile_rules(direction, profile));
-                held.profiles[direction.index()].insert(profile.to_owned(), BTreeSet::new());
+                let have = rules_of
+                    .get(chain.name.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                match decode_profile_rules(direction, profile, have) {
+                    Some(peers) => {
+                        let (profile_name, held_one) = (
+                            profile.to_owned(),
+                            HeldProfile {
+                                boxes: BTreeSet::new(),
+                                peers,
+                            },
+                        );
+                        held.profiles[direction.index()].insert(profile_name, held_one);
+                    }
+                    None => rebuild = true,
+                }
             }
             _ => rebuild = true,
         }
@@ -1417,6 +1771,10 @@ fn read(nl: &mut Nfnl) -> Result<View> {
                 });
                 if let Some(spec) = map {
                     spec
+                } else if let Some((peer, family)) = parse_peer_set(name) {
+                    rebuild |= !set.matches(&peer_spec(name, family));
+                    held.peer_sets.entry(peer.to_owned()).or_default();
+                    continue;
                 } else {
                     let Some((chain, family)) = name
                         .strip_suffix("-v4")
@@ -1437,6 +1795,34 @@ fn read(nl: &mut Nfnl) -> Result<View> {
         rebuild |= !set.matches(&spec);
     }
     rebuild |= fixed != 6;
+
+    // The addresses of every peer set, from both of its sets; every peer rule's set
+    // must be there.
+    let names: Vec<String> = held.peer_sets.keys().cloned().collect();
+    for name in names {
+        let mut addrs = BTreeSet::new();
+        for family in FAMILIES {
+            let set = peer_set(&name, family);
+            if !sets.iter().any(|s| s.name == set) {
+                rebuild = true;
+                continue;
+            }
+            for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
+                match addr_of(&e.key).filter(|ip| Family::of(*ip) == family) {
+                    Some(ip) => {
+                        addrs.insert(ip);
+                    }
+                    None => rebuild = true,
+                }
+            }
+        }
+        held.peer_sets.insert(name, addrs);
+    }
+    rebuild |= held.profiles.iter().any(|profiles| {
+        profiles
+            .values()
+            .any(|p| p.peers.iter().any(|r| !held.peer_sets.contains_key(&r.set)))
+    });
 
     // The boxes of every profile, from both of its sets.
     for direction in DIRECTIONS {
@@ -1459,7 +1845,9 @@ fn read(nl: &mut Nfnl) -> Result<View> {
                     }
                 }
             }
-            held.profiles[i].insert(name, boxes);
+            if let Some(profile) = held.profiles[i].get_mut(&name) {
+                profile.boxes = boxes;
+            }
         }
     }
 
@@ -1489,6 +1877,37 @@ fn read(nl: &mut Nfnl) -> Result<View> {
         }
     }
     Ok(View::Held { held, rebuild })
+}
+
+/// The peer rules of a profile chain whose rules are `have`, if they are exactly
+/// what [`profile_rules`] makes of them (sorted, without repeats).
+fn decode_profile_rules(
+    direction: Direction,
+    profile: &str,
+    have: &[&Vec<Expr>],
+) -> Option<Vec<PeerRule>> {
+    let own = own_set_rules(direction, profile);
+    let (first, rest) = have.split_at_checked(own.len())?;
+    let (last, middle) = rest.split_last()?;
+    if !first.iter().zip(&own).all(|(h, w)| *h == w)
+        || **last != vec![verdict(VERDICT_DROP, None)]
+        || middle.len() % FAMILIES.len() != 0
+    {
+        return None;
+    }
+    let mut peers = Vec::new();
+    for pair in middle.chunks(FAMILIES.len()) {
+        let mut decoded = pair
+            .iter()
+            .zip(FAMILIES)
+            .map(|(rule, family)| decode_peer_rule(direction, family, rule));
+        let first = decoded.next()??;
+        if !decoded.all(|d| d.as_ref() == Some(&first)) {
+            return None;
+        }
+        peers.push(first);
+    }
+    (sorted_peers(&peers) == peers).then_some(peers)
 }
 
 /// The addresses in the pending sets, with the pods they were added for (none when
@@ -1801,7 +2220,33 @@ mod tests {
     fn profile(boxes: &[Allow]) -> Profile {
         Profile {
             allow: boxes.to_vec(),
+            peers: Vec::new(),
         }
+    }
+
+    fn peer(set: &str, protocols: (u8, u8), ports: (u16, u16)) -> PeerRule {
+        PeerRule {
+            set: set.into(),
+            protocols,
+            ports,
+        }
+    }
+
+    /// [`state`] with a shared peer set that the ingress profile allows on TCP 8080
+    /// and everything.
+    fn state_with_peers() -> PolicyState {
+        let mut s = state();
+        s.peer_sets.insert(
+            "pp01".into(),
+            [ip("10.9.0.1"), ip("10.9.0.2"), ip("fd09::1")].into(),
+        );
+        s.peer_sets.insert("pp02".into(), [ip("10.9.1.1")].into());
+        let p = s.ingress_profiles.get_mut("aa11").unwrap();
+        p.peers = vec![
+            peer("pp01", (6, 6), (8080, 8080)),
+            peer("pp02", (0, 255), (0, 65535)),
+        ];
+        s
     }
 
     /// Two pods, one ingress and one egress profile.
@@ -1982,7 +2427,12 @@ mod tests {
     /// into the wanted one (and no diff means they are the same).
     #[test]
     fn edits_make_the_held_state_the_wanted_one() {
-        let mut states = vec![PolicyState::default(), state()];
+        let mut states = vec![PolicyState::default(), state(), state_with_peers()];
+        let mut p = state_with_peers();
+        p.peer_sets.get_mut("pp01").unwrap().insert(ip("10.9.0.7"));
+        p.ingress_profiles.get_mut("aa11").unwrap().peers.pop();
+        p.peer_sets.remove("pp02");
+        states.push(p);
         let mut s = state();
         s.ingress.insert(ip("fd00::9"), "aa11".into());
         s.egress.remove(&ip("10.1.0.2"));
@@ -2289,8 +2739,8 @@ mod tests {
 
     #[test]
     fn profile_chains_accept_or_return_then_drop() {
-        let ingress = profile_rules(Direction::Ingress, "aa11");
-        let egress = profile_rules(Direction::Egress, "aa11");
+        let ingress = profile_rules(Direction::Ingress, "aa11", &[]);
+        let egress = profile_rules(Direction::Egress, "aa11", &[]);
         assert_eq!(ingress.len(), 3);
         assert_eq!(ingress[0].last(), Some(&verdict(VERDICT_ACCEPT, None)));
         assert_eq!(egress[1].last(), Some(&verdict(VERDICT_RETURN, None)));
@@ -2301,5 +2751,130 @@ mod tests {
         );
         assert_eq!(Direction::parse_chain("egress-"), None);
         assert_eq!(Direction::parse_chain("forward"), None);
+    }
+
+    #[test]
+    fn peer_rules_read_back_as_they_were_written() {
+        let rules = [
+            peer("pp01", (6, 6), (8080, 8080)),
+            peer("pp01", (6, 17), (8080, 8090)),
+            peer("pp01", (0, 255), (53, 53)),
+            peer("pp01", (17, 17), (0, 65535)),
+            peer("pp01", (0, 255), (0, 65535)),
+        ];
+        for direction in DIRECTIONS {
+            for family in FAMILIES {
+                for rule in &rules {
+                    let exprs = peer_rule(direction, family, rule);
+                    assert_eq!(
+                        decode_peer_rule(direction, family, &exprs).as_ref(),
+                        Some(rule)
+                    );
+                    let other = match family {
+                        Family::V4 => Family::V6,
+                        Family::V6 => Family::V4,
+                    };
+                    assert_eq!(decode_peer_rule(direction, other, &exprs), None);
+                }
+            }
+        }
+        // A whole chain: own sets, the peer rules per family, drop.
+        let peers = sorted_peers(&rules);
+        let chain = profile_rules(Direction::Egress, "aa11", &peers);
+        assert_eq!(chain.len(), 2 + 2 * peers.len() + 1);
+        let refs: Vec<&Vec<Expr>> = chain.iter().collect();
+        assert_eq!(
+            decode_profile_rules(Direction::Egress, "aa11", &refs),
+            Some(peers.clone())
+        );
+        assert_eq!(
+            decode_profile_rules(Direction::Ingress, "aa11", &refs),
+            None
+        );
+        // Out of order, or a rule missing: not ours.
+        let mut swapped = refs.clone();
+        swapped.swap(2, 4);
+        swapped.swap(3, 5);
+        assert_eq!(
+            decode_profile_rules(Direction::Egress, "aa11", &swapped),
+            None
+        );
+        let mut short = refs.clone();
+        short.remove(3);
+        assert_eq!(
+            decode_profile_rules(Direction::Egress, "aa11", &short),
+            None
+        );
+    }
+
+    #[test]
+    fn a_peer_rule_needs_its_set() {
+        let mut s = state_with_peers();
+        assert!(normalize(&s).is_ok());
+        s.peer_sets.remove("pp02");
+        let e = normalize(&s).unwrap_err().to_string();
+        assert!(e.contains("its peer set \"pp02\" does not exist"), "{e}");
+        let mut s = state_with_peers();
+        s.peer_sets.insert("Bad".into(), BTreeSet::new());
+        let e = normalize(&s).unwrap_err().to_string();
+        assert!(e.contains("peer set \"Bad\""), "{e}");
+    }
+
+    #[test]
+    fn peer_sets_come_before_the_rules_that_use_them_and_go_after() {
+        let t = "inet cni_node_policy";
+        let have = normalize(&state()).unwrap();
+        let (b, c, _) = diff(&have, &state_with_peers(), &[]).unwrap().unwrap();
+        let d = describe(&b);
+        assert_eq!(
+            d[..6],
+            [
+                format!("add set {t} peer-pp01-v4"),
+                format!("add element {t} peer-pp01-v4 (2 elements)"),
+                format!("add set {t} peer-pp01-v6"),
+                format!("add element {t} peer-pp01-v6 (1 element)"),
+                format!("add set {t} peer-pp02-v4"),
+                format!("add element {t} peer-pp02-v4 (1 element)"),
+            ]
+        );
+        assert_eq!(d[7], format!("flush chain {t} ingress-aa11"));
+        assert_eq!(d.len(), 8 + 2 + 4 + 1, "{d:?}");
+        assert_eq!((c.peer_sets_added, c.peer_addresses_added), (2, 4));
+        // And back: the chain is written again first, then the sets go.
+        let have = normalize(&state_with_peers()).unwrap();
+        let (b, c, _) = diff(&have, &state(), &[]).unwrap().unwrap();
+        let d = describe(&b);
+        assert_eq!(d[0], format!("flush chain {t} ingress-aa11"));
+        assert_eq!(
+            d[d.len() - 4..],
+            [
+                format!("delete set {t} peer-pp01-v4"),
+                format!("delete set {t} peer-pp01-v6"),
+                format!("delete set {t} peer-pp02-v4"),
+                format!("delete set {t} peer-pp02-v6"),
+            ]
+        );
+        assert_eq!(c.peer_sets_removed, 2);
+    }
+
+    #[test]
+    fn a_pod_joining_a_peer_set_is_one_element() {
+        let have = normalize(&state_with_peers()).unwrap();
+        let mut s = state_with_peers();
+        s.peer_sets.get_mut("pp01").unwrap().insert(ip("10.9.0.3"));
+        s.peer_sets.get_mut("pp01").unwrap().remove(&ip("fd09::1"));
+        let (b, c, _) = diff(&have, &s, &[]).unwrap().unwrap();
+        assert_eq!(
+            describe(&b),
+            [
+                "add element inet cni_node_policy peer-pp01-v4 (1 element)",
+                "delete element inet cni_node_policy peer-pp01-v6 (1 element)",
+            ]
+        );
+        assert_eq!((c.peer_addresses_added, c.peer_addresses_removed), (1, 1));
+        // Peer rules in another order are the same profile.
+        let mut s = state_with_peers();
+        s.ingress_profiles.get_mut("aa11").unwrap().peers.reverse();
+        assert!(diff(&have, &s, &[]).unwrap().is_none());
     }
 }

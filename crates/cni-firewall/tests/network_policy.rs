@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cni_firewall::Error;
 use cni_firewall::network_policy::{
-    self, Allow, Changes, PolicyState, PolicyTable, Profile, TABLE,
+    self, Allow, Changes, PeerRule, PolicyState, PolicyTable, Profile, TABLE,
 };
 use nix::sched::{CloneFlags, setns};
 
@@ -33,6 +33,14 @@ fn allow(first: &str, last: &str, protocols: (u8, u8), ports: (u16, u16)) -> All
     Allow {
         first: ip(first),
         last: ip(last),
+        protocols,
+        ports,
+    }
+}
+
+fn peer(set: &str, protocols: (u8, u8), ports: (u16, u16)) -> PeerRule {
+    PeerRule {
+        set: set.into(),
         protocols,
         ports,
     }
@@ -54,14 +62,22 @@ fn small_state() -> PolicyState {
                 Allow::all_traffic(ip("10.8.0.1"), ip("10.8.0.1")),
                 allow("fd09::", "fd09::ffff", (17, 17), (53, 53)),
             ],
+            peers: vec![
+                peer("pp01", (6, 6), (8080, 8080)),
+                peer("pp02", (0, 255), (0, 65535)),
+            ],
         },
     );
     s.egress_profiles.insert(
         "bb22".into(),
         Profile {
             allow: vec![allow("0.0.0.0", "255.255.255.255", (17, 17), (53, 53))],
+            peers: vec![peer("pp01", (6, 17), (1000, 2000))],
         },
     );
+    s.peer_sets
+        .insert("pp01".into(), [ip("10.9.0.4"), ip("fd09::4")].into());
+    s.peer_sets.insert("pp02".into(), [ip("10.8.0.9")].into());
     s.ingress.insert(ip("10.9.0.2"), "aa11".into());
     s.ingress.insert(ip("fd09::2"), "aa11".into());
     s.egress.insert(ip("10.9.0.3"), "bb22".into());
@@ -94,6 +110,25 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 	}
 
 	set pending6 {
+		type ipv6_addr
+	}
+
+	set peer-pp01-v4 {
+		type ipv4_addr
+		elements = { 10.9.0.4 }
+	}
+
+	set peer-pp01-v6 {
+		type ipv6_addr
+		elements = { fd09::4 }
+	}
+
+	set peer-pp02-v4 {
+		type ipv4_addr
+		elements = { 10.8.0.9 }
+	}
+
+	set peer-pp02-v6 {
 		type ipv6_addr
 	}
 
@@ -150,12 +185,18 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 	chain ingress-aa11 {
 		ip saddr . meta l4proto . th dport @ingress-aa11-v4 accept
 		ip6 saddr . meta l4proto . th dport @ingress-aa11-v6 accept
+		ip saddr @peer-pp01-v4 tcp dport 8080 accept
+		ip6 saddr @peer-pp01-v6 tcp dport 8080 accept
+		ip saddr @peer-pp02-v4 accept
+		ip6 saddr @peer-pp02-v6 accept
 		drop
 	}
 
 	chain egress-bb22 {
 		ip daddr . meta l4proto . th dport @egress-bb22-v4 return
 		ip6 daddr . meta l4proto . th dport @egress-bb22-v6 return
+		ip daddr @peer-pp01-v4 meta l4proto 6-17 th dport 1000-2000 return
+		ip6 daddr @peer-pp01-v6 meta l4proto 6-17 th dport 1000-2000 return
 		drop
 	}
 }
@@ -189,6 +230,13 @@ add rule inet cni_node_policy input ip saddr @pending4 drop
 add rule inet cni_node_policy input ip6 saddr @pending6 drop
 add rule inet cni_node_policy input ip saddr vmap @egress4
 add rule inet cni_node_policy input ip6 saddr vmap @egress6
+add set inet cni_node_policy peer-pp01-v4 { type ipv4_addr; }
+add element inet cni_node_policy peer-pp01-v4 { 10.9.0.4 }
+add set inet cni_node_policy peer-pp01-v6 { type ipv6_addr; }
+add element inet cni_node_policy peer-pp01-v6 { fd09::4 }
+add set inet cni_node_policy peer-pp02-v4 { type ipv4_addr; }
+add element inet cni_node_policy peer-pp02-v4 { 10.8.0.9 }
+add set inet cni_node_policy peer-pp02-v6 { type ipv6_addr; }
 add set inet cni_node_policy ingress-aa11-v4 { type ipv4_addr . inet_proto . inet_service; flags interval; }
 add element inet cni_node_policy ingress-aa11-v4 { 10.8.0.1 . 0-255 . 0-65535, 10.9.0.0-10.9.0.127 . 6 . 80-81 }
 add set inet cni_node_policy ingress-aa11-v6 { type ipv6_addr . inet_proto . inet_service; flags interval; }
@@ -196,6 +244,10 @@ add element inet cni_node_policy ingress-aa11-v6 { fd09::-fd09::ffff . 17 . 53 }
 add chain inet cni_node_policy ingress-aa11
 add rule inet cni_node_policy ingress-aa11 ip saddr . meta l4proto . th dport @ingress-aa11-v4 accept
 add rule inet cni_node_policy ingress-aa11 ip6 saddr . meta l4proto . th dport @ingress-aa11-v6 accept
+add rule inet cni_node_policy ingress-aa11 ip saddr @peer-pp01-v4 meta l4proto 6 th dport 8080 accept
+add rule inet cni_node_policy ingress-aa11 ip6 saddr @peer-pp01-v6 meta l4proto 6 th dport 8080 accept
+add rule inet cni_node_policy ingress-aa11 ip saddr @peer-pp02-v4 accept
+add rule inet cni_node_policy ingress-aa11 ip6 saddr @peer-pp02-v6 accept
 add rule inet cni_node_policy ingress-aa11 drop
 add set inet cni_node_policy egress-bb22-v4 { type ipv4_addr . inet_proto . inet_service; flags interval; }
 add element inet cni_node_policy egress-bb22-v4 { 0.0.0.0-255.255.255.255 . 17 . 53 }
@@ -203,6 +255,8 @@ add set inet cni_node_policy egress-bb22-v6 { type ipv6_addr . inet_proto . inet
 add chain inet cni_node_policy egress-bb22
 add rule inet cni_node_policy egress-bb22 ip daddr . meta l4proto . th dport @egress-bb22-v4 return
 add rule inet cni_node_policy egress-bb22 ip6 daddr . meta l4proto . th dport @egress-bb22-v6 return
+add rule inet cni_node_policy egress-bb22 ip daddr @peer-pp01-v4 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 return
+add rule inet cni_node_policy egress-bb22 ip6 daddr @peer-pp01-v6 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 return
 add rule inet cni_node_policy egress-bb22 drop
 add element inet cni_node_policy ingress4 { 10.9.0.2 : jump ingress-aa11 }
 add element inet cni_node_policy ingress6 { fd09::2 : jump ingress-aa11 }
@@ -523,6 +577,7 @@ fn ping_ok(from: &Netns, to: IpAddr) -> bool {
 fn profile(boxes: &[Allow]) -> Profile {
     Profile {
         allow: boxes.to_vec(),
+        peers: Vec::new(),
     }
 }
 
@@ -679,6 +734,46 @@ fn traffic_between_pods_on_a_bridge_is_judged() {
             "denied: the established connection is cut"
         );
         drop(conn);
+
+        // Shared peer sets: b's ingress allows TCP 80 from the set `cc` (c, both
+        // families), a's egress everything to it. c leaving the set (one element out)
+        // cuts c's established connection to b.
+        let mut shared = s.clone();
+        shared.peer_sets.insert("cc".into(), [c.v4, c.v6].into());
+        shared.ingress_profiles.get_mut("b0").unwrap().peers = vec![PeerRule {
+            set: "cc".into(),
+            protocols: (TCP, TCP),
+            ports: (80, 80),
+        }];
+        shared.egress_profiles.get_mut("a0").unwrap().peers = vec![PeerRule {
+            set: "cc".into(),
+            protocols: (0, 255),
+            ports: (0, 65535),
+        }];
+        let changes = t.apply(&shared).unwrap();
+        assert_eq!(
+            (changes.peer_sets_added, changes.peer_addresses_added),
+            (1, 2)
+        );
+        assert!(tcp_ok(&c.ns, b.v4, 80), "c -> b:80 through the peer set");
+        assert!(tcp_ok(&c.ns, b.v6, 80), "and over IPv6");
+        assert!(!tcp_ok(&c.ns, b.v4, 81), "not to another port");
+        assert!(tcp_ok(&a.ns, c.v4, 80), "a's egress reaches c through it");
+        let mut conn =
+            c.ns.run(|| TcpStream::connect_timeout(&SocketAddr::new(b.v4, 80), WAIT).unwrap());
+        assert!(echoes(&mut conn));
+        let mut without = shared.clone();
+        without.peer_sets.get_mut("cc").unwrap().remove(&c.v4);
+        let changes = t.apply(&without).unwrap();
+        assert_eq!(
+            (changes.peer_addresses_removed, changes.messages),
+            (1, 1),
+            "{changes:?}"
+        );
+        assert!(!echoes(&mut conn), "c left the set: its connection is cut");
+        drop(conn);
+        assert!(!tcp_ok(&a.ns, c.v4, 80), "nor does a reach it");
+        assert!(tcp_ok(&c.ns, b.v6, 80), "its IPv6 address is still in");
 
         // Pending: a new pod's traffic is dropped both ways until it is judged,
         // and passes once the transaction that judges it took it out.
@@ -1018,7 +1113,10 @@ fn a_thousand_profiles_and_ten_thousand_pods() {
                 (53, 53),
             ),
         ];
-        let p = Profile { allow: boxes };
+        let p = Profile {
+            allow: boxes,
+            peers: Vec::new(),
+        };
         if i % 2 == 0 {
             s.ingress_profiles.insert(name, p);
         } else {
