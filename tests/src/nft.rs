@@ -11,7 +11,7 @@
 //! commits of large changes; asking costs the committer nothing. `nft -j list` never
 //! commits, so reading the table between changes does not move the id.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::Path;
@@ -160,6 +160,68 @@ pub struct PolicyTableView {
     pub egress4: BTreeMap<IpAddr, String>,
     /// The sets read so far, by name, with their elements.
     pub sets: BTreeMap<String, Vec<Box3>>,
+    /// The IPv4 peer rules of the profile chains read so far, by chain.
+    pub peer_rules: BTreeMap<String, Vec<PeerRule3>>,
+    /// The IPv4 peer sets read so far, by name (`peer-<name>-v4`), with their
+    /// addresses.
+    pub peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
+}
+
+/// A profile chain's rule over a shared peer set: `ip saddr @<set> [meta l4proto
+/// <protocols>] [th dport <ports>]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerRule3 {
+    /// The set's name (`peer-<name>-v4`).
+    pub set: String,
+    /// First and last IP protocol number.
+    pub protocols: (u8, u8),
+    /// First and last port.
+    pub ports: (u16, u16),
+}
+
+impl PeerRule3 {
+    /// Whether the rule's match covers this protocol and port (its set aside).
+    pub fn covers(&self, protocol: u8, port: u16) -> bool {
+        (self.protocols.0..=self.protocols.1).contains(&protocol)
+            && (self.ports.0..=self.ports.1).contains(&port)
+    }
+
+    /// The rule a rule of `nft -j list chain` is, if it looks up a peer set.
+    fn of(rule: &Value) -> Option<Self> {
+        let mut out = PeerRule3 {
+            set: String::new(),
+            protocols: (0, u8::MAX),
+            ports: (0, u16::MAX),
+        };
+        for e in rule["expr"].as_array()? {
+            let Some(m) = e.get("match") else { continue };
+            let (left, right) = (&m["left"], &m["right"]);
+            if let Some(set) = right.as_str().and_then(|r| r.strip_prefix('@')) {
+                if set.starts_with("peer-") && set.ends_with("-v4") {
+                    out.set = set.to_owned();
+                }
+            } else if left["meta"]["key"] == "l4proto" {
+                let (a, b) = number_range(right, protocol_number);
+                out.protocols = (
+                    u8::try_from(a).unwrap_or(u8::MAX),
+                    u8::try_from(b).unwrap_or(u8::MAX),
+                );
+            } else if left["payload"]["field"] == "dport" {
+                let (a, b) = number_range(right, service_number);
+                out.ports = (
+                    u16::try_from(a).unwrap_or(u16::MAX),
+                    u16::try_from(b).unwrap_or(u16::MAX),
+                );
+                // `tcp dport 80`: nft folds the protocol match into the header's name.
+                let protocol = &left["payload"]["protocol"];
+                if protocol != "th" {
+                    let n = u8::try_from(protocol_number(protocol)).unwrap_or(u8::MAX);
+                    out.protocols = (n, n);
+                }
+            }
+        }
+        (!out.set.is_empty()).then_some(out)
+    }
 }
 
 impl PolicyTableView {
@@ -178,11 +240,35 @@ impl PolicyTableView {
         self.take(&nft_json(ns, &["list", "set", "inet", table, name]));
     }
 
-    /// Lists the IPv4 set of the ingress profile of `ip`, if it is isolated.
+    /// Lists the IPv4 set of the ingress profile of `ip`, if it is isolated, its
+    /// chain's peer rules and their IPv4 peer sets.
     pub fn read_ingress_set(&mut self, ns: &Netns, table: &str, ip: IpAddr) {
-        if let Some(chain) = self.ingress4.get(&ip) {
+        if let Some(chain) = self.ingress4.get(&ip).cloned() {
             let name = format!("{chain}-v4");
             self.read_set(ns, table, &name);
+            let listed = nft_json(ns, &["list", "chain", "inet", table, &chain]);
+            let rules: Vec<PeerRule3> = listed["nftables"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|item| item.get("rule"))
+                .filter_map(PeerRule3::of)
+                .collect();
+            for rule in &rules {
+                if !self.peer_sets.contains_key(&rule.set) {
+                    let listed = nft_json(ns, &["list", "set", "inet", table, &rule.set]);
+                    let addrs = listed["nftables"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|item| item.get("set"))
+                        .flat_map(|set| set["elem"].as_array().cloned().unwrap_or_default())
+                        .map(|e| address_range(&element_value(&e)).0)
+                        .collect();
+                    self.peer_sets.insert(rule.set.clone(), addrs);
+                }
+            }
+            self.peer_rules.insert(chain, rules);
         }
     }
 
@@ -195,9 +281,9 @@ impl PolicyTableView {
             .filter_map(|item| item.get("set"))
             .filter(|set| {
                 set["table"] == table
-                    && set["name"]
-                        .as_str()
-                        .is_some_and(|n| n.ends_with("-v4") || n.ends_with("-v6"))
+                    && set["name"].as_str().is_some_and(|n| {
+                        !n.starts_with("peer-") && (n.ends_with("-v4") || n.ends_with("-v6"))
+                    })
             })
             .count()
     }
@@ -247,8 +333,23 @@ impl PolicyTableView {
     /// Whether `ip` is isolated for ingress and its profile admits `from` on
     /// `protocol`/`port` (its set must have been read).
     pub fn admits(&self, ip: IpAddr, from: IpAddr, protocol: u8, port: u16) -> bool {
-        self.ingress_set(ip)
-            .is_some_and(|set| set.iter().any(|b| b.holds(from, protocol, port)))
+        let own = self
+            .ingress_set(ip)
+            .is_some_and(|set| set.iter().any(|b| b.holds(from, protocol, port)));
+        let shared = self
+            .ingress4
+            .get(&ip)
+            .and_then(|chain| self.peer_rules.get(chain))
+            .into_iter()
+            .flatten()
+            .any(|r| {
+                r.covers(protocol, port)
+                    && self
+                        .peer_sets
+                        .get(&r.set)
+                        .is_some_and(|set| set.contains(&from))
+            });
+        own || shared
     }
 }
 
@@ -393,5 +494,40 @@ mod tests {
             )
         );
         assert_eq!((b.protocols, b.ports), ((17, 17), (53, 53)));
+    }
+
+    #[test]
+    fn peer_rules_read_as_nft_prints_them() {
+        let listed: Value = serde_json::from_str(
+            r#"{"nftables": [{"chain": {"family": "inet", "table": "t", "name": "c"}},
+            {"rule": {"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "@peer-aa-v4"}}, {"match": {"op": "==", "left": {"payload": {"protocol": "tcp", "field": "dport"}}, "right": 8080}}, {"accept": null}]}},
+            {"rule": {"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "@peer-aa-v4"}}, {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"range": [6, 17]}}}, {"match": {"op": "==", "left": {"payload": {"protocol": "th", "field": "dport"}}, "right": {"range": [1000, 2000]}}}, {"accept": null}]}},
+            {"rule": {"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "@peer-aa-v4"}}, {"accept": null}]}},
+            {"rule": {"expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}}, "right": "@peer-aa-v4"}}, {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "udp"}}, {"accept": null}]}},
+            {"rule": {"expr": [{"drop": null}]}}]}"#,
+        )
+        .unwrap();
+        let rules: Vec<PeerRule3> = listed["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|item| item.get("rule"))
+            .filter_map(PeerRule3::of)
+            .collect();
+        let rule = |protocols, ports| PeerRule3 {
+            set: "peer-aa-v4".into(),
+            protocols,
+            ports,
+        };
+        assert_eq!(
+            rules,
+            [
+                rule((6, 6), (8080, 8080)),
+                rule((6, 17), (1000, 2000)),
+                rule((0, 255), (0, 65535)),
+                rule((17, 17), (0, 65535)),
+            ]
+        );
+        assert!(rules[0].covers(6, 8080) && !rules[0].covers(17, 8080));
     }
 }

@@ -201,9 +201,17 @@ fn default_namespace_labels(name: &str) -> Vec<(String, String)> {
 
 impl World {
     /// Two nodes, namespaces x, y and z, and pods a, b and c in each, with servers.
+    /// Node 2's agent holds every peer of pods in a shared set (a rule per peer in its
+    /// profiles), node 1's copies them into its profiles' own sets (the default for
+    /// peers this small), so that both ways are judged by every matrix.
     fn new() -> Self {
         let started = Instant::now();
-        let cluster = Cluster::new(2, 1500);
+        let cluster = Cluster::new_with(2, 1500, |host| {
+            if host.n == 2 {
+                host.extra_args
+                    .push("--policy-shared-peer-ranges=1".to_owned());
+            }
+        });
         cluster.wait_for_conflists();
         let mesh = cluster.mesh_of();
         cluster.wait_for_routes(Duration::from_secs(20), Cluster::full_mesh(&mesh));

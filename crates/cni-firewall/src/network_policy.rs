@@ -1524,7 +1524,11 @@ impl Edits {
 }
 
 /// A peer set to add (no held addresses) or change: name, held addresses, wanted ones.
-type PeerSetChange<'a> = (&'a String, Option<&'a BTreeSet<IpAddr>>, &'a BTreeSet<IpAddr>);
+type PeerSetChange<'a> = (
+    &'a String,
+    Option<&'a BTreeSet<IpAddr>>,
+    &'a BTreeSet<IpAddr>,
+);
 
 /// The transaction from `have` to `want` that also resolves `resolve`, and what
 /// it changes in `have`; `None` when there is nothing to send. New profiles come

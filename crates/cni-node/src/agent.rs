@@ -118,6 +118,7 @@ pub fn settings(options: &Options) -> Settings {
                 .network_policy
                 .then(|| options.pod_record_dir.to_string_lossy().into_owned()),
         },
+        policy_shared_peer_ranges: usize::try_from(options.policy_shared_peer_ranges).ok(),
     }
 }
 

@@ -251,6 +251,18 @@ pub struct Options {
     )]
     pub network_policy: bool,
 
+    /// NetworkPolicy: a peer of pods (a selector's pods) with at least N address
+    /// ranges is held once in a set that the profiles allowing it share, with a rule in
+    /// each; a smaller one is copied into each profile's own set, which costs no rule
+    /// on the packet path but a change in every copy when one of its pods comes or goes
+    #[arg(
+        long = "policy-shared-peer-ranges",
+        value_name = "N",
+        default_value_t = crate::policy::compile::SHARE_FROM as u32,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub policy_shared_peer_ranges: u32,
+
     /// Where the bridge plugin records which pod a new address belongs to, so that
     /// NetworkPolicy applies from a pod's first packet (a directory the agent watches)
     #[arg(

@@ -304,6 +304,9 @@ pub struct Settings {
     pub mtu: Option<u32>,
     /// What shapes the network config.
     pub conflist: ConflistSettings,
+    /// NetworkPolicy: the size (address ranges) from which a peer of pods is shared
+    /// (`--policy-shared-peer-ranges`); `None`: the default.
+    pub policy_shared_peer_ranges: Option<usize>,
 }
 
 /// This node's network config as it should be on disk.
@@ -596,6 +599,7 @@ mod tests {
                 portmap: false,
                 pod_record_dir: None,
             },
+            policy_shared_peer_ranges: None,
         }
     }
 

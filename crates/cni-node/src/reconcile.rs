@@ -27,7 +27,7 @@ use crate::error::{Error, chain};
 use crate::host::{HostReader, HostState};
 use crate::node::NodeInfo;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
-use crate::policy::compile::{Compiled, compile};
+use crate::policy::compile::{Compiled, SHARE_FROM, compile_sharing};
 use crate::policy::model::View;
 use crate::routes::{self, RouteChanges, RouteTable};
 
@@ -315,17 +315,24 @@ impl Reconciler {
             records,
         );
         phases.lap("policy view");
-        let compiled = compile(&view, &self.settings.plan.node_name);
+        let compiled = compile_sharing(
+            &view,
+            &self.settings.plan.node_name,
+            self.settings
+                .policy_shared_peer_ranges
+                .unwrap_or(SHARE_FROM),
+        );
         phases.lap("policy compile");
         outcome.policy = (
             compiled.ingress.len(),
             compiled.egress.len(),
             compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
         );
+        let peer_sets = compiled.peer_sets.len();
         match effects.datapath.apply(compiled) {
             Ok(true) => tracing::info!(
                 "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {} \
-                 profiles",
+                 profiles, {peer_sets} shared peer sets",
                 outcome.policy.0,
                 outcome.policy.1,
                 outcome.policy.2
@@ -650,6 +657,7 @@ mod tests {
                 bridge: "cni0".into(),
                 ..ConflistSettings::default()
             },
+            policy_shared_peer_ranges: None,
         };
         Fixture {
             log,

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use super::model::View;
 use super::objects::{NamedPort, Peer, PodInfo, PolicyInfo, PortRef, Rule};
 
-pub use cni_firewall::network_policy::Allow;
+pub use cni_firewall::network_policy::{Allow, PeerRule, Profile};
 
 /// What the kernel must hold on this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,12 +34,22 @@ pub struct Compiled {
     /// Local pod address -> the profile judging traffic from it.
     pub egress: BTreeMap<IpAddr, String>,
     /// Ingress profiles: the sources they allow.
-    pub ingress_profiles: BTreeMap<String, Vec<Allow>>,
+    pub ingress_profiles: BTreeMap<String, Profile>,
     /// Egress profiles: the destinations they allow.
-    pub egress_profiles: BTreeMap<String, Vec<Allow>>,
+    pub egress_profiles: BTreeMap<String, Profile>,
+    /// The peers that profiles share, by name: pods' addresses.
+    pub peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
     /// Every local pod address judged in this pass, isolated or not, with its pod.
     pub judged: BTreeMap<IpAddr, String>,
 }
+
+/// From this many address ranges on, a peer of pods is a shared peer set (one copy
+/// in the kernel, a rule in each profile that allows it) instead of boxes in the
+/// profiles' own sets: a peer as big as a namespace's pods would otherwise be
+/// copied into every profile that allows it, and a pod coming or going would change
+/// all those copies. Below it, the copies are cheap and cost no rule on the packet
+/// path.
+pub const SHARE_FROM: usize = 16;
 
 /// Disjoint, merged, sorted address ranges of one family, as integers.
 type Ranges = Vec<(u128, u128)>;
@@ -106,6 +116,26 @@ impl Addrs {
         self
     }
 
+    fn len(&self) -> usize {
+        self.v4.len() + self.v6.len()
+    }
+
+    /// Every address, one by one (for addresses of pods: ranges of single
+    /// addresses merged).
+    fn each(&self) -> BTreeSet<IpAddr> {
+        let v4 = self
+            .v4
+            .iter()
+            .flat_map(|&(s, e)| s..=e)
+            .map(|n| address(n, true));
+        let v6 = self
+            .v6
+            .iter()
+            .flat_map(|&(s, e)| s..=e)
+            .map(|n| address(n, false));
+        v4.chain(v6).collect()
+    }
+
     fn contains(&self, ip: IpAddr) -> bool {
         let (list, n) = match ip {
             IpAddr::V4(a) => (&self.v4, u128::from(u32::from(a))),
@@ -165,11 +195,20 @@ struct Rect {
     keys: Keys,
 }
 
-/// Peers' addresses, computed once per pass for each peer (and, for a peer of the
-/// policy's own namespace, each namespace).
+/// What a profile's rules add up to: rectangles for its own set, and keys allowed
+/// with shared peer sets.
 #[derive(Debug, Default)]
-struct PeerCache {
-    peers: HashMap<(String, Peer), Rc<Addrs>>,
+struct Parts {
+    rects: Vec<Rect>,
+    shared: Vec<(String, Keys)>,
+}
+
+/// A peer's addresses, and the name of the shared set that holds them when it is
+/// one.
+#[derive(Debug)]
+struct PeerAddrs {
+    addrs: Rc<Addrs>,
+    shared: Option<String>,
 }
 
 /// A pod with its addresses (the API's and this node's records, see [`View::ips`]).
@@ -179,11 +218,16 @@ struct Compiler<'v, 'a> {
     view: &'v View<'a>,
     by_namespace: BTreeMap<&'a str, Vec<Located<'a>>>,
     named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>>,
-    peers: PeerCache,
+    /// Peers' addresses, computed once per pass for each peer (and, for a peer of
+    /// the policy's own namespace, each namespace).
+    peers: HashMap<(String, Peer), Rc<PeerAddrs>>,
+    /// The shared peer sets made in this pass.
+    shared: HashMap<String, Rc<Addrs>>,
+    share_from: usize,
 }
 
 impl<'v, 'a> Compiler<'v, 'a> {
-    fn new(view: &'v View<'a>) -> Self {
+    fn new(view: &'v View<'a>, share_from: usize) -> Self {
         let mut by_namespace: BTreeMap<&'a str, Vec<Located<'a>>> = BTreeMap::new();
         let mut named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>> = BTreeMap::new();
         for pod in view.pods.values().filter(|p| !p.host_network) {
@@ -206,35 +250,73 @@ impl<'v, 'a> Compiler<'v, 'a> {
             view,
             by_namespace,
             named_ports,
-            peers: PeerCache::default(),
+            peers: HashMap::new(),
+            shared: HashMap::new(),
+            share_from,
         }
     }
 
-    /// The addresses `peers` of a rule in a policy of `namespace` match.
-    fn peer_addrs(&mut self, namespace: &str, peers: Option<&[Peer]>) -> Rc<Addrs> {
+    /// Pods' addresses as a peer: shared when big enough, under a name that is a hash
+    /// of `key` (what the addresses are: the same peer gets the same name in every
+    /// pass and every run).
+    fn pods_peer(&mut self, key: &str, addrs: Addrs) -> PeerAddrs {
+        let addrs = Rc::new(addrs.normalize());
+        if addrs.len() < self.share_from.max(1) {
+            return PeerAddrs {
+                addrs,
+                shared: None,
+            };
+        }
+        let name = hash_name(&[key]);
+        self.shared
+            .entry(name.clone())
+            .or_insert_with(|| Rc::clone(&addrs));
+        PeerAddrs {
+            addrs,
+            shared: Some(name),
+        }
+    }
+
+    /// Adds `keys` with every one of `peers` (of a rule in a policy of
+    /// `namespace`; `None`: every address).
+    fn add_peers(&mut self, namespace: &str, peers: Option<&[Peer]>, keys: &Keys, out: &mut Parts) {
+        if keys.is_empty() {
+            return;
+        }
         let Some(peers) = peers else {
-            return Rc::new(Addrs::everything());
+            out.rects.push(Rect {
+                addrs: Rc::new(Addrs::everything()),
+                keys: keys.clone(),
+            });
+            return;
         };
-        let mut all = Addrs::default();
         for peer in peers {
             let one = self.one_peer(namespace, peer);
-            all.v4.extend_from_slice(&one.v4);
-            all.v6.extend_from_slice(&one.v6);
+            match &one.shared {
+                Some(name) => out.shared.push((name.clone(), keys.clone())),
+                None => out.rects.push(Rect {
+                    addrs: Rc::clone(&one.addrs),
+                    keys: keys.clone(),
+                }),
+            }
         }
-        Rc::new(all.normalize())
     }
 
-    fn one_peer(&mut self, namespace: &str, peer: &Peer) -> Rc<Addrs> {
-        // Only a peer without a namespace selector depends on the policy's namespace:
-        // the others are computed once for every policy that has them.
+    /// The key a peer's addresses are cached under: only a peer without a namespace
+    /// selector depends on the policy's namespace.
+    fn peer_key(namespace: &str, peer: &Peer) -> (String, Peer) {
         let scope = match peer {
             Peer::Pods {
                 namespaces: None, ..
             } => namespace,
             Peer::Pods { .. } | Peer::IpBlock { .. } => "",
         };
-        let cache_key = (scope.to_owned(), peer.clone());
-        if let Some(hit) = self.peers.peers.get(&cache_key) {
+        (scope.to_owned(), peer.clone())
+    }
+
+    fn one_peer(&mut self, namespace: &str, peer: &Peer) -> Rc<PeerAddrs> {
+        let cache_key = Self::peer_key(namespace, peer);
+        if let Some(hit) = self.peers.get(&cache_key) {
             return Rc::clone(hit);
         }
         let mut addrs = Addrs::default();
@@ -267,19 +349,30 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 }
             }
         }
-        let addrs = Rc::new(addrs.normalize());
-        self.peers.peers.insert(cache_key, Rc::clone(&addrs));
-        addrs
+        let one = match peer {
+            // Blocks are a few ranges: always the profiles' own.
+            Peer::IpBlock { .. } => PeerAddrs {
+                addrs: Rc::new(addrs.normalize()),
+                shared: None,
+            },
+            Peer::Pods { .. } => {
+                let key = format!("{}\n{:?}", cache_key.0, cache_key.1);
+                self.pods_peer(&key, addrs)
+            }
+        };
+        let one = Rc::new(one);
+        self.peers.insert(cache_key, Rc::clone(&one));
+        one
     }
 
-    /// The rectangles of one ingress rule for the destination pod's named ports.
-    fn ingress_rects(
+    /// The parts of one ingress rule for the destination pod's named ports.
+    fn ingress_parts(
         &mut self,
         policy: &PolicyInfo,
         rule: &Rule,
         named: &[NamedPort],
-    ) -> Vec<Rect> {
-        let addrs = self.peer_addrs(&policy.namespace, rule.peers.as_deref());
+        out: &mut Parts,
+    ) {
         let keys = match &rule.ports {
             None => vec![ALL_KEYS],
             Some(ports) => ports
@@ -295,54 +388,81 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 })
                 .collect(),
         };
-        vec![Rect { addrs, keys }]
+        self.add_peers(&policy.namespace, rule.peers.as_deref(), &keys, out);
     }
 
-    /// The rectangles of one egress rule: numbered ports for every peer address, named
-    /// ports for each destination pod inside the peers that has that port.
-    fn egress_rects(&mut self, policy: &PolicyInfo, rule: &Rule) -> Vec<Rect> {
-        let addrs = self.peer_addrs(&policy.namespace, rule.peers.as_deref());
+    /// The parts of one egress rule: numbered ports for every peer address, named
+    /// ports for each destination pod inside the peers that has that port (grouped by
+    /// the number the name has on them).
+    fn egress_parts(&mut self, policy: &PolicyInfo, rule: &Rule, out: &mut Parts) {
+        let namespace = policy.namespace.as_str();
         let Some(ports) = &rule.ports else {
-            return vec![Rect {
-                addrs,
-                keys: vec![ALL_KEYS],
-            }];
+            self.add_peers(namespace, rule.peers.as_deref(), &vec![ALL_KEYS], out);
+            return;
         };
         let mut numbered = Vec::new();
-        let mut rects = Vec::new();
         for p in ports {
             match &p.port {
                 PortRef::Any => numbered.push((key(p.protocol, 0), key(p.protocol, u16::MAX))),
                 PortRef::Range(a, b) => numbered.push((key(p.protocol, *a), key(p.protocol, *b))),
                 PortRef::Named(name) => {
-                    for ((_, ips), number) in self
-                        .named_ports
-                        .get(&(name.as_str(), p.protocol))
-                        .into_iter()
-                        .flatten()
-                    {
-                        let mut mine = Addrs::default();
-                        for ip in ips.iter().filter(|ip| addrs.contains(**ip)) {
-                            mine.push(*ip);
-                        }
-                        if !mine.v4.is_empty() || !mine.v6.is_empty() {
-                            let k = key(p.protocol, *number);
-                            rects.push(Rect {
-                                addrs: Rc::new(mine.normalize()),
-                                keys: vec![(k, k)],
-                            });
-                        }
-                    }
+                    self.named_destinations(namespace, rule, name, p.protocol, out)
                 }
             }
         }
-        if !numbered.is_empty() {
-            rects.push(Rect {
-                addrs,
-                keys: numbered,
-            });
+        self.add_peers(namespace, rule.peers.as_deref(), &numbered, out);
+    }
+
+    /// Egress to the port called `name`: per peer of `rule` (or every pod), the pods
+    /// inside it that have the port, by its number there.
+    fn named_destinations(
+        &mut self,
+        namespace: &str,
+        rule: &Rule,
+        name: &str,
+        protocol: u8,
+        out: &mut Parts,
+    ) {
+        let targets: Vec<(String, Option<Rc<PeerAddrs>>)> = match rule.peers.as_deref() {
+            None => vec![("*".to_owned(), None)],
+            Some(peers) => peers
+                .iter()
+                .map(|peer| {
+                    let (scope, peer_owned) = Self::peer_key(namespace, peer);
+                    (
+                        format!("{scope}\n{peer_owned:?}"),
+                        Some(self.one_peer(namespace, peer)),
+                    )
+                })
+                .collect(),
+        };
+        for (peer_key, inside) in targets {
+            let mut by_number: BTreeMap<u16, Addrs> = BTreeMap::new();
+            for ((_, ips), number) in self
+                .named_ports
+                .get(&(name, protocol))
+                .into_iter()
+                .flatten()
+            {
+                for ip in ips.iter() {
+                    if inside.as_ref().is_none_or(|p| p.addrs.contains(*ip)) {
+                        by_number.entry(*number).or_default().push(*ip);
+                    }
+                }
+            }
+            for (number, mine) in by_number {
+                let k = key(protocol, number);
+                let group =
+                    self.pods_peer(&format!("{peer_key}\n{name}/{protocol}/{number}"), mine);
+                match group.shared {
+                    Some(set) => out.shared.push((set, vec![(k, k)])),
+                    None => out.rects.push(Rect {
+                        addrs: group.addrs,
+                        keys: vec![(k, k)],
+                    }),
+                }
+            }
         }
-        rects
     }
 }
 
@@ -440,16 +560,12 @@ fn address(n: u128, v4: bool) -> IpAddr {
     }
 }
 
-/// A profile's name: a hash of the keys of the policies that select its pods and, for
-/// ingress, of the pods' named ports.
-fn name(policies: &[String], named_ports: &[NamedPort]) -> String {
+/// A name for the kernel: 16 hex digits of a hash of `parts`.
+fn hash_name(parts: &[&str]) -> String {
     let mut hash = Sha256::new();
-    for key in policies {
-        hash.update(key.as_bytes());
+    for part in parts {
+        hash.update(part.as_bytes());
         hash.update(b"\n");
-    }
-    for port in named_ports {
-        hash.update(format!("{}/{}/{}\n", port.name, port.protocol, port.port));
     }
     hash.finalize()[..8]
         .iter()
@@ -457,12 +573,32 @@ fn name(policies: &[String], named_ports: &[NamedPort]) -> String {
         .collect()
 }
 
+/// A profile's name: a hash of the keys of the policies that select its pods and, for
+/// ingress, of the pods' named ports.
+fn name(policies: &[String], named_ports: &[NamedPort]) -> String {
+    let ports: Vec<String> = named_ports
+        .iter()
+        .map(|p| format!("{}/{}/{}", p.name, p.protocol, p.port))
+        .collect();
+    let parts: Vec<&str> = policies
+        .iter()
+        .map(String::as_str)
+        .chain(ports.iter().map(String::as_str))
+        .collect();
+    hash_name(&parts)
+}
+
 /// Compiles the view for the pods of `node`: the pods the API places there, and those
 /// the CNI plugin recorded here (their addresses before the API shows them, see
 /// [`View::with_records`]).
 pub fn compile(view: &View<'_>, node: &str) -> Compiled {
+    compile_sharing(view, node, SHARE_FROM)
+}
+
+/// [`compile`], with peers of pods of at least `share_from` address ranges shared.
+pub fn compile_sharing(view: &View<'_>, node: &str, share_from: usize) -> Compiled {
     let mut out = Compiled::default();
-    let mut compiler = Compiler::new(view);
+    let mut compiler = Compiler::new(view, share_from);
     let mut local: BTreeMap<String, (&PodInfo, BTreeSet<IpAddr>)> = view
         .pods
         .values()
@@ -502,14 +638,14 @@ pub fn compile(view: &View<'_>, node: &str) -> Compiled {
             let profile = match ingress_memo.get(&memo_key) {
                 Some(name) => name.clone(),
                 None => {
-                    let mut rects = Vec::new();
+                    let mut parts = Parts::default();
                     for policy in &ingress {
                         for rule in policy.ingress.iter().flatten() {
-                            rects.extend(compiler.ingress_rects(policy, rule, &pod.named_ports));
+                            compiler.ingress_parts(policy, rule, &pod.named_ports, &mut parts);
                         }
                     }
                     let n = name(&memo_key.0, &memo_key.1);
-                    out.ingress_profiles.insert(n.clone(), profile_of(&rects));
+                    out.ingress_profiles.insert(n.clone(), profile_of(parts));
                     ingress_memo.insert(memo_key, n.clone());
                     n
                 }
@@ -528,14 +664,14 @@ pub fn compile(view: &View<'_>, node: &str) -> Compiled {
             let profile = match egress_memo.get(&names) {
                 Some(name) => name.clone(),
                 None => {
-                    let mut rects = Vec::new();
+                    let mut parts = Parts::default();
                     for policy in &egress {
                         for rule in policy.egress.iter().flatten() {
-                            rects.extend(compiler.egress_rects(policy, rule));
+                            compiler.egress_parts(policy, rule, &mut parts);
                         }
                     }
                     let n = name(&names, &[]);
-                    out.egress_profiles.insert(n.clone(), profile_of(&rects));
+                    out.egress_profiles.insert(n.clone(), profile_of(parts));
                     egress_memo.insert(names, n.clone());
                     n
                 }
@@ -545,13 +681,43 @@ pub fn compile(view: &View<'_>, node: &str) -> Compiled {
             }
         }
     }
+    // The shared sets the profiles use.
+    for profile in out
+        .ingress_profiles
+        .values()
+        .chain(out.egress_profiles.values())
+    {
+        for rule in &profile.peers {
+            if !out.peer_sets.contains_key(&rule.set)
+                && let Some(addrs) = compiler.shared.get(&rule.set)
+            {
+                out.peer_sets.insert(rule.set.clone(), addrs.each());
+            }
+        }
+    }
     out
 }
 
-fn profile_of(rects: &[Rect]) -> Vec<Allow> {
-    let mut all = boxes(rects, true);
-    all.extend(boxes(rects, false));
-    all
+fn profile_of(parts: Parts) -> Profile {
+    let mut allow = boxes(&parts.rects, true);
+    allow.extend(boxes(&parts.rects, false));
+    let mut peers: Vec<PeerRule> = parts
+        .shared
+        .into_iter()
+        .flat_map(|(set, keys)| {
+            keys.into_iter()
+                .flat_map(|(lo, hi)| split_keys(lo, hi))
+                .map(move |(protocols, ports)| PeerRule {
+                    set: set.clone(),
+                    protocols,
+                    ports,
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    peers.sort();
+    peers.dedup();
+    Profile { allow, peers }
 }
 
 #[cfg(test)]
@@ -561,13 +727,18 @@ mod tests {
     use crate::policy::objects::{TCP, UDP};
     use serde_json::json;
 
-    fn allows(profile: &[Allow], ip: IpAddr, protocol: u8, port: u16) -> bool {
-        profile.iter().any(|b| {
-            b.first <= ip
-                && ip <= b.last
-                && (b.protocols.0..=b.protocols.1).contains(&protocol)
-                && (b.ports.0..=b.ports.1).contains(&port)
-        })
+    fn allows(c: &Compiled, profile: &Profile, ip: IpAddr, protocol: u8, port: u16) -> bool {
+        let ours = |protocols: (u8, u8), ports: (u16, u16)| {
+            (protocols.0..=protocols.1).contains(&protocol) && (ports.0..=ports.1).contains(&port)
+        };
+        profile
+            .allow
+            .iter()
+            .any(|b| b.first <= ip && ip <= b.last && ours(b.protocols, b.ports))
+            || profile
+                .peers
+                .iter()
+                .any(|r| c.peer_sets[&r.set].contains(&ip) && ours(r.protocols, r.ports))
     }
 
     fn disjoint(profile: &[Allow]) -> bool {
@@ -645,14 +816,16 @@ mod tests {
         for (i, spec) in cases.into_iter().enumerate() {
             let policies: BTreeMap<_, _> = [policy("x", "p", spec.clone())].into_iter().collect();
             let view = View::new(&pods, &ns, &policies);
-            for node in ["n1", "n2"] {
-                let c = compile(&view, node);
+            // Every peer of pods shared, and the default.
+            for (node, share_from) in [("n1", 1), ("n2", 1), ("n1", SHARE_FROM), ("n2", SHARE_FROM)]
+            {
+                let c = compile_sharing(&view, node, share_from);
                 for p in c
                     .ingress_profiles
                     .values()
                     .chain(c.egress_profiles.values())
                 {
-                    assert!(disjoint(p), "case {i}: {p:?}");
+                    assert!(disjoint(&p.allow), "case {i}: {p:?}");
                 }
                 for dst in pods.values().filter(|p| p.node == node) {
                     for src in pods.values() {
@@ -662,7 +835,7 @@ mod tests {
                                     let model = view.verdict(*s, *d, protocol, port);
                                     if let Some(ingress) = &model.ingress {
                                         let got = c.ingress.get(d).is_none_or(|n| {
-                                            allows(&c.ingress_profiles[n], *s, protocol, port)
+                                            allows(&c, &c.ingress_profiles[n], *s, protocol, port)
                                         });
                                         assert_eq!(
                                             got,
@@ -676,7 +849,7 @@ mod tests {
                                     let out = view.verdict(*d, *s, protocol, port);
                                     if let Some(egress) = &out.egress {
                                         let got = c.egress.get(d).is_none_or(|n| {
-                                            allows(&c.egress_profiles[n], *s, protocol, port)
+                                            allows(&c, &c.egress_profiles[n], *s, protocol, port)
                                         });
                                         assert_eq!(
                                             got,
@@ -707,7 +880,7 @@ mod tests {
         assert_eq!(c.ingress_profiles.len(), 1);
         assert_eq!(
             c.ingress_profiles.values().next().unwrap(),
-            &Vec::<Allow>::new()
+            &Profile::default()
         );
         assert_eq!(c.judged.len(), 12, "six local pods, two addresses each");
         assert_eq!(compile(&view, "n2"), c);
@@ -733,8 +906,14 @@ mod tests {
         let a_ip = pods["x/a"].ips[0];
         assert_eq!(before.ingress[&a_ip], after.ingress[&a_ip]);
         let name = &after.ingress[&a_ip];
-        assert!(!allows(&before.ingress_profiles[name], c_ip, TCP, 80));
-        assert!(allows(&after.ingress_profiles[name], c_ip, TCP, 80));
+        assert!(!allows(
+            &before,
+            &before.ingress_profiles[name],
+            c_ip,
+            TCP,
+            80
+        ));
+        assert!(allows(&after, &after.ingress_profiles[name], c_ip, TCP, 80));
         // Another policy selecting x/a is another profile.
         let mut more = policies.clone();
         more.extend([policy("x", "deny", json!({"podSelector": {}}))]);
@@ -819,7 +998,59 @@ mod tests {
         let view = View::with_records(&pods, &ns, &policies, records);
         let c = compile(&view, "n1");
         let xa = pods["x/a"].ips[0];
-        assert!(allows(&c.ingress_profiles[&c.ingress[&xa]], ip, TCP, 80));
+        assert!(allows(
+            &c,
+            &c.ingress_profiles[&c.ingress[&xa]],
+            ip,
+            TCP,
+            80
+        ));
         assert!(view.verdict(ip, xa, TCP, 80).allowed());
+    }
+
+    #[test]
+    fn a_big_peer_is_one_shared_set_and_a_pod_joining_it_changes_only_the_set() {
+        let (mut pods, ns) = cluster();
+        let from_every_a = json!({"podSelector": {}, "ingress": [{
+            "from": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"pod": "a"}}}],
+            "ports": [{"port": 80}]}]});
+        let policies: BTreeMap<_, _> = [
+            policy("x", "from-a", from_every_a.clone()),
+            policy("y", "from-a", from_every_a),
+        ]
+        .into_iter()
+        .collect();
+        let before = compile_sharing(&View::new(&pods, &ns, &policies), "n1", 1);
+        assert_eq!(before.peer_sets.len(), 1, "{before:?}");
+        let (set, addrs) = before.peer_sets.iter().next().unwrap();
+        let every_a: BTreeSet<IpAddr> = pods
+            .values()
+            .filter(|p| p.labels.get("pod").map(String::as_str) == Some("a"))
+            .flat_map(|p| p.ips.iter().copied())
+            .collect();
+        assert_eq!(addrs, &every_a);
+        assert_eq!(before.ingress_profiles.len(), 2);
+        for profile in before.ingress_profiles.values() {
+            assert!(profile.allow.is_empty(), "{profile:?}");
+            assert_eq!(
+                profile.peers,
+                [PeerRule {
+                    set: set.clone(),
+                    protocols: (TCP, TCP),
+                    ports: (80, 80)
+                }]
+            );
+        }
+        // z/b becomes an `a`: the set gains its addresses; the profiles stay as
+        // they were.
+        let zb = pods.get_mut("z/b").unwrap();
+        zb.labels.insert("pod".into(), "a".into());
+        let zb_ips = zb.ips.clone();
+        let after = compile_sharing(&View::new(&pods, &ns, &policies), "n1", 1);
+        assert_eq!(after.ingress_profiles, before.ingress_profiles);
+        assert!(zb_ips.iter().all(|ip| after.peer_sets[set].contains(ip)));
+        // With the default threshold, six addresses are copied into the profiles.
+        let small = compile(&View::new(&pods, &ns, &policies), "n1");
+        assert!(small.peer_sets.is_empty());
     }
 }

@@ -2,9 +2,9 @@
 //! firewall crate's `inet cni_node_policy` table, which keeps what it committed in
 //! memory and sends only differences.
 
-use cni_firewall::network_policy::{self, PolicyState, PolicyTable, Profile};
+use cni_firewall::network_policy::{self, PolicyState, PolicyTable};
 
-use super::compile::{Allow, Compiled};
+use super::compile::Compiled;
 use crate::error::{Error, Result};
 use crate::reconcile::PolicyDatapath;
 
@@ -28,14 +28,6 @@ impl Table {
     }
 }
 
-fn profiles(
-    from: std::collections::BTreeMap<String, Vec<Allow>>,
-) -> std::collections::BTreeMap<String, Profile> {
-    from.into_iter()
-        .map(|(name, allow)| (name, Profile { allow }))
-        .collect()
-}
-
 impl PolicyDatapath for Table {
     fn apply(&mut self, want: Compiled) -> Result<bool> {
         // Bridged traffic between a node's pods reaches netfilter only through
@@ -50,13 +42,12 @@ impl PolicyDatapath for Table {
             );
             self.bridge_netfilter_on = true;
         }
-        // Moved, not copied: at 10,000 pods and 1,000 policies the profiles hold
-        // about 480,000 boxes.
         let state = PolicyState {
             ingress: want.ingress,
             egress: want.egress,
-            ingress_profiles: profiles(want.ingress_profiles),
-            egress_profiles: profiles(want.egress_profiles),
+            ingress_profiles: want.ingress_profiles,
+            egress_profiles: want.egress_profiles,
+            peer_sets: want.peer_sets,
         };
         let changes = self
             .table
