@@ -220,7 +220,10 @@ struct Compiler<'v, 'a> {
     named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>>,
     /// Peers' addresses, computed once per pass for each peer (and, for a peer of
     /// the policy's own namespace, each namespace).
-    peers: HashMap<(String, Peer), Rc<PeerAddrs>>,
+    peers: HashMap<(&'a str, &'a Peer), Rc<PeerAddrs>>,
+    /// Egress to a named port: per peer (`None`: every pod), port name and protocol,
+    /// the parts it adds, computed once per pass.
+    named: HashMap<(&'a str, Option<&'a Peer>, &'a str, u8), Rc<Parts>>,
     /// The shared peer sets made in this pass.
     shared: HashMap<String, Rc<Addrs>>,
     share_from: usize,
@@ -251,6 +254,7 @@ impl<'v, 'a> Compiler<'v, 'a> {
             by_namespace,
             named_ports,
             peers: HashMap::new(),
+            named: HashMap::new(),
             shared: HashMap::new(),
             share_from,
         }
@@ -279,7 +283,13 @@ impl<'v, 'a> Compiler<'v, 'a> {
 
     /// Adds `keys` with every one of `peers` (of a rule in a policy of
     /// `namespace`; `None`: every address).
-    fn add_peers(&mut self, namespace: &str, peers: Option<&[Peer]>, keys: &Keys, out: &mut Parts) {
+    fn add_peers(
+        &mut self,
+        namespace: &'a str,
+        peers: Option<&'a [Peer]>,
+        keys: &Keys,
+        out: &mut Parts,
+    ) {
         if keys.is_empty() {
             return;
         }
@@ -302,20 +312,19 @@ impl<'v, 'a> Compiler<'v, 'a> {
         }
     }
 
-    /// The key a peer's addresses are cached under: only a peer without a namespace
+    /// The scope a peer's addresses depend on: only a peer without a namespace
     /// selector depends on the policy's namespace.
-    fn peer_key(namespace: &str, peer: &Peer) -> (String, Peer) {
-        let scope = match peer {
+    fn scope(namespace: &'a str, peer: &Peer) -> &'a str {
+        match peer {
             Peer::Pods {
                 namespaces: None, ..
             } => namespace,
             Peer::Pods { .. } | Peer::IpBlock { .. } => "",
-        };
-        (scope.to_owned(), peer.clone())
+        }
     }
 
-    fn one_peer(&mut self, namespace: &str, peer: &Peer) -> Rc<PeerAddrs> {
-        let cache_key = Self::peer_key(namespace, peer);
+    fn one_peer(&mut self, namespace: &'a str, peer: &'a Peer) -> Rc<PeerAddrs> {
+        let cache_key = (Self::scope(namespace, peer), peer);
         if let Some(hit) = self.peers.get(&cache_key) {
             return Rc::clone(hit);
         }
@@ -356,7 +365,7 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 shared: None,
             },
             Peer::Pods { .. } => {
-                let key = format!("{}\n{:?}", cache_key.0, cache_key.1);
+                let key = format!("{}\n{peer:?}", cache_key.0);
                 self.pods_peer(&key, addrs)
             }
         };
@@ -368,8 +377,8 @@ impl<'v, 'a> Compiler<'v, 'a> {
     /// The parts of one ingress rule for the destination pod's named ports.
     fn ingress_parts(
         &mut self,
-        policy: &PolicyInfo,
-        rule: &Rule,
+        policy: &'a PolicyInfo,
+        rule: &'a Rule,
         named: &[NamedPort],
         out: &mut Parts,
     ) {
@@ -394,7 +403,7 @@ impl<'v, 'a> Compiler<'v, 'a> {
     /// The parts of one egress rule: numbered ports for every peer address, named
     /// ports for each destination pod inside the peers that has that port (grouped by
     /// the number the name has on them).
-    fn egress_parts(&mut self, policy: &PolicyInfo, rule: &Rule, out: &mut Parts) {
+    fn egress_parts(&mut self, policy: &'a PolicyInfo, rule: &'a Rule, out: &mut Parts) {
         let namespace = policy.namespace.as_str();
         let Some(ports) = &rule.ports else {
             self.add_peers(namespace, rule.peers.as_deref(), &vec![ALL_KEYS], out);
@@ -406,7 +415,9 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 PortRef::Any => numbered.push((key(p.protocol, 0), key(p.protocol, u16::MAX))),
                 PortRef::Range(a, b) => numbered.push((key(p.protocol, *a), key(p.protocol, *b))),
                 PortRef::Named(name) => {
-                    self.named_destinations(namespace, rule, name, p.protocol, out)
+                    let parts = self.named_destinations(namespace, rule, name, p.protocol);
+                    out.rects.extend(parts.rects);
+                    out.shared.extend(parts.shared);
                 }
             }
         }
@@ -417,52 +428,54 @@ impl<'v, 'a> Compiler<'v, 'a> {
     /// inside it that have the port, by its number there.
     fn named_destinations(
         &mut self,
-        namespace: &str,
-        rule: &Rule,
-        name: &str,
+        namespace: &'a str,
+        rule: &'a Rule,
+        name: &'a str,
         protocol: u8,
-        out: &mut Parts,
-    ) {
-        let targets: Vec<(String, Option<Rc<PeerAddrs>>)> = match rule.peers.as_deref() {
-            None => vec![("*".to_owned(), None)],
-            Some(peers) => peers
-                .iter()
-                .map(|peer| {
-                    let (scope, peer_owned) = Self::peer_key(namespace, peer);
-                    (
-                        format!("{scope}\n{peer_owned:?}"),
-                        Some(self.one_peer(namespace, peer)),
-                    )
-                })
-                .collect(),
+    ) -> Parts {
+        let mut out = Parts::default();
+        let peers: Vec<Option<&'a Peer>> = match rule.peers.as_deref() {
+            None => vec![None],
+            Some(peers) => peers.iter().map(Some).collect(),
         };
-        for (peer_key, inside) in targets {
+        for peer in peers {
+            let scope = peer.map_or("", |p| Self::scope(namespace, p));
+            let memo = (scope, peer, name, protocol);
+            if let Some(hit) = self.named.get(&memo) {
+                out.rects.extend(hit.rects.iter().cloned());
+                out.shared.extend(hit.shared.iter().cloned());
+                continue;
+            }
+            let inside = peer.map(|p| self.one_peer(namespace, p));
             let mut by_number: BTreeMap<u16, Addrs> = BTreeMap::new();
-            for ((_, ips), number) in self
-                .named_ports
-                .get(&(name, protocol))
-                .into_iter()
-                .flatten()
-            {
+            for ((_, ips), number) in self.named_ports.get(&(name, protocol)).into_iter().flatten() {
                 for ip in ips.iter() {
                     if inside.as_ref().is_none_or(|p| p.addrs.contains(*ip)) {
                         by_number.entry(*number).or_default().push(*ip);
                     }
                 }
             }
+            let peer_key = match peer {
+                None => "*".to_owned(),
+                Some(p) => format!("{scope}\n{p:?}"),
+            };
+            let mut parts = Parts::default();
             for (number, mine) in by_number {
                 let k = key(protocol, number);
-                let group =
-                    self.pods_peer(&format!("{peer_key}\n{name}/{protocol}/{number}"), mine);
+                let group = self.pods_peer(&format!("{peer_key}\n{name}/{protocol}/{number}"), mine);
                 match group.shared {
-                    Some(set) => out.shared.push((set, vec![(k, k)])),
-                    None => out.rects.push(Rect {
+                    Some(set) => parts.shared.push((set, vec![(k, k)])),
+                    None => parts.rects.push(Rect {
                         addrs: group.addrs,
                         keys: vec![(k, k)],
                     }),
                 }
             }
+            out.rects.extend(parts.rects.iter().cloned());
+            out.shared.extend(parts.shared.iter().cloned());
+            self.named.insert(memo, Rc::new(parts));
         }
+        out
     }
 }
 
@@ -614,6 +627,13 @@ pub fn compile_sharing(view: &View<'_>, node: &str, share_from: usize) -> Compil
                 .insert(*ip);
         }
     }
+    let mut policies_in: HashMap<&str, Vec<&PolicyInfo>> = HashMap::new();
+    for policy in view.policies.values() {
+        policies_in
+            .entry(policy.namespace.as_str())
+            .or_default()
+            .push(policy);
+    }
     // Pods selected by the same policies (and, for ingress, with the same named ports)
     // have the same profile: computed once.
     let mut ingress_memo: HashMap<(Vec<String>, Vec<NamedPort>), String> = HashMap::new();
@@ -622,9 +642,11 @@ pub fn compile_sharing(view: &View<'_>, node: &str, share_from: usize) -> Compil
         for ip in ips {
             out.judged.insert(*ip, key.clone());
         }
-        let selecting: Vec<&PolicyInfo> = view
-            .policies
-            .values()
+        let selecting: Vec<&PolicyInfo> = policies_in
+            .get(pod.namespace.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
             .filter(|p| View::selects(p, pod))
             .collect();
         let ingress: Vec<&PolicyInfo> = selecting
