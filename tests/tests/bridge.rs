@@ -547,6 +547,46 @@ fn ipv6_gateways_of_other_prefixes_coexist_on_the_bridge() {
 }
 
 #[test]
+fn ipv6_gateway_of_a_new_bridge_answers_right_after_the_first_add() {
+    if !require_root() {
+        return;
+    }
+    let net = Net::new();
+    let pod = net.pod();
+    // DAD on for links made in the host netns, so that only the plugin can skip it.
+    set_sysctl(&net.host, "net.ipv6.conf.all.accept_dad", "1");
+    set_sysctl(&net.host, "net.ipv6.conf.default.accept_dad", "1");
+    set_sysctl(&net.host, "net.ipv6.conf.default.dad_transmits", "1");
+    let conf = net.conf("1.0.0", &[V6], &json!({"isDefaultGateway": true}));
+    let out = net.run("ADD", &conf, CID, &pod, "eth0");
+    out.assert_success();
+    assert_eq!(net.bridge_addrs("-6"), ["fd00:77::1/64"]);
+
+    // Without DAD the gateway is never tentative; with it, it would be for a second or
+    // two after the bridge's first port comes up, answering nothing meanwhile. (The
+    // bridge's link-local address is the kernel's, with the kernel's DAD.)
+    let shown = net
+        .host
+        .exec_ok(&["ip", "-6", "addr", "show", "dev", &net.bridge]);
+    let gateway_line = shown
+        .lines()
+        .find(|l| l.trim_start().starts_with("inet6 fd00:77::1/64"))
+        .unwrap_or_else(|| panic!("no gateway address on the bridge:\n{shown}"));
+    assert!(
+        !gateway_line.contains("tentative"),
+        "the gateway is still in DAD after ADD:\n{shown}"
+    );
+    // The first echo request, with one second for its answer, is answered.
+    let ping = pod.exec(&["ping", "-c", "1", "-W", "1", "fd00:77::1"]);
+    assert!(
+        ping.status.success(),
+        "the pod's first ping of its gateway went unanswered:\n{}{}\nbridge: {shown}",
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
+}
+
+#[test]
 fn ip_masq_nftables_backend_rules_and_removal() {
     if !require_root() {
         return;

@@ -147,7 +147,8 @@ impl Neighbours {
                 victim_ips = (addr(false), addr(true));
             }
         }
-        // The node's IPv6 gateway address is usable once its DAD is over.
+        // The node's IPv6 addresses on the bridge are usable once out of DAD (the
+        // gateway's never enters it; the bridge's link-local address does).
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline
             && !net

@@ -15,8 +15,8 @@ pub mod sysctl;
 pub use cni_protocol::mac::{self, MacAddr};
 pub use error::{Error, Result};
 pub use netlink::{
-    Address, BridgePort, Change, Family, FdbEntry, Link, Neighbour, Netlink, OPER_UP_DELAYS,
-    OperState, Route, VethPair, VlanEntry, Vxlan, VxlanInfo,
+    Address, AddressOptions, BridgePort, Change, Family, FdbEntry, Link, Neighbour, Netlink,
+    OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry, Vxlan, VxlanInfo,
 };
 pub use netns::NetNs;
 /// The errno type behind [`Error::errno`], to name errnos rather than write numbers.

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use cni_linux::{
-    Error, Family, MacAddr, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry, sysctl,
+    AddressOptions, Error, Family, MacAddr, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
+    VlanEntry, sysctl,
 };
 use common::{in_private_netns, new_netns};
 use ipnetwork::IpNetwork;
@@ -500,6 +501,55 @@ fn duplicate_ipv6_address_fails_dad() {
             }
             other => panic!("expected AddressDadFailed, got {other:?}"),
         }
+    });
+}
+
+#[test]
+fn an_address_added_without_dad_is_usable_at_once() {
+    in_private_netns("an_address_added_without_dad_is_usable_at_once", |nl| {
+        sysctl::write("net/ipv6/conf/all/accept_dad", "1").unwrap();
+        sysctl::write("net/ipv6/conf/default/accept_dad", "1").unwrap();
+        let (va, vb) = up_pair(&nl, "va", "vb");
+        nl.wait_oper_up(va, &OPER_UP_DELAYS).unwrap();
+        let v6 = |index: u32, ip: IpNetwork| {
+            let addrs = nl.addresses(index, Some(Family::V6)).unwrap();
+            addrs.into_iter().find(|a| a.ip == ip).unwrap()
+        };
+        // With DAD, an address is tentative for a second or more after it is added.
+        let with_dad = net("fd00:4::1/64");
+        nl.add_address(va, with_dad).unwrap();
+        let a = v6(va, with_dad);
+        assert!(a.is_tentative() && !a.skips_dad(), "{a:?}");
+
+        // Without, it never is, even when a neighbour holds it too (DAD would fail).
+        let owned = net("fd00:5::1/64");
+        nl.add_address(vb, owned).unwrap();
+        nl.add_address_with(va, owned, AddressOptions::NO_DAD)
+            .unwrap();
+        let a = v6(va, owned);
+        assert!(
+            a.skips_dad() && !a.is_tentative() && !a.is_dad_failed(),
+            "{a:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        let a = v6(va, owned);
+        assert!(!a.is_tentative() && !a.is_dad_failed(), "{a:?}");
+
+        // IPv4 has no DAD: the option changes nothing there.
+        let v4 = net("10.4.0.1/24");
+        nl.add_address_with(va, v4, AddressOptions::NO_DAD).unwrap();
+        let a = nl.addresses(va, Some(Family::V4)).unwrap();
+        assert_eq!(
+            a.iter().map(|a| (a.ip, a.flags & 0xff)).collect::<Vec<_>>(),
+            [(v4, 0x80)]
+        );
+
+        // An address already there is refused and left as it was.
+        let again = nl
+            .add_address_with(va, with_dad, AddressOptions::NO_DAD)
+            .unwrap_err();
+        assert!(again.is_exists(), "{again:?}");
+        assert!(!v6(va, with_dad).skips_dad());
     });
 }
 

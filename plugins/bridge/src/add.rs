@@ -8,7 +8,9 @@ use crate::effects::{ContainerSysctls, Effects, Pending, PortSecurity, System};
 use crate::gateway::{self, CONTAINER_IF_INDEX, Gateways};
 use crate::links::Links;
 use cni_firewall::macspoof::ContainerMac as _;
-use cni_linux::{Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair};
+use cni_linux::{
+    AddressOptions, Family, Link, NetNs, Netlink, OPER_UP_DELAYS, Route as KernelRoute, VethPair,
+};
 use cni_protocol::error::{chain, internal};
 use cni_protocol::failpoint::hit;
 use cni_protocol::log;
@@ -583,7 +585,8 @@ fn prepare_container(
         .iter()
         .filter(|ip| ip.interface == Some(CONTAINER_IF_INDEX))
     {
-        pod.add_address(index, ip.address)
+        // With DAD as the pod's sysctls say (off unless `enabledad`).
+        pod.add_address(index, ip.address, AddressOptions::default())
             .with_context(|| format!("failed to add IP addr {} to {ifname:?}", ip.address))?;
         hit("bridge/add/container-address")?;
     }
@@ -694,6 +697,13 @@ fn setup_gateways(
 
 /// The reference's `ensureAddr`: keep an identical address, refuse (or with
 /// `forceAddress` replace) a conflicting one, tolerate a concurrent identical add.
+///
+/// Unlike the reference, an IPv6 gateway address is added without duplicate address
+/// detection (IFA_F_NODAD), so that the first pod reaches it at once instead of after
+/// the bridge's DAD (one to two seconds, during which the address is tentative and
+/// answers nothing). The address is this network's own: the gateway of its IPAM range,
+/// on the bridge (or VLAN gateway interface) that carries that range. An address that
+/// is already there is never touched, whatever its flags.
 fn ensure_addr(host: &impl Links, link: &Link, gw: IpNetwork, force: bool) -> Result<(), CniError> {
     let name = link.name.as_str();
     let family = Family::of(gw.ip());
@@ -716,7 +726,7 @@ fn ensure_addr(host: &impl Links, link: &Link, gw: IpNetwork, force: bool) -> Re
         host.del_address(link.index, a.ip)
             .map_err(|e| internal(&e))?;
     }
-    match host.add_address(link.index, gw) {
+    match host.add_address(link.index, gw, AddressOptions::NO_DAD) {
         Ok(()) => {}
         Err(e) if e.is_exists() => {}
         Err(e) => {
@@ -1011,6 +1021,38 @@ mod tests {
         assert_eq!(on_bridge(), [other, v6a, v6b]);
     }
 
+    #[test]
+    fn an_ipv6_gateway_skips_dad_and_an_existing_address_is_left_alone() {
+        let (host, _) = Fake::pair();
+        let bridge = link(1, BRIDGE, "bridge");
+        host.with_world(|w| w.host.links.insert(1, bridge.clone()));
+        let v6: IpNetwork = "fd00:1::1/64".parse().unwrap();
+        let v4: IpNetwork = "10.9.0.1/24".parse().unwrap();
+        ensure_addr(&host, &bridge, v6, false).unwrap();
+        ensure_addr(&host, &bridge, v4, false).unwrap();
+        let flags = |ip: IpNetwork| {
+            let on_bridge = host.snapshot().0.addresses;
+            let a = on_bridge.iter().find(|a| a.ip == ip).copied();
+            a.map(|a| (a.skips_dad(), a.flags))
+        };
+        assert_eq!(flags(v6).map(|f| f.0), Some(true), "usable at once");
+        assert_eq!(flags(v4), Some((false, 0)), "IPv4 has no DAD");
+        // Present already (an older plugin's, or another tool's): kept as it is.
+        let kept: IpNetwork = "fd00:2::1/64".parse().unwrap();
+        host.with_world(|w| {
+            w.host.addresses.push(cni_linux::Address {
+                ip: kept,
+                index: 1,
+                scope: 0,
+                flags: 0x80,
+            })
+        });
+        host.fail_at(None);
+        ensure_addr(&host, &bridge, kept, false).unwrap();
+        assert_eq!(flags(kept), Some((false, 0x80)));
+        assert_eq!(host.log(), ["host:addresses"]);
+    }
+
     /// Dual-stack layer 3 with every external effect ADD has: IPAM, the gateway on
     /// the bridge, forwarding, default routes, masquerade, the spoof check, port
     /// security, and the pod records and pending addresses of NetworkPolicy.
@@ -1246,6 +1288,16 @@ mod tests {
             [net("10.77.0.1/24"), net("fd77::1/64")]
         );
         assert!(on(&host_ns, port.index).is_empty());
+        // The IPv6 gateway is usable at once (no DAD); the pod's addresses get DAD as
+        // its sysctls say.
+        let no_dad: Vec<IpNetwork> = host_ns
+            .addresses
+            .iter()
+            .chain(&pod_ns.addresses)
+            .filter(|a| a.skips_dad())
+            .map(|a| a.ip)
+            .collect();
+        assert_eq!(no_dad, [net("fd77::1/64")]);
         assert_eq!(host_ns.sysctls["net/ipv4/ip_forward"], "1");
         assert_eq!(host_ns.sysctls["net/ipv6/conf/all/forwarding"], "1");
         assert_eq!(

@@ -9,8 +9,8 @@ use crate::effects::{self, Effects};
 use crate::links::Links;
 use cni_firewall::Backend;
 use cni_linux::{
-    Address, BridgePort, Errno, Error, Family, Link, MacAddr, NetNs, OperState, Result, Route,
-    VethPair, VlanEntry,
+    Address, AddressOptions, BridgePort, Errno, Error, Family, Link, MacAddr, NetNs, OperState,
+    Result, Route, VethPair, VlanEntry,
 };
 use cni_protocol::error::internal;
 use cni_protocol::pod_record::PodRecord;
@@ -395,17 +395,24 @@ impl Links for Fake {
         }))
     }
 
-    fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
+    fn add_address(&self, index: u32, ip: IpNetwork, options: AddressOptions) -> Result<()> {
         self.step("add_address")?;
         self.ns(|ns| {
             if ns.addresses.iter().any(|a| a.index == index && a.ip == ip) {
                 return Err(kernel(Errno::EEXIST, "add_address"));
             }
+            // As the kernel keeps it: IFA_F_NODAD (linux/if_addr.h) on an IPv6 address
+            // added without DAD; IPv4 has none.
+            const IFA_F_NODAD: u32 = 0x02;
             ns.addresses.push(Address {
                 ip,
                 index,
                 scope: 0,
-                flags: 0,
+                flags: if options.skip_dad && ip.is_ipv6() {
+                    IFA_F_NODAD
+                } else {
+                    0
+                },
             });
             Ok(())
         })

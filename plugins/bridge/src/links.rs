@@ -3,7 +3,9 @@
 //! fake (`fake.rs`) so step order, rollback and CHECK's verdicts are tested without
 //! root. One value of the trait talks to one network namespace.
 
-use cni_linux::{Address, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry};
+use cni_linux::{
+    Address, AddressOptions, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry,
+};
 use ipnetwork::IpNetwork;
 use std::time::Duration;
 
@@ -32,7 +34,7 @@ pub(crate) trait Links {
     fn del_port_vlan(&self, index: u32, vid: u16) -> Result<()>;
     fn wait_oper_up(&self, index: u32, delays: &[Duration]) -> Result<Link>;
     fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>>;
-    fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()>;
+    fn add_address(&self, index: u32, ip: IpNetwork, options: AddressOptions) -> Result<()>;
     fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()>;
     fn wait_addresses_settled(&self, index: u32, timeout: Duration) -> Result<()>;
     fn add_route(&self, route: &Route) -> Result<()>;
@@ -97,8 +99,8 @@ impl Links for Netlink {
     fn addresses(&self, index: u32, family: Option<Family>) -> Result<Vec<Address>> {
         Netlink::addresses(self, index, family)
     }
-    fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
-        Netlink::add_address(self, index, ip)
+    fn add_address(&self, index: u32, ip: IpNetwork, options: AddressOptions) -> Result<()> {
+        Netlink::add_address_with(self, index, ip, options)
     }
     fn del_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
         Netlink::del_address(self, index, ip)

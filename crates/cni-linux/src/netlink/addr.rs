@@ -9,8 +9,9 @@ use cni_netlink::{Malformed, Writer};
 use ipnetwork::IpNetwork;
 
 use super::rtnl::{
-    AF_INET, AF_INET6, AF_UNSPEC, IFA_ADDRESS, IFA_BROADCAST, IFA_F_DADFAILED, IFA_F_TENTATIVE,
-    IFA_FLAGS, IFA_LOCAL, IfAddr, RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR, ip_bytes, ip_value,
+    AF_INET, AF_INET6, AF_UNSPEC, IFA_ADDRESS, IFA_BROADCAST, IFA_F_DADFAILED, IFA_F_NODAD,
+    IFA_F_TENTATIVE, IFA_FLAGS, IFA_LOCAL, IfAddr, RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR, ip_bytes,
+    ip_value,
 };
 use super::{Family, Netlink};
 use crate::error::Result;
@@ -37,6 +38,11 @@ impl Address {
     /// IPv6 duplicate address detection found a duplicate.
     pub fn is_dad_failed(&self) -> bool {
         self.flags & IFA_F_DADFAILED != 0
+    }
+
+    /// Added without duplicate address detection (IFA_F_NODAD, `nodad` in `ip addr`).
+    pub fn skips_dad(&self) -> bool {
+        self.flags & IFA_F_NODAD != 0
     }
 
     /// Scope universe: the address is routable beyond this host and link.
@@ -72,6 +78,34 @@ impl Address {
             scope: header.scope,
             flags,
         }))
+    }
+}
+
+/// How [`Netlink::add_address_with`] adds an address; the default is what
+/// [`Netlink::add_address`] (and `ip addr add`) does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AddressOptions {
+    /// Skip IPv6 duplicate address detection (IFA_F_NODAD, `ip addr add ... nodad`): the
+    /// address is usable at once instead of tentative for a second or two. Only for an
+    /// address the caller owns on a link it owns (the bridge plugin's gateway address,
+    /// from its own range, on its own bridge), where no other holder can exist to be
+    /// detected. IPv4 has no DAD: the flag is not sent for it.
+    pub skip_dad: bool,
+}
+
+impl AddressOptions {
+    /// An address that is usable at once: see [`AddressOptions::skip_dad`].
+    pub const NO_DAD: Self = Self { skip_dad: true };
+
+    /// The `ifa_flags` of the request for `ip`.
+    fn flags_for(self, ip: IpNetwork) -> u8 {
+        if self.skip_dad && ip.is_ipv6() {
+            // IFA_F_NODAD fits the header's 8 bits, where `ip addr add ... nodad` puts
+            // it too; the kernel reads the header when there is no IFA_FLAGS attribute.
+            IFA_F_NODAD as u8
+        } else {
+            0
+        }
     }
 }
 
@@ -124,10 +158,21 @@ impl Netlink {
 
     /// Adds an address (with broadcast for IPv4); fails with `is_exists()` if present.
     pub fn add_address(&self, index: u32, ip: IpNetwork) -> Result<()> {
+        self.add_address_with(index, ip, AddressOptions::default())
+    }
+
+    /// [`Netlink::add_address`] with [`AddressOptions`]; an address already present
+    /// fails with `is_exists()` and is left as it is, its flags included.
+    pub fn add_address_with(
+        &self,
+        index: u32,
+        ip: IpNetwork,
+        options: AddressOptions,
+    ) -> Result<()> {
         self.exec(
             RTM_NEWADDR,
             NLM_F_REQUEST | NLM_F_ACK | NLM_F_EXCL | NLM_F_CREATE,
-            |w| address_message(w, index, ip),
+            |w| address_message(w, index, ip, options.flags_for(ip)),
             || format!("failed to add address {ip} to link #{index}"),
         )
     }
@@ -137,18 +182,20 @@ impl Netlink {
         self.exec(
             RTM_DELADDR,
             NLM_F_REQUEST | NLM_F_ACK,
-            |w| address_message(w, index, ip),
+            |w| address_message(w, index, ip, 0),
             || format!("failed to delete address {ip} from link #{index}"),
         )
     }
 }
 
-/// `ip addr add <ip> dev #<index>`, plus `brd +` for IPv4 prefixes below /31.
-fn address_message(w: &mut Writer, index: u32, ip: IpNetwork) {
+/// `ip addr add <ip> dev #<index>`, plus `brd +` for IPv4 prefixes below /31; `flags`
+/// are the header's IFA_F_* bits.
+fn address_message(w: &mut Writer, index: u32, ip: IpNetwork, flags: u8) {
     let (family, bytes) = ip_bytes(ip.ip());
     IfAddr {
         family,
         prefix_len: ip.prefix(),
+        flags,
         index,
         ..IfAddr::default()
     }
@@ -175,7 +222,7 @@ mod tests {
         // `ip addr add 10.0.0.5/24 dev cni0` (#5), strace'd, then IFA_BROADCAST
         // 10.0.0.255 as `brd +` adds it.
         let got = message(RTM_NEWADDR, 0x605, |w| {
-            address_message(w, 5, "10.0.0.5/24".parse().unwrap())
+            address_message(w, 5, "10.0.0.5/24".parse().unwrap(), 0)
         });
         let want = hex("30000000 1400 0506 01000000 00000000 \
              02180000 05000000 \
@@ -184,7 +231,7 @@ mod tests {
              08000400 0a0000ff");
         assert_eq!(got, want);
         let point_to_point = message(RTM_DELADDR, 0x5, |w| {
-            address_message(w, 5, "10.0.0.5/31".parse().unwrap())
+            address_message(w, 5, "10.0.0.5/31".parse().unwrap(), 0)
         });
         assert_eq!(point_to_point.len(), 0x28, "no broadcast on a /31");
     }
@@ -192,13 +239,31 @@ mod tests {
     #[test]
     fn ipv6_address_is_what_ip_addr_add_sends() {
         let got = message(RTM_NEWADDR, 0x605, |w| {
-            address_message(w, 5, "fd00::1/64".parse().unwrap())
+            address_message(w, 5, "fd00::1/64".parse().unwrap(), 0)
         });
         let want = hex("40000000 1400 0506 01000000 00000000 \
              0a400000 05000000 \
              14000200 fd000000 00000000 00000000 00000001 \
              14000100 fd000000 00000000 00000000 00000001");
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn an_address_without_dad_is_what_ip_addr_add_nodad_sends() {
+        // `ip addr add fd00::1/64 dev cni0 nodad` (#5): IFA_F_NODAD in the header.
+        let ip: IpNetwork = "fd00::1/64".parse().unwrap();
+        let got = message(RTM_NEWADDR, 0x605, |w| {
+            address_message(w, 5, ip, AddressOptions::NO_DAD.flags_for(ip))
+        });
+        let want = hex("40000000 1400 0506 01000000 00000000 \
+             0a400200 05000000 \
+             14000200 fd000000 00000000 00000000 00000001 \
+             14000100 fd000000 00000000 00000000 00000001");
+        assert_eq!(got, want);
+        // IPv4 has no DAD: the request is the plain one.
+        let v4: IpNetwork = "10.0.0.1/24".parse().unwrap();
+        assert_eq!(AddressOptions::NO_DAD.flags_for(v4), 0);
+        assert_eq!(AddressOptions::default().flags_for(ip), 0);
     }
 
     #[test]
@@ -221,7 +286,7 @@ mod tests {
         let a = Address::parse(w.as_bytes()).unwrap().unwrap();
         assert_eq!(a.ip, "fd00::2/64".parse::<IpNetwork>().unwrap());
         assert_eq!(a.index, 3);
-        assert!(a.is_tentative() && !a.is_dad_failed() && a.is_global());
+        assert!(a.is_tentative() && !a.is_dad_failed() && !a.skips_dad() && a.is_global());
         // An IPv6 address attribute of 15 bytes, a prefix of 200, a cut header.
         let mut bad = w.as_bytes()[..8].to_vec();
         bad.extend_from_slice(&[19, 0, 1, 0]);

@@ -29,7 +29,7 @@ use cni_netlink::{Malformed, Message, Socket, Writer};
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
-pub use addr::Address;
+pub use addr::{Address, AddressOptions};
 pub use batch::{BATCH_CHANGES, Change};
 pub use bridge::VlanEntry;
 pub use link::{BridgePort, Link, OperState};

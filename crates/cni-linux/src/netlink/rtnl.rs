@@ -65,6 +65,7 @@ pub(super) const IFA_ADDRESS: u16 = 1;
 pub(super) const IFA_LOCAL: u16 = 2;
 pub(super) const IFA_BROADCAST: u16 = 4;
 pub(super) const IFA_FLAGS: u16 = 8;
+pub(super) const IFA_F_NODAD: u32 = 0x02;
 pub(super) const IFA_F_DADFAILED: u32 = 0x08;
 pub(super) const IFA_F_TENTATIVE: u32 = 0x40;
 
