@@ -30,7 +30,8 @@
 //! Beside the matrix: `cni-node explain` asked about every probe of one case, the
 //! policy table empty once every policy is gone, a node reaching its own pods under
 //! default deny, established connections cut or kept by a new policy, and new pods
-//! judged before their addresses reach the API.
+//! judged before their addresses reach the API. Then the agent killed, and the API
+//! server gone, in the middle of a policy change.
 
 mod network_policy_cases;
 
@@ -43,7 +44,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use cni_blackbox::cluster::{Cluster, node_name, node_v4, node_v6, parse};
+use cni_blackbox::cluster::{Cluster, Host, node_name, node_v4, node_v6, parse};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::netpol::{self, Outcome, Probe, Protocol, Servers};
 use cni_blackbox::{Netns, parallel, plugin_path, require_root};
@@ -64,7 +65,8 @@ const PODS: [&str; 3] = ["a", "b", "c"];
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long a matrix may take to equal the model after a change.
 const DEADLINE: Duration = Duration::from_secs(10);
-/// What the agent should do (printed, not asserted).
+/// What the agent should do after a change (printed, not asserted), and must do once
+/// back from an API outage (asserted there).
 const TARGET: Duration = Duration::from_secs(2);
 /// The policy table's name (family inet).
 const TABLE: &str = "cni_node_policy";
@@ -379,6 +381,26 @@ impl World {
         cells
     }
 
+    /// Every probe between pods whose addresses are posted, with what the model (of the
+    /// objects the API server holds now) says of it.
+    fn model(&self) -> (Vec<Cell>, Vec<Verdict>) {
+        let objects = self.objects();
+        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
+        let cells = self.cells();
+        let verdicts = cells
+            .iter()
+            .map(|c| {
+                view.verdict(
+                    self.members[c.from].ip(c.v6),
+                    self.members[c.to].ip(c.v6),
+                    c.protocol.number(),
+                    c.port,
+                )
+            })
+            .collect();
+        (cells, verdicts)
+    }
+
     fn probe(&self, cell: &Cell) -> Probe {
         Probe {
             from: self.members[cell.from].netns.clone(),
@@ -405,20 +427,7 @@ impl World {
     /// shows up to one [`PROBE_TIMEOUT`] late, when the first SYNs were dropped (TCP
     /// sends the next one only after a second).
     fn converge(&self, since: Instant) -> Result<Converged, String> {
-        let objects = self.objects();
-        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
-        let cells = self.cells();
-        let verdicts: Vec<Verdict> = cells
-            .iter()
-            .map(|c| {
-                view.verdict(
-                    self.members[c.from].ip(c.v6),
-                    self.members[c.to].ip(c.v6),
-                    c.protocol.number(),
-                    c.port,
-                )
-            })
-            .collect();
+        let (cells, verdicts) = self.model();
         let expected: Vec<bool> = verdicts.iter().map(Verdict::allowed).collect();
         let probes: Vec<Probe> = cells.iter().map(|c| self.probe(c)).collect();
         let mut passes = 0;
@@ -1395,6 +1404,401 @@ fn an_agent_killed_in_the_middle_of_a_policy_change_opens_nothing_and_breaks_not
                 pings.len()
             ));
         }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// How long the API server stays away in [`an_api_outage_in_the_middle_of_a_policy_change_keeps_every_verdict_until_the_relist`].
+const OUTAGE: Duration = Duration::from_secs(2);
+/// The kinds NetworkPolicy is judged on, as the agent's metrics label them.
+const POLICY_KINDS: [&str; 3] = ["Pod", "Namespace", "NetworkPolicy"];
+/// Complete lists an agent received, by kind (the first and every relist).
+const LISTS: &str = "cni_node_watch_lists_total";
+/// Watches an agent saw fail and retried or started again, by kind.
+const RESTARTS: &str = "cni_node_watch_restarts_total";
+
+/// The counter `name{kind="<kind>"}` of `host`'s agent (its `/metrics`).
+fn kind_counter(host: &Host, name: &str, kind: &str) -> Result<f64, String> {
+    let answer = host.health("/metrics")?;
+    if answer.status != 200 {
+        return Err(format!("node {}: GET /metrics: {answer}", host.n));
+    }
+    let prefix = format!("{name}{{kind=\"{kind}\"}} ");
+    answer
+        .body
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|value| value.trim().parse().ok())
+        .ok_or_else(|| format!("node {}: no {prefix}in /metrics", host.n))
+}
+
+/// [`kind_counter`] of every node and every kind of [`POLICY_KINDS`]; panics when an
+/// agent does not answer (the API server is up: nothing excuses it).
+fn kind_counters(world: &World, name: &str) -> BTreeMap<(u8, &'static str), f64> {
+    let mut counters = BTreeMap::new();
+    for host in &world.cluster.hosts {
+        for kind in POLICY_KINDS {
+            let value = kind_counter(host, name, kind).unwrap_or_else(|e| panic!("{e}"));
+            counters.insert((host.n, kind), value);
+        }
+    }
+    counters
+}
+
+/// The first 20 of `problems`, each prefixed with `what`, and how many more there were.
+fn first_of(what: &str, problems: Vec<String>) -> Vec<String> {
+    let n = problems.len();
+    let mut lines: Vec<String> = problems
+        .into_iter()
+        .take(20)
+        .map(|p| format!("{what}: {p}"))
+        .collect();
+    if n > 20 {
+        lines.push(format!("{what}: ... and {} more", n - 20));
+    }
+    lines
+}
+
+impl World {
+    /// Runs the whole matrix over and over (each round as soon as the last one ended:
+    /// a round lasts one probe timeout, as denied probes wait it out) for [`OUTAGE`]
+    /// while the API server is away, and asks every agent's `/healthz` and `/readyz`
+    /// after each round. `before` and `after` are the model's verdicts before and after
+    /// the change in flight: where they agree, every probe must agree with them; where
+    /// they differ, the agent may or may not have heard of the change before the API
+    /// went away, so either is right. Returns the rounds, how many of them had the
+    /// change in force on every cell it changes, and what went wrong.
+    fn hold_while_away(
+        &self,
+        cells: &[Cell],
+        before: &[bool],
+        after: &[bool],
+        stopped: Instant,
+    ) -> (usize, usize, Vec<String>) {
+        let probes: Vec<Probe> = cells.iter().map(|c| self.probe(c)).collect();
+        let mut problems = Vec::new();
+        let (mut rounds, mut in_force) = (0, 0);
+        while stopped.elapsed() < OUTAGE {
+            let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+            let at = seconds(stopped.elapsed());
+            rounds += 1;
+            let mut changed_in_force = true;
+            for (i, outcome) in outcomes.iter().enumerate() {
+                if before[i] != after[i] {
+                    changed_in_force &= outcome.passed() == after[i];
+                } else if outcome.passed() != before[i] {
+                    problems.push(format!(
+                        "{}: {} {at} after the API went away; the model says {} before and \
+                         after the change",
+                        self.describe(&cells[i]),
+                        outcome.word(),
+                        if before[i] { "allowed" } else { "denied" }
+                    ));
+                }
+            }
+            if changed_in_force && before != after {
+                in_force += 1;
+            }
+            for host in &self.cluster.hosts {
+                for (path, want) in [("/healthz", "ok\n"), ("/readyz", "ready\n")] {
+                    match host.health(path) {
+                        Ok(a) if a.status == 200 && a.body == want => {}
+                        Ok(a) => problems.push(format!(
+                            "node {}: GET {path} {at} after the API went away: {a} (the agent \
+                             enforces its last complete view, and its last pass succeeded)",
+                            host.n
+                        )),
+                        Err(e) => problems.push(format!(
+                            "node {}: GET {path} {at} after the API went away: no answer: {e}",
+                            host.n
+                        )),
+                    }
+                }
+            }
+        }
+        (rounds, in_force, problems)
+    }
+
+    /// After the API server came back at `restarted` with every earlier version
+    /// compacted away, so that each watch's first contact is answered `410 Gone`, which
+    /// the agent counts as a failed watch: waits until every agent has tried each watch
+    /// of [`POLICY_KINDS`] again (its `restarts` counter, read just before the return,
+    /// grew), then runs the matrix against the model from the last of those tries while
+    /// a thread watches for the relists (`lists`, the counters from before the outage).
+    /// Every watch must list again, and the matrix equal the model, within [`TARGET`] of
+    /// the last try: the contract of a return, asserted here (unlike elsewhere in this
+    /// file) because what it catches is a relist left to the watch's backoff, seconds
+    /// after an outage, while the matrix takes a few tens of milliseconds. A try that
+    /// failed on a connection the outage left dead would count as the first, which can
+    /// only make the time longer.
+    fn converge_after_reconnects(
+        &self,
+        what: &str,
+        restarted: Instant,
+        lists: &BTreeMap<(u8, &'static str), f64>,
+        restarts: &BTreeMap<(u8, &'static str), f64>,
+    ) -> Result<(), String> {
+        let counter = |(n, kind): (u8, &str), name: &str| {
+            let host = self.cluster.hosts.iter().find(|h| h.n == n);
+            host.and_then(|h| kind_counter(h, name, kind).ok())
+        };
+        let mut reconnected: BTreeMap<(u8, &'static str), Instant> = BTreeMap::new();
+        let mut relisted: BTreeMap<(u8, &'static str), Instant> = BTreeMap::new();
+        let see_relists = |relisted: &mut BTreeMap<(u8, &'static str), Instant>| {
+            for (&key, &count) in lists {
+                if !relisted.contains_key(&key) && counter(key, LISTS) > Some(count) {
+                    relisted.insert(key, Instant::now());
+                }
+            }
+        };
+        while reconnected.len() < restarts.len() {
+            for (&key, &count) in restarts {
+                if !reconnected.contains_key(&key) && counter(key, RESTARTS) > Some(count) {
+                    reconnected.insert(key, Instant::now());
+                }
+            }
+            see_relists(&mut relisted);
+            if restarted.elapsed() > DEADLINE * 2 {
+                let missing: Vec<String> = restarts
+                    .keys()
+                    .filter(|k| !reconnected.contains_key(k))
+                    .map(|(n, kind)| format!("node {n} {kind}s"))
+                    .collect();
+                return Err(format!(
+                    "{what}: the watches of {} were not tried again within {:?} of the \
+                     API's return (no failure counted, though every version they held is \
+                     gone)",
+                    missing.join(", "),
+                    DEADLINE * 2
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let last = reconnected.values().max().copied().unwrap_or(restarted);
+        let done = AtomicBool::new(false);
+        let (converged, relisted) = std::thread::scope(|scope| {
+            let relists = scope.spawn(|| {
+                // Until every watch listed again, or the matrix is done and the time the
+                // contract gives is over.
+                while relisted.len() < lists.len()
+                    && !(done.load(Ordering::Relaxed) && last.elapsed() > TARGET)
+                {
+                    see_relists(&mut relisted);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                relisted
+            });
+            let converged = self.converge(last);
+            done.store(true, Ordering::Relaxed);
+            (converged, relists.join().unwrap_or_default())
+        });
+        let converged = converged.map_err(|e| format!("{what}: {e}"))?;
+        let missing: Vec<String> = lists
+            .keys()
+            .filter(|k| !relisted.contains_key(k))
+            .map(|(n, kind)| format!("node {n} {kind}s"))
+            .collect();
+        let when: Vec<String> = reconnected
+            .iter()
+            .map(|(&(n, kind), at)| {
+                format!(
+                    "node {n} {kind}s {}{}",
+                    seconds(*at - restarted),
+                    relisted.get(&(n, kind)).map_or(String::new(), |r| format!(
+                        " (listed {} later)",
+                        seconds(r.saturating_duration_since(*at))
+                    ))
+                )
+            })
+            .collect();
+        println!(
+            "{what}: each watch's first try after the API's return: {}; the {} probe matrix ({} \
+             denied) equalled the new model {} after the last try, {} after the return (target \
+             {})",
+            when.join(", "),
+            converged.cells.len(),
+            converged.denied(),
+            seconds(converged.after),
+            seconds(last.duration_since(restarted) + converged.after),
+            seconds(TARGET),
+        );
+        let mut problems = Vec::new();
+        if !missing.is_empty() {
+            problems.push(format!(
+                "{what}: these watches did not list again within {} of the last try, though \
+                 every version they held is gone: {}",
+                seconds(TARGET),
+                missing.join(", ")
+            ));
+        }
+        if converged.after > TARGET {
+            problems.push(format!(
+                "{what}: the matrix equalled the new model {} after the last watch was tried \
+                 again, over the {} the contract gives",
+                seconds(converged.after),
+                seconds(TARGET)
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems.join("\n"))
+        }
+    }
+}
+
+/// The API server goes away in the middle of a policy change, twice, and comes back
+/// with every earlier resourceVersion compacted away, so the agents must list again:
+///
+/// 1. a change is stored and the server stops at once (the agents may or may not have
+///    heard of it); it comes back answering the agents' watches with `410 Gone` in the
+///    stream (an `ERROR` event);
+/// 2. the server stops, then a policy changes, another is deleted and a pod is
+///    relabelled while the agents cannot see it; it comes back answering with an HTTP
+///    `410` status.
+///
+/// While the server is away, every probe of the matrix whose verdict the change does
+/// not touch keeps it, round after round (in 2, where the agents cannot know of the
+/// change, that is every probe), and every agent stays alive and ready: it enforces its
+/// last complete view, and its passes over it succeed. Once back, each agent lists
+/// again and the matrix equals the model of the new objects within [`TARGET`] of the
+/// agents' return to the API (asserted: see [`World::converge_after_reconnects`]). An
+/// established connection that every state allows never loses an echo.
+#[test]
+fn an_api_outage_in_the_middle_of_a_policy_change_keeps_every_verdict_until_the_relist() {
+    if !require_root() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let started = Instant::now();
+    let mut world = World::new();
+    // x/a admits pods labelled pod=b of its own namespace and of `namespaces`.
+    let guard = |namespaces: &[&str]| {
+        let mut from = vec![json!({"podSelector": {"matchLabels": {"pod": "b"}}})];
+        for ns in namespaces {
+            from.push(json!({"namespaceSelector": {"matchLabels": {"ns": ns}},
+                             "podSelector": {"matchLabels": {"pod": "b"}}}));
+        }
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"],
+               "ingress": [{"from": from}]})
+    };
+    world.act(&Action::Policy("x", "a-guard", guard(&[])));
+    world.act(&Action::Policy(
+        "z",
+        "deny-ingress",
+        json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+    ));
+    let first = world
+        .converge(Instant::now())
+        .unwrap_or_else(|e| panic!("x/a admitting x/b only, z closed: {e}"));
+    println!(
+        "before the outages: the {} probe matrix ({} denied) converged after {}",
+        first.cells.len(),
+        first.denied(),
+        seconds(first.after)
+    );
+    let (xa, xb) = (world.member("x/a"), world.member("x/b"));
+    let kept: Vec<Pinger> = [false, true]
+        .into_iter()
+        .map(|v6| {
+            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
+            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
+            Pinger::start(stream, false)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut failures: Vec<String> = Vec::new();
+    let verdicts = |world: &World| -> (Vec<Cell>, Vec<bool>) {
+        let (cells, verdicts) = world.model();
+        (cells, verdicts.iter().map(Verdict::allowed).collect())
+    };
+
+    // 1. The change (x/a also admits y/b) is stored, and the API server is gone at once.
+    let what = "1. stored, then the API gone";
+    let (cells, before) = verdicts(&world);
+    let lists = kind_counters(&world, LISTS);
+    world.act(&Action::Policy("x", "a-guard", guard(&["y"])));
+    world.cluster.api.stop();
+    let stopped = Instant::now();
+    let (_, after) = verdicts(&world);
+    // A write the agents do not see (x written again as it is) moves the newest version
+    // past the one they may hold; the compaction then makes every version they hold too
+    // old: a watch resumed from it gets 410 Gone.
+    world
+        .cluster
+        .api
+        .apply_namespace(namespace_object("x", &default_namespace_labels("x")));
+    world.cluster.api.compact();
+    let (rounds, in_force, problems) = world.hold_while_away(&cells, &before, &after, stopped);
+    let changed = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    println!(
+        "{what}: {rounds} rounds of the matrix in {}, the change ({changed} probes) in force \
+         in {in_force} of them; {} problems",
+        seconds(OUTAGE),
+        problems.len()
+    );
+    failures.extend(first_of(what, problems));
+    let restarts = kind_counters(&world, RESTARTS);
+    world.cluster.api.restart();
+    if let Err(e) = world.converge_after_reconnects(what, Instant::now(), &lists, &restarts) {
+        failures.push(e);
+    }
+
+    // 2. The API server goes away; meanwhile x/a's guard lets z/b in instead of y/b, z's
+    // deny is deleted and z/c becomes pod=b.
+    let what = "2. changed while the API is away";
+    let (cells, before) = verdicts(&world);
+    let lists = kind_counters(&world, LISTS);
+    world.cluster.api.stop();
+    let stopped = Instant::now();
+    world.act(&Action::Policy("x", "a-guard", guard(&["z"])));
+    world.act(&Action::DeletePolicy("z", "deny-ingress"));
+    world.act(&Action::PodLabels("z", "c", vec![("pod", "b")]));
+    world.cluster.api.compact();
+    world.cluster.api.set_gone_as_http_status(true);
+    let (_, after) = verdicts(&world);
+    let changed = before.iter().zip(&after).filter(|(b, a)| b != a).count();
+    assert!(
+        changed > 0,
+        "the change changes no verdict (a mistake in the test)"
+    );
+    // Nobody can tell the agents: every verdict stays as it was.
+    let (rounds, _, problems) = world.hold_while_away(&cells, &before, &before, stopped);
+    println!(
+        "{what}: {rounds} rounds of the matrix in {} kept every verdict but {} ({changed} \
+         probes change once the agents see it)",
+        seconds(OUTAGE),
+        problems.len()
+    );
+    failures.extend(first_of(what, problems));
+    let restarts = kind_counters(&world, RESTARTS);
+    world.cluster.api.restart();
+    if let Err(e) = world.converge_after_reconnects(what, Instant::now(), &lists, &restarts) {
+        failures.push(e);
+    }
+
+    for (v6, pinger) in [false, true].into_iter().zip(kept) {
+        let pings = pinger.finish();
+        let lost = pings.iter().filter(|(_, ok)| !ok).count();
+        println!(
+            "x/b -> x/a IPv{}: {} echoes through both outages, {lost} lost",
+            if v6 { 6 } else { 4 },
+            pings.len()
+        );
+        if lost > 0 || pings.len() < 100 {
+            failures.push(format!(
+                "x/b -> x/a IPv{}: {lost} of {} echoes lost",
+                if v6 { 6 } else { 4 },
+                pings.len()
+            ));
+        }
+    }
+    println!("run time {}", seconds(started.elapsed()));
+    if failures.len() > 40 {
+        let n = failures.len();
+        failures.truncate(40);
+        failures.push(format!("... and {} more", n - 40));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -79,17 +79,22 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
     Ok(Client::new(service, config.default_namespace))
 }
 
-/// Whether the watch failed to start because its resourceVersion is too old.
+/// Whether the watch's resourceVersion is too old: the watch request answered
+/// `410 Gone`, as an HTTP status or as an `ERROR` event in its stream.
 fn is_gone(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 410)
+    match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 410,
+        watcher::Error::WatchError(status) => status.code == 410,
+        _ => false,
+    }
 }
 
 /// Keeps `store` in step with the API's objects of kind `K`, waking the reconciler on
 /// every change that matters; runs until the runtime stops.
 ///
 /// Errors never end it: the watcher retries with backoff (up to 30 s between tries)
-/// and resumes from its resourceVersion; an HTTP 410 to the watch request starts a
-/// new watcher, which lists afresh. The store keeps its view meanwhile, so nothing is
+/// and resumes from its resourceVersion; a 410 to the watch (an HTTP status or an
+/// `ERROR` event) starts a new watcher, which lists afresh. The store keeps its view meanwhile, so nothing is
 /// removed while the API is away.
 pub async fn watch<K>(
     api: Api<K>,
@@ -117,8 +122,10 @@ pub async fn watch<K>(
                     take(event, &store, &wake, &metrics);
                 }
                 Err(e) if is_gone(&e) => {
-                    // The client would retry the same too-old version forever; a new
-                    // watcher lists afresh.
+                    // The client would retry the same too-old version forever (an HTTP
+                    // 410), or list again only after its backoff, which the failures
+                    // of an outage have grown to seconds (an ERROR event): a new
+                    // watcher lists afresh at once.
                     metrics.watch_restarted(K::KIND);
                     tracing::warn!(
                         "the {} watch's resourceVersion expired ({e}); listing again",
@@ -169,5 +176,26 @@ fn take<K: Watched>(event: Event<K>, store: &Mutex<Store<K>>, wake: &Wake, metri
     metrics.objects(K::KIND, store.len());
     if update.changed() {
         wake.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+
+    #[test]
+    fn a_410_is_gone_whether_a_status_or_an_event() {
+        let gone =
+            || Box::new(Status::failure("too old resource version", "Expired").with_code(410));
+        assert!(is_gone(&watcher::Error::WatchStartFailed(
+            kube::Error::Api(gone())
+        )));
+        assert!(is_gone(&watcher::Error::WatchError(gone())));
+        let other = Box::new(Status::failure("no", "InternalError").with_code(500));
+        assert!(!is_gone(&watcher::Error::WatchError(other.clone())));
+        assert!(!is_gone(&watcher::Error::WatchStartFailed(
+            kube::Error::Api(other)
+        )));
     }
 }
