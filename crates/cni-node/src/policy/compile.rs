@@ -14,6 +14,7 @@
 //! rectangles in (address × key); the rectangles are cut into disjoint boxes and the
 //! boxes merged back where they are equal, so a profile holds few elements.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::rc::Rc;
@@ -212,12 +213,11 @@ struct PeerAddrs {
 }
 
 /// A pod with its addresses (the API's and this node's records, see [`View::ips`]).
-type Located<'a> = (&'a PodInfo, Rc<Vec<IpAddr>>);
+type Located<'a> = (&'a PodInfo, Cow<'a, [IpAddr]>);
 
 struct Compiler<'v, 'a> {
     view: &'v View<'a>,
     by_namespace: BTreeMap<&'a str, Vec<Located<'a>>>,
-    named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>>,
     /// Peers' addresses, computed once per pass for each peer (and, for a peer of
     /// the policy's own namespace, each namespace).
     peers: HashMap<(&'a str, &'a Peer), Rc<PeerAddrs>>,
@@ -231,28 +231,30 @@ struct Compiler<'v, 'a> {
 
 impl<'v, 'a> Compiler<'v, 'a> {
     fn new(view: &'v View<'a>, share_from: usize) -> Self {
+        // Pods are keyed `namespace/name`: a namespace's pods come one after the other.
         let mut by_namespace: BTreeMap<&'a str, Vec<Located<'a>>> = BTreeMap::new();
-        let mut named_ports: BTreeMap<(&'a str, u8), Vec<(Located<'a>, u16)>> = BTreeMap::new();
+        let mut current: Option<(&'a str, Vec<Located<'a>>)> = None;
         for pod in view.pods.values().filter(|p| !p.host_network) {
-            let ips = Rc::new(view.ips(pod));
+            let ips = view.ips_of(pod);
             if ips.is_empty() {
                 continue;
             }
-            for n in &pod.named_ports {
-                named_ports
-                    .entry((n.name.as_str(), n.protocol))
-                    .or_default()
-                    .push(((pod, Rc::clone(&ips)), n.port));
+            match &mut current {
+                Some((namespace, pods)) if *namespace == pod.namespace => pods.push((pod, ips)),
+                _ => {
+                    if let Some((namespace, pods)) = current.take() {
+                        by_namespace.entry(namespace).or_default().extend(pods);
+                    }
+                    current = Some((pod.namespace.as_str(), vec![(pod, ips)]));
+                }
             }
-            by_namespace
-                .entry(pod.namespace.as_str())
-                .or_default()
-                .push((pod, ips));
+        }
+        if let Some((namespace, pods)) = current {
+            by_namespace.entry(namespace).or_default().extend(pods);
         }
         Self {
             view,
             by_namespace,
-            named_ports,
             peers: HashMap::new(),
             named: HashMap::new(),
             shared: HashMap::new(),
@@ -447,11 +449,33 @@ impl<'v, 'a> Compiler<'v, 'a> {
                 continue;
             }
             let inside = peer.map(|p| self.one_peer(namespace, p));
+            // The pods that can be inside: those of the namespaces a peer of pods
+            // looks in.
+            let view = self.view;
+            let candidates = self
+                .by_namespace
+                .iter()
+                .filter(|(ns, _)| match peer {
+                    Some(Peer::Pods {
+                        namespaces: None, ..
+                    }) => **ns == namespace,
+                    Some(Peer::Pods {
+                        namespaces: Some(selector),
+                        ..
+                    }) => view.namespace_selected(ns, selector),
+                    Some(Peer::IpBlock { .. }) | None => true,
+                })
+                .flat_map(|(_, pods)| pods);
             let mut by_number: BTreeMap<u16, Addrs> = BTreeMap::new();
-            for ((_, ips), number) in self.named_ports.get(&(name, protocol)).into_iter().flatten() {
-                for ip in ips.iter() {
-                    if inside.as_ref().is_none_or(|p| p.addrs.contains(*ip)) {
-                        by_number.entry(*number).or_default().push(*ip);
+            for (pod, ips) in candidates {
+                for n in &pod.named_ports {
+                    if n.name != name || n.protocol != protocol {
+                        continue;
+                    }
+                    for ip in ips.iter() {
+                        if inside.as_ref().is_none_or(|p| p.addrs.contains(*ip)) {
+                            by_number.entry(n.port).or_default().push(*ip);
+                        }
                     }
                 }
             }
@@ -462,7 +486,8 @@ impl<'v, 'a> Compiler<'v, 'a> {
             let mut parts = Parts::default();
             for (number, mine) in by_number {
                 let k = key(protocol, number);
-                let group = self.pods_peer(&format!("{peer_key}\n{name}/{protocol}/{number}"), mine);
+                let group =
+                    self.pods_peer(&format!("{peer_key}\n{name}/{protocol}/{number}"), mine);
                 match group.shared {
                     Some(set) => parts.shared.push((set, vec![(k, k)])),
                     None => parts.rects.push(Rect {

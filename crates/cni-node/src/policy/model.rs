@@ -26,7 +26,9 @@ pub struct View<'a> {
     pub namespaces: &'a BTreeMap<String, Labels>,
     /// Policies by `namespace/name`.
     pub policies: &'a BTreeMap<String, PolicyInfo>,
-    by_ip: HashMap<IpAddr, &'a PodInfo>,
+    /// Pods by address, made on first use (the model's verdicts need it, the compile
+    /// does not).
+    by_ip: std::cell::OnceCell<HashMap<IpAddr, &'a PodInfo>>,
     /// Addresses the CNI plugin recorded on this node, with their pods: a new pod's
     /// addresses before the API shows them, and the owner of an address the API still
     /// shows on a pod that is leaving.
@@ -89,32 +91,43 @@ impl<'a> View<'a> {
         policies: &'a BTreeMap<String, PolicyInfo>,
         records: BTreeMap<IpAddr, String>,
     ) -> Self {
-        let mut by_ip: HashMap<IpAddr, &'a PodInfo> = pods
-            .values()
-            .filter(|p| !p.host_network)
-            .flat_map(|p| p.ips.iter().map(move |ip| (*ip, p)))
-            .collect();
         let mut recorded: HashMap<String, Vec<IpAddr>> = HashMap::new();
         for (ip, key) in &records {
-            match pods.get(key).filter(|p| !p.host_network) {
-                Some(pod) => {
-                    by_ip.insert(*ip, pod);
-                    recorded.entry(key.clone()).or_default().push(*ip);
-                }
-                // The pod is not (or no longer) known: the address is nobody's.
-                None => {
-                    by_ip.remove(ip);
-                }
+            if pods.get(key).is_some_and(|p| !p.host_network) {
+                recorded.entry(key.clone()).or_default().push(*ip);
             }
         }
         Self {
             pods,
             namespaces,
             policies,
-            by_ip,
+            by_ip: std::cell::OnceCell::new(),
             records,
             recorded,
         }
+    }
+
+    fn by_ip(&self) -> &HashMap<IpAddr, &'a PodInfo> {
+        self.by_ip.get_or_init(|| {
+            let mut by_ip: HashMap<IpAddr, &'a PodInfo> = self
+                .pods
+                .values()
+                .filter(|p| !p.host_network)
+                .flat_map(|p| p.ips.iter().map(move |ip| (*ip, p)))
+                .collect();
+            for (ip, key) in &self.records {
+                match self.pods.get(key).filter(|p| !p.host_network) {
+                    Some(pod) => {
+                        by_ip.insert(*ip, pod);
+                    }
+                    // The pod is not (or no longer) known: the address is nobody's.
+                    None => {
+                        by_ip.remove(ip);
+                    }
+                }
+            }
+            by_ip
+        })
     }
 
     /// This node's pod records: address -> pod key.
@@ -125,11 +138,13 @@ impl<'a> View<'a> {
     /// A pod's addresses: those the API shows, less any recorded for another pod,
     /// and those recorded for it.
     pub fn ips(&self, pod: &PodInfo) -> Vec<IpAddr> {
-        if pod.host_network {
-            return pod.ips.clone();
-        }
-        if self.records.is_empty() {
-            return pod.ips.clone();
+        self.ips_of(pod).into_owned()
+    }
+
+    /// [`View::ips`], borrowed from the pod when no record changes them.
+    pub fn ips_of<'p>(&self, pod: &'p PodInfo) -> std::borrow::Cow<'p, [IpAddr]> {
+        if pod.host_network || self.records.is_empty() {
+            return std::borrow::Cow::Borrowed(&pod.ips);
         }
         let key = pod.key();
         let mut out: Vec<IpAddr> = pod
@@ -143,12 +158,12 @@ impl<'a> View<'a> {
                 out.push(*ip);
             }
         }
-        out
+        std::borrow::Cow::Owned(out)
     }
 
     /// The (non-hostNetwork) pod holding `ip`.
     pub fn pod_at(&self, ip: IpAddr) -> Option<&'a PodInfo> {
-        self.by_ip.get(&ip).copied()
+        self.by_ip().get(&ip).copied()
     }
 
     /// Whether `policy` selects `pod`.
