@@ -934,6 +934,28 @@ fn upstream_cases_and_ours_match_the_model() {
 /// A TCP connection that sends a byte every 20 ms and reads its echo (at most 500 ms
 /// each), recording when each one was sent and whether it came back, until stopped or
 /// (with `stop_at_first_loss`) until an echo is lost.
+/// The x/b -> x/a connections' echoes (IPv4, then IPv6) `through` what the test did:
+/// printed, and a failure for each family that lost any (or sent fewer than 100).
+fn echo_losses(kept: Vec<Pinger>, through: &str) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (v6, pinger) in [false, true].into_iter().zip(kept) {
+        let family = if v6 { 6 } else { 4 };
+        let pings = pinger.finish();
+        let lost = pings.iter().filter(|(_, ok)| !ok).count();
+        println!(
+            "x/b -> x/a IPv{family}: {} echoes {through}, {lost} lost",
+            pings.len()
+        );
+        if lost > 0 || pings.len() < 100 {
+            failures.push(format!(
+                "x/b -> x/a IPv{family}: {lost} of {} echoes lost",
+                pings.len()
+            ));
+        }
+    }
+    failures
+}
+
 struct Pinger {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<Vec<(Instant, bool)>>>,
@@ -1389,22 +1411,7 @@ fn an_agent_killed_in_the_middle_of_a_policy_change_opens_nothing_and_breaks_not
         Err(e) => failures.push(format!("after the restart: {e}")),
     }
     failures.extend(passed);
-    for (v6, pinger) in [false, true].into_iter().zip(kept) {
-        let pings = pinger.finish();
-        let lost = pings.iter().filter(|(_, ok)| !ok).count();
-        println!(
-            "x/b -> x/a IPv{}: {} echoes through the kill and restart, {lost} lost",
-            if v6 { 6 } else { 4 },
-            pings.len()
-        );
-        if lost > 0 || pings.len() < 100 {
-            failures.push(format!(
-                "x/b -> x/a IPv{}: {lost} of {} echoes lost",
-                if v6 { 6 } else { 4 },
-                pings.len()
-            ));
-        }
-    }
+    failures.extend(echo_losses(kept, "through the kill and restart"));
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -1778,22 +1785,7 @@ fn an_api_outage_in_the_middle_of_a_policy_change_keeps_every_verdict_until_the_
         failures.push(e);
     }
 
-    for (v6, pinger) in [false, true].into_iter().zip(kept) {
-        let pings = pinger.finish();
-        let lost = pings.iter().filter(|(_, ok)| !ok).count();
-        println!(
-            "x/b -> x/a IPv{}: {} echoes through both outages, {lost} lost",
-            if v6 { 6 } else { 4 },
-            pings.len()
-        );
-        if lost > 0 || pings.len() < 100 {
-            failures.push(format!(
-                "x/b -> x/a IPv{}: {lost} of {} echoes lost",
-                if v6 { 6 } else { 4 },
-                pings.len()
-            ));
-        }
-    }
+    failures.extend(echo_losses(kept, "through both outages"));
     println!("run time {}", seconds(started.elapsed()));
     if failures.len() > 40 {
         let n = failures.len();

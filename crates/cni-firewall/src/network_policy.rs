@@ -1239,18 +1239,33 @@ fn change_peer_set(
                 .map(|ip| addr_element(*ip))
                 .collect()
         };
-        let gone = of(have.difference(want));
-        let new = of(want.difference(have));
-        if !gone.is_empty() {
-            b.delete_elements(NFPROTO_INET, TABLE, &set, &gone);
-        }
-        if !new.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &set, &new)?;
-        }
-        c.peer_addresses_removed += gone.len();
-        c.peer_addresses_added += new.len();
+        let (gone, new) = edit_elements(
+            b,
+            &set,
+            of(have.difference(want)),
+            of(want.difference(have)),
+        )?;
+        c.peer_addresses_removed += gone;
+        c.peer_addresses_added += new;
     }
     Ok(())
+}
+
+/// Takes `gone` out of the set (or map) `set` and puts `new` in, removals first;
+/// returns how many of each.
+fn edit_elements(
+    b: &mut Batch,
+    set: &str,
+    gone: Vec<Element>,
+    new: Vec<Element>,
+) -> Result<(usize, usize)> {
+    if !gone.is_empty() {
+        b.delete_elements(NFPROTO_INET, TABLE, set, &gone);
+    }
+    if !new.is_empty() {
+        b.add_elements(NFPROTO_INET, TABLE, set, &new)?;
+    }
+    Ok((gone.len(), new.len()))
 }
 
 /// Removes a shared peer set (no rule may use it any more).
@@ -1337,14 +1352,9 @@ fn change_profile(
             .filter(|a| a.family() == family)
             .map(box_element)
             .collect();
-        if !gone.is_empty() {
-            b.delete_elements(NFPROTO_INET, TABLE, &set, &gone);
-        }
-        if !new.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &set, &new)?;
-        }
-        c.boxes_removed += gone.len();
-        c.boxes_added += new.len();
+        let (gone, new) = edit_elements(b, &set, gone, new)?;
+        c.boxes_removed += gone;
+        c.boxes_added += new;
     }
     if rewrite {
         for rule in profile_rules(direction, name, &want_profile.peers) {
@@ -1382,14 +1392,9 @@ fn write_pods(
         let new: Vec<Element> = ours()
             .filter_map(|p| Some(jump_element(p.ip, direction.chain(p.add?))))
             .collect();
-        if !gone.is_empty() {
-            b.delete_elements(NFPROTO_INET, TABLE, &map, &gone);
-        }
-        if !new.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &map, &new)?;
-        }
-        c.pods_removed += gone.len();
-        c.pods_added += new.len();
+        let (gone, new) = edit_elements(b, &map, gone, new)?;
+        c.pods_removed += gone;
+        c.pods_added += new;
     }
     Ok(())
 }
