@@ -17,8 +17,9 @@ const LONG_ABOUT: &str = "\
 The cni-plugins-rs node agent. Watches the Kubernetes Node objects and keeps this
 node in step with them: the CNI network config for its pod CIDRs (bridge +
 host-local, portmap when installed, loopback), a route to every other node's pod
-CIDR via that node's InternalIP (nodes on one L2 segment), masquerading of pod
-traffic that leaves the cluster, and a pod MTU that fits the node's uplink.
+CIDR via that node's InternalIP when it is on this node's link, else through a
+VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, and
+a pod MTU that fits the node's uplink and the encapsulation.
 Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr.
@@ -35,6 +36,16 @@ pub enum MasqueradeBackend {
     Iptables,
     /// No egress SNAT (something else does it).
     None,
+}
+
+/// How nodes that share no link with this node are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverlayMode {
+    /// Through kernel VXLAN, one device per family; nodes on this node's link are
+    /// still routed directly.
+    Vxlan,
+    /// Not at all: such nodes are skipped with a log line (host-gw).
+    Off,
 }
 
 /// How log lines are written.
@@ -260,6 +271,43 @@ pub struct Options {
     )]
     pub pod_record_dir: PathBuf,
 
+    /// Reach nodes behind a router (whose InternalIP is not on this node's link)
+    /// through VXLAN; off: skip them, as host-gw does
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        default_value_t = OverlayMode::Vxlan
+    )]
+    pub overlay: OverlayMode,
+
+    /// The VXLAN network identifier of the overlay (flannel uses 1, Calico 4096)
+    #[arg(
+        long = "vxlan-vni",
+        value_name = "N",
+        default_value_t = 4097,
+        value_parser = clap::value_parser!(u32).range(1..=16_777_215)
+    )]
+    pub vxlan_vni: u32,
+
+    /// The overlay's UDP port: the IANA port (flannel and Cilium use 8472)
+    #[arg(
+        long = "vxlan-port",
+        value_name = "PORT",
+        default_value_t = cni_linux::netlink::vxlan::IANA_PORT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub vxlan_port: u16,
+
+    /// The overlay devices' name prefix: PREFIX4 carries IPv4, PREFIX6 IPv6
+    #[arg(
+        long = "vxlan-device",
+        value_name = "PREFIX",
+        default_value = "cni-vx",
+        value_parser = device_prefix
+    )]
+    pub vxlan_device: String,
+
     /// How log lines are written
     #[arg(
         long = "log-format",
@@ -313,6 +361,13 @@ fn conflist_name(name: &str) -> Result<String, &'static str> {
         return Err("a file name ending in .conflist, .conf or .json (what runtimes load)");
     }
     Ok(name.to_owned())
+}
+
+/// A prefix that leaves room for the family digit in an interface name.
+fn device_prefix(prefix: &str) -> Result<String, &'static str> {
+    interface_name(&format!("{prefix}4"))
+        .map(|_| prefix.to_owned())
+        .map_err(|_| "a prefix of at most 14 characters that makes a valid interface name")
 }
 
 fn interface_name(name: &str) -> Result<String, &'static str> {

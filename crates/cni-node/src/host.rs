@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cni_linux::netlink::{
-    Family, Netlink, Notified, Route, is_route_added_with_protocol, subscribe_host_changes,
+    Family, FdbEntry, Link, Neighbour, Netlink, Notified, Route, is_route_added_with_protocol,
+    subscribe_host_changes,
 };
 use ipnetwork::IpNetwork;
 
@@ -37,6 +38,25 @@ pub struct HostState {
     pub default_route_link: Option<(u32, String)>,
     /// Whether a `portmap` plugin is in the CNI bin dir.
     pub portmap_installed: bool,
+    /// The index of the link holding each address.
+    pub address_indexes: BTreeMap<IpAddr, u32>,
+    /// The links named like the agent's VXLAN devices, whatever they are, with what
+    /// they hold.
+    pub overlay: Vec<DeviceState>,
+}
+
+/// A link with the name of one of the agent's VXLAN devices, as read. Only a VXLAN
+/// device's entries are read (`fdb` and `neighbours` are empty otherwise).
+#[derive(Debug, Clone)]
+pub struct DeviceState {
+    /// The link.
+    pub link: Link,
+    /// Its addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Its own FDB entries.
+    pub fdb: Vec<FdbEntry>,
+    /// Its permanent neighbour entries (the agent writes no other kind).
+    pub neighbours: Vec<Neighbour>,
 }
 
 /// Reads the host: a trait so the reconciler is tested without a kernel.
@@ -54,11 +74,14 @@ pub struct Host {
     pub protocol: u8,
     /// The CNI bin dir.
     pub bin_dir: PathBuf,
+    /// The names of the agent's VXLAN devices (none when the overlay is off).
+    pub overlay_names: Vec<String>,
 }
 
 impl HostReader for Host {
     fn read(&self) -> Result<HostState> {
-        let mut state = read(&self.nl, self.protocol).map_err(Error::ReadHost)?;
+        let mut state =
+            read(&self.nl, self.protocol, &self.overlay_names).map_err(Error::ReadHost)?;
         state.portmap_installed = self.bin_dir.join("portmap").is_file();
         Ok(state)
     }
@@ -148,8 +171,8 @@ pub fn notify_records(dir: &Path, wake: Arc<Wake>) -> Result<()> {
     Ok(())
 }
 
-/// Reads addresses, routes and links.
-pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
+/// Reads addresses, routes and links, and what the links named `overlay_names` hold.
+pub fn read(nl: &Netlink, protocol: u8, overlay_names: &[String]) -> cni_linux::Result<HostState> {
     let links = nl.links()?;
     let mtu_of = |index: u32| {
         links
@@ -158,8 +181,13 @@ pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
             .map(|l| (l.mtu, l.name.clone()))
     };
     let mut state = HostState::default();
-    for address in nl.all_addresses(None)? {
+    let addresses = nl.all_addresses(None)?;
+    for address in &addresses {
         state.view.addresses.push(address.ip.ip());
+        state
+            .address_indexes
+            .entry(address.ip.ip())
+            .or_insert(address.index);
         if let Some((mtu, name)) = mtu_of(address.index) {
             state.address_mtus.push((address.ip.ip(), mtu, name));
         }
@@ -180,6 +208,30 @@ pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
             });
             state.foreign.entry(route.dst).or_default().push(route);
         }
+    }
+    for link in links.iter().filter(|l| overlay_names.contains(&l.name)) {
+        let (fdb, neighbours) = if link.vxlan.is_some() {
+            let neighbours = nl.neighbours(link.index, None)?;
+            (
+                nl.fdb_entries(link.index)?,
+                neighbours
+                    .into_iter()
+                    .filter(Neighbour::is_permanent)
+                    .collect(),
+            )
+        } else {
+            (Vec::new(), Vec::new())
+        };
+        state.overlay.push(DeviceState {
+            link: link.clone(),
+            addresses: addresses
+                .iter()
+                .filter(|a| a.index == link.index)
+                .map(|a| a.ip.ip())
+                .collect(),
+            fdb,
+            neighbours,
+        });
     }
     Ok(state)
 }

@@ -1,8 +1,9 @@
 //! The one reconciler: reads the host, computes the whole desired state
 //! ([`crate::plan::desired`]) from a snapshot of the watched objects, and applies the
-//! difference: the network config, the routes, the egress rules. Each effect is behind
-//! a small trait ([`HostReader`], [`ConfigDir`], [`RouteTable`], [`EgressRules`]) with
-//! in-memory fakes in the tests, so what it decides is tested without root.
+//! difference: the network config, the VXLAN devices, the routes with the tunnels'
+//! entries, the egress rules. Each effect is behind a small trait ([`HostReader`],
+//! [`ConfigDir`], [`VxlanDevices`], [`RouteTable`], [`EgressRules`]) with in-memory
+//! fakes in the tests, so what it decides is tested without root.
 //!
 //! A step that fails does not stop the others (a route the kernel refuses must not keep
 //! the conflist from being written); the failures are returned by step for `/readyz`,
@@ -26,6 +27,8 @@ use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
 use crate::host::{HostReader, HostState};
 use crate::node::NodeInfo;
+use crate::overlay::{self, VxlanDevices};
+use crate::plan::NextHop;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
 use crate::policy::compile::{Compiled, compile};
 use crate::policy::model::View;
@@ -89,8 +92,10 @@ pub struct Effects {
     pub host: Box<dyn HostReader>,
     /// The config directory.
     pub config: Box<dyn ConfigDir>,
-    /// The main routing table.
+    /// The main routing table and the VXLAN devices' entries.
     pub routes: Box<dyn RouteTable>,
+    /// The VXLAN devices themselves.
+    pub devices: Box<dyn VxlanDevices>,
     /// The egress rules, unless egress SNAT is off.
     pub egress: Option<Box<dyn EgressRules>>,
     /// NetworkPolicy enforcement, unless it is off.
@@ -114,6 +119,8 @@ pub struct Outcome {
     pub failures: Vec<(&'static str, Error)>,
     /// Routes of ours to IPv4 and IPv6 pod CIDRs in the table after the pass.
     pub routes: (usize, usize),
+    /// Of those, the encapsulated ones (through a VXLAN device), IPv4 and IPv6.
+    pub tunnels: (usize, usize),
     /// In-cluster prefixes the egress rules exempt.
     pub egress_prefixes: usize,
     /// Nodes left out.
@@ -237,18 +244,47 @@ impl Reconciler {
         }
         phases.lap("conflist");
 
+        let devices = match &self.settings.plan.overlay {
+            Some(settings) => overlay::ensure(
+                self.effects.devices.as_ref(),
+                &host,
+                &desired.overlay,
+                settings,
+            ),
+            None => overlay::DeviceOutcome::default(),
+        };
+        report_devices(&devices.done);
+        outcome
+            .failures
+            .extend(devices.failed.into_iter().map(|e| ("overlay", e)));
+        phases.lap("overlay");
+
         let changes = routes::reconcile(
             self.effects.routes.as_ref(),
             &host,
             &desired.plan.routes,
+            &devices.ready,
             self.protocol,
         );
         self.report_routes(&changes);
         outcome.routes = routes_after(&host, &changes, self.protocol);
-        outcome
-            .failures
-            .extend(changes.failed.into_iter().map(|e| ("routes", e)));
+        outcome.tunnels = changes.tunnels;
+        for failure in changes.failed {
+            let step = if matches!(failure, Error::VxlanEntry(_)) {
+                "overlay"
+            } else {
+                "routes"
+            };
+            outcome.failures.push((step, failure));
+        }
         phases.lap("routes");
+        if !devices.stale.is_empty() {
+            let removed = overlay::remove_stale(self.effects.devices.as_ref(), &devices.stale);
+            report_devices(&removed.done);
+            outcome
+                .failures
+                .extend(removed.failed.into_iter().map(|e| ("overlay", e)));
+        }
 
         if let Some(rules) = &self.effects.egress {
             let plan = &desired.plan;
@@ -442,7 +478,7 @@ impl Reconciler {
             changes
                 .added
                 .iter()
-                .map(|(d, g)| format!("{d} via {g}"))
+                .map(|(d, h)| format!("{d} {}", hop_text(h)))
                 .collect(),
         );
         summary(
@@ -450,9 +486,16 @@ impl Reconciler {
             changes
                 .replaced
                 .iter()
-                .map(|(d, g)| format!("{d} now via {g}"))
+                .map(|(d, h)| format!("{d} now {}", hop_text(h)))
                 .collect(),
         );
+        if changes.entries != (0, 0) {
+            tracing::info!(
+                "VXLAN peers: {} FDB and neighbour entries written, {} deleted",
+                changes.entries.0,
+                changes.entries.1
+            );
+        }
         summary(
             "removed",
             changes.removed.iter().map(ToString::to_string).collect(),
@@ -487,6 +530,17 @@ impl Reconciler {
     }
 }
 
+/// A next hop for the log: `via 198.18.0.12`, `via 10.244.3.0 over VXLAN to 198.19.0.13`.
+fn hop_text(hop: &NextHop) -> String {
+    format!("via {hop}")
+}
+
+fn report_devices(done: &[String]) {
+    for what in done {
+        tracing::info!("overlay: {what}");
+    }
+}
+
 /// Our routes per family once the changes are made: what was there, plus what was
 /// added, minus what was removed (a replaced route stays one route).
 fn routes_after(host: &HostState, changes: &RouteChanges, protocol: u8) -> (usize, usize) {
@@ -518,8 +572,6 @@ mod tests {
     use super::*;
     use std::net::IpAddr;
     use std::sync::{Arc, Mutex};
-
-    use cni_linux::netlink::Route;
 
     use crate::conflist::ConflistSettings;
     use crate::host::HostState;
@@ -568,16 +620,40 @@ mod tests {
 
     struct FakeTable(Log);
     impl RouteTable for FakeTable {
-        fn add(&self, r: &Route) -> cni_linux::Result<()> {
-            self.0.lock().unwrap().push(format!("add {r}"));
+        fn apply(
+            &self,
+            changes: &[cni_linux::Change],
+        ) -> cni_linux::Result<Vec<cni_linux::Result<()>>> {
+            let mut log = self.0.lock().unwrap();
+            for change in changes {
+                log.push(match change {
+                    cni_linux::Change::ReplaceRoute(r) => format!("route {r}"),
+                    cni_linux::Change::DelRoute(r) => format!("delete {r}"),
+                    other => format!("{other:?}"),
+                });
+            }
+            Ok(changes.iter().map(|_| Ok(())).collect())
+        }
+    }
+
+    struct NoDevices;
+    impl VxlanDevices for NoDevices {
+        fn create(&self, _: &cni_linux::Vxlan<'_>) -> cni_linux::Result<u32> {
+            Ok(1)
+        }
+        fn delete(&self, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
-        fn replace(&self, r: &Route) -> cni_linux::Result<()> {
-            self.0.lock().unwrap().push(format!("replace {r}"));
+        fn set_mtu(&self, _: u32, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
-        fn delete(&self, r: &Route) -> cni_linux::Result<()> {
-            self.0.lock().unwrap().push(format!("delete {r}"));
+        fn set_mac(&self, _: u32, _: cni_linux::MacAddr) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn add_address(&self, _: u32, _: IpNetwork) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn set_up(&self, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
     }
@@ -636,6 +712,7 @@ mod tests {
                 writable: Arc::clone(&writable),
             }),
             routes: Box::new(FakeTable(Arc::clone(&log))),
+            devices: Box::new(NoDevices),
             egress: Some(Box::new(FakeEgress(Arc::clone(&log)))),
             policy: None,
         };
@@ -694,7 +771,7 @@ mod tests {
             take(&f.log),
             vec![
                 "write conflist",
-                "add 10.244.2.0/24 via 198.18.0.12 table 254",
+                "route 10.244.2.0/24 via 198.18.0.12 table 254",
                 "egress 10.244.1.0/24 exempt 10.244.1.0/24, 10.244.2.0/24",
             ]
         );
@@ -721,7 +798,7 @@ mod tests {
         );
         let log = take(&f.log);
         assert!(
-            log.iter().any(|l| l.starts_with("add 10.244.2.0/24")),
+            log.iter().any(|l| l.starts_with("route 10.244.2.0/24")),
             "{log:?}"
         );
         assert!(log.iter().any(|l| l.starts_with("egress")), "{log:?}");
@@ -777,8 +854,8 @@ mod tests {
         assert_eq!(
             log[..2],
             [
-                "add 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
                 "delete 10.244.2.0/24 via 198.18.0.12 table 254".to_owned(),
+                "route 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
             ]
         );
         assert_eq!(outcome.routes, (1, 0));
