@@ -342,7 +342,7 @@ mod tests {
 
     struct Quiet;
     impl HostReader for Quiet {
-        fn read(&self) -> Result<HostState> {
+        fn read(&self, _entries: bool) -> Result<HostState> {
             Ok(HostState::default())
         }
     }

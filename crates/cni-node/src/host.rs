@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cni_linux::MacAddr;
 use cni_linux::netlink::{
     Family, FdbEntry, Link, Neighbour, Netlink, Notified, Route, is_route_added_with_protocol,
     subscribe_host_changes,
@@ -45,24 +46,49 @@ pub struct HostState {
     pub overlay: Vec<DeviceState>,
 }
 
-/// A link with the name of one of the agent's VXLAN devices, as read. Only a VXLAN
-/// device's entries are read (`fdb` and `neighbours` are empty otherwise).
+/// A link with the name of one of the agent's VXLAN devices, as read.
 #[derive(Debug, Clone)]
 pub struct DeviceState {
     /// The link.
     pub link: Link,
     /// Its addresses.
     pub addresses: Vec<IpAddr>,
-    /// Its own FDB entries.
-    pub fdb: Vec<FdbEntry>,
-    /// Its permanent neighbour entries (the agent writes no other kind).
-    pub neighbours: Vec<Neighbour>,
+    /// Its entries, when they were read (a VXLAN device's, on a read that asks for them).
+    pub entries: Option<DeviceEntries>,
+}
+
+/// What a VXLAN device holds of the kind the agent writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceEntries {
+    /// Its own (`self`) FDB entries: MAC -> destination.
+    pub fdb: BTreeMap<[u8; 6], IpAddr>,
+    /// Its permanent neighbour entries: address -> MAC.
+    pub neighbours: BTreeMap<IpAddr, MacAddr>,
+}
+
+impl DeviceEntries {
+    /// The entries the agent writes, of what the kernel lists.
+    pub fn of(fdb: &[FdbEntry], neighbours: &[Neighbour]) -> Self {
+        Self {
+            fdb: fdb
+                .iter()
+                .filter(|e| e.is_self())
+                .filter_map(|e| Some((e.mac.0, e.dst?)))
+                .collect(),
+            neighbours: neighbours
+                .iter()
+                .filter(|n| n.is_permanent())
+                .filter_map(|n| Some((n.ip, n.mac?)))
+                .collect(),
+        }
+    }
 }
 
 /// Reads the host: a trait so the reconciler is tested without a kernel.
 pub trait HostReader: Send {
-    /// One reading.
-    fn read(&self) -> Result<HostState>;
+    /// One reading; the VXLAN devices' entries only with `entries` (thousands of them
+    /// at scale: the reconciler keeps what it wrote and reads them back on a resync).
+    fn read(&self, entries: bool) -> Result<HostState>;
 }
 
 /// The real host: netlink in the agent's netns and the CNI bin dir.
@@ -79,9 +105,9 @@ pub struct Host {
 }
 
 impl HostReader for Host {
-    fn read(&self) -> Result<HostState> {
+    fn read(&self, entries: bool) -> Result<HostState> {
         let mut state =
-            read(&self.nl, self.protocol, &self.overlay_names).map_err(Error::ReadHost)?;
+            read(&self.nl, self.protocol, &self.overlay_names, entries).map_err(Error::ReadHost)?;
         state.portmap_installed = self.bin_dir.join("portmap").is_file();
         Ok(state)
     }
@@ -171,8 +197,14 @@ pub fn notify_records(dir: &Path, wake: Arc<Wake>) -> Result<()> {
     Ok(())
 }
 
-/// Reads addresses, routes and links, and what the links named `overlay_names` hold.
-pub fn read(nl: &Netlink, protocol: u8, overlay_names: &[String]) -> cni_linux::Result<HostState> {
+/// Reads addresses, routes and links, and the links named `overlay_names` (with their
+/// entries when `entries`).
+pub fn read(
+    nl: &Netlink,
+    protocol: u8,
+    overlay_names: &[String],
+    entries: bool,
+) -> cni_linux::Result<HostState> {
     let links = nl.links()?;
     let mtu_of = |index: u32| {
         links
@@ -210,17 +242,13 @@ pub fn read(nl: &Netlink, protocol: u8, overlay_names: &[String]) -> cni_linux::
         }
     }
     for link in links.iter().filter(|l| overlay_names.contains(&l.name)) {
-        let (fdb, neighbours) = if link.vxlan.is_some() {
-            let neighbours = nl.neighbours(link.index, None)?;
-            (
-                nl.fdb_entries(link.index)?,
-                neighbours
-                    .into_iter()
-                    .filter(Neighbour::is_permanent)
-                    .collect(),
-            )
+        let entries = if entries && link.vxlan.is_some() {
+            Some(DeviceEntries::of(
+                &nl.fdb_entries(link.index)?,
+                &nl.neighbours(link.index, None)?,
+            ))
         } else {
-            (Vec::new(), Vec::new())
+            None
         };
         state.overlay.push(DeviceState {
             link: link.clone(),
@@ -229,8 +257,7 @@ pub fn read(nl: &Netlink, protocol: u8, overlay_names: &[String]) -> cni_linux::
                 .filter(|a| a.index == link.index)
                 .map(|a| a.ip.ip())
                 .collect(),
-            fdb,
-            neighbours,
+            entries,
         });
     }
     Ok(state)

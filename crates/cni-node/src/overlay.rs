@@ -344,8 +344,7 @@ mod tests {
                 }),
             },
             addresses: vec!["10.244.1.0".parse().unwrap()],
-            fdb: Vec::new(),
-            neighbours: Vec::new(),
+            entries: None,
         }
     }
 

@@ -25,7 +25,7 @@ use cni_protocol::pod_record;
 use crate::agent::PolicySnapshot;
 use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
-use crate::host::{HostReader, HostState};
+use crate::host::{DeviceEntries, HostReader, HostState};
 use crate::node::NodeInfo;
 use crate::overlay::{self, VxlanDevices};
 use crate::plan::NextHop;
@@ -194,13 +194,18 @@ impl Phases {
     }
 }
 
-/// The reconciler: settings, effects and what it has told the operator.
+/// The reconciler: settings, effects, what it has told the operator, and what the
+/// VXLAN devices hold.
 #[derive(Debug)]
 pub struct Reconciler {
     settings: Settings,
     protocol: u8,
     effects: Effects,
     reported: Reported,
+    /// The VXLAN devices' entries by device index, as read at the last resync and
+    /// changed by every pass since: at thousands of peers, reading them back on every
+    /// pass would cost more than the change itself. `None`: read them on the next pass.
+    entries: Option<BTreeMap<u32, DeviceEntries>>,
 }
 
 impl Reconciler {
@@ -211,6 +216,7 @@ impl Reconciler {
             protocol,
             effects,
             reported: Reported::default(),
+            entries: None,
         }
     }
 
@@ -225,8 +231,12 @@ impl Reconciler {
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
-        let host = match self.effects.host.read() {
-            Ok(host) => host,
+        let read_entries = resync || self.entries.is_none();
+        let host = match self.effects.host.read(read_entries) {
+            Ok(mut host) => {
+                self.known_entries(&mut host, read_entries);
+                host
+            }
             Err(e) => {
                 outcome.failures.push(("host", e));
                 self.report_failures(&outcome);
@@ -259,7 +269,7 @@ impl Reconciler {
             .extend(devices.failed.into_iter().map(|e| ("overlay", e)));
         phases.lap("overlay");
 
-        let changes = routes::reconcile(
+        let mut changes = routes::reconcile(
             self.effects.routes.as_ref(),
             &host,
             &desired.plan.routes,
@@ -269,6 +279,7 @@ impl Reconciler {
         self.report_routes(&changes);
         outcome.routes = routes_after(&host, &changes, self.protocol);
         outcome.tunnels = changes.tunnels;
+        self.entries = changes.entries_after.take();
         for failure in changes.failed {
             let step = if matches!(failure, Error::VxlanEntry(_)) {
                 "overlay"
@@ -309,6 +320,28 @@ impl Reconciler {
         self.report_failures(&outcome);
         tracing::debug!("{}", phases.summary());
         outcome
+    }
+
+    /// Fills in the devices' entries from what the reconciler knows, or, when they were
+    /// read, makes that what it knows. Setting a device down flushes its neighbours.
+    fn known_entries(&mut self, host: &mut HostState, read: bool) {
+        if read {
+            self.entries = Some(
+                host.overlay
+                    .iter()
+                    .filter_map(|d| Some((d.link.index, d.entries.clone()?)))
+                    .collect(),
+            );
+            return;
+        }
+        let known = self.entries.get_or_insert_default();
+        for device in host.overlay.iter_mut().filter(|d| d.link.vxlan.is_some()) {
+            let mut entries = known.get(&device.link.index).cloned().unwrap_or_default();
+            if !device.link.up {
+                entries.neighbours.clear();
+            }
+            device.entries = Some(entries);
+        }
     }
 
     /// The NetworkPolicy step: compiles the view for this node's pods (their addresses
@@ -583,7 +616,7 @@ mod tests {
     /// The host as read, or `None` when reading fails.
     struct FakeHost(Arc<Mutex<Option<HostState>>>);
     impl HostReader for FakeHost {
-        fn read(&self) -> crate::error::Result<HostState> {
+        fn read(&self, _entries: bool) -> crate::error::Result<HostState> {
             self.0
                 .lock()
                 .unwrap()
@@ -859,6 +892,95 @@ mod tests {
             ]
         );
         assert_eq!(outcome.routes, (1, 0));
+    }
+
+    #[test]
+    fn vxlan_entries_are_written_once_and_read_back_only_on_a_resync() {
+        use cni_linux::VxlanInfo;
+        use cni_linux::netlink::{Link, OperState};
+
+        let mut f = fixture();
+        f.reconciler.settings.plan.overlay = Some(crate::plan::OverlaySettings {
+            vni: 4097,
+            port: 4789,
+            device_prefix: "cni-vx".into(),
+        });
+        f.host
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .view
+            .routes
+            .push(HostRoute {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gw: Some("198.18.0.1".parse().unwrap()),
+            });
+        let mut nodes = two_nodes();
+        nodes.extend([node("n3", "10.244.3.0/24", "203.0.113.3")]);
+        let entries = |log: &[String]| {
+            log.iter()
+                .filter(|l| l.starts_with("ReplaceFdb") || l.starts_with("ReplaceNeigh"))
+                .count()
+        };
+        f.reconciler.reconcile(&nodes, None, false);
+        let log = take(&f.log);
+        assert_eq!(entries(&log), 2, "{log:?}");
+        assert!(
+            log.contains(&"route 10.244.3.0/24 via 10.244.3.0 dev #1 onlink table 254".to_owned()),
+            "{log:?}"
+        );
+        // The kernel now has the device (index 1, made by NoDevices) and the route;
+        // a pass that does not read the entries trusts what it wrote.
+        let local: IpAddr = "198.18.0.11".parse().unwrap();
+        {
+            let mut host = f.host.lock().unwrap();
+            let host = host.as_mut().unwrap();
+            host.address_indexes.insert(local, 2);
+            host.ours = vec![crate::routes::tunnel_route(
+                "10.244.3.0/24".parse().unwrap(),
+                "10.244.3.0".parse().unwrap(),
+                1,
+                77,
+            )];
+            host.overlay = vec![crate::host::DeviceState {
+                link: Link {
+                    index: 1,
+                    name: "cni-vx4".into(),
+                    mac: Some(cni_linux::netlink::vtep_mac(local)),
+                    mtu: 1400,
+                    kind: Some("vxlan".into()),
+                    controller: None,
+                    up: true,
+                    oper_state: OperState::Unknown,
+                    promisc: false,
+                    peer_index: None,
+                    link_netnsid: None,
+                    vlan_filtering: None,
+                    bridge_port: None,
+                    vxlan: Some(VxlanInfo {
+                        vni: 4097,
+                        port: 4789,
+                        local: Some(local),
+                        underlay: Some(2),
+                        learning: false,
+                        udp_csum: true,
+                        udp6_zero_csum_tx: false,
+                        udp6_zero_csum_rx: false,
+                    }),
+                },
+                addresses: vec!["10.244.1.0".parse().unwrap()],
+                entries: None,
+            }];
+        }
+        f.reconciler.reconcile(&nodes, None, false);
+        let log = take(&f.log);
+        assert_eq!(entries(&log), 0, "{log:?}");
+        // A resync reads them: gone by hand, written again.
+        f.host.lock().unwrap().as_mut().unwrap().overlay[0].entries =
+            Some(DeviceEntries::default());
+        f.reconciler.reconcile(&nodes, None, true);
+        assert_eq!(entries(&take(&f.log)), 2);
     }
 
     #[test]

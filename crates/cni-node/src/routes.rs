@@ -28,7 +28,7 @@ use cni_linux::netlink::{Change, Netlink, Route};
 use ipnetwork::IpNetwork;
 
 use crate::error::Error;
-use crate::host::{HostState, MAIN_TABLE};
+use crate::host::{DeviceEntries, HostState, MAIN_TABLE};
 use crate::overlay::ReadyDevice;
 use crate::plan::NextHop;
 
@@ -47,6 +47,9 @@ pub struct RouteChanges {
     pub foreign: Vec<(IpNetwork, String)>,
     /// Encapsulated peers in the kernel after the pass, IPv4 and IPv6.
     pub tunnels: (usize, usize),
+    /// The ready devices' entries after the pass, by device index, as far as the
+    /// kernel's answers tell; `None` when a batch failed as a whole (read them back).
+    pub entries_after: Option<BTreeMap<u32, DeviceEntries>>,
     /// Requests the kernel refused, and a batch that failed as a whole.
     pub failed: Vec<Error>,
 }
@@ -120,6 +123,8 @@ struct Batch {
     entry_deletions: Vec<(Change, Meaning)>,
     foreign: Vec<(IpNetwork, String)>,
     tunnels: (usize, usize),
+    /// What each ready device held before the batch.
+    have: BTreeMap<u32, DeviceEntries>,
 }
 
 /// Brings the table and the devices' entries from `host` (as read just before) to
@@ -134,6 +139,7 @@ pub fn reconcile(
     protocol: u8,
 ) -> RouteChanges {
     let batch = plan_batch(host, want, devices, protocol);
+    let mut entries = batch.have;
     let mut changes = RouteChanges {
         foreign: batch.foreign,
         tunnels: batch.tunnels,
@@ -147,6 +153,7 @@ pub fn reconcile(
         .chain(batch.entry_deletions)
         .collect();
     if steps.is_empty() {
+        changes.entries_after = Some(entries);
         return changes;
     }
     let requests: Vec<Change> = steps.iter().map(|(c, _)| *c).collect();
@@ -169,6 +176,7 @@ pub fn reconcile(
             Err(e) if deletion && e.is_not_found() => Ok(()),
             other => other,
         };
+        track(&mut entries, &change, outcome.is_ok());
         match (meaning, outcome) {
             (Meaning::Add(dst, hop), Ok(())) => changes.added.push((dst, hop)),
             (Meaning::Replace(dst, hop), Ok(())) => changes.replaced.push((dst, hop)),
@@ -183,7 +191,39 @@ pub fn reconcile(
             }),
         }
     }
+    changes.entries_after = Some(entries);
     changes
+}
+
+/// What a device holds after an entry change: a refused write leaves the entry
+/// unknown (dropped, so the next pass writes it again), a refused deletion leaves it
+/// there.
+fn track(entries: &mut BTreeMap<u32, DeviceEntries>, change: &Change, done: bool) {
+    match *change {
+        Change::ReplaceFdbEntry { index, mac, dst } => {
+            let fdb = &mut entries.entry(index).or_default().fdb;
+            if done {
+                fdb.insert(mac.0, dst);
+            } else {
+                fdb.remove(&mac.0);
+            }
+        }
+        Change::DelFdbEntry { index, mac, .. } if done => {
+            entries.entry(index).or_default().fdb.remove(&mac.0);
+        }
+        Change::ReplaceNeighbour { index, ip, mac } => {
+            let neighbours = &mut entries.entry(index).or_default().neighbours;
+            if done {
+                neighbours.insert(ip, mac);
+            } else {
+                neighbours.remove(&ip);
+            }
+        }
+        Change::DelNeighbour { index, ip } if done => {
+            entries.entry(index).or_default().neighbours.remove(&ip);
+        }
+        _ => {}
+    }
 }
 
 /// The batch, without effects.
@@ -272,27 +312,20 @@ fn plan_batch(
         }
     }
     for (&v6, device) in devices {
-        let state = host
+        // A fresh device holds nothing yet; entries not read are taken as absent
+        // (written again: a replacement of an entry that is there changes nothing).
+        let have = host
             .overlay
             .iter()
-            .find(|s| s.link.index == device.index && !device.fresh);
+            .find(|s| s.link.index == device.index && !device.fresh)
+            .and_then(|s| s.entries.clone())
+            .unwrap_or_default();
         let want_fdb = fdb.remove(&v6).unwrap_or_default();
         let want_neighbours = neighbours.remove(&v6).unwrap_or_default();
-        let have_fdb: BTreeMap<[u8; 6], Option<IpAddr>> = state
-            .map(|s| {
-                s.fdb
-                    .iter()
-                    .filter(|e| e.is_self())
-                    .map(|e| (e.mac.0, e.dst))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let have_neighbours: BTreeMap<IpAddr, Option<MacAddr>> = state
-            .map(|s| s.neighbours.iter().map(|n| (n.ip, n.mac)).collect())
-            .unwrap_or_default();
+        let (have_fdb, have_neighbours) = (&have.fdb, &have.neighbours);
         let index = device.index;
         for (&mac, &dst) in &want_fdb {
-            if have_fdb.get(&mac) != Some(&Some(dst)) {
+            if have_fdb.get(&mac) != Some(&dst) {
                 let change = Change::ReplaceFdbEntry {
                     index,
                     mac: MacAddr(mac),
@@ -302,7 +335,7 @@ fn plan_batch(
             }
         }
         for (&ip, &mac) in &want_neighbours {
-            if have_neighbours.get(&ip) != Some(&Some(mac)) {
+            if have_neighbours.get(&ip) != Some(&mac) {
                 let change = Change::ReplaceNeighbour { index, ip, mac };
                 batch.entry_writes.push((change, Meaning::WriteEntry));
             }
@@ -327,6 +360,7 @@ fn plan_batch(
             };
             batch.entry_deletions.push((change, Meaning::DeleteEntry));
         }
+        batch.have.insert(index, have);
     }
     batch
 }
@@ -379,7 +413,7 @@ mod tests {
     use std::sync::Mutex;
 
     use cni_linux::netlink::vtep_mac;
-    use cni_linux::netlink::{FdbEntry, Link, Neighbour, OperState};
+    use cni_linux::netlink::{Link, OperState};
 
     use crate::host::DeviceState;
     use crate::plan::Tunnel;
@@ -580,29 +614,16 @@ mod tests {
                 vxlan: None,
             },
             addresses: Vec::new(),
-            fdb: fdb
-                .iter()
-                .map(|(mac, dst)| FdbEntry {
-                    index,
-                    mac: mac.parse().unwrap(),
-                    dst: Some(dst.parse().unwrap()),
-                    state: 0x80,
-                    flags: 0x02,
-                    vni: None,
-                    port: None,
-                    master: None,
-                })
-                .collect(),
-            neighbours: neighbours
-                .iter()
-                .map(|(ip, mac)| Neighbour {
-                    index,
-                    ip: ip.parse().unwrap(),
-                    mac: Some(mac.parse().unwrap()),
-                    state: 0x80,
-                    flags: 0,
-                })
-                .collect(),
+            entries: Some(DeviceEntries {
+                fdb: fdb
+                    .iter()
+                    .map(|(mac, dst)| (mac.parse::<MacAddr>().unwrap().0, dst.parse().unwrap()))
+                    .collect(),
+                neighbours: neighbours
+                    .iter()
+                    .map(|(ip, mac)| (ip.parse().unwrap(), mac.parse().unwrap()))
+                    .collect(),
+            }),
         }
     }
 
