@@ -10,13 +10,15 @@
 //! tightly (the bounds only catch what is plainly broken).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{
     Cluster, Host, PROTO, Segment, node_name, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6, wait,
 };
+use cni_blackbox::hostport::in_netns;
 use cni_blackbox::underlay::{address, attach};
 use cni_blackbox::{Netns, require_root};
 use cni_kube_api::realistic_node;
@@ -290,25 +292,32 @@ fn longest_gap_ms(child: std::process::Child, count: u32) -> (u32, usize) {
     (longest * 10, seqs.len())
 }
 
+/// The cluster with nodes `on_a` on segment A and `on_b` on segment B (namespaces, no
+/// Node objects or agents yet), the router, and where each node is.
+fn two_segments(on_a_nodes: &[u8], on_b_nodes: &[u8]) -> (Cluster, Netns, BTreeMap<u8, Place>) {
+    let mut cluster = Cluster::without_nodes(MTU);
+    let router = second_segment(&cluster);
+    let mut places: BTreeMap<u8, Place> = BTreeMap::new();
+    for &n in on_a_nodes {
+        let host = host_on_a(&cluster, n);
+        cluster.hosts.push(host);
+        places.insert(n, on_a(n));
+    }
+    for &n in on_b_nodes {
+        let host = host_on_b(&cluster, n);
+        cluster.hosts.push(host);
+        places.insert(n, on_b(n));
+    }
+    (cluster, router, places)
+}
+
 #[test]
 fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every_change() {
     if !require_root() {
         return;
     }
     let started = Instant::now();
-    let mut cluster = Cluster::without_nodes(MTU);
-    let router = second_segment(&cluster);
-    let mut places: BTreeMap<u8, Place> = BTreeMap::new();
-    for n in [1, 2] {
-        let host = host_on_a(&cluster, n);
-        cluster.hosts.push(host);
-        places.insert(n, on_a(n));
-    }
-    for n in [3, 4] {
-        let host = host_on_b(&cluster, n);
-        cluster.hosts.push(host);
-        places.insert(n, on_b(n));
-    }
+    let (mut cluster, router, mut places) = two_segments(&[1, 2], &[3, 4]);
     // Someone else's VXLAN device on node 1, with an entry of its own.
     let n1 = &cluster.hosts[0].ns;
     n1.exec_ok(&[
@@ -598,4 +607,137 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         "the foreign VXLAN device was touched"
     );
     eprintln!("whole test: {:?}", started.elapsed());
+}
+
+/// A TCP connection from `from` to a listener in `to` at `ip`: (client, server side).
+fn connection(from: &Netns, to: &Netns, ip: IpAddr) -> (TcpStream, TcpStream) {
+    let listener = in_netns(to.path(), move || {
+        TcpListener::bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"))
+    });
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr: {e}"));
+    let client = in_netns(from.path(), move || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+    });
+    let (server, _) = listener.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+    for s in [&client, &server] {
+        s.set_nodelay(true)
+            .unwrap_or_else(|e| panic!("nodelay: {e}"));
+    }
+    (client, server)
+}
+
+/// One TCP stream from `from` to `to` for `secs`: Gbit/s as the receiver counted.
+fn throughput(from: &Netns, to: &Netns, ip: IpAddr, secs: u64) -> f64 {
+    let (mut client, mut server) = connection(from, to, ip);
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
+        let start = Instant::now();
+        loop {
+            match server.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n as u64,
+            }
+        }
+        (total, start.elapsed())
+    });
+    let chunk = vec![0x5au8; 128 * 1024];
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if client.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    drop(client);
+    let (bytes, took) = reader
+        .join()
+        .unwrap_or_else(|_| panic!("the reader panicked"));
+    bytes as f64 * 8.0 / took.as_secs_f64() / 1e9
+}
+
+/// `count` one-byte requests, each answered with one byte, from `from` to `to`: the
+/// round trips' p50, p99 and max in microseconds.
+fn request_response(from: &Netns, to: &Netns, ip: IpAddr, count: usize) -> (f64, f64, f64) {
+    let (mut client, mut server) = connection(from, to, ip);
+    let echo = std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while server.read_exact(&mut byte).is_ok() {
+            if server.write_all(&byte).is_err() {
+                break;
+            }
+        }
+    });
+    let mut rtts = Vec::with_capacity(count);
+    let mut byte = [1u8; 1];
+    for _ in 0..count {
+        let t = Instant::now();
+        client
+            .write_all(&byte)
+            .unwrap_or_else(|e| panic!("request: {e}"));
+        client
+            .read_exact(&mut byte)
+            .unwrap_or_else(|e| panic!("response: {e}"));
+        rtts.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(client);
+    let _ = echo.join();
+    rtts.sort_by(f64::total_cmp);
+    let at = |p: usize| rtts[(rtts.len() * p / 100).min(rtts.len() - 1)];
+    (at(50), at(99), rtts[rtts.len() - 1])
+}
+
+/// The traffic benchmark (`tests/bench/overlay-traffic.sh` runs it): pod to pod TCP
+/// throughput (one stream) and request/response latency, from a pod on node 1 to a
+/// pod on node 2 (same segment: direct) and to a pod on node 3 (behind the router:
+/// VXLAN), both families, in one run. Ignored in the suite: it measures, it checks
+/// nothing the test above does not.
+#[test]
+#[ignore = "a benchmark: tests/bench/overlay-traffic.sh"]
+fn traffic_direct_and_encapsulated() {
+    if !require_root() {
+        return;
+    }
+    let secs: u64 = std::env::var("OVERLAY_TRAFFIC_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let (mut cluster, _router, places) = two_segments(&[1, 2], &[3]);
+    for (n, place) in &places {
+        cluster.api.apply_node(node_at(*n, place));
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    for host in &mut cluster.hosts {
+        host.start_agent(&kubeconfig);
+    }
+    cluster.wait_for_conflists();
+    cluster.wait_for_routes(Duration::from_secs(10), expected(&places));
+    for host in &cluster.hosts {
+        wait(Duration::from_secs(5), "the lowered pod MTU", || {
+            host.conflist()
+                .is_some_and(|c| c["plugins"][0]["mtu"] == MTU - 70)
+        })
+        .unwrap_or_else(|e| panic!("node {}: {e}", host.n));
+    }
+    for n in 1..=3 {
+        cluster.host(n).add_pod();
+    }
+    cluster.check_pod_to_pod();
+    let from = &cluster.hosts[0].pods[0];
+    for (path, to) in [
+        ("direct", &cluster.hosts[1].pods[0]),
+        ("vxlan", &cluster.hosts[2].pods[0]),
+    ] {
+        for (family, ip) in [("ipv4", to.v4), ("ipv6", to.v6)] {
+            let gbps = throughput(&from.ns, &to.ns, ip, secs);
+            let (p50, p99, max) = request_response(&from.ns, &to.ns, ip, 5_000);
+            println!(
+                "overlay-traffic path={path} family={family} pod_mtu={} tcp_gbit_s={gbps:.2} \
+                 rr_p50_us={p50:.1} rr_p99_us={p99:.1} rr_max_us={max:.1}",
+                MTU - 70
+            );
+        }
+    }
 }
