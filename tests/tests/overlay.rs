@@ -502,72 +502,29 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     );
     cluster.check_pod_to_pod();
 
-    // Node 4 moves to segment A: direct to nodes 1 and 2, encapsulated to node 3. Its
-    // Node object changes first: its agent's watch connection leaves from the address
-    // that goes away, and would notice that only through TCP keepalive (about 25 s).
-    let t = Instant::now();
-    places.insert(4, on_a(4));
-    cluster.api.apply_node(node_at(4, &places[&4]));
-    wait(
-        Duration::from_secs(5),
-        "node 4's agent sees its new address",
-        || {
-            cluster.hosts[3]
-                .agent_log()
-                .contains(&format!("local {}", node_v4(4)))
-        },
-    )
-    .unwrap_or_else(|e| panic!("{e}: {}", cluster.hosts[3].agent_log()));
-    cluster
-        .underlay
-        .exec_ok(&["ip", "link", "set", "node4", "nomaster"]);
-    cluster
-        .underlay
-        .exec_ok(&["ip", "link", "set", "node4", "master", "ulbr"]);
-    {
-        let ns = &cluster.host(4).ns;
-        ns.exec_ok(&[
-            "ip",
-            "addr",
-            "del",
-            &format!("{}/24", b_v4(4)),
-            "dev",
-            "ul0",
-        ]);
-        ns.exec_ok(&[
-            "ip",
-            "addr",
-            "del",
-            &format!("{}/64", b_v6(4)),
-            "dev",
-            "ul0",
-        ]);
-        address(ns, &node_v4(4), "24");
-        address(ns, &node_v6(4), "64");
-        ns.exec_ok(&["ip", "route", "replace", "default", "via", "198.18.0.1"]);
-        ns.exec_ok(&[
-            "ip",
-            "-6",
-            "route",
-            "replace",
-            "default",
-            "via",
-            "fd00:18::1",
-        ]);
-        segment_a_routes(ns);
+    // Node 4 moves to segment A: direct to nodes 1 and 2, encapsulated to node 3; and
+    // back (IPv6 routes switch to the tunnel in place only with a host route around the
+    // replacement).
+    for to in [on_a(4), on_b(4)] {
+        let segment = to.segment;
+        let t = Instant::now();
+        move_node(&mut cluster, &mut places, 4, to);
+        let took = cluster.wait_for_routes(Duration::from_secs(5), expected(&places));
+        eprintln!(
+            "node 4 moved to segment {segment}: every node switched between direct and tunnel \
+             after {:?} (routes {took:?} after the last node agreed)",
+            t.elapsed()
+        );
+        cluster.check_pod_to_pod();
     }
-    let took = cluster.wait_for_routes(Duration::from_secs(5), expected(&places));
-    eprintln!(
-        "node 4 moved to segment A: every node switched between direct and tunnel after {:?} \
-         (routes {took:?} after the last node agreed)",
-        t.elapsed()
-    );
-    cluster.check_pod_to_pod();
 
-    // Node 3 is deleted: nothing of it stays; nodes 1 and 2 need no overlay any more.
+    // Nodes 3 and 4 are deleted: nothing of them stays; nodes 1 and 2 need no overlay
+    // any more.
     let t = Instant::now();
     cluster.api.delete_node(&node_name(3));
+    cluster.api.delete_node(&node_name(4));
     places.remove(&3);
+    places.remove(&4);
     let mac3 = "0a:58:c6:13:00:21";
     for n in [1, 2] {
         let host = cluster.host(n);
@@ -579,11 +536,12 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
                 && !fdb(&host.ns, "cni-vx4").contains(mac3)
                 && !neighbours(&host.ns, "cni-vx4").contains("10.244.3.0")
                 && !neighbours(&host.ns, "cni-vx6").contains("fd00:244:0:3::")
+                && !routes.iter().any(|r| r.starts_with("10.244.4."))
         })
         .unwrap_or_else(|e| panic!("node {n}: {e}: {}", host.agent_log()));
     }
     eprintln!(
-        "node 3 deleted: no route, FDB or neighbour entry of it left after {:?}",
+        "nodes 3 and 4 deleted: no route, FDB or neighbour entry of node 3 left after {:?}",
         t.elapsed()
     );
     wait(Duration::from_secs(2), "node 1's devices gone", || {
@@ -606,7 +564,64 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         foreign_after, foreign_before,
         "the foreign VXLAN device was touched"
     );
+    // Every change above went in at the first try: no step failed on nodes 1 and 2
+    // (IPv6 direct to tunnel included, which the kernel refuses without the host route).
+    for n in [1, 2] {
+        let log = cluster.host(n).agent_log();
+        assert!(!log.contains("ERROR"), "node {n}:\n{log}");
+    }
     eprintln!("whole test: {:?}", started.elapsed());
+}
+
+/// Moves node `n` to the segment of `to`. Its Node object changes first: its agent's
+/// watch connection leaves from the address that goes away, and would notice that
+/// only through TCP keepalive (about 25 s); then its port moves to the other bridge
+/// and its addresses and routes are swapped; then its agent is SIGKILLed and started
+/// again, standing for that keepalive timeout (its devices are adopted).
+fn move_node(cluster: &mut Cluster, places: &mut BTreeMap<u8, Place>, n: u8, to: Place) {
+    let from = places.get(&n).cloned().unwrap_or_else(|| on_a(n));
+    let seen = |log: &str| log.matches(&format!("local {}, MTU", to.v4)).count();
+    let before = seen(&cluster.host(n).agent_log());
+    places.insert(n, to.clone());
+    cluster.api.apply_node(node_at(n, &to));
+    let host = cluster.host(n);
+    wait(
+        Duration::from_secs(5),
+        "the agent sees its new address",
+        || seen(&host.agent_log()) > before,
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}", host.agent_log()));
+    let (bridge, gw4, gw6) = if to.segment == 'A' {
+        ("ulbr", "198.18.0.1", "fd00:18::1")
+    } else {
+        ("ulbr2", ROUTER_B_V4, ROUTER_B_V6)
+    };
+    let port = format!("node{n}");
+    cluster
+        .underlay
+        .exec_ok(&["ip", "link", "set", &port, "nomaster"]);
+    cluster
+        .underlay
+        .exec_ok(&["ip", "link", "set", &port, "master", bridge]);
+    let ns = &cluster.host(n).ns;
+    if from.segment == 'A' {
+        ns.exec(&["ip", "route", "del", "198.19.0.0/24"]);
+        ns.exec(&["ip", "-6", "route", "del", "fd00:19::/64"]);
+    }
+    let (v4, v6) = (format!("{}/24", from.v4), format!("{}/64", from.v6));
+    ns.exec_ok(&["ip", "addr", "del", &v4, "dev", "ul0"]);
+    ns.exec_ok(&["ip", "addr", "del", &v6, "dev", "ul0"]);
+    address(ns, &to.v4, "24");
+    address(ns, &to.v6, "64");
+    ns.exec_ok(&["ip", "route", "replace", "default", "via", gw4]);
+    ns.exec_ok(&["ip", "-6", "route", "replace", "default", "via", gw6]);
+    if to.segment == 'A' {
+        segment_a_routes(ns);
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    let host = cluster.host(n);
+    host.kill_agent();
+    host.start_agent(&kubeconfig);
 }
 
 /// A TCP connection from `from` to a listener in `to` at `ip`: (client, server side).
