@@ -354,6 +354,9 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     }
     let kubeconfig = cluster.kubeconfig.clone();
     for host in &mut cluster.hosts {
+        // No resync during the test: every repair below is woken by the API or by the
+        // host's notifications.
+        host.resync_secs = 600;
         host.start_agent(&kubeconfig);
     }
     cluster.wait_for_conflists();
@@ -391,6 +394,17 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         for want in ["vxlan id 4097 ", "dstport 4789 ", "nolearning", checksums] {
             assert!(detail.contains(want), "{dev}: no {want:?} in {detail}");
         }
+    }
+    let metrics = cluster.hosts[0]
+        .health("/metrics")
+        .unwrap_or_else(|e| panic!("/metrics: {e}"));
+    for family in ["ipv4", "ipv6"] {
+        let line = format!("cni_node_tunnel_peers{{family=\"{family}\"}} 2");
+        assert!(
+            metrics.body.contains(&line),
+            "no {line:?} in\n{}",
+            metrics.body
+        );
     }
     let router_routes = router.exec_ok(&["ip", "route"]) + &router.exec_ok(&["ip", "-6", "route"]);
     assert!(
