@@ -426,6 +426,9 @@ mod tests {
         assert_eq!(o.page_size, 250);
         assert_eq!(o.log_format, LogFormat::Text);
         assert!(!o.verbose);
+        assert_eq!(o.overlay, OverlayMode::Vxlan);
+        assert_eq!((o.vxlan_vni, o.vxlan_port), (4097, 4789));
+        assert_eq!(o.vxlan_device, "cni-vx");
     }
 
     #[test]
@@ -456,6 +459,12 @@ mod tests {
             "--page-size=50",
             "--verbose",
             "--log-format=json",
+            "--overlay",
+            "off",
+            "--vxlan-vni=5000",
+            "--vxlan-port",
+            "4790",
+            "--vxlan-device=ovl",
         ]);
         assert_eq!(o.node_name, "n2");
         assert_eq!(o.kubeconfig, Some(PathBuf::from("/k")));
@@ -482,6 +491,9 @@ mod tests {
         assert_eq!(o.page_size, 50);
         assert!(o.verbose);
         assert_eq!(o.log_format, LogFormat::Json);
+        assert_eq!(o.overlay, OverlayMode::Off);
+        assert_eq!((o.vxlan_vni, o.vxlan_port), (5000, 4790));
+        assert_eq!(o.vxlan_device, "ovl");
     }
 
     #[test]
@@ -517,6 +529,14 @@ mod tests {
             ),
             (&["--resync-interval=0"][..], "--resync-interval", "0"),
             (&["--log-format=xml"][..], "--log-format", "xml"),
+            (&["--overlay=gre"][..], "--overlay", "gre"),
+            (&["--vxlan-vni=16777216"][..], "--vxlan-vni", "16777216"),
+            (&["--vxlan-port=0"][..], "--vxlan-port", "0"),
+            (
+                &["--vxlan-device=fifteen-chars-x"][..],
+                "--vxlan-device",
+                "fifteen-chars-x",
+            ),
         ] {
             let e = run_err(args);
             assert!(e.contains(flag) && e.contains(value), "{args:?}: {e}");
