@@ -32,12 +32,14 @@ mkdir -p "$out"
 : >"$out/cluster.txt"
 for n in ${CLUSTER_SIZES:-500 5000}; do
     CNI_RS_SCALE_NODES=$n CNI_NODE_BIN=$PWD/$agent \
-        cargo test -p cni-blackbox --test cluster_scale -- --nocapture 2>&1 |
+        cargo test -p cni-blackbox --test cluster_scale -- --nocapture --exact \
+        the_agent_syncs_thousands_of_nodes 2>&1 |
         grep '^cluster-scale ' | tee -a "$out/cluster.txt"
 done
 for n in ${CLUSTER_OVERLAY_SIZES-5000}; do
-    CNI_RS_SCALE_NODES=$n CNI_RS_SCALE_OVERLAY=1 CNI_NODE_BIN=$PWD/$agent \
-        cargo test -p cni-blackbox --test cluster_scale -- --nocapture 2>&1 |
+    CNI_RS_SCALE_NODES=$n CNI_NODE_BIN=$PWD/$agent \
+        cargo test -p cni-blackbox --test cluster_scale -- --nocapture --exact \
+        the_agent_syncs_thousands_of_encapsulated_nodes 2>&1 |
         grep '^cluster-scale ' | tee -a "$out/cluster.txt"
 done
 echo "recorded in $out/cluster.txt"
