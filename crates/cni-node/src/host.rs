@@ -309,6 +309,48 @@ mod tests {
     }
 
     #[test]
+    fn only_the_entries_the_agent_writes_are_kept() {
+        let mac: MacAddr = "0a:58:c6:13:00:0d".parse().unwrap();
+        let fdb = |flags: u8, dst: Option<&str>| FdbEntry {
+            index: 4,
+            mac,
+            dst: dst.map(|d| d.parse().unwrap()),
+            state: 0x80,
+            flags,
+            vni: None,
+            port: None,
+            master: None,
+        };
+        let neighbour = |ip: &str, state: u16, mac: Option<MacAddr>| Neighbour {
+            index: 4,
+            ip: ip.parse().unwrap(),
+            mac,
+            state,
+            flags: 0,
+        };
+        let entries = DeviceEntries::of(
+            &[
+                fdb(0x02, Some("198.19.0.13")),
+                fdb(0x00, Some("198.19.0.99")),
+                fdb(0x02, None),
+            ],
+            &[
+                neighbour("10.244.3.0", 0x80, Some(mac)),
+                neighbour("10.244.9.0", 0x02, Some(mac)),
+                neighbour("10.244.8.0", 0x80, None),
+            ],
+        );
+        assert_eq!(
+            entries.fdb.into_iter().collect::<Vec<_>>(),
+            [(mac.0, "198.19.0.13".parse().unwrap())]
+        );
+        assert_eq!(
+            entries.neighbours.into_iter().collect::<Vec<_>>(),
+            [("10.244.3.0".parse().unwrap(), mac)]
+        );
+    }
+
+    #[test]
     fn the_smaller_uplink_wins() {
         let ips = [
             "198.18.0.11".parse().unwrap(),
