@@ -104,7 +104,7 @@ pub fn settings(options: &Options) -> Settings {
             node_name: options.node_name.clone(),
             cluster_cidrs: options.cluster_cidrs.clone(),
             no_masquerade: options.no_masquerade.clone(),
-            overlay: overlay_settings(options),
+            overlay: Some(overlay_settings(options)),
         },
         mtu: options.mtu,
         conflist: ConflistSettings {
@@ -122,13 +122,15 @@ pub fn settings(options: &Options) -> Settings {
     }
 }
 
-/// The overlay's settings, unless `--overlay off`.
-pub fn overlay_settings(options: &Options) -> Option<OverlaySettings> {
-    (options.overlay == OverlayMode::Vxlan).then(|| OverlaySettings {
+/// The overlay's settings (with `--overlay off` not enabled: the agent still knows
+/// its devices, to delete them).
+pub fn overlay_settings(options: &Options) -> OverlaySettings {
+    OverlaySettings {
+        enabled: options.overlay == OverlayMode::Vxlan,
         vni: options.vxlan_vni,
         port: options.vxlan_port,
         device_prefix: options.vxlan_device.clone(),
-    })
+    }
 }
 
 /// The reconciler's loop, until [`Wake::stop`]: a pass whenever something changed, a
@@ -245,9 +247,10 @@ pub async fn run(options: Options) -> Result<()> {
                 nl,
                 protocol: options.route_protocol,
                 bin_dir: options.bin_dir.clone(),
-                overlay_names: overlay_settings(&options)
-                    .map(|o| vec![o.device_name(false), o.device_name(true)])
-                    .unwrap_or_default(),
+                overlay_names: {
+                    let overlay = overlay_settings(&options);
+                    vec![overlay.device_name(false), overlay.device_name(true)]
+                },
             }),
             config: Box::new(ConfDir {
                 dir: options.conf_dir.clone(),

@@ -295,6 +295,7 @@ mod tests {
 
     fn settings() -> OverlaySettings {
         OverlaySettings {
+            enabled: true,
             vni: 4097,
             port: 4789,
             device_prefix: "cni-vx".into(),

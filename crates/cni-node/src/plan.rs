@@ -103,9 +103,12 @@ pub struct Tunnel {
     pub mac: MacAddr,
 }
 
-/// The overlay's settings; `None` in [`PlanSettings::overlay`] turns it off.
+/// The overlay's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OverlaySettings {
+    /// Whether nodes behind a router are encapsulated (`--overlay vxlan`); when not,
+    /// they are skipped, and devices of the agent's left from an earlier run go.
+    pub enabled: bool,
     /// VXLAN network identifier.
     pub vni: u32,
     /// UDP port.
@@ -159,7 +162,8 @@ pub struct PlanSettings {
     pub cluster_cidrs: Vec<IpNetwork>,
     /// Destinations never masqueraded beside the nodes' pod CIDRs.
     pub no_masquerade: Vec<IpNetwork>,
-    /// The overlay for nodes behind a router; `None`: they are skipped.
+    /// The overlay for nodes behind a router; `None` (or not enabled): they are
+    /// skipped.
     pub overlay: Option<OverlaySettings>,
 }
 
@@ -403,7 +407,7 @@ fn tunnel(
     own_pod_cidrs: &[IpNetwork],
     settings: &PlanSettings,
 ) -> Result<NextHop, NoRoute> {
-    if settings.overlay.is_none() {
+    if !settings.overlay.as_ref().is_some_and(|o| o.enabled) {
         return Err(NoRoute::BehindGateway { via, gateway });
     }
     let family = if cidr.is_ipv4() { "IPv4" } else { "IPv6" };
@@ -545,6 +549,7 @@ pub fn desired(
         .plan
         .overlay
         .as_ref()
+        .filter(|o| o.enabled)
         .map(|o| overlay_devices(&plan, host, o))
         .unwrap_or_default();
     let config = (!plan.own_pod_cidrs.is_empty()).then(|| {
@@ -917,6 +922,7 @@ mod tests {
     fn overlay_on() -> PlanSettings {
         PlanSettings {
             overlay: Some(OverlaySettings {
+                enabled: true,
                 vni: 4097,
                 port: 4789,
                 device_prefix: "cni-vx".into(),

@@ -901,6 +901,7 @@ mod tests {
 
         let mut f = fixture();
         f.reconciler.settings.plan.overlay = Some(crate::plan::OverlaySettings {
+            enabled: true,
             vni: 4097,
             port: 4789,
             device_prefix: "cni-vx".into(),
