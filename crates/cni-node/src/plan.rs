@@ -373,7 +373,8 @@ pub enum NoRoute {
     /// Its InternalIP is behind a router.
     #[error(
         "InternalIP {via} is reached through the gateway {gateway}, not on this node's link \
-         (routing pod CIDRs to node addresses needs the nodes on one L2 segment)"
+         (routing pod CIDRs to node addresses needs the nodes on one L2 segment; \
+         --overlay vxlan encapsulates to such nodes)"
     )]
     BehindGateway {
         /// The InternalIP.
