@@ -336,6 +336,22 @@ pub fn routes_to(other: u8, v4: &str, v6: &str) -> [String; 2] {
     ]
 }
 
+/// Where a node made by [`Cluster::new_host_on`] sits: a bridge in the underlay
+/// namespace, its addresses (/24 and /64) and its default gateways.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    /// The bridge its `ul0` is a port of.
+    pub bridge: &'static str,
+    /// Its IPv4 address.
+    pub v4: String,
+    /// Its IPv6 address.
+    pub v6: String,
+    /// Its IPv4 default gateway.
+    pub gateway_v4: String,
+    /// Its IPv6 default gateway.
+    pub gateway_v6: String,
+}
+
 /// The cluster: API server, underlay, "internet", and nodes with agents.
 #[derive(Debug)]
 pub struct Cluster {
@@ -427,17 +443,41 @@ impl Cluster {
     /// A node namespace on the underlay with its directories, but no Node object and no
     /// agent: the test adds them (and [`Self::hosts`] the host) itself.
     pub fn new_host(&self, n: u8, mtu: u32) -> Host {
+        self.new_host_on(
+            n,
+            mtu,
+            &Segment {
+                bridge: "ulbr",
+                v4: node_v4(n),
+                v6: node_v6(n),
+                gateway_v4: INTERNET_V4.to_owned(),
+                gateway_v6: INTERNET_V6.to_owned(),
+            },
+        )
+    }
+
+    /// [`Self::new_host`] on another bridge of the underlay namespace, with other
+    /// addresses and default gateways.
+    pub fn new_host_on(&self, n: u8, mtu: u32, segment: &Segment) -> Host {
         let ns = Netns::new("cnibb-cl-node");
-        attach(&self.underlay, "ulbr", &ns, &format!("node{n}"));
+        attach(&self.underlay, segment.bridge, &ns, &format!("node{n}"));
         let port = format!("node{n}");
         self.underlay
             .exec_ok(&["ip", "link", "set", &port, "mtu", &mtu.to_string()]);
         ns.exec_ok(&["ip", "link", "set", "ul0", "mtu", &mtu.to_string()]);
-        address(&ns, &node_v4(n), "24");
-        address(&ns, &node_v6(n), "64");
-        // A node's default route: through the "internet" host.
-        ns.exec_ok(&["ip", "route", "add", "default", "via", INTERNET_V4]);
-        ns.exec_ok(&["ip", "-6", "route", "add", "default", "via", INTERNET_V6]);
+        address(&ns, &segment.v4, "24");
+        address(&ns, &segment.v6, "64");
+        // A node's default route: through the "internet" host (or the segment's router).
+        ns.exec_ok(&["ip", "route", "add", "default", "via", &segment.gateway_v4]);
+        ns.exec_ok(&[
+            "ip",
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &segment.gateway_v6,
+        ]);
         ns.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
         ns.exec_ok(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
         let base = self.dir.path().join(format!("node-{n}"));

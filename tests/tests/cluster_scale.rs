@@ -11,6 +11,12 @@
 //! addition arrives, and every probe once the endpoint listens is answered within a
 //! generous 1 s (the agent's target, 100 ms, is the benchmark's to record). The default
 //! here is 300 nodes, so the test suite runs it quickly.
+//!
+//! `the_agent_syncs_thousands_of_encapsulated_nodes` does the same with the other
+//! nodes' InternalIPs behind a gateway, so every one of them is reached through the
+//! VXLAN overlay: the initial sync then also programs an FDB and a neighbour entry per
+//! node, and an addition is timed to its route through the VXLAN device (the last of
+//! its three changes).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -26,12 +32,20 @@ fn pod_cidr(i: u32) -> String {
     format!("10.{}.{}.0/24", i / 256, i % 256)
 }
 
-fn node_ip(i: u32) -> String {
-    format!("100.64.{}.{}", i / 250, i % 250 + 2)
+/// Node `i`'s InternalIP: on this node's link (100.64.0.0/16), or with the overlay
+/// behind the gateway 100.64.0.254 (100.65.0.0/16).
+fn node_ip(i: u32, overlay: bool) -> String {
+    let second = if overlay { 65 } else { 64 };
+    format!("100.{second}.{}.{}", i / 250, i % 250 + 2)
 }
 
-fn node(i: u32) -> serde_json::Value {
-    realistic_node(&format!("scale-{i}"), &[&pod_cidr(i)], &[&node_ip(i)], 40)
+fn node(i: u32, overlay: bool) -> serde_json::Value {
+    realistic_node(
+        &format!("scale-{i}"),
+        &[&pod_cidr(i)],
+        &[&node_ip(i, overlay)],
+        40,
+    )
 }
 
 fn route_count(ns: &Netns) -> usize {
@@ -83,6 +97,17 @@ fn vm_hwm_kib(pid: u32) -> u64 {
 
 #[test]
 fn the_agent_syncs_thousands_of_nodes() {
+    sync(false);
+}
+
+#[test]
+fn the_agent_syncs_thousands_of_encapsulated_nodes() {
+    sync(true);
+}
+
+/// The measurement, with the other nodes on this node's link or (`overlay`) behind a
+/// gateway.
+fn sync(overlay: bool) {
     if !require_root() {
         return;
     }
@@ -102,6 +127,9 @@ fn the_agent_syncs_thousands_of_nodes() {
     ns.exec_ok(&["ip", "addr", "add", "100.64.0.1/16", "dev", "ul0"]);
     ns.exec_ok(&["ip", "link", "set", "ul0", "up"]);
     ns.exec_ok(&["ip", "link", "set", "ul1", "up"]);
+    if overlay {
+        ns.exec_ok(&["ip", "route", "add", "100.65.0.0/16", "via", "100.64.0.254"]);
+    }
     let api = ApiServer::start_in_netns(
         ns.path(),
         "127.0.0.1:0".parse().unwrap_or_else(|e| panic!("{e}")),
@@ -109,7 +137,7 @@ fn the_agent_syncs_thousands_of_nodes() {
     let me = realistic_node("scale-0", &["10.255.0.0/24"], &["100.64.0.1"], 40);
     api.apply_node(me);
     for i in 1..nodes {
-        api.apply_node(node(i));
+        api.apply_node(node(i, overlay));
     }
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
@@ -158,6 +186,21 @@ fn the_agent_syncs_thousands_of_nodes() {
     }
     let initial_sync = start.elapsed();
     let rss_after_sync = vm_hwm_kib(child.id());
+    if overlay {
+        let entries = ns
+            .exec_ok(&["bridge", "fdb", "show", "dev", "cni-vx4"])
+            .lines()
+            .count();
+        let neighbours = ns
+            .exec_ok(&["ip", "neigh", "show", "dev", "cni-vx4", "nud", "permanent"])
+            .lines()
+            .count();
+        assert_eq!(
+            (entries, neighbours),
+            (want, want),
+            "every encapsulated node has its FDB and neighbour entry once its route is in"
+        );
+    }
     // The start is over; should the sync have beaten the first answer, probe on until
     // the endpoint answers once (bounded), so the report has something to say.
     let answered_by = Instant::now() + Duration::from_secs(5);
@@ -207,7 +250,7 @@ fn the_agent_syncs_thousands_of_nodes() {
     for k in 0..200 {
         let i = nodes + k;
         let served = Instant::now();
-        api.apply_node(node(i));
+        api.apply_node(node(i, overlay));
         let cidr = pod_cidr(i);
         let deadline = served + Duration::from_secs(10);
         let arrived = loop {
@@ -239,7 +282,8 @@ fn the_agent_syncs_thousands_of_nodes() {
         health_latencies[(health_latencies.len() * p / 100).min(health_latencies.len() - 1)]
     };
     println!(
-        "cluster-scale nodes={nodes} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} healthz_probes={} healthz_p99_ms={:.2} healthz_max_ms={:.2}",
+        "cluster-scale mode={} nodes={nodes} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} healthz_probes={} healthz_p99_ms={:.2} healthz_max_ms={:.2}",
+        if overlay { "vxlan" } else { "direct" },
         initial_sync.as_secs_f64() * 1000.0,
         rss_after_sync as f64 / 1024.0,
         rss_peak as f64 / 1024.0,

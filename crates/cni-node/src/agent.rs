@@ -17,14 +17,14 @@ use kube::Api;
 use kube::runtime::watcher;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::Options;
+use crate::cli::{Options, OverlayMode};
 use crate::conflist::ConflistSettings;
 use crate::error::{Error, Result, chain};
 use crate::health::{Health, Readiness};
 use crate::host::Host;
 use crate::metrics::Metrics;
 use crate::node::SlimNode;
-use crate::plan::{PlanSettings, Settings};
+use crate::plan::{OverlaySettings, PlanSettings, Settings};
 use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
 use crate::reconcile::{ConfDir, Effects, PolicyEffects, Reconciler};
 use crate::store::{Items, Store};
@@ -104,6 +104,7 @@ pub fn settings(options: &Options) -> Settings {
             node_name: options.node_name.clone(),
             cluster_cidrs: options.cluster_cidrs.clone(),
             no_masquerade: options.no_masquerade.clone(),
+            overlay: Some(overlay_settings(options)),
         },
         mtu: options.mtu,
         conflist: ConflistSettings {
@@ -119,6 +120,17 @@ pub fn settings(options: &Options) -> Settings {
                 .then(|| options.pod_record_dir.to_string_lossy().into_owned()),
         },
         policy_shared_peer_ranges: usize::try_from(options.policy_shared_peer_ranges).ok(),
+    }
+}
+
+/// The overlay's settings (with `--overlay off` not enabled: the agent still knows
+/// its devices, to delete them).
+pub fn overlay_settings(options: &Options) -> OverlaySettings {
+    OverlaySettings {
+        enabled: options.overlay == OverlayMode::Vxlan,
+        vni: options.vxlan_vni,
+        port: options.vxlan_port,
+        device_prefix: options.vxlan_device.clone(),
     }
 }
 
@@ -156,6 +168,7 @@ pub fn reconcile_loop(
         metrics.reconciled(now.elapsed(), &failed);
         let (v4, v6) = outcome.routes;
         metrics.owned(v4, v6, outcome.egress_prefixes, outcome.skipped);
+        metrics.tunnels(outcome.tunnels.0, outcome.tunnels.1);
         let (ingress, egress, profiles) = outcome.policy;
         metrics.policy(ingress, egress, profiles);
         let mut not_ready: Vec<(&'static str, String)> = outcome
@@ -235,12 +248,17 @@ pub async fn run(options: Options) -> Result<()> {
                 nl,
                 protocol: options.route_protocol,
                 bin_dir: options.bin_dir.clone(),
+                overlay_names: {
+                    let overlay = overlay_settings(&options);
+                    vec![overlay.device_name(false), overlay.device_name(true)]
+                },
             }),
             config: Box::new(ConfDir {
                 dir: options.conf_dir.clone(),
                 name: options.conflist_name.clone(),
             }),
             routes: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
+            devices: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
             egress,
             policy: if options.network_policy {
                 Some(PolicyEffects {
@@ -328,18 +346,35 @@ mod tests {
 
     struct Quiet;
     impl HostReader for Quiet {
-        fn read(&self) -> Result<HostState> {
+        fn read(&self, _entries: bool) -> Result<HostState> {
             Ok(HostState::default())
         }
     }
     impl RouteTable for Quiet {
-        fn add(&self, _: &cni_linux::netlink::Route) -> cni_linux::Result<()> {
+        fn apply(
+            &self,
+            changes: &[cni_linux::Change],
+        ) -> cni_linux::Result<Vec<cni_linux::Result<()>>> {
+            Ok(changes.iter().map(|_| Ok(())).collect())
+        }
+    }
+    impl crate::overlay::VxlanDevices for Quiet {
+        fn create(&self, _: &cni_linux::Vxlan<'_>) -> cni_linux::Result<u32> {
+            Ok(1)
+        }
+        fn delete(&self, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
-        fn replace(&self, _: &cni_linux::netlink::Route) -> cni_linux::Result<()> {
+        fn set_mtu(&self, _: u32, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
-        fn delete(&self, _: &cni_linux::netlink::Route) -> cni_linux::Result<()> {
+        fn set_mac(&self, _: u32, _: cni_linux::MacAddr) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn add_address(&self, _: u32, _: ipnetwork::IpNetwork) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn set_up(&self, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
     }
@@ -398,6 +433,7 @@ mod tests {
                 host: Box::new(Quiet),
                 config: Box::new(Dir(Arc::clone(&refuse))),
                 routes: Box::new(Quiet),
+                devices: Box::new(Quiet),
                 egress: None,
                 policy: None,
             },

@@ -17,8 +17,9 @@ const LONG_ABOUT: &str = "\
 The cni-plugins-rs node agent. Watches the Kubernetes Node objects and keeps this
 node in step with them: the CNI network config for its pod CIDRs (bridge +
 host-local, portmap when installed, loopback), a route to every other node's pod
-CIDR via that node's InternalIP (nodes on one L2 segment), masquerading of pod
-traffic that leaves the cluster, and a pod MTU that fits the node's uplink.
+CIDR via that node's InternalIP when it is on this node's link, else through a
+VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, and
+a pod MTU that fits the node's uplink and the encapsulation.
 Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr.
@@ -35,6 +36,16 @@ pub enum MasqueradeBackend {
     Iptables,
     /// No egress SNAT (something else does it).
     None,
+}
+
+/// How nodes that share no link with this node are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OverlayMode {
+    /// Through kernel VXLAN, one device per family; nodes on this node's link are
+    /// still routed directly.
+    Vxlan,
+    /// Not at all: such nodes are skipped with a log line (host-gw).
+    Off,
 }
 
 /// How log lines are written.
@@ -272,6 +283,43 @@ pub struct Options {
     )]
     pub pod_record_dir: PathBuf,
 
+    /// Reach nodes behind a router (whose InternalIP is not on this node's link)
+    /// through VXLAN; off: skip them, as host-gw does
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        default_value_t = OverlayMode::Vxlan
+    )]
+    pub overlay: OverlayMode,
+
+    /// The VXLAN network identifier of the overlay (flannel uses 1, Calico 4096)
+    #[arg(
+        long = "vxlan-vni",
+        value_name = "N",
+        default_value_t = 4097,
+        value_parser = clap::value_parser!(u32).range(1..=16_777_215)
+    )]
+    pub vxlan_vni: u32,
+
+    /// The overlay's UDP port: the IANA port (flannel and Cilium use 8472)
+    #[arg(
+        long = "vxlan-port",
+        value_name = "PORT",
+        default_value_t = cni_linux::netlink::vxlan::IANA_PORT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub vxlan_port: u16,
+
+    /// The overlay devices' name prefix: PREFIX4 carries IPv4, PREFIX6 IPv6
+    #[arg(
+        long = "vxlan-device",
+        value_name = "PREFIX",
+        default_value = "cni-vx",
+        value_parser = device_prefix
+    )]
+    pub vxlan_device: String,
+
     /// How log lines are written
     #[arg(
         long = "log-format",
@@ -325,6 +373,13 @@ fn conflist_name(name: &str) -> Result<String, &'static str> {
         return Err("a file name ending in .conflist, .conf or .json (what runtimes load)");
     }
     Ok(name.to_owned())
+}
+
+/// A prefix that leaves room for the family digit in an interface name.
+fn device_prefix(prefix: &str) -> Result<String, &'static str> {
+    interface_name(&format!("{prefix}4"))
+        .map(|_| prefix.to_owned())
+        .map_err(|_| "a prefix of at most 14 characters that makes a valid interface name")
 }
 
 fn interface_name(name: &str) -> Result<String, &'static str> {
@@ -383,6 +438,9 @@ mod tests {
         assert_eq!(o.page_size, 250);
         assert_eq!(o.log_format, LogFormat::Text);
         assert!(!o.verbose);
+        assert_eq!(o.overlay, OverlayMode::Vxlan);
+        assert_eq!((o.vxlan_vni, o.vxlan_port), (4097, 4789));
+        assert_eq!(o.vxlan_device, "cni-vx");
     }
 
     #[test]
@@ -413,6 +471,12 @@ mod tests {
             "--page-size=50",
             "--verbose",
             "--log-format=json",
+            "--overlay",
+            "off",
+            "--vxlan-vni=5000",
+            "--vxlan-port",
+            "4790",
+            "--vxlan-device=ovl",
         ]);
         assert_eq!(o.node_name, "n2");
         assert_eq!(o.kubeconfig, Some(PathBuf::from("/k")));
@@ -439,6 +503,9 @@ mod tests {
         assert_eq!(o.page_size, 50);
         assert!(o.verbose);
         assert_eq!(o.log_format, LogFormat::Json);
+        assert_eq!(o.overlay, OverlayMode::Off);
+        assert_eq!((o.vxlan_vni, o.vxlan_port), (5000, 4790));
+        assert_eq!(o.vxlan_device, "ovl");
     }
 
     #[test]
@@ -474,6 +541,14 @@ mod tests {
             ),
             (&["--resync-interval=0"][..], "--resync-interval", "0"),
             (&["--log-format=xml"][..], "--log-format", "xml"),
+            (&["--overlay=gre"][..], "--overlay", "gre"),
+            (&["--vxlan-vni=16777216"][..], "--vxlan-vni", "16777216"),
+            (&["--vxlan-port=0"][..], "--vxlan-port", "0"),
+            (
+                &["--vxlan-device=fifteen-chars-x"][..],
+                "--vxlan-device",
+                "fifteen-chars-x",
+            ),
         ] {
             let e = run_err(args);
             assert!(e.contains(flag) && e.contains(value), "{args:?}: {e}");

@@ -62,6 +62,45 @@ pub enum Error {
         source: cni_linux::Error,
     },
 
+    /// The kernel refused a change of a VXLAN device.
+    #[error("cannot {what} the VXLAN device {name}")]
+    Vxlan {
+        /// The device.
+        name: String,
+        /// What was tried.
+        what: &'static str,
+        /// The kernel's answer.
+        #[source]
+        source: cni_linux::Error,
+    },
+
+    /// A link has the name of one of the agent's VXLAN devices but is not one.
+    #[error(
+        "link {name} ({what}) is not this agent's VXLAN device (kind vxlan with its VNI): left \
+         alone, so the nodes that need it stay unreachable (rename it or set --vxlan-device \
+         or --vxlan-vni)"
+    )]
+    ForeignDevice {
+        /// Its name.
+        name: String,
+        /// What it is.
+        what: String,
+    },
+
+    /// The kernel refused an FDB or neighbour entry of a VXLAN device.
+    #[error("cannot program a VXLAN peer")]
+    VxlanEntry(#[source] cni_linux::Error),
+
+    /// A batch of route and VXLAN changes could not be sent or answered at all.
+    #[error("cannot apply {count} route and VXLAN changes")]
+    Batch {
+        /// The changes in the batch.
+        count: usize,
+        /// The socket's error.
+        #[source]
+        source: cni_linux::Error,
+    },
+
     /// The egress SNAT rules could not be brought in step.
     #[error("egress SNAT ({backend})")]
     Egress {

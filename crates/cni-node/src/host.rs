@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cni_linux::MacAddr;
 use cni_linux::netlink::{
-    Family, Netlink, Notified, Route, is_route_added_with_protocol, subscribe_host_changes,
+    Family, FdbEntry, Link, Neighbour, Netlink, Notified, Route, is_route_added_with_protocol,
+    subscribe_host_changes,
 };
 use ipnetwork::IpNetwork;
 
@@ -37,12 +39,56 @@ pub struct HostState {
     pub default_route_link: Option<(u32, String)>,
     /// Whether a `portmap` plugin is in the CNI bin dir.
     pub portmap_installed: bool,
+    /// The index of the link holding each address.
+    pub address_indexes: BTreeMap<IpAddr, u32>,
+    /// The links named like the agent's VXLAN devices, whatever they are, with what
+    /// they hold.
+    pub overlay: Vec<DeviceState>,
+}
+
+/// A link with the name of one of the agent's VXLAN devices, as read.
+#[derive(Debug, Clone)]
+pub struct DeviceState {
+    /// The link.
+    pub link: Link,
+    /// Its addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Its entries, when they were read (a VXLAN device's, on a read that asks for them).
+    pub entries: Option<DeviceEntries>,
+}
+
+/// What a VXLAN device holds of the kind the agent writes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceEntries {
+    /// Its own (`self`) FDB entries: MAC -> destination.
+    pub fdb: BTreeMap<[u8; 6], IpAddr>,
+    /// Its permanent neighbour entries: address -> MAC.
+    pub neighbours: BTreeMap<IpAddr, MacAddr>,
+}
+
+impl DeviceEntries {
+    /// The entries the agent writes, of what the kernel lists.
+    pub fn of(fdb: &[FdbEntry], neighbours: &[Neighbour]) -> Self {
+        Self {
+            fdb: fdb
+                .iter()
+                .filter(|e| e.is_self())
+                .filter_map(|e| Some((e.mac.0, e.dst?)))
+                .collect(),
+            neighbours: neighbours
+                .iter()
+                .filter(|n| n.is_permanent())
+                .filter_map(|n| Some((n.ip, n.mac?)))
+                .collect(),
+        }
+    }
 }
 
 /// Reads the host: a trait so the reconciler is tested without a kernel.
 pub trait HostReader: Send {
-    /// One reading.
-    fn read(&self) -> Result<HostState>;
+    /// One reading; the VXLAN devices' entries only with `entries` (thousands of them
+    /// at scale: the reconciler keeps what it wrote and reads them back on a resync).
+    fn read(&self, entries: bool) -> Result<HostState>;
 }
 
 /// The real host: netlink in the agent's netns and the CNI bin dir.
@@ -54,11 +100,14 @@ pub struct Host {
     pub protocol: u8,
     /// The CNI bin dir.
     pub bin_dir: PathBuf,
+    /// The names of the agent's VXLAN devices (none when the overlay is off).
+    pub overlay_names: Vec<String>,
 }
 
 impl HostReader for Host {
-    fn read(&self) -> Result<HostState> {
-        let mut state = read(&self.nl, self.protocol).map_err(Error::ReadHost)?;
+    fn read(&self, entries: bool) -> Result<HostState> {
+        let mut state =
+            read(&self.nl, self.protocol, &self.overlay_names, entries).map_err(Error::ReadHost)?;
         state.portmap_installed = self.bin_dir.join("portmap").is_file();
         Ok(state)
     }
@@ -148,8 +197,14 @@ pub fn notify_records(dir: &Path, wake: Arc<Wake>) -> Result<()> {
     Ok(())
 }
 
-/// Reads addresses, routes and links.
-pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
+/// Reads addresses, routes and links, and the links named `overlay_names` (with their
+/// entries when `entries`).
+pub fn read(
+    nl: &Netlink,
+    protocol: u8,
+    overlay_names: &[String],
+    entries: bool,
+) -> cni_linux::Result<HostState> {
     let links = nl.links()?;
     let mtu_of = |index: u32| {
         links
@@ -158,8 +213,13 @@ pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
             .map(|l| (l.mtu, l.name.clone()))
     };
     let mut state = HostState::default();
-    for address in nl.all_addresses(None)? {
+    let addresses = nl.all_addresses(None)?;
+    for address in &addresses {
         state.view.addresses.push(address.ip.ip());
+        state
+            .address_indexes
+            .entry(address.ip.ip())
+            .or_insert(address.index);
         if let Some((mtu, name)) = mtu_of(address.index) {
             state.address_mtus.push((address.ip.ip(), mtu, name));
         }
@@ -180,6 +240,25 @@ pub fn read(nl: &Netlink, protocol: u8) -> cni_linux::Result<HostState> {
             });
             state.foreign.entry(route.dst).or_default().push(route);
         }
+    }
+    for link in links.iter().filter(|l| overlay_names.contains(&l.name)) {
+        let entries = if entries && link.vxlan.is_some() {
+            Some(DeviceEntries::of(
+                &nl.fdb_entries(link.index)?,
+                &nl.neighbours(link.index, None)?,
+            ))
+        } else {
+            None
+        };
+        state.overlay.push(DeviceState {
+            link: link.clone(),
+            addresses: addresses
+                .iter()
+                .filter(|a| a.index == link.index)
+                .map(|a| a.ip.ip())
+                .collect(),
+            entries,
+        });
     }
     Ok(state)
 }
@@ -227,6 +306,48 @@ mod tests {
             default_route_link: Some((9000, "bond0".into())),
             ..HostState::default()
         }
+    }
+
+    #[test]
+    fn only_the_entries_the_agent_writes_are_kept() {
+        let mac: MacAddr = "0a:58:c6:13:00:0d".parse().unwrap();
+        let fdb = |flags: u8, dst: Option<&str>| FdbEntry {
+            index: 4,
+            mac,
+            dst: dst.map(|d| d.parse().unwrap()),
+            state: 0x80,
+            flags,
+            vni: None,
+            port: None,
+            master: None,
+        };
+        let neighbour = |ip: &str, state: u16, mac: Option<MacAddr>| Neighbour {
+            index: 4,
+            ip: ip.parse().unwrap(),
+            mac,
+            state,
+            flags: 0,
+        };
+        let entries = DeviceEntries::of(
+            &[
+                fdb(0x02, Some("198.19.0.13")),
+                fdb(0x00, Some("198.19.0.99")),
+                fdb(0x02, None),
+            ],
+            &[
+                neighbour("10.244.3.0", 0x80, Some(mac)),
+                neighbour("10.244.9.0", 0x02, Some(mac)),
+                neighbour("10.244.8.0", 0x80, None),
+            ],
+        );
+        assert_eq!(
+            entries.fdb.into_iter().collect::<Vec<_>>(),
+            [(mac.0, "198.19.0.13".parse().unwrap())]
+        );
+        assert_eq!(
+            entries.neighbours.into_iter().collect::<Vec<_>>(),
+            [("10.244.3.0".parse().unwrap(), mac)]
+        );
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! - [`host`]: what is read of this host, and its change notifications.
 //! - [`plan`]: the whole desired state as plain data, from a snapshot of the stores and
 //!   the host; [`reconcile`]: the one reconciler that applies the difference through
-//!   [`conflist`], [`routes`] and [`egress`].
+//!   [`conflist`], [`overlay`] (the VXLAN devices), [`routes`] (routes and the tunnels'
+//!   entries) and [`egress`].
 //! - [`agent`]: how the parts meet (threads, wake-ups, retries); [`wake`]: the
 //!   coalescing wake-up; [`health`] and [`metrics`]: the probes' and Prometheus's
 //!   endpoint.
@@ -24,6 +25,7 @@ pub mod host;
 pub mod logging;
 pub mod metrics;
 pub mod node;
+pub mod overlay;
 pub mod plan;
 pub mod policy;
 pub mod reconcile;

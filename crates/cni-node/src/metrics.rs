@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 pub type Label = [(&'static str, &'static str); 1];
 
 /// The reconcile steps, as they appear in `step` labels and in `/readyz`.
-pub const STEPS: [&str; 5] = ["host", "conflist", "routes", "egress", "policy"];
+pub const STEPS: [&str; 6] = ["host", "conflist", "overlay", "routes", "egress", "policy"];
 
 /// The content type of the text exposition ([`Metrics::encode`]).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -36,6 +36,7 @@ pub struct Metrics {
     watch_lists: Family<Label, Counter>,
     watched_objects: Family<Label, Gauge>,
     routes: Family<Label, Gauge>,
+    tunnel_peers: Family<Label, Gauge>,
     egress_prefixes: Gauge,
     skipped_nodes: Gauge,
     host_events: Counter,
@@ -65,6 +66,7 @@ impl Metrics {
             watch_lists: Family::default(),
             watched_objects: Family::default(),
             routes: Family::default(),
+            tunnel_peers: Family::default(),
             egress_prefixes: Gauge::default(),
             skipped_nodes: Gauge::default(),
             host_events: Counter::default(),
@@ -84,7 +86,8 @@ impl Metrics {
         );
         registry.register(
             "reconcile_failures",
-            "Failed reconcile steps (host, conflist, routes, egress, policy); retried with backoff",
+            "Failed reconcile steps (host, conflist, overlay, routes, egress, policy); retried \
+             with backoff",
             m.reconcile_failures.clone(),
         );
         registry.register_with_unit(
@@ -113,6 +116,12 @@ impl Metrics {
             "routes",
             "Routes to other nodes' pod CIDRs the agent owns, by family",
             m.routes.clone(),
+        );
+        registry.register(
+            "tunnel_peers",
+            "Other nodes' pod CIDRs reached through the VXLAN overlay (their routes are \
+             among the routes), by family",
+            m.tunnel_peers.clone(),
         );
         registry.register(
             "egress_prefixes",
@@ -150,6 +159,7 @@ impl Metrics {
         }
         for family in ["ipv4", "ipv6"] {
             let _ = m.routes.get_or_create(&[("family", family)]);
+            let _ = m.tunnel_peers.get_or_create(&[("family", family)]);
         }
         Self { registry, ..m }
     }
@@ -197,6 +207,16 @@ impl Metrics {
             .set(gauge(routes_v6));
         self.egress_prefixes.set(gauge(egress_prefixes));
         self.skipped_nodes.set(gauge(skipped));
+    }
+
+    /// The encapsulated peers after a reconciliation.
+    pub fn tunnels(&self, v4: usize, v6: usize) {
+        self.tunnel_peers
+            .get_or_create(&[("family", "ipv4")])
+            .set(gauge(v4));
+        self.tunnel_peers
+            .get_or_create(&[("family", "ipv6")])
+            .set(gauge(v6));
     }
 
     /// What the NetworkPolicy table holds after a reconciliation.

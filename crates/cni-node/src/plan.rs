@@ -1,7 +1,9 @@
 //! The desired state, as plain data: from the node map and what this host looks like,
 //! which pod CIDRs this node serves, its network config (bytes, MTU and why), which
-//! routes to other nodes it wants, and which destinations are inside the cluster (never
-//! masqueraded). [`desired`] is the whole of it; no effects here.
+//! routes to other nodes it wants and how each is reached (straight to the node on this
+//! node's link, or encapsulated in VXLAN to a node behind a router), the VXLAN devices
+//! that takes, and which destinations are inside the cluster (never masqueraded).
+//! [`desired`] is the whole of it; no effects here.
 //!
 //! Node data is checked before anything is routed on it: a kubelet writes its own
 //! Node's addresses, and one bad or hostile node must not capture another node's (or
@@ -10,6 +12,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use cni_linux::MacAddr;
+use cni_linux::netlink::vtep_mac;
+use cni_linux::netlink::vxlan::overhead;
 use ipnetwork::IpNetwork;
 
 use crate::conflist::{self, ConflistSettings};
@@ -56,6 +61,98 @@ enum Reach {
     NoRoute,
 }
 
+/// How another node's pod CIDR is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NextHop {
+    /// Straight to the node's InternalIP, on this node's link (host-gw).
+    Direct(IpAddr),
+    /// Encapsulated: through this node's VXLAN device of the family, to the node's VTEP.
+    Tunnel(Tunnel),
+}
+
+impl NextHop {
+    /// The route's gateway: the InternalIP, or the remote VTEP address.
+    pub fn via(&self) -> IpAddr {
+        match self {
+            Self::Direct(ip) => *ip,
+            Self::Tunnel(t) => t.vtep,
+        }
+    }
+}
+
+impl std::fmt::Display for NextHop {
+    /// `198.18.0.12`, or `10.244.3.0 over VXLAN to 198.19.0.13`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Direct(ip) => write!(f, "{ip}"),
+            Self::Tunnel(t) => write!(f, "{} over VXLAN to {}", t.vtep, t.underlay),
+        }
+    }
+}
+
+/// A remote node reached through VXLAN, as flannel programs one: an FDB entry (its
+/// VTEP MAC to its underlay address), a neighbour entry (its VTEP address to its VTEP
+/// MAC) and a route of its pod CIDR via its VTEP address, onlink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tunnel {
+    /// The node's InternalIP of the family: where the UDP packets go.
+    pub underlay: IpAddr,
+    /// The first address of its pod CIDR, which its VXLAN device holds.
+    pub vtep: IpAddr,
+    /// Its VTEP MAC, derived from `underlay` ([`vtep_mac`]): nothing is published.
+    pub mac: MacAddr,
+}
+
+/// The overlay's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlaySettings {
+    /// Whether nodes behind a router are encapsulated (`--overlay vxlan`); when not,
+    /// they are skipped, and devices of the agent's left from an earlier run go.
+    pub enabled: bool,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// UDP port.
+    pub port: u16,
+    /// Device name prefix: `<prefix>4` and `<prefix>6`.
+    pub device_prefix: String,
+}
+
+impl OverlaySettings {
+    /// The device of one family.
+    pub fn device_name(&self, v6: bool) -> String {
+        format!("{}{}", self.device_prefix, if v6 { 6 } else { 4 })
+    }
+}
+
+/// A VXLAN device this node should have: one per family with at least one
+/// encapsulated peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverlayDevice {
+    /// Its name.
+    pub name: String,
+    /// VXLAN network identifier.
+    pub vni: u32,
+    /// UDP port.
+    pub port: u16,
+    /// This node's InternalIP of the family: the underlay source address.
+    pub local: IpAddr,
+    /// The link holding `local`, when known (`dev` of the device).
+    pub uplink: Option<u32>,
+    /// This node's VTEP MAC.
+    pub mac: MacAddr,
+    /// This node's VTEP address (the first address of its pod CIDR of the family).
+    pub vtep: IpAddr,
+    /// The uplink's MTU minus the encapsulation.
+    pub mtu: u32,
+}
+
+impl OverlayDevice {
+    /// Whether it carries IPv6.
+    pub fn is_ipv6(&self) -> bool {
+        self.local.is_ipv6()
+    }
+}
+
 /// Settings that shape the plan.
 #[derive(Debug, Clone, Default)]
 pub struct PlanSettings {
@@ -65,6 +162,9 @@ pub struct PlanSettings {
     pub cluster_cidrs: Vec<IpNetwork>,
     /// Destinations never masqueraded beside the nodes' pod CIDRs.
     pub no_masquerade: Vec<IpNetwork>,
+    /// The overlay for nodes behind a router; `None` (or not enabled): they are
+    /// skipped.
+    pub overlay: Option<OverlaySettings>,
 }
 
 /// What the node map asks of this host.
@@ -74,8 +174,8 @@ pub struct Plan {
     pub own_pod_cidrs: Vec<IpNetwork>,
     /// This node's InternalIPs.
     pub own_internal_ips: Vec<IpAddr>,
-    /// Routes to other nodes' pod CIDRs: destination -> that node's InternalIP.
-    pub routes: BTreeMap<IpNetwork, IpAddr>,
+    /// Routes to other nodes' pod CIDRs: destination -> how it is reached.
+    pub routes: BTreeMap<IpNetwork, NextHop>,
     /// Where pod traffic keeps its source address: every accepted pod CIDR and the
     /// operator's extras.
     pub in_cluster: Vec<IpNetwork>,
@@ -140,12 +240,28 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
             out.own_pod_cidrs.push(cidr);
             continue;
         }
-        match next_hop(node, cidr, host, &own_pod_cidrs) {
-            Ok(via) => {
-                out.routes.insert(cidr, via);
+        let reached = match next_hop(node, cidr, host, &own_pod_cidrs) {
+            Ok(via) => Ok(NextHop::Direct(via)),
+            Err(NoRoute::BehindGateway { via, gateway }) => tunnel(
+                via,
+                gateway,
+                cidr,
+                &out.own_internal_ips,
+                &own_pod_cidrs,
+                settings,
+            ),
+            Err(why) => Err(why),
+        };
+        match reached {
+            Ok(hop) => {
+                out.routes.insert(cidr, hop);
             }
             Err(why) => skip(&mut out, &node.name, why.to_string()),
         }
+    }
+    for (cidr, name, why) in vtep_mac_clashes(&out.routes, &out.own_internal_ips, &accepted) {
+        out.routes.remove(&cidr);
+        skip(&mut out, &name, why);
     }
     out.in_cluster
         .extend(settings.no_masquerade.iter().copied());
@@ -257,7 +373,8 @@ pub enum NoRoute {
     /// Its InternalIP is behind a router.
     #[error(
         "InternalIP {via} is reached through the gateway {gateway}, not on this node's link \
-         (routing pod CIDRs to node addresses needs the nodes on one L2 segment)"
+         (routing pod CIDRs to node addresses needs the nodes on one L2 segment; \
+         --overlay vxlan encapsulates to such nodes)"
     )]
     BehindGateway {
         /// The InternalIP.
@@ -268,6 +385,97 @@ pub enum NoRoute {
     /// No route at all to its InternalIP.
     #[error("no route to InternalIP {0}")]
     Unreachable(IpAddr),
+    /// Its InternalIP is behind a router, and this node cannot encapsulate to it.
+    #[error(
+        "InternalIP is behind a router and this node has no {family} {what} to be a VXLAN \
+         endpoint with"
+    )]
+    NoLocalVtep {
+        /// `IPv4` or `IPv6`.
+        family: &'static str,
+        /// `InternalIP` or `pod CIDR`.
+        what: &'static str,
+    },
+}
+
+/// The tunnel to a node whose InternalIP `via` is behind `gateway`, when the overlay is
+/// on and this node can be a VTEP of the family (an InternalIP and a pod CIDR of it).
+fn tunnel(
+    via: IpAddr,
+    gateway: IpAddr,
+    cidr: IpNetwork,
+    own_internal_ips: &[IpAddr],
+    own_pod_cidrs: &[IpNetwork],
+    settings: &PlanSettings,
+) -> Result<NextHop, NoRoute> {
+    if !settings.overlay.as_ref().is_some_and(|o| o.enabled) {
+        return Err(NoRoute::BehindGateway { via, gateway });
+    }
+    let family = if cidr.is_ipv4() { "IPv4" } else { "IPv6" };
+    if !own_internal_ips
+        .iter()
+        .any(|ip| ip.is_ipv4() == cidr.is_ipv4())
+    {
+        return Err(NoRoute::NoLocalVtep {
+            family,
+            what: "InternalIP",
+        });
+    }
+    if !own_pod_cidrs.iter().any(|c| c.is_ipv4() == cidr.is_ipv4()) {
+        return Err(NoRoute::NoLocalVtep {
+            family,
+            what: "pod CIDR",
+        });
+    }
+    Ok(NextHop::Tunnel(Tunnel {
+        underlay: via,
+        vtep: cidr.network(),
+        mac: vtep_mac(via),
+    }))
+}
+
+/// Tunnels whose VTEP MAC another tunnel or this node already has (IPv6 MACs are a
+/// 40-bit hash: rare, but then frames would go to the wrong node): every such peer is
+/// left out, `(pod CIDR, node, why)`.
+fn vtep_mac_clashes(
+    routes: &BTreeMap<IpNetwork, NextHop>,
+    own_internal_ips: &[IpAddr],
+    accepted: &[(&NodeInfo, IpNetwork)],
+) -> Vec<(IpNetwork, String, String)> {
+    let node_of = |cidr: &IpNetwork| {
+        accepted
+            .iter()
+            .find(|(_, c)| c == cidr)
+            .map_or_else(String::new, |(n, _)| n.name.clone())
+    };
+    let mut seen: BTreeMap<(bool, [u8; 6]), Vec<IpNetwork>> = BTreeMap::new();
+    for (cidr, hop) in routes {
+        if let NextHop::Tunnel(t) = hop {
+            seen.entry((cidr.is_ipv6(), t.mac.0))
+                .or_default()
+                .push(*cidr);
+        }
+    }
+    let own: Vec<(bool, [u8; 6])> = own_internal_ips
+        .iter()
+        .map(|ip| (ip.is_ipv6(), vtep_mac(*ip).0))
+        .collect();
+    let mut out = Vec::new();
+    for (key, cidrs) in seen {
+        if cidrs.len() > 1 || own.contains(&key) {
+            for cidr in &cidrs {
+                out.push((
+                    *cidr,
+                    node_of(cidr),
+                    format!(
+                        "its VTEP MAC {} is also another node's or this node's: not encapsulated",
+                        MacAddr(key.1)
+                    ),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The node address to route `cidr` through, or why there is none.
@@ -330,6 +538,8 @@ pub struct Desired {
     /// The network config; `None` until this node has a usable pod CIDR (no config is
     /// written before, so the runtime reports the network not ready).
     pub config: Option<NetworkConfig>,
+    /// The VXLAN devices the tunnels need (none when no peer is encapsulated).
+    pub overlay: Vec<OverlayDevice>,
 }
 
 /// Computes the whole desired state from the node map, this host and the settings.
@@ -339,10 +549,20 @@ pub fn desired(
     settings: &Settings,
 ) -> Desired {
     let plan = plan(nodes, &host.view, &settings.plan);
+    let overlay = settings
+        .plan
+        .overlay
+        .as_ref()
+        .filter(|o| o.enabled)
+        .map(|o| overlay_devices(&plan, host, o))
+        .unwrap_or_default();
     let config = (!plan.own_pod_cidrs.is_empty()).then(|| {
         let (mtu, mtu_why) = match settings.mtu {
             Some(mtu) => (mtu, "set by --mtu".to_owned()),
-            None => host::choose_mtu(host, &plan.own_internal_ips),
+            None => {
+                let (mtu, why) = host::choose_mtu(host, &plan.own_internal_ips);
+                encapsulated_mtu(mtu, why, &overlay)
+            }
         };
         let conflist = ConflistSettings {
             portmap: host.portmap_installed,
@@ -355,7 +575,67 @@ pub fn desired(
             portmap: host.portmap_installed,
         }
     });
-    Desired { plan, config }
+    Desired {
+        plan,
+        config,
+        overlay,
+    }
+}
+
+/// The pod MTU once some peers are encapsulated: the uplink's minus the largest
+/// overhead in use (50 over an IPv4 underlay, 70 over IPv6), so that a full-size pod
+/// packet fits every tunnel; unchanged while no peer is.
+fn encapsulated_mtu(mtu: u32, why: String, overlay: &[OverlayDevice]) -> (u32, String) {
+    let Some(device) = overlay.iter().max_by_key(|d| overhead(Some(d.local))) else {
+        return (mtu, why);
+    };
+    let cut = overhead(Some(device.local));
+    let family = if device.is_ipv6() { "IPv6" } else { "IPv4" };
+    (
+        mtu.saturating_sub(cut),
+        format!("{why}, minus {cut} for VXLAN over {family} (some nodes are encapsulated)"),
+    )
+}
+
+/// One device per family that has an encapsulated peer.
+fn overlay_devices(
+    plan: &Plan,
+    host: &HostState,
+    settings: &OverlaySettings,
+) -> Vec<OverlayDevice> {
+    let mut out = Vec::new();
+    for v6 in [false, true] {
+        if !plan
+            .routes
+            .iter()
+            .any(|(c, h)| c.is_ipv6() == v6 && matches!(h, NextHop::Tunnel(_)))
+        {
+            continue;
+        }
+        // The plan made tunnels of this family only with both of these.
+        let Some(local) = plan.own_internal_ips.iter().find(|ip| ip.is_ipv6() == v6) else {
+            continue;
+        };
+        let Some(own_cidr) = plan.own_pod_cidrs.iter().find(|c| c.is_ipv6() == v6) else {
+            continue;
+        };
+        let uplink_mtu = host
+            .address_mtus
+            .iter()
+            .find(|(a, _, _)| a == local)
+            .map_or_else(|| host::choose_mtu(host, &[*local]).0, |(_, m, _)| *m);
+        out.push(OverlayDevice {
+            name: settings.device_name(v6),
+            vni: settings.vni,
+            port: settings.port,
+            local: *local,
+            uplink: host.address_indexes.get(local).copied(),
+            mac: vtep_mac(*local),
+            vtep: own_cidr.network(),
+            mtu: uplink_mtu.saturating_sub(overhead(Some(*local))),
+        });
+    }
+    out
 }
 
 #[cfg(test)]
@@ -642,6 +922,128 @@ mod tests {
         );
         let json: serde_json::Value = serde_json::from_slice(&config.bytes).unwrap();
         assert_eq!(json["plugins"][1]["type"], "loopback");
+    }
+
+    fn overlay_on() -> PlanSettings {
+        PlanSettings {
+            overlay: Some(OverlaySettings {
+                enabled: true,
+                vni: 4097,
+                port: 4789,
+                device_prefix: "cni-vx".into(),
+            }),
+            ..settings()
+        }
+    }
+
+    #[test]
+    fn a_node_behind_a_gateway_is_encapsulated_when_the_overlay_is_on() {
+        let mut nodes = three();
+        nodes[2].internal_ips = vec![
+            "203.0.113.7".parse().unwrap(),
+            "fd00:18::13".parse().unwrap(),
+        ];
+        let p = plan(
+            &map(nodes),
+            &host(&["198.18.0.11", "fd00:18::11"]),
+            &overlay_on(),
+        );
+        let hop = p.routes[&"10.244.3.0/24".parse().unwrap()];
+        assert_eq!(
+            hop,
+            NextHop::Tunnel(Tunnel {
+                underlay: "203.0.113.7".parse().unwrap(),
+                vtep: "10.244.3.0".parse().unwrap(),
+                mac: vtep_mac("203.0.113.7".parse().unwrap()),
+            })
+        );
+        // Per family: its IPv6 InternalIP is on the link, so IPv6 stays direct.
+        assert_eq!(
+            route(&p, "fd00:244:0:3::/64").as_deref(),
+            Some("fd00:18::13")
+        );
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+        // Unreachable stays skipped: there is no underlay path to send UDP on.
+        let mut h = host(&["198.18.0.11"]);
+        h.routes.retain(|r| r.gw.is_none());
+        let mut nodes = three();
+        nodes[2].internal_ips = vec!["203.0.113.7".parse().unwrap()];
+        let p = plan(&map(nodes), &h, &overlay_on());
+        assert!(
+            p.skipped["n3"].contains("no route to InternalIP"),
+            "{:?}",
+            p.skipped
+        );
+    }
+
+    #[test]
+    fn without_an_own_internal_ip_of_the_family_there_is_no_tunnel() {
+        let mut nodes = three();
+        nodes[0].internal_ips = vec!["198.18.0.11".parse().unwrap()];
+        nodes[2].internal_ips = vec![
+            "203.0.113.7".parse().unwrap(),
+            "fd00:99::13".parse().unwrap(),
+        ];
+        let mut h = host(&["198.18.0.11"]);
+        h.routes.push(HostRoute {
+            dst: "::/0".parse().unwrap(),
+            gw: Some("fd00:18::1".parse().unwrap()),
+        });
+        let p = plan(&map(nodes), &h, &overlay_on());
+        assert!(matches!(
+            p.routes[&"10.244.3.0/24".parse().unwrap()],
+            NextHop::Tunnel(_)
+        ));
+        assert!(
+            p.skipped["n3"].contains("no IPv6 InternalIP to be a VXLAN endpoint"),
+            "{:?}",
+            p.skipped
+        );
+    }
+
+    #[test]
+    fn the_pod_mtu_drops_by_the_largest_overhead_in_use() {
+        let mut nodes = three();
+        nodes[2].internal_ips = vec!["203.0.113.7".parse().unwrap()];
+        let s = Settings {
+            plan: overlay_on(),
+            ..whole_settings()
+        };
+        let mut h = host_state(false);
+        h.address_indexes.insert("198.18.0.11".parse().unwrap(), 2);
+        let d = desired(&map(nodes.clone()), &h, &s);
+        let config = d.config.expect("a config");
+        assert_eq!(config.mtu, 1400, "1450 - 50: {}", config.mtu_why);
+        assert!(
+            config.mtu_why.contains("minus 50 for VXLAN over IPv4"),
+            "{}",
+            config.mtu_why
+        );
+        assert_eq!(d.overlay.len(), 1);
+        let dev = &d.overlay[0];
+        assert_eq!(
+            (
+                dev.name.as_str(),
+                dev.mtu,
+                dev.uplink,
+                dev.vtep.to_string().as_str()
+            ),
+            ("cni-vx4", 1400, Some(2), "10.244.1.0")
+        );
+        // An IPv6 tunnel too: 70 off.
+        nodes[2].internal_ips.push("fd00:99::13".parse().unwrap());
+        h.view.routes.push(HostRoute {
+            dst: "::/0".parse().unwrap(),
+            gw: Some("fd00:18::1".parse().unwrap()),
+        });
+        let d = desired(&map(nodes.clone()), &h, &s);
+        assert_eq!(d.config.expect("a config").mtu, 1380);
+        assert_eq!(d.overlay.len(), 2);
+        // Nobody encapsulated: unchanged, no device.
+        let d = desired(&map(three()), &h, &s);
+        assert_eq!(d.config.expect("a config").mtu, 1450);
+        assert!(d.overlay.is_empty());
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The one reconciler: reads the host, computes the whole desired state
 //! ([`crate::plan::desired`]) from a snapshot of the watched objects, and applies the
-//! difference: the network config, the routes, the egress rules. Each effect is behind
-//! a small trait ([`HostReader`], [`ConfigDir`], [`RouteTable`], [`EgressRules`]) with
-//! in-memory fakes in the tests, so what it decides is tested without root.
+//! difference: the network config, the VXLAN devices, the routes with the tunnels'
+//! entries, the egress rules. Each effect is behind a small trait ([`HostReader`],
+//! [`ConfigDir`], [`VxlanDevices`], [`RouteTable`], [`EgressRules`]) with in-memory
+//! fakes in the tests, so what it decides is tested without root.
 //!
 //! A step that fails does not stop the others (a route the kernel refuses must not keep
 //! the conflist from being written); the failures are returned by step for `/readyz`,
@@ -24,8 +25,10 @@ use cni_protocol::pod_record;
 use crate::agent::PolicySnapshot;
 use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
-use crate::host::{HostReader, HostState};
+use crate::host::{DeviceEntries, HostReader, HostState};
 use crate::node::NodeInfo;
+use crate::overlay::{self, VxlanDevices};
+use crate::plan::NextHop;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
 use crate::policy::compile::{Compiled, SHARE_FROM, compile_sharing};
 use crate::policy::model::View;
@@ -89,8 +92,10 @@ pub struct Effects {
     pub host: Box<dyn HostReader>,
     /// The config directory.
     pub config: Box<dyn ConfigDir>,
-    /// The main routing table.
+    /// The main routing table and the VXLAN devices' entries.
     pub routes: Box<dyn RouteTable>,
+    /// The VXLAN devices themselves.
+    pub devices: Box<dyn VxlanDevices>,
     /// The egress rules, unless egress SNAT is off.
     pub egress: Option<Box<dyn EgressRules>>,
     /// NetworkPolicy enforcement, unless it is off.
@@ -114,6 +119,8 @@ pub struct Outcome {
     pub failures: Vec<(&'static str, Error)>,
     /// Routes of ours to IPv4 and IPv6 pod CIDRs in the table after the pass.
     pub routes: (usize, usize),
+    /// Of those, the encapsulated ones (through a VXLAN device), IPv4 and IPv6.
+    pub tunnels: (usize, usize),
     /// In-cluster prefixes the egress rules exempt.
     pub egress_prefixes: usize,
     /// Nodes left out.
@@ -187,13 +194,18 @@ impl Phases {
     }
 }
 
-/// The reconciler: settings, effects and what it has told the operator.
+/// The reconciler: settings, effects, what it has told the operator, and what the
+/// VXLAN devices hold.
 #[derive(Debug)]
 pub struct Reconciler {
     settings: Settings,
     protocol: u8,
     effects: Effects,
     reported: Reported,
+    /// The VXLAN devices' entries by device index, as read at the last resync and
+    /// changed by every pass since: at thousands of peers, reading them back on every
+    /// pass would cost more than the change itself. `None`: read them on the next pass.
+    entries: Option<BTreeMap<u32, DeviceEntries>>,
 }
 
 impl Reconciler {
@@ -204,6 +216,7 @@ impl Reconciler {
             protocol,
             effects,
             reported: Reported::default(),
+            entries: None,
         }
     }
 
@@ -218,8 +231,12 @@ impl Reconciler {
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
-        let host = match self.effects.host.read() {
-            Ok(host) => host,
+        let read_entries = resync || self.entries.is_none();
+        let host = match self.effects.host.read(read_entries) {
+            Ok(mut host) => {
+                self.known_entries(&mut host, read_entries);
+                host
+            }
             Err(e) => {
                 outcome.failures.push(("host", e));
                 self.report_failures(&outcome);
@@ -237,18 +254,48 @@ impl Reconciler {
         }
         phases.lap("conflist");
 
-        let changes = routes::reconcile(
+        let devices = match &self.settings.plan.overlay {
+            Some(settings) => overlay::ensure(
+                self.effects.devices.as_ref(),
+                &host,
+                &desired.overlay,
+                settings,
+            ),
+            None => overlay::DeviceOutcome::default(),
+        };
+        report_devices(&devices.done);
+        outcome
+            .failures
+            .extend(devices.failed.into_iter().map(|e| ("overlay", e)));
+        phases.lap("overlay");
+
+        let mut changes = routes::reconcile(
             self.effects.routes.as_ref(),
             &host,
             &desired.plan.routes,
+            &devices.ready,
             self.protocol,
         );
         self.report_routes(&changes);
         outcome.routes = routes_after(&host, &changes, self.protocol);
-        outcome
-            .failures
-            .extend(changes.failed.into_iter().map(|e| ("routes", e)));
+        outcome.tunnels = changes.tunnels;
+        self.entries = changes.entries_after.take();
+        for failure in changes.failed {
+            let step = if matches!(failure, Error::VxlanEntry(_)) {
+                "overlay"
+            } else {
+                "routes"
+            };
+            outcome.failures.push((step, failure));
+        }
         phases.lap("routes");
+        if !devices.stale.is_empty() {
+            let removed = overlay::remove_stale(self.effects.devices.as_ref(), &devices.stale);
+            report_devices(&removed.done);
+            outcome
+                .failures
+                .extend(removed.failed.into_iter().map(|e| ("overlay", e)));
+        }
 
         if let Some(rules) = &self.effects.egress {
             let plan = &desired.plan;
@@ -273,6 +320,28 @@ impl Reconciler {
         self.report_failures(&outcome);
         tracing::debug!("{}", phases.summary());
         outcome
+    }
+
+    /// Fills in the devices' entries from what the reconciler knows, or, when they were
+    /// read, makes that what it knows. Setting a device down flushes its neighbours.
+    fn known_entries(&mut self, host: &mut HostState, read: bool) {
+        if read {
+            self.entries = Some(
+                host.overlay
+                    .iter()
+                    .filter_map(|d| Some((d.link.index, d.entries.clone()?)))
+                    .collect(),
+            );
+            return;
+        }
+        let known = self.entries.get_or_insert_default();
+        for device in host.overlay.iter_mut().filter(|d| d.link.vxlan.is_some()) {
+            let mut entries = known.get(&device.link.index).cloned().unwrap_or_default();
+            if !device.link.up {
+                entries.neighbours.clear();
+            }
+            device.entries = Some(entries);
+        }
     }
 
     /// The NetworkPolicy step: compiles the view for this node's pods (their addresses
@@ -449,7 +518,7 @@ impl Reconciler {
             changes
                 .added
                 .iter()
-                .map(|(d, g)| format!("{d} via {g}"))
+                .map(|(d, h)| format!("{d} {}", hop_text(h)))
                 .collect(),
         );
         summary(
@@ -457,9 +526,16 @@ impl Reconciler {
             changes
                 .replaced
                 .iter()
-                .map(|(d, g)| format!("{d} now via {g}"))
+                .map(|(d, h)| format!("{d} now {}", hop_text(h)))
                 .collect(),
         );
+        if changes.entries != (0, 0) {
+            tracing::info!(
+                "VXLAN peers: {} FDB and neighbour entries written, {} deleted",
+                changes.entries.0,
+                changes.entries.1
+            );
+        }
         summary(
             "removed",
             changes.removed.iter().map(ToString::to_string).collect(),
@@ -491,6 +567,17 @@ impl Reconciler {
             }
             self.reported.failures = failures;
         }
+    }
+}
+
+/// A next hop for the log: `via 198.18.0.12`, `via 10.244.3.0 over VXLAN to 198.19.0.13`.
+fn hop_text(hop: &NextHop) -> String {
+    format!("via {hop}")
+}
+
+fn report_devices(done: &[String]) {
+    for what in done {
+        tracing::info!("overlay: {what}");
     }
 }
 
@@ -526,8 +613,6 @@ mod tests {
     use std::net::IpAddr;
     use std::sync::{Arc, Mutex};
 
-    use cni_linux::netlink::Route;
-
     use crate::conflist::ConflistSettings;
     use crate::host::HostState;
     use crate::plan::{HostRoute, HostView, PlanSettings};
@@ -538,7 +623,7 @@ mod tests {
     /// The host as read, or `None` when reading fails.
     struct FakeHost(Arc<Mutex<Option<HostState>>>);
     impl HostReader for FakeHost {
-        fn read(&self) -> crate::error::Result<HostState> {
+        fn read(&self, _entries: bool) -> crate::error::Result<HostState> {
             self.0
                 .lock()
                 .unwrap()
@@ -575,16 +660,40 @@ mod tests {
 
     struct FakeTable(Log);
     impl RouteTable for FakeTable {
-        fn add(&self, r: &Route) -> cni_linux::Result<()> {
-            self.0.lock().unwrap().push(format!("add {r}"));
+        fn apply(
+            &self,
+            changes: &[cni_linux::Change],
+        ) -> cni_linux::Result<Vec<cni_linux::Result<()>>> {
+            let mut log = self.0.lock().unwrap();
+            for change in changes {
+                log.push(match change {
+                    cni_linux::Change::ReplaceRoute(r) => format!("route {r}"),
+                    cni_linux::Change::DelRoute(r) => format!("delete {r}"),
+                    other => format!("{other:?}"),
+                });
+            }
+            Ok(changes.iter().map(|_| Ok(())).collect())
+        }
+    }
+
+    struct NoDevices;
+    impl VxlanDevices for NoDevices {
+        fn create(&self, _: &cni_linux::Vxlan<'_>) -> cni_linux::Result<u32> {
+            Ok(1)
+        }
+        fn delete(&self, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
-        fn replace(&self, r: &Route) -> cni_linux::Result<()> {
-            self.0.lock().unwrap().push(format!("replace {r}"));
+        fn set_mtu(&self, _: u32, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
-        fn delete(&self, r: &Route) -> cni_linux::Result<()> {
-            self.0.lock().unwrap().push(format!("delete {r}"));
+        fn set_mac(&self, _: u32, _: cni_linux::MacAddr) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn add_address(&self, _: u32, _: IpNetwork) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn set_up(&self, _: u32) -> cni_linux::Result<()> {
             Ok(())
         }
     }
@@ -643,6 +752,7 @@ mod tests {
                 writable: Arc::clone(&writable),
             }),
             routes: Box::new(FakeTable(Arc::clone(&log))),
+            devices: Box::new(NoDevices),
             egress: Some(Box::new(FakeEgress(Arc::clone(&log)))),
             policy: None,
         };
@@ -702,7 +812,7 @@ mod tests {
             take(&f.log),
             vec![
                 "write conflist",
-                "add 10.244.2.0/24 via 198.18.0.12 table 254",
+                "route 10.244.2.0/24 via 198.18.0.12 table 254",
                 "egress 10.244.1.0/24 exempt 10.244.1.0/24, 10.244.2.0/24",
             ]
         );
@@ -729,7 +839,7 @@ mod tests {
         );
         let log = take(&f.log);
         assert!(
-            log.iter().any(|l| l.starts_with("add 10.244.2.0/24")),
+            log.iter().any(|l| l.starts_with("route 10.244.2.0/24")),
             "{log:?}"
         );
         assert!(log.iter().any(|l| l.starts_with("egress")), "{log:?}");
@@ -785,11 +895,101 @@ mod tests {
         assert_eq!(
             log[..2],
             [
-                "add 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
                 "delete 10.244.2.0/24 via 198.18.0.12 table 254".to_owned(),
+                "route 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
             ]
         );
         assert_eq!(outcome.routes, (1, 0));
+    }
+
+    #[test]
+    fn vxlan_entries_are_written_once_and_read_back_only_on_a_resync() {
+        use cni_linux::VxlanInfo;
+        use cni_linux::netlink::{Link, OperState};
+
+        let mut f = fixture();
+        f.reconciler.settings.plan.overlay = Some(crate::plan::OverlaySettings {
+            enabled: true,
+            vni: 4097,
+            port: 4789,
+            device_prefix: "cni-vx".into(),
+        });
+        f.host
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .view
+            .routes
+            .push(HostRoute {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gw: Some("198.18.0.1".parse().unwrap()),
+            });
+        let mut nodes = two_nodes();
+        nodes.extend([node("n3", "10.244.3.0/24", "203.0.113.3")]);
+        let entries = |log: &[String]| {
+            log.iter()
+                .filter(|l| l.starts_with("ReplaceFdb") || l.starts_with("ReplaceNeigh"))
+                .count()
+        };
+        f.reconciler.reconcile(&nodes, None, false);
+        let log = take(&f.log);
+        assert_eq!(entries(&log), 2, "{log:?}");
+        assert!(
+            log.contains(&"route 10.244.3.0/24 via 10.244.3.0 dev #1 onlink table 254".to_owned()),
+            "{log:?}"
+        );
+        // The kernel now has the device (index 1, made by NoDevices) and the route;
+        // a pass that does not read the entries trusts what it wrote.
+        let local: IpAddr = "198.18.0.11".parse().unwrap();
+        {
+            let mut host = f.host.lock().unwrap();
+            let host = host.as_mut().unwrap();
+            host.address_indexes.insert(local, 2);
+            host.ours = vec![crate::routes::tunnel_route(
+                "10.244.3.0/24".parse().unwrap(),
+                "10.244.3.0".parse().unwrap(),
+                1,
+                77,
+            )];
+            host.overlay = vec![crate::host::DeviceState {
+                link: Link {
+                    index: 1,
+                    name: "cni-vx4".into(),
+                    mac: Some(cni_linux::netlink::vtep_mac(local)),
+                    mtu: 1400,
+                    kind: Some("vxlan".into()),
+                    controller: None,
+                    up: true,
+                    oper_state: OperState::Unknown,
+                    promisc: false,
+                    peer_index: None,
+                    link_netnsid: None,
+                    vlan_filtering: None,
+                    bridge_port: None,
+                    vxlan: Some(VxlanInfo {
+                        vni: 4097,
+                        port: 4789,
+                        local: Some(local),
+                        underlay: Some(2),
+                        learning: false,
+                        udp_csum: true,
+                        udp6_zero_csum_tx: false,
+                        udp6_zero_csum_rx: false,
+                    }),
+                },
+                addresses: vec!["10.244.1.0".parse().unwrap()],
+                entries: None,
+            }];
+        }
+        f.reconciler.reconcile(&nodes, None, false);
+        let log = take(&f.log);
+        assert_eq!(entries(&log), 0, "{log:?}");
+        // A resync reads them: gone by hand, written again.
+        f.host.lock().unwrap().as_mut().unwrap().overlay[0].entries =
+            Some(DeviceEntries::default());
+        f.reconciler.reconcile(&nodes, None, true);
+        assert_eq!(entries(&take(&f.log)), 2);
     }
 
     #[test]

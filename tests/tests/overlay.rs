@@ -1,0 +1,800 @@
+//! The node agent's VXLAN overlay, for real: two underlay segments (bridges in the
+//! underlay namespace) joined by a router namespace that has no route to any pod CIDR,
+//! dual-stack nodes on both, the built `cni-node` on each. Nodes on one segment route
+//! to each other directly; across the router they encapsulate. Pods attached through
+//! `cnitool` reach each other in both families with their own addresses, a ping with
+//! DF at the pod MTU crosses the overlay, and the overlay follows an InternalIP change,
+//! a node moving to the other segment, a deleted node, a device deleted or set down by
+//! hand and an agent SIGKILLed and started again (pinged every 10 ms meanwhile), while
+//! a VXLAN device of someone else's stays as it was. Times are printed, not asserted
+//! tightly (the bounds only catch what is plainly broken).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cni_blackbox::cluster::{
+    Cluster, Host, PROTO, Segment, node_name, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6, wait,
+};
+use cni_blackbox::hostport::in_netns;
+use cni_blackbox::underlay::{address, attach, source_seen};
+use cni_blackbox::{Netns, require_root};
+use cni_kube_api::realistic_node;
+
+/// The router's addresses on segment A (the harness's underlay) and on segment B.
+const ROUTER_A_V4: &str = "198.18.0.254";
+const ROUTER_A_V6: &str = "fd00:18::fe";
+const ROUTER_B_V4: &str = "198.19.0.254";
+const ROUTER_B_V6: &str = "fd00:19::fe";
+
+/// The underlay MTU; the pod MTU is this minus 70 while IPv6 peers are encapsulated.
+const MTU: u32 = 1500;
+
+/// Node `n`'s addresses on segment B.
+fn b_v4(n: u8) -> String {
+    format!("198.19.0.{}", 10 + n)
+}
+fn b_v6(n: u8) -> String {
+    format!("fd00:19::{:x}", 0x10 + n)
+}
+
+/// Where a node is and its InternalIPs.
+#[derive(Debug, Clone)]
+struct Place {
+    segment: char,
+    v4: String,
+    v6: String,
+}
+
+fn on_a(n: u8) -> Place {
+    Place {
+        segment: 'A',
+        v4: node_v4(n),
+        v6: node_v6(n),
+    }
+}
+
+fn on_b(n: u8) -> Place {
+    Place {
+        segment: 'B',
+        v4: b_v4(n),
+        v6: b_v6(n),
+    }
+}
+
+/// The first address of a pod CIDR: a node's VTEP address.
+fn vtep(cidr: &str) -> String {
+    cidr.split('/').next().unwrap_or_default().to_owned()
+}
+
+/// The routes node `m` should have ("dst via gw"): direct to nodes on its segment,
+/// via their VTEP address to the others.
+fn expected(places: &BTreeMap<u8, Place>) -> impl Fn(u8) -> BTreeSet<String> + '_ {
+    move |m| {
+        let Some(mine) = places.get(&m) else {
+            return BTreeSet::new();
+        };
+        let mut out = BTreeSet::new();
+        for (&o, place) in places {
+            if o == m {
+                continue;
+            }
+            let (v4, v6) = if place.segment == mine.segment {
+                (place.v4.clone(), place.v6.clone())
+            } else {
+                (vtep(&pod_cidr_v4(o)), vtep(&pod_cidr_v6(o)))
+            };
+            out.insert(format!("{} via {v4}", pod_cidr_v4(o)));
+            out.insert(format!("{} via {v6}", pod_cidr_v6(o)));
+        }
+        out
+    }
+}
+
+/// The output device of each of the agent's routes in `ns`, by destination.
+fn route_devices(ns: &Netns) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for family in ["-4", "-6"] {
+        for line in ns
+            .exec_ok(&["ip", family, "route", "show", "proto", PROTO])
+            .lines()
+        {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            if let (Some(dst), Some(at)) = (words.first(), words.iter().position(|w| *w == "dev"))
+                && let Some(dev) = words.get(at + 1)
+            {
+                out.insert((*dst).to_owned(), (*dev).to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// `bridge fdb show dev <dev>` lines (none when the device is missing).
+fn fdb(ns: &Netns, dev: &str) -> String {
+    let out = ns.exec(&["bridge", "fdb", "show", "dev", dev]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `ip neigh show dev <dev>` (none when the device is missing).
+fn neighbours(ns: &Netns, dev: &str) -> String {
+    let out = ns.exec(&["ip", "neigh", "show", "dev", dev]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A link's index in `ns`, if it exists.
+fn ifindex(ns: &Netns, dev: &str) -> Option<u32> {
+    let out = ns.exec(&["ip", "-o", "link", "show", dev]);
+    String::from_utf8_lossy(&out.stdout)
+        .split(':')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The Node object of node `n` at `place`.
+fn node_at(n: u8, place: &Place) -> serde_json::Value {
+    realistic_node(
+        &node_name(n),
+        &[&pod_cidr_v4(n), &pod_cidr_v6(n)],
+        &[&place.v4, &place.v6],
+        40,
+    )
+}
+
+/// One `ping` with DF set and `size` bytes of payload from `from` to `to`.
+fn df_ping(from: &Netns, to: IpAddr, size: u32) -> Result<(), String> {
+    let family = if to.is_ipv4() { "-4" } else { "-6" };
+    let size = size.to_string();
+    let to = to.to_string();
+    let out = from.exec(&[
+        "ping", family, "-n", "-c", "1", "-W", "2", "-M", "do", "-s", &size, &to,
+    ]);
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "ping -M do -s {size} {to}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// Segment B's bridge and the router between the segments; the API server's
+/// namespace answers segment B through the router.
+fn second_segment(cluster: &Cluster) -> Netns {
+    let ul = &cluster.underlay;
+    ul.exec_ok(&[
+        "ip", "link", "add", "ulbr2", "mtu", "1500", "type", "bridge",
+    ]);
+    ul.exec_ok(&["ip", "link", "set", "ulbr2", "up"]);
+    let router = Netns::new("cnibb-ovl-router");
+    attach(ul, "ulbr", &router, "rtr-a");
+    address(&router, ROUTER_A_V4, "24");
+    address(&router, ROUTER_A_V6, "64");
+    ul.exec_ok(&[
+        "ip",
+        "link",
+        "add",
+        "rtr-b",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "ul1",
+        "netns",
+        router.name(),
+    ]);
+    ul.exec_ok(&["ip", "link", "set", "rtr-b", "master", "ulbr2", "up"]);
+    router.exec_ok(&["ip", "link", "set", "ul1", "up"]);
+    router.exec_ok(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{ROUTER_B_V4}/24"),
+        "dev",
+        "ul1",
+    ]);
+    router.exec_ok(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{ROUTER_B_V6}/64"),
+        "dev",
+        "ul1",
+        "nodad",
+    ]);
+    router.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    router.exec_ok(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+    ul.exec_ok(&["ip", "route", "add", "198.19.0.0/24", "via", ROUTER_A_V4]);
+    router
+}
+
+/// A node on segment A, with routes to segment B through the router.
+fn host_on_a(cluster: &Cluster, n: u8) -> Host {
+    let host = cluster.new_host(n, MTU);
+    segment_a_routes(&host.ns);
+    host
+}
+
+fn segment_a_routes(ns: &Netns) {
+    ns.exec_ok(&["ip", "route", "add", "198.19.0.0/24", "via", ROUTER_A_V4]);
+    ns.exec_ok(&[
+        "ip",
+        "-6",
+        "route",
+        "add",
+        "fd00:19::/64",
+        "via",
+        ROUTER_A_V6,
+    ]);
+}
+
+fn host_on_b(cluster: &Cluster, n: u8) -> Host {
+    cluster.new_host_on(
+        n,
+        MTU,
+        &Segment {
+            bridge: "ulbr2",
+            v4: b_v4(n),
+            v6: b_v6(n),
+            gateway_v4: ROUTER_B_V4.to_owned(),
+            gateway_v6: ROUTER_B_V6.to_owned(),
+        },
+    )
+}
+
+/// Pings `to` from `from` every 10 ms `count` times; the longest run of lost replies,
+/// in ms, and how many arrived.
+fn ping_gap(from: &Netns, to: IpAddr, count: u32) -> std::process::Child {
+    let family = if to.is_ipv4() { "-4" } else { "-6" };
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            from.name(),
+            "ping",
+            family,
+            "-n",
+            "-i",
+            "0.01",
+        ])
+        .args(["-W", "1", "-c", &count.to_string()])
+        .arg(to.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("ping: {e}"))
+}
+
+fn longest_gap_ms(child: std::process::Child, count: u32) -> (u32, usize) {
+    let out = child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("ping: {e}"));
+    let seqs: BTreeSet<u32> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split("icmp_seq=").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    let mut longest = 0;
+    let mut run = 0;
+    for seq in 1..=count {
+        if seqs.contains(&seq) {
+            run = 0;
+        } else {
+            run += 1;
+            longest = longest.max(run);
+        }
+    }
+    (longest * 10, seqs.len())
+}
+
+/// The cluster with nodes `on_a` on segment A and `on_b` on segment B (namespaces, no
+/// Node objects or agents yet), the router, and where each node is.
+fn two_segments(on_a_nodes: &[u8], on_b_nodes: &[u8]) -> (Cluster, Netns, BTreeMap<u8, Place>) {
+    let mut cluster = Cluster::without_nodes(MTU);
+    let router = second_segment(&cluster);
+    let mut places: BTreeMap<u8, Place> = BTreeMap::new();
+    for &n in on_a_nodes {
+        let host = host_on_a(&cluster, n);
+        cluster.hosts.push(host);
+        places.insert(n, on_a(n));
+    }
+    for &n in on_b_nodes {
+        let host = host_on_b(&cluster, n);
+        cluster.hosts.push(host);
+        places.insert(n, on_b(n));
+    }
+    (cluster, router, places)
+}
+
+#[test]
+fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every_change() {
+    if !require_root() {
+        return;
+    }
+    let started = Instant::now();
+    let (mut cluster, router, mut places) = two_segments(&[1, 2], &[3, 4]);
+    // Someone else's VXLAN device on node 1, with an entry of its own.
+    let n1 = &cluster.hosts[0].ns;
+    n1.exec_ok(&[
+        "ip",
+        "link",
+        "add",
+        "fvx0",
+        "type",
+        "vxlan",
+        "id",
+        "4242",
+        "dstport",
+        "4790",
+        "local",
+        "198.18.0.11",
+        "nolearning",
+    ]);
+    n1.exec_ok(&["ip", "link", "set", "fvx0", "up"]);
+    n1.exec_ok(&[
+        "bridge",
+        "fdb",
+        "add",
+        "0a:00:00:00:42:01",
+        "dev",
+        "fvx0",
+        "dst",
+        "198.18.0.99",
+        "self",
+        "permanent",
+    ]);
+    let foreign_before = (ifindex(n1, "fvx0"), fdb(n1, "fvx0"));
+    for (n, place) in &places {
+        cluster.api.apply_node(node_at(*n, place));
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    for host in &mut cluster.hosts {
+        // No resync during the test: every repair below is woken by the API or by the
+        // host's notifications.
+        host.resync_secs = 600;
+        host.start_agent(&kubeconfig);
+    }
+    cluster.wait_for_conflists();
+    let took = cluster.wait_for_routes(Duration::from_secs(10), expected(&places));
+    eprintln!("start: every node had its direct and tunnel routes after {took:?}");
+
+    // Direct pairs are not encapsulated; pairs across the router are.
+    for host in &cluster.hosts {
+        let devices = route_devices(&host.ns);
+        let mine = places[&host.n].segment;
+        for (o, place) in &places {
+            if *o == host.n {
+                continue;
+            }
+            for (cidr, tunnel_dev) in [(pod_cidr_v4(*o), "cni-vx4"), (pod_cidr_v6(*o), "cni-vx6")] {
+                let dev = devices.get(&cidr).cloned().unwrap_or_default();
+                if place.segment == mine {
+                    assert!(
+                        !dev.starts_with("cni-vx"),
+                        "node {} {cidr}: dev {dev}",
+                        host.n
+                    );
+                } else {
+                    assert_eq!(dev, tunnel_dev, "node {} {cidr}", host.n);
+                }
+            }
+        }
+    }
+    // The devices as documented: VNI 4097, the IANA port, no learning, outer UDP
+    // checksums computed (what keeps NAT and offloads from breaking them).
+    for (dev, checksums) in [("cni-vx4", "udpcsum"), ("cni-vx6", "noudp6zerocsumtx")] {
+        let detail = cluster.hosts[0]
+            .ns
+            .exec_ok(&["ip", "-d", "link", "show", dev]);
+        for want in ["vxlan id 4097 ", "dstport 4789 ", "nolearning", checksums] {
+            assert!(detail.contains(want), "{dev}: no {want:?} in {detail}");
+        }
+    }
+    let metrics = cluster.hosts[0]
+        .health("/metrics")
+        .unwrap_or_else(|e| panic!("/metrics: {e}"));
+    for family in ["ipv4", "ipv6"] {
+        let line = format!("cni_node_tunnel_peers{{family=\"{family}\"}} 2");
+        assert!(
+            metrics.body.contains(&line),
+            "no {line:?} in\n{}",
+            metrics.body
+        );
+    }
+    let router_routes = router.exec_ok(&["ip", "route"]) + &router.exec_ok(&["ip", "-6", "route"]);
+    assert!(
+        !router_routes.contains("10.244.") && !router_routes.contains("fd00:244"),
+        "the router knows no pod CIDR: {router_routes}"
+    );
+
+    // The pod MTU leaves room for VXLAN over IPv6 (70), on every node.
+    let pod_mtu = MTU - 70;
+    for host in &cluster.hosts {
+        wait(Duration::from_secs(5), "the lowered pod MTU", || {
+            host.conflist()
+                .is_some_and(|c| c["plugins"][0]["mtu"] == pod_mtu)
+        })
+        .unwrap_or_else(|e| panic!("node {}: {e}: {:?}", host.n, host.conflist()));
+    }
+    for n in 1..=4 {
+        cluster.host(n).add_pod();
+    }
+    cluster.check_pod_to_pod();
+    let (p1, p3) = (&cluster.hosts[0].pods[0], &cluster.hosts[2].pods[0]);
+    df_ping(&p1.ns, p3.v4, pod_mtu - 28).unwrap_or_else(|e| panic!("{e}"));
+    df_ping(&p1.ns, p3.v6, pod_mtu - 48).unwrap_or_else(|e| panic!("{e}"));
+    df_ping(&p3.ns, p1.v6, pod_mtu - 48).unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "pods: both families across the router with their own addresses, DF ping at MTU {pod_mtu} \
+         ({:?} since start)",
+        started.elapsed()
+    );
+
+    // The checksum trap (masqueraded traffic that enters VXLAN got bad outer UDP
+    // checksums before kernel 5.7) does not apply: with every packet to the IPv4 device
+    // masqueraded on node 1, as a kube-proxy SNAT path would, UDP and TCP still cross
+    // and arrive from node 1's VTEP address.
+    let n1 = &cluster.hosts[0].ns;
+    n1.exec_ok(&["nft", "add", "table", "ip", "ovl_csum_test"]);
+    n1.exec_ok(&[
+        "nft",
+        "add chain ip ovl_csum_test post { type nat hook postrouting priority srcnat; }",
+    ]);
+    n1.exec_ok(&[
+        "nft",
+        "add rule ip ovl_csum_test post oifname \"cni-vx4\" masquerade",
+    ]);
+    let seen = source_seen(&p1.ns, &p3.ns, p3.v4).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        seen.to_string(),
+        vtep(&pod_cidr_v4(1)),
+        "masqueraded to the VTEP"
+    );
+    let (_, p99, _) = request_response(&p1.ns, &p3.ns, p3.v4, 200);
+    df_ping(&p1.ns, p3.v4, pod_mtu - 28).unwrap_or_else(|e| panic!("{e}"));
+    n1.exec_ok(&["nft", "delete", "table", "ip", "ovl_csum_test"]);
+    eprintln!(
+        "masqueraded into VXLAN: UDP seen from {seen}, 200 TCP round trips (p99 {p99:.0} µs), \
+         DF ping at the MTU"
+    );
+
+    // SIGKILL both ends' agents and start them again, pinging every 10 ms meanwhile.
+    let (p1_ns, p3_v4) = (cluster.hosts[0].pods[0].ns.name().to_owned(), p3.v4);
+    let index_before = ifindex(&cluster.hosts[0].ns, "cni-vx4");
+    let count = 200;
+    let pinger = ping_gap(&cluster.hosts[0].pods[0].ns, p3_v4, count);
+    std::thread::sleep(Duration::from_millis(300));
+    for n in [1, 3] {
+        cluster.host(n).kill_agent();
+    }
+    for n in [1, 3] {
+        cluster.host(n).start_agent(&kubeconfig);
+    }
+    let (gap, received) = longest_gap_ms(pinger, count);
+    eprintln!(
+        "SIGKILL + restart of nodes 1 and 3: {received}/{count} pings from {p1_ns} answered, \
+         longest gap {gap} ms"
+    );
+    assert!(
+        gap <= 100,
+        "a gap of {gap} ms in the overlay across a restart"
+    );
+    assert_eq!(
+        ifindex(&cluster.hosts[0].ns, "cni-vx4"),
+        index_before,
+        "the device was adopted, not made again"
+    );
+
+    // The IPv4 device deleted by hand, the IPv6 one set down: back, with their entries.
+    let n1 = cluster.hosts[0].ns.name().to_owned();
+    let t = Instant::now();
+    cluster.hosts[0]
+        .ns
+        .exec_ok(&["ip", "link", "del", "cni-vx4"]);
+    cluster.hosts[0]
+        .ns
+        .exec_ok(&["ip", "link", "set", "cni-vx6", "down"]);
+    cluster.wait_for_routes(Duration::from_secs(5), expected(&places));
+    wait(Duration::from_secs(5), "the devices' entries", || {
+        let ns = &cluster.hosts[0].ns;
+        let permanent = |text: String| {
+            text.lines()
+                .filter(|l| l.to_lowercase().contains("permanent"))
+                .count()
+        };
+        permanent(fdb(ns, "cni-vx4")) == 2 && permanent(neighbours(ns, "cni-vx6")) == 2
+    })
+    .unwrap_or_else(|e| panic!("{e}: {}", cluster.hosts[0].agent_log()));
+    eprintln!(
+        "device deleted / set down by hand on {n1}: routes and entries back after {:?}",
+        t.elapsed()
+    );
+    cluster.check_pod_to_pod();
+
+    // Node 3's InternalIP changes: the tunnel entries follow.
+    let new_v4 = "198.19.0.33";
+    address(&cluster.host(3).ns, new_v4, "24");
+    places.insert(
+        3,
+        Place {
+            v4: new_v4.to_owned(),
+            ..on_b(3)
+        },
+    );
+    let t = Instant::now();
+    cluster.api.apply_node(node_at(3, &places[&3]));
+    wait(
+        Duration::from_secs(5),
+        "node 1's FDB entry to the new address",
+        || {
+            let entries = fdb(&cluster.hosts[0].ns, "cni-vx4");
+            entries.contains(&format!("dst {new_v4} self permanent"))
+                && !entries.contains(&format!("dst {} ", b_v4(3)))
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}", fdb(&cluster.hosts[0].ns, "cni-vx4")));
+    eprintln!(
+        "InternalIP change: node 1's FDB entry moved after {:?}",
+        t.elapsed()
+    );
+    cluster.check_pod_to_pod();
+
+    // Node 4 moves to segment A: direct to nodes 1 and 2, encapsulated to node 3; and
+    // back (IPv6 routes switch to the tunnel in place only with a host route around the
+    // replacement).
+    for to in [on_a(4), on_b(4)] {
+        let segment = to.segment;
+        let t = Instant::now();
+        move_node(&mut cluster, &mut places, 4, to);
+        let took = cluster.wait_for_routes(Duration::from_secs(5), expected(&places));
+        eprintln!(
+            "node 4 moved to segment {segment}: every node switched between direct and tunnel \
+             after {:?} (routes {took:?} after the last node agreed)",
+            t.elapsed()
+        );
+        cluster.check_pod_to_pod();
+    }
+
+    // Nodes 3 and 4 are deleted: nothing of them stays; nodes 1 and 2 need no overlay
+    // any more.
+    let t = Instant::now();
+    cluster.api.delete_node(&node_name(3));
+    cluster.api.delete_node(&node_name(4));
+    places.remove(&3);
+    places.remove(&4);
+    let mac3 = "0a:58:c6:13:00:21";
+    for n in [1, 2] {
+        let host = cluster.host(n);
+        wait(Duration::from_secs(2), "node 3 gone", || {
+            let routes = host.our_routes();
+            !routes
+                .iter()
+                .any(|r| r.starts_with("10.244.3.") || r.starts_with("fd00:244:0:3:"))
+                && !fdb(&host.ns, "cni-vx4").contains(mac3)
+                && !neighbours(&host.ns, "cni-vx4").contains("10.244.3.0")
+                && !neighbours(&host.ns, "cni-vx6").contains("fd00:244:0:3::")
+                && !routes.iter().any(|r| r.starts_with("10.244.4."))
+        })
+        .unwrap_or_else(|e| panic!("node {n}: {e}: {}", host.agent_log()));
+    }
+    eprintln!(
+        "nodes 3 and 4 deleted: no route, FDB or neighbour entry of node 3 left after {:?}",
+        t.elapsed()
+    );
+    wait(Duration::from_secs(2), "node 1's devices gone", || {
+        ifindex(&cluster.hosts[0].ns, "cni-vx4").is_none()
+            && ifindex(&cluster.hosts[0].ns, "cni-vx6").is_none()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait(Duration::from_secs(2), "the full pod MTU again", || {
+        cluster.hosts[0]
+            .conflist()
+            .is_some_and(|c| c["plugins"][0]["mtu"] == MTU)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let foreign_after = (
+        ifindex(&cluster.hosts[0].ns, "fvx0"),
+        fdb(&cluster.hosts[0].ns, "fvx0"),
+    );
+    assert_eq!(
+        foreign_after, foreign_before,
+        "the foreign VXLAN device was touched"
+    );
+    // Every change above went in at the first try: no step failed on nodes 1 and 2
+    // (IPv6 direct to tunnel included, which the kernel refuses without the host route).
+    for n in [1, 2] {
+        let log = cluster.host(n).agent_log();
+        assert!(!log.contains("ERROR"), "node {n}:\n{log}");
+    }
+    eprintln!("whole test: {:?}", started.elapsed());
+}
+
+/// Moves node `n` to the segment of `to`. Its Node object changes first: its agent's
+/// watch connection leaves from the address that goes away, and would notice that
+/// only through TCP keepalive (about 25 s); then its port moves to the other bridge
+/// and its addresses and routes are swapped; then its agent is SIGKILLed and started
+/// again, standing for that keepalive timeout (its devices are adopted).
+fn move_node(cluster: &mut Cluster, places: &mut BTreeMap<u8, Place>, n: u8, to: Place) {
+    let from = places.get(&n).cloned().unwrap_or_else(|| on_a(n));
+    let seen = |log: &str| log.matches(&format!("local {}, MTU", to.v4)).count();
+    let before = seen(&cluster.host(n).agent_log());
+    places.insert(n, to.clone());
+    cluster.api.apply_node(node_at(n, &to));
+    let host = cluster.host(n);
+    wait(
+        Duration::from_secs(5),
+        "the agent sees its new address",
+        || seen(&host.agent_log()) > before,
+    )
+    .unwrap_or_else(|e| panic!("{e}: {}", host.agent_log()));
+    let (bridge, gw4, gw6) = if to.segment == 'A' {
+        ("ulbr", "198.18.0.1", "fd00:18::1")
+    } else {
+        ("ulbr2", ROUTER_B_V4, ROUTER_B_V6)
+    };
+    let port = format!("node{n}");
+    cluster
+        .underlay
+        .exec_ok(&["ip", "link", "set", &port, "nomaster"]);
+    cluster
+        .underlay
+        .exec_ok(&["ip", "link", "set", &port, "master", bridge]);
+    let ns = &cluster.host(n).ns;
+    if from.segment == 'A' {
+        ns.exec(&["ip", "route", "del", "198.19.0.0/24"]);
+        ns.exec(&["ip", "-6", "route", "del", "fd00:19::/64"]);
+    }
+    let (v4, v6) = (format!("{}/24", from.v4), format!("{}/64", from.v6));
+    ns.exec_ok(&["ip", "addr", "del", &v4, "dev", "ul0"]);
+    ns.exec_ok(&["ip", "addr", "del", &v6, "dev", "ul0"]);
+    address(ns, &to.v4, "24");
+    address(ns, &to.v6, "64");
+    ns.exec_ok(&["ip", "route", "replace", "default", "via", gw4]);
+    ns.exec_ok(&["ip", "-6", "route", "replace", "default", "via", gw6]);
+    if to.segment == 'A' {
+        segment_a_routes(ns);
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    let host = cluster.host(n);
+    host.kill_agent();
+    host.start_agent(&kubeconfig);
+}
+
+/// A TCP connection from `from` to a listener in `to` at `ip`: (client, server side).
+fn connection(from: &Netns, to: &Netns, ip: IpAddr) -> (TcpStream, TcpStream) {
+    let listener = in_netns(to.path(), move || {
+        TcpListener::bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"))
+    });
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr: {e}"));
+    let client = in_netns(from.path(), move || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+    });
+    let (server, _) = listener.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+    for s in [&client, &server] {
+        s.set_nodelay(true)
+            .unwrap_or_else(|e| panic!("nodelay: {e}"));
+    }
+    (client, server)
+}
+
+/// One TCP stream from `from` to `to` for `secs`: Gbit/s as the receiver counted.
+fn throughput(from: &Netns, to: &Netns, ip: IpAddr, secs: u64) -> f64 {
+    let (mut client, mut server) = connection(from, to, ip);
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
+        let start = Instant::now();
+        loop {
+            match server.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n as u64,
+            }
+        }
+        (total, start.elapsed())
+    });
+    let chunk = vec![0x5au8; 128 * 1024];
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if client.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    drop(client);
+    let (bytes, took) = reader
+        .join()
+        .unwrap_or_else(|_| panic!("the reader panicked"));
+    bytes as f64 * 8.0 / took.as_secs_f64() / 1e9
+}
+
+/// `count` one-byte requests, each answered with one byte, from `from` to `to`: the
+/// round trips' p50, p99 and max in microseconds.
+fn request_response(from: &Netns, to: &Netns, ip: IpAddr, count: usize) -> (f64, f64, f64) {
+    let (mut client, mut server) = connection(from, to, ip);
+    let echo = std::thread::spawn(move || {
+        let mut byte = [0u8; 1];
+        while server.read_exact(&mut byte).is_ok() {
+            if server.write_all(&byte).is_err() {
+                break;
+            }
+        }
+    });
+    let mut rtts = Vec::with_capacity(count);
+    let mut byte = [1u8; 1];
+    for _ in 0..count {
+        let t = Instant::now();
+        client
+            .write_all(&byte)
+            .unwrap_or_else(|e| panic!("request: {e}"));
+        client
+            .read_exact(&mut byte)
+            .unwrap_or_else(|e| panic!("response: {e}"));
+        rtts.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    drop(client);
+    let _ = echo.join();
+    rtts.sort_by(f64::total_cmp);
+    let at = |p: usize| rtts[(rtts.len() * p / 100).min(rtts.len() - 1)];
+    (at(50), at(99), rtts[rtts.len() - 1])
+}
+
+/// The traffic benchmark (`tests/bench/overlay-traffic.sh` runs it): pod to pod TCP
+/// throughput (one stream) and request/response latency, from a pod on node 1 to a
+/// pod on node 2 (same segment: direct) and to a pod on node 3 (behind the router:
+/// VXLAN), both families, in one run. Ignored in the suite: it measures, it checks
+/// nothing the test above does not.
+#[test]
+#[ignore = "a benchmark: tests/bench/overlay-traffic.sh"]
+fn traffic_direct_and_encapsulated() {
+    if !require_root() {
+        return;
+    }
+    let secs: u64 = std::env::var("OVERLAY_TRAFFIC_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let (mut cluster, _router, places) = two_segments(&[1, 2], &[3]);
+    for (n, place) in &places {
+        cluster.api.apply_node(node_at(*n, place));
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    for host in &mut cluster.hosts {
+        host.start_agent(&kubeconfig);
+    }
+    cluster.wait_for_conflists();
+    cluster.wait_for_routes(Duration::from_secs(10), expected(&places));
+    for host in &cluster.hosts {
+        wait(Duration::from_secs(5), "the lowered pod MTU", || {
+            host.conflist()
+                .is_some_and(|c| c["plugins"][0]["mtu"] == MTU - 70)
+        })
+        .unwrap_or_else(|e| panic!("node {}: {e}", host.n));
+    }
+    for n in 1..=3 {
+        cluster.host(n).add_pod();
+    }
+    cluster.check_pod_to_pod();
+    let from = &cluster.hosts[0].pods[0];
+    for (path, to) in [
+        ("direct", &cluster.hosts[1].pods[0]),
+        ("vxlan", &cluster.hosts[2].pods[0]),
+    ] {
+        for (family, ip) in [("ipv4", to.v4), ("ipv6", to.v6)] {
+            let gbps = throughput(&from.ns, &to.ns, ip, secs);
+            let (p50, p99, max) = request_response(&from.ns, &to.ns, ip, 5_000);
+            println!(
+                "overlay-traffic path={path} family={family} pod_mtu={} tcp_gbit_s={gbps:.2} \
+                 rr_p50_us={p50:.1} rr_p99_us={p99:.1} rr_max_us={max:.1}",
+                MTU - 70
+            );
+        }
+    }
+}
