@@ -474,7 +474,7 @@ fn parse_labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String>
 }
 
 /// The metric families of the contract, as they appear in samples, with their type.
-const FAMILIES: [(&str, &str); 11] = [
+const FAMILIES: [(&str, &str); 13] = [
     ("cni_node_reconciles_total", "counter"),
     ("cni_node_reconcile_duration_seconds", "histogram"),
     ("cni_node_reconcile_failures_total", "counter"),
@@ -489,6 +489,8 @@ const FAMILIES: [(&str, &str); 11] = [
     ("cni_node_egress_prefixes", "gauge"),
     ("cni_node_skipped_nodes", "gauge"),
     ("cni_node_host_events_total", "counter"),
+    ("cni_node_policy_profiles", "gauge"),
+    ("cni_node_policy_peer_sets", "gauge"),
 ];
 
 /// `GET /metrics` of `host`'s agent, parsed.

@@ -169,8 +169,7 @@ pub fn reconcile_loop(
         let (v4, v6) = outcome.routes;
         metrics.owned(v4, v6, outcome.egress_prefixes, outcome.skipped);
         metrics.tunnels(outcome.tunnels.0, outcome.tunnels.1);
-        let (ingress, egress, profiles) = outcome.policy;
-        metrics.policy(ingress, egress, profiles);
+        metrics.policy(outcome.policy);
         let mut not_ready: Vec<(&'static str, String)> = outcome
             .failures
             .iter()

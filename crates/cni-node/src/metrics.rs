@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, Result};
+use crate::reconcile::PolicyCounts;
 
 /// The labels of a metric family: one name, one value.
 pub type Label = [(&'static str, &'static str); 1];
@@ -42,6 +43,7 @@ pub struct Metrics {
     host_events: Counter,
     policy_isolated: Family<Label, Gauge>,
     policy_profiles: Gauge,
+    policy_peer_sets: Gauge,
 }
 
 impl Default for Metrics {
@@ -72,6 +74,7 @@ impl Metrics {
             host_events: Counter::default(),
             policy_isolated: Family::default(),
             policy_profiles: Gauge::default(),
+            policy_peer_sets: Gauge::default(),
         };
         registry.register(
             "reconciles",
@@ -148,6 +151,11 @@ impl Metrics {
             "Distinct NetworkPolicy profiles (what a set of pods allows) in the kernel",
             m.policy_profiles.clone(),
         );
+        registry.register(
+            "policy_peer_sets",
+            "NetworkPolicy peer sets (the addresses of a selector's pods) that profiles share",
+            m.policy_peer_sets.clone(),
+        );
         for direction in ["ingress", "egress"] {
             let _ = m.policy_isolated.get_or_create(&[("direction", direction)]);
         }
@@ -220,14 +228,15 @@ impl Metrics {
     }
 
     /// What the NetworkPolicy table holds after a reconciliation.
-    pub fn policy(&self, ingress: usize, egress: usize, profiles: usize) {
+    pub fn policy(&self, counts: PolicyCounts) {
         self.policy_isolated
             .get_or_create(&[("direction", "ingress")])
-            .set(gauge(ingress));
+            .set(gauge(counts.ingress));
         self.policy_isolated
             .get_or_create(&[("direction", "egress")])
-            .set(gauge(egress));
-        self.policy_profiles.set(gauge(profiles));
+            .set(gauge(counts.egress));
+        self.policy_profiles.set(gauge(counts.profiles));
+        self.policy_peer_sets.set(gauge(counts.peer_sets));
     }
 
     /// A watch of `kind` failed or was started again.

@@ -127,8 +127,21 @@ pub struct Outcome {
     pub skipped: usize,
     /// What the pass could not do yet for want of a complete view: `(step, why)`.
     pub waiting: Vec<(&'static str, String)>,
-    /// Local pod addresses isolated for ingress and for egress, and profiles in use.
-    pub policy: (usize, usize, usize),
+    /// What the NetworkPolicy table holds.
+    pub policy: PolicyCounts,
+}
+
+/// What the NetworkPolicy table holds after a pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyCounts {
+    /// Local pod addresses isolated for ingress.
+    pub ingress: usize,
+    /// Local pod addresses isolated for egress.
+    pub egress: usize,
+    /// Profiles (what a set of pods allows), both directions.
+    pub profiles: usize,
+    /// Shared peer sets.
+    pub peer_sets: usize,
 }
 
 impl Outcome {
@@ -392,19 +405,21 @@ impl Reconciler {
                 .unwrap_or(SHARE_FROM),
         );
         phases.lap("policy compile");
-        outcome.policy = (
-            compiled.ingress.len(),
-            compiled.egress.len(),
-            compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
-        );
-        let peer_sets = compiled.peer_sets.len();
+        let counts = PolicyCounts {
+            ingress: compiled.ingress.len(),
+            egress: compiled.egress.len(),
+            profiles: compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
+            peer_sets: compiled.peer_sets.len(),
+        };
+        outcome.policy = counts;
         match effects.datapath.apply(compiled) {
             Ok(true) => tracing::info!(
                 "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {} \
-                 profiles, {peer_sets} shared peer sets",
-                outcome.policy.0,
-                outcome.policy.1,
-                outcome.policy.2
+                 profiles, {} shared peer sets",
+                counts.ingress,
+                counts.egress,
+                counts.profiles,
+                counts.peer_sets
             ),
             Ok(false) => {}
             Err(e) => outcome.failures.push(("policy", e)),
