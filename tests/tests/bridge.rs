@@ -1724,7 +1724,7 @@ fn pod_records_and_pending_addresses_from_add_to_del() {
     out.assert_error(
         999,
         &format!(
-            "no pod record of fd00:77::2 in {}",
+            "CHECK of the pod records in {}: there is no pod record of fd00:77::2",
             net.records_dir().display()
         ),
     );

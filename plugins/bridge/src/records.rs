@@ -69,25 +69,47 @@ pub(crate) fn check(
         let record = pod_record::read(dir, ip).with_context(|| {
             format!("failed to read the pod record of {ip} in {}", dir.display())
         })?;
-        match record {
-            Some(r) if r.pod == pod && r.container_id == id => {}
-            Some(r) => {
-                return Err(CniError::internal(format!(
-                    "the pod record of {ip} in {} is for {} (container {}), not {pod} (container {id})",
-                    dir.display(),
-                    r.pod,
-                    r.container_id
-                )));
-            }
-            None => {
-                return Err(CniError::internal(format!(
-                    "no pod record of {ip} in {}",
-                    dir.display()
-                )));
-            }
-        }
+        record_matches(record, ip, pod, id)
+            .with_context(|| format!("CHECK of the pod records in {}", dir.display()))?;
     }
     Ok(())
+}
+
+/// How a pod record differs from what CHECK expects.
+#[derive(Debug, thiserror::Error)]
+enum RecordMismatch {
+    #[error(
+        "the pod record of {ip} is for {pod} (container {container}), not {want_pod} (container {want_container})"
+    )]
+    OtherPod {
+        ip: IpAddr,
+        pod: String,
+        container: String,
+        want_pod: String,
+        want_container: String,
+    },
+    #[error("there is no pod record of {0}")]
+    Missing(IpAddr),
+}
+
+/// Whether `record` (of `ip`) names `pod` and the container `id`.
+fn record_matches(
+    record: Option<pod_record::PodRecord>,
+    ip: IpAddr,
+    pod: &str,
+    id: &str,
+) -> Result<(), RecordMismatch> {
+    match record {
+        Some(r) if r.pod == pod && r.container_id == id => Ok(()),
+        Some(r) => Err(RecordMismatch::OtherPod {
+            ip,
+            pod: r.pod,
+            container: r.container_id,
+            want_pod: pod.to_owned(),
+            want_container: id.to_owned(),
+        }),
+        None => Err(RecordMismatch::Missing(ip)),
+    }
 }
 
 /// The addresses `prev` gives the interface `ifname` (or no interface in particular).
@@ -275,7 +297,10 @@ mod tests {
         let err = check(&req, &dir.0, "a/p", &prev).unwrap_err();
         assert_eq!(
             err.msg,
-            format!("no pod record of 10.1.0.2 in {}", dir.0.display())
+            format!(
+                "CHECK of the pod records in {}: there is no pod record of 10.1.0.2",
+                dir.0.display()
+            )
         );
         pod_record::write(&dir.0, &[ip("10.1.0.2")], &record("a/p", "c1")).unwrap();
         pod_record::write(&dir.0, &[ip("fd01::2")], &record("a/q", "c2")).unwrap();
@@ -283,7 +308,8 @@ mod tests {
         assert_eq!(
             err.msg,
             format!(
-                "the pod record of fd01::2 in {} is for a/q (container c2), not a/p (container c1)",
+                "CHECK of the pod records in {}: the pod record of fd01::2 is for a/q (container \
+                 c2), not a/p (container c1)",
                 dir.0.display()
             )
         );
