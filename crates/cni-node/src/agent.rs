@@ -357,26 +357,6 @@ mod tests {
             Ok(changes.iter().map(|_| Ok(())).collect())
         }
     }
-    impl crate::overlay::VxlanDevices for Quiet {
-        fn create(&self, _: &cni_linux::Vxlan<'_>) -> cni_linux::Result<u32> {
-            Ok(1)
-        }
-        fn delete(&self, _: u32) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn set_mtu(&self, _: u32, _: u32) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn set_mac(&self, _: u32, _: cni_linux::MacAddr) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn add_address(&self, _: u32, _: ipnetwork::IpNetwork) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn set_up(&self, _: u32) -> cni_linux::Result<()> {
-            Ok(())
-        }
-    }
     /// A config dir that refuses writes while `refuse` is set.
     struct Dir(Arc<Mutex<bool>>);
     impl ConfigDir for Dir {
@@ -432,7 +412,7 @@ mod tests {
                 host: Box::new(Quiet),
                 config: Box::new(Dir(Arc::clone(&refuse))),
                 routes: Box::new(Quiet),
-                devices: Box::new(Quiet),
+                devices: Box::new(crate::overlay::fakes::NoDevices),
                 egress: None,
                 policy: None,
             },

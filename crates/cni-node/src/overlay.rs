@@ -248,13 +248,92 @@ fn describe(link: &Link) -> String {
     }
 }
 
+/// Test doubles of the overlay's kernel side, shared by the agent's unit tests.
+#[cfg(test)]
+pub(crate) mod fakes {
+    use std::net::IpAddr;
+
+    use cni_linux::netlink::{Link, OperState, vtep_mac};
+    use cni_linux::{MacAddr, Vxlan, VxlanInfo};
+    use ipnetwork::IpNetwork;
+
+    use super::VxlanDevices;
+    use crate::host::DeviceState;
+
+    /// Devices that accept every change and make device number 1.
+    pub(crate) struct NoDevices;
+
+    impl VxlanDevices for NoDevices {
+        fn create(&self, _: &Vxlan<'_>) -> cni_linux::Result<u32> {
+            Ok(1)
+        }
+        fn delete(&self, _: u32) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn set_mtu(&self, _: u32, _: u32) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn set_mac(&self, _: u32, _: MacAddr) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn add_address(&self, _: u32, _: IpNetwork) -> cni_linux::Result<()> {
+            Ok(())
+        }
+        fn set_up(&self, _: u32) -> cni_linux::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A link as the host reader reports it: `kind` (a VXLAN device of `vni` over
+    /// device 2 from `local`, when `kind` is `vxlan`), its MAC the one derived from
+    /// `local`, addressed 10.244.1.0, its entries not read.
+    pub(crate) fn device(
+        index: u32,
+        name: &str,
+        kind: &str,
+        vni: u32,
+        local: IpAddr,
+        mtu: u32,
+        up: bool,
+    ) -> DeviceState {
+        DeviceState {
+            link: Link {
+                index,
+                name: name.into(),
+                mac: Some(vtep_mac(local)),
+                mtu,
+                kind: Some(kind.into()),
+                controller: None,
+                up,
+                oper_state: OperState::Unknown,
+                promisc: false,
+                peer_index: None,
+                link_netnsid: None,
+                vlan_filtering: None,
+                bridge_port: None,
+                vxlan: (kind == "vxlan").then_some(VxlanInfo {
+                    vni,
+                    port: 4789,
+                    local: Some(local),
+                    underlay: Some(2),
+                    learning: false,
+                    udp_csum: true,
+                    udp6_zero_csum_tx: false,
+                    udp6_zero_csum_rx: false,
+                }),
+            },
+            addresses: vec!["10.244.1.0".parse().unwrap()],
+            entries: None,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
-    use cni_linux::VxlanInfo;
-    use cni_linux::netlink::{OperState, vtep_mac};
+    use cni_linux::netlink::vtep_mac;
 
     use crate::host::DeviceState;
 
@@ -317,36 +396,7 @@ mod tests {
     }
 
     fn link(name: &str, kind: &str, vni: u32, local: &str, up: bool) -> DeviceState {
-        let local: IpAddr = local.parse().unwrap();
-        DeviceState {
-            link: Link {
-                index: 7,
-                name: name.into(),
-                mac: Some(vtep_mac(local)),
-                mtu: 1450,
-                kind: Some(kind.into()),
-                controller: None,
-                up,
-                oper_state: OperState::Unknown,
-                promisc: false,
-                peer_index: None,
-                link_netnsid: None,
-                vlan_filtering: None,
-                bridge_port: None,
-                vxlan: (kind == "vxlan").then_some(VxlanInfo {
-                    vni,
-                    port: 4789,
-                    local: Some(local),
-                    underlay: Some(2),
-                    learning: false,
-                    udp_csum: true,
-                    udp6_zero_csum_tx: false,
-                    udp6_zero_csum_rx: false,
-                }),
-            },
-            addresses: vec!["10.244.1.0".parse().unwrap()],
-            entries: None,
-        }
+        super::fakes::device(7, name, kind, vni, local.parse().unwrap(), 1450, up)
     }
 
     fn run(host: &HostState, want: &[OverlayDevice]) -> (DeviceOutcome, Vec<String>) {

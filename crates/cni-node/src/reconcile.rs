@@ -630,6 +630,7 @@ mod tests {
 
     use crate::conflist::ConflistSettings;
     use crate::host::HostState;
+    use crate::overlay::fakes::NoDevices;
     use crate::plan::{HostRoute, HostView, PlanSettings};
 
     /// Everything the fakes were asked to do, in order.
@@ -688,28 +689,6 @@ mod tests {
                 });
             }
             Ok(changes.iter().map(|_| Ok(())).collect())
-        }
-    }
-
-    struct NoDevices;
-    impl VxlanDevices for NoDevices {
-        fn create(&self, _: &cni_linux::Vxlan<'_>) -> cni_linux::Result<u32> {
-            Ok(1)
-        }
-        fn delete(&self, _: u32) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn set_mtu(&self, _: u32, _: u32) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn set_mac(&self, _: u32, _: cni_linux::MacAddr) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn add_address(&self, _: u32, _: IpNetwork) -> cni_linux::Result<()> {
-            Ok(())
-        }
-        fn set_up(&self, _: u32) -> cni_linux::Result<()> {
-            Ok(())
         }
     }
 
@@ -919,9 +898,6 @@ mod tests {
 
     #[test]
     fn vxlan_entries_are_written_once_and_read_back_only_on_a_resync() {
-        use cni_linux::VxlanInfo;
-        use cni_linux::netlink::{Link, OperState};
-
         let mut f = fixture();
         f.reconciler.settings.plan.overlay = Some(crate::plan::OverlaySettings {
             enabled: true,
@@ -967,35 +943,9 @@ mod tests {
                 1,
                 77,
             )];
-            host.overlay = vec![crate::host::DeviceState {
-                link: Link {
-                    index: 1,
-                    name: "cni-vx4".into(),
-                    mac: Some(cni_linux::netlink::vtep_mac(local)),
-                    mtu: 1400,
-                    kind: Some("vxlan".into()),
-                    controller: None,
-                    up: true,
-                    oper_state: OperState::Unknown,
-                    promisc: false,
-                    peer_index: None,
-                    link_netnsid: None,
-                    vlan_filtering: None,
-                    bridge_port: None,
-                    vxlan: Some(VxlanInfo {
-                        vni: 4097,
-                        port: 4789,
-                        local: Some(local),
-                        underlay: Some(2),
-                        learning: false,
-                        udp_csum: true,
-                        udp6_zero_csum_tx: false,
-                        udp6_zero_csum_rx: false,
-                    }),
-                },
-                addresses: vec!["10.244.1.0".parse().unwrap()],
-                entries: None,
-            }];
+            host.overlay = vec![crate::overlay::fakes::device(
+                1, "cni-vx4", "vxlan", 4097, local, 1400, true,
+            )];
         }
         f.reconciler.reconcile(&nodes, None, false);
         let log = take(&f.log);

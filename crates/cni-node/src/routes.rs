@@ -413,7 +413,6 @@ mod tests {
     use std::sync::Mutex;
 
     use cni_linux::netlink::vtep_mac;
-    use cni_linux::netlink::{Link, OperState};
 
     use crate::host::DeviceState;
     use crate::plan::Tunnel;
@@ -596,23 +595,9 @@ mod tests {
     }
 
     fn device_state(index: u32, fdb: &[(&str, &str)], neighbours: &[(&str, &str)]) -> DeviceState {
+        let local = "198.18.0.11".parse().unwrap();
+        let name = format!("cni-vx{index}");
         DeviceState {
-            link: Link {
-                index,
-                name: format!("cni-vx{index}"),
-                mac: None,
-                mtu: 1450,
-                kind: Some("vxlan".into()),
-                controller: None,
-                up: true,
-                oper_state: OperState::Unknown,
-                promisc: false,
-                peer_index: None,
-                link_netnsid: None,
-                vlan_filtering: None,
-                bridge_port: None,
-                vxlan: None,
-            },
             addresses: Vec::new(),
             entries: Some(DeviceEntries {
                 fdb: fdb
@@ -624,6 +609,7 @@ mod tests {
                     .map(|(ip, mac)| (ip.parse().unwrap(), mac.parse().unwrap()))
                     .collect(),
             }),
+            ..crate::overlay::fakes::device(index, &name, "vxlan", 4097, local, 1450, true)
         }
     }
 
