@@ -613,6 +613,24 @@ mod tests {
         }
     }
 
+    /// The kernel with one peer through device 40: its route, FDB and neighbour entries.
+    fn one_tunnel() -> HostState {
+        HostState {
+            ours: vec![tunnel_route(
+                "10.244.3.0/24".parse().unwrap(),
+                "10.244.3.0".parse().unwrap(),
+                40,
+                P,
+            )],
+            overlay: vec![device_state(
+                40,
+                &[("0a:58:c6:13:00:0d", "198.19.0.13")],
+                &[("10.244.3.0", "0a:58:c6:13:00:0d")],
+            )],
+            ..HostState::default()
+        }
+    }
+
     #[test]
     fn a_new_tunnel_gets_its_entries_before_its_route() {
         let want: BTreeMap<_, _> = [tunnel("10.244.3.0/24", "198.19.0.13")]
@@ -633,20 +651,7 @@ mod tests {
 
     #[test]
     fn a_deleted_peer_loses_its_route_before_its_entries() {
-        let host = HostState {
-            ours: vec![tunnel_route(
-                "10.244.3.0/24".parse().unwrap(),
-                "10.244.3.0".parse().unwrap(),
-                40,
-                P,
-            )],
-            overlay: vec![device_state(
-                40,
-                &[("0a:58:c6:13:00:0d", "198.19.0.13")],
-                &[("10.244.3.0", "0a:58:c6:13:00:0d")],
-            )],
-            ..HostState::default()
-        };
+        let host = one_tunnel();
         let (c, log) = run(&host, &BTreeMap::new(), &devices());
         assert_eq!(
             log,
@@ -661,20 +666,7 @@ mod tests {
 
     #[test]
     fn a_moved_underlay_address_moves_the_fdb_entry_and_keeps_the_route() {
-        let host = HostState {
-            ours: vec![tunnel_route(
-                "10.244.3.0/24".parse().unwrap(),
-                "10.244.3.0".parse().unwrap(),
-                40,
-                P,
-            )],
-            overlay: vec![device_state(
-                40,
-                &[("0a:58:c6:13:00:0d", "198.19.0.13")],
-                &[("10.244.3.0", "0a:58:c6:13:00:0d")],
-            )],
-            ..HostState::default()
-        };
+        let host = one_tunnel();
         let want: BTreeMap<_, _> = [tunnel("10.244.3.0/24", "198.19.0.33")]
             .into_iter()
             .collect();
