@@ -615,11 +615,11 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     eprintln!("whole test: {:?}", started.elapsed());
 }
 
-/// Moves node `n` to the segment of `to`. Its Node object changes first: its agent's
-/// watch connection leaves from the address that goes away, and would notice that
-/// only through TCP keepalive (about 25 s); then its port moves to the other bridge
-/// and its addresses and routes are swapped; then its agent is SIGKILLed and started
-/// again, standing for that keepalive timeout (its devices are adopted).
+/// Moves node `n` to the segment of `to`. Its Node object changes first (its agent
+/// sees it); then its port moves to the other bridge and its addresses and routes are
+/// swapped. Its agent's API connections left from the address that goes away: the
+/// agent ends them when the address is removed and makes them again from the new one,
+/// so it keeps following the API (the next move needs that) without a restart.
 fn move_node(cluster: &mut Cluster, places: &mut BTreeMap<u8, Place>, n: u8, to: Place) {
     let from = places.get(&n).cloned().unwrap_or_else(|| on_a(n));
     let seen = |log: &str| log.matches(&format!("local {}, MTU", to.v4)).count();
@@ -660,10 +660,6 @@ fn move_node(cluster: &mut Cluster, places: &mut BTreeMap<u8, Place>, n: u8, to:
     if to.segment == 'A' {
         segment_a_routes(ns);
     }
-    let kubeconfig = cluster.kubeconfig.clone();
-    let host = cluster.host(n);
-    host.kill_agent();
-    host.start_agent(&kubeconfig);
 }
 
 /// A TCP connection from `from` to a listener in `to` at `ip`: (client, server side).

@@ -228,13 +228,23 @@ pub async fn run(options: Options) -> Result<()> {
         signal: "SIGINT",
         source,
     })?;
-    let client = api::client(options.kubeconfig.as_deref()).await?;
+    let connections = Arc::new(api::Connections::default());
+    let client = api::client(options.kubeconfig.as_deref(), &connections).await?;
 
     let wake = Arc::new(Wake::default());
     host::notify_changes(
         Arc::clone(&wake),
         Arc::clone(&metrics),
         options.route_protocol,
+        move |removed| {
+            let severed = connections.sever(removed);
+            if severed > 0 {
+                tracing::info!(
+                    "this host lost the address {removed}: {severed} API connection(s) made \
+                     from it ended, to be made again from another"
+                );
+            }
+        },
     )?;
     if options.network_policy {
         host::notify_records(&options.pod_record_dir, Arc::clone(&wake))?;

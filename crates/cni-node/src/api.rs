@@ -1,24 +1,34 @@
 //! The Kubernetes API client, and the watch of one kind into its store.
 //!
 //! The client is kube-rs's, on a connection of our own making: TCP keepalive and
-//! `TCP_USER_TIMEOUT`, so a connection that died without a word (the node's own
-//! address replaced, a middlebox that dropped the flow) fails within about
-//! [`DEAD_CONNECTION_AFTER`] instead of leaving a watch that hears nothing until the
-//! server's watch timeout, minutes later. A healthy idle watch costs a few keepalive
-//! segments, no request.
+//! `TCP_USER_TIMEOUT`, so a connection that died without a word (a middlebox that
+//! dropped the flow) fails within about [`DEAD_CONNECTION_AFTER`] instead of leaving a
+//! watch that hears nothing until the server's watch timeout, minutes later; and
+//! registered by its local address ([`Connections`]), so that one whose address this
+//! host lost (the node renumbered) is ended at once. A healthy idle watch costs a few
+//! keepalive segments, no request.
 
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures::StreamExt;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::Uri;
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use kube::client::ConfigExt;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tower::{BoxError, ServiceBuilder};
 
 use crate::error::{Error, Result};
@@ -39,7 +49,9 @@ pub const DEAD_CONNECTION_AFTER: Duration = Duration::from_secs(25);
 
 /// A client from `--kubeconfig`, else the usual inference (`$KUBECONFIG`,
 /// `~/.kube/config`, then the in-cluster service account).
-pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
+/// Its connections are registered in `connections`, so that the loss of a local
+/// address ends those made from it at once ([`Connections::sever`]).
+pub async fn client(kubeconfig: Option<&Path>, connections: &Arc<Connections>) -> Result<Client> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|source| {
@@ -66,8 +78,12 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
     http.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
     http.set_keepalive_retries(Some(KEEPALIVE_PROBES));
     http.set_tcp_user_timeout(Some(USER_TIMEOUT));
+    let tracked = TrackedConnector {
+        http,
+        connections: Arc::clone(connections),
+    };
     let https = config
-        .rustls_https_connector_with_connector(http)
+        .rustls_https_connector_with_connector(tracked)
         .map_err(Error::Client)?;
     let hyper = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(https);
     let service = ServiceBuilder::new()
@@ -77,6 +93,156 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client> {
         .map_err(BoxError::from)
         .service(hyper);
     Ok(Client::new(service, config.default_namespace))
+}
+
+/// The API connections by their local address, so that a connection whose address
+/// this host lost is ended at once instead of when keepalive or `TCP_USER_TIMEOUT`
+/// gives it up (the node renumbered: the watch would hear nothing for up to
+/// [`DEAD_CONNECTION_AFTER`]).
+#[derive(Debug, Default)]
+pub struct Connections {
+    live: Mutex<Vec<(IpAddr, Weak<Severed>)>>,
+}
+
+impl Connections {
+    fn register(&self, local: IpAddr) -> Arc<Severed> {
+        let severed = Arc::new(Severed::default());
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.retain(|(_, s)| s.strong_count() > 0);
+        live.push((local, Arc::downgrade(&severed)));
+        severed
+    }
+
+    /// Ends every live connection made from `local`; returns how many.
+    pub fn sever(&self, local: IpAddr) -> usize {
+        let mut live = self.live.lock().unwrap_or_else(PoisonError::into_inner);
+        live.retain(|(_, s)| s.strong_count() > 0);
+        live.iter()
+            .filter(|(ip, _)| *ip == local)
+            .filter_map(|(_, s)| s.upgrade())
+            .map(|s| s.sever())
+            .count()
+    }
+}
+
+/// Whether a connection was ended by [`Connections::sever`], and the task waiting on it.
+#[derive(Debug, Default)]
+pub struct Severed {
+    cut: AtomicBool,
+    waiting: Mutex<Option<Waker>>,
+}
+
+impl Severed {
+    fn sever(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        if let Some(waker) = self
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            waker.wake();
+        }
+    }
+
+    /// An error once severed; else remembers the task to wake if it is.
+    fn check(&self, cx: &Context<'_>) -> io::Result<()> {
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "this host no longer has the connection's local address",
+            ));
+        }
+        *self.waiting.lock().unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
+        // Severed between the first look and the registration: seen now.
+        if self.cut.load(Ordering::SeqCst) {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "this host no longer has the connection's local address",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A TCP connection to the API that [`Connections::sever`] can end.
+#[derive(Debug)]
+struct TrackedStream {
+    inner: TcpStream,
+    severed: Arc<Severed>,
+}
+
+impl AsyncRead for TrackedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Err(e) = self.severed.check(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TrackedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Err(e) = self.severed.check(cx) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl Connection for TrackedStream {
+    fn connected(&self) -> Connected {
+        self.inner.connected()
+    }
+}
+
+/// hyper's TCP connector, whose connections are registered by local address.
+#[derive(Debug, Clone)]
+struct TrackedConnector {
+    http: HttpConnector,
+    connections: Arc<Connections>,
+}
+
+impl tower::Service<Uri> for TrackedConnector {
+    type Response = TokioIo<TrackedStream>;
+    type Error = <HttpConnector as tower::Service<Uri>>::Error;
+    type Future =
+        Pin<Box<dyn Future<Output = std::result::Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), Self::Error>> {
+        self.http.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.http.call(uri);
+        let connections = Arc::clone(&self.connections);
+        Box::pin(async move {
+            let inner = connecting.await?.into_inner();
+            // Without a local address (it cannot fail on a connected socket) the
+            // connection is simply never severed.
+            let local = inner
+                .local_addr()
+                .map_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |a| a.ip());
+            let severed = connections.register(local);
+            Ok(TokioIo::new(TrackedStream { inner, severed }))
+        })
+    }
 }
 
 /// Whether the watch's resourceVersion is too old: the watch request answered
@@ -182,6 +348,36 @@ fn take<K: Watched>(event: Event<K>, store: &Mutex<Store<K>>, wake: &Wake, metri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt as _;
+    use tower::ServiceExt as _;
+
+    #[tokio::test]
+    async fn a_connection_from_a_lost_address_ends_at_once() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(Connections::default());
+        let connector = TrackedConnector {
+            http: HttpConnector::new(),
+            connections: Arc::clone(&connections),
+        };
+        let uri: Uri = format!("http://{addr}").parse().unwrap();
+        let io = connector.oneshot(uri).await.unwrap();
+        let (_server, _) = listener.accept().await.unwrap();
+        let mut stream = io.into_inner();
+        let reading = tokio::spawn(async move {
+            let mut byte = [0u8; 1];
+            stream.read(&mut byte).await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!reading.is_finished(), "nothing was sent: the read waits");
+        assert_eq!(connections.sever("127.0.0.2".parse().unwrap()), 0);
+        assert_eq!(connections.sever("127.0.0.1".parse().unwrap()), 1);
+        let read = tokio::time::timeout(Duration::from_secs(1), reading)
+            .await
+            .expect("the waiting read is woken")
+            .unwrap();
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::ConnectionAborted);
+    }
     use kube::core::Status;
 
     #[test]

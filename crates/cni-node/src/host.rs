@@ -12,7 +12,7 @@ use std::time::Duration;
 use cni_linux::MacAddr;
 use cni_linux::netlink::{
     Family, FdbEntry, Link, Neighbour, Netlink, Notified, Route, is_route_added_with_protocol,
-    subscribe_host_changes,
+    removed_address, subscribe_host_changes,
 };
 use ipnetwork::IpNetwork;
 
@@ -116,14 +116,26 @@ impl HostReader for Host {
 /// Wakes the reconciler on every link, address and route change of this host, from
 /// a thread of its own blocked on the kernel's notifications. The routes the agent
 /// adds itself (marked with `protocol`) come back as notifications too and are not a
-/// change; a route of ours that is deleted (by hand, say) is.
-pub fn notify_changes(wake: Arc<Wake>, metrics: Arc<Metrics>, protocol: u8) -> Result<()> {
+/// change; a route of ours that is deleted (by hand, say) is. `address_removed` hears
+/// of every address this host loses, before the wake-up.
+pub fn notify_changes(
+    wake: Arc<Wake>,
+    metrics: Arc<Metrics>,
+    protocol: u8,
+    address_removed: impl Fn(IpAddr) + Send + 'static,
+) -> Result<()> {
     let mut subscription = subscribe_host_changes().map_err(Error::HostEvents)?;
     std::thread::Builder::new()
         .name("host-events".into())
         .spawn(move || {
             loop {
-                match subscription.wait(|m| !is_route_added_with_protocol(m, protocol)) {
+                let mut removed = Vec::new();
+                let heard = subscription.wait(|m| {
+                    removed.extend(removed_address(m));
+                    !is_route_added_with_protocol(m, protocol)
+                });
+                removed.into_iter().for_each(&address_removed);
+                match heard {
                     Ok(Notified::Messages { total, kept }) => {
                         metrics.host_events(total);
                         if kept == 0 {

@@ -22,6 +22,7 @@ pub mod vxlan;
 mod wait;
 
 use std::cell::RefCell;
+use std::net::IpAddr;
 
 use cni_netlink::socket::NETLINK_ROUTE;
 use cni_netlink::{Malformed, Message, Socket, Writer};
@@ -55,6 +56,14 @@ pub fn subscribe_host_changes() -> std::io::Result<Subscription> {
 /// (what a process that marks its routes so hears of its own additions).
 pub fn is_route_added_with_protocol(msg: &Message<'_>, protocol: u8) -> bool {
     msg.ty == rtnl::RTM_NEWROUTE && msg.payload.get(5) == Some(&protocol)
+}
+
+/// The address a notification says this host no longer has (`RTM_DELADDR`).
+pub fn removed_address(msg: &Message<'_>) -> Option<IpAddr> {
+    if msg.ty != rtnl::RTM_DELADDR {
+        return None;
+    }
+    Some(addr::Address::parse(msg.payload).ok()??.ip.ip())
 }
 
 /// An IP address family, used to filter dumps.
