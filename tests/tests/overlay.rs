@@ -516,6 +516,50 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     );
     cluster.check_pod_to_pod();
 
+    // An FDB entry and a neighbour entry of the IPv4 device deleted by hand: the host's
+    // notification of the deletion brings them back (no resync runs in this test).
+    let ns = &cluster.hosts[0].ns;
+    let permanent_line = |text: String| {
+        text.lines()
+            .find(|l| l.to_lowercase().contains("permanent"))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("no permanent entry in:\n{text}"))
+    };
+    let fdb_line = permanent_line(fdb(ns, "cni-vx4"));
+    let neigh_line = permanent_line(neighbours(ns, "cni-vx4"));
+    let words: Vec<&str> = fdb_line.split_whitespace().collect();
+    let dst = words
+        .iter()
+        .position(|w| *w == "dst")
+        .and_then(|i| words.get(i + 1))
+        .unwrap_or_else(|| panic!("no dst in {fdb_line:?}"));
+    let neigh_ip = neigh_line.split_whitespace().next().unwrap_or_default();
+    let t = Instant::now();
+    ns.exec_ok(&[
+        "bridge", "fdb", "del", words[0], "dev", "cni-vx4", "dst", dst,
+    ]);
+    ns.exec_ok(&["ip", "neigh", "del", neigh_ip, "dev", "cni-vx4"]);
+    wait(
+        Duration::from_secs(2),
+        "the entries deleted by hand",
+        || {
+            fdb(ns, "cni-vx4").contains(&fdb_line)
+                && neighbours(ns, "cni-vx4").contains(&neigh_line)
+        },
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}: fdb {}\nneighbours {}\n{}",
+            fdb(ns, "cni-vx4"),
+            neighbours(ns, "cni-vx4"),
+            cluster.hosts[0].agent_log()
+        )
+    });
+    eprintln!(
+        "FDB and neighbour entries deleted by hand on {n1}: back after {:?}",
+        t.elapsed()
+    );
+
     // Node 3's InternalIP changes: the tunnel entries follow.
     let new_v4 = "198.19.0.33";
     address(&cluster.host(3).ns, new_v4, "24");

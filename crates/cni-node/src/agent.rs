@@ -232,10 +232,12 @@ pub async fn run(options: Options) -> Result<()> {
     let client = api::client(options.kubeconfig.as_deref(), &connections).await?;
 
     let wake = Arc::new(Wake::default());
+    let entries_watch = Arc::new(host::EntriesWatch::default());
     host::notify_changes(
         Arc::clone(&wake),
         Arc::clone(&metrics),
         options.route_protocol,
+        Arc::clone(&entries_watch),
         move |removed| {
             let severed = connections.sever(removed);
             if severed > 0 {
@@ -278,7 +280,8 @@ pub async fn run(options: Options) -> Result<()> {
                 None
             },
         },
-    );
+    )
+    .with_entries_watch(entries_watch);
     let reconciler_thread = {
         let (stores, wake, health, metrics) = (
             Arc::clone(&stores),

@@ -3,16 +3,17 @@
 //! whether portmap is installed; the pod MTU chosen from them; and the kernel's
 //! notifications of link, address and route changes, which wake the reconciler.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cni_linux::MacAddr;
 use cni_linux::netlink::{
     Family, FdbEntry, Link, Neighbour, Netlink, Notified, Route, is_route_added_with_protocol,
-    removed_address, subscribe_host_changes,
+    neighbour_change, removed_address, subscribe_host_changes,
 };
 use ipnetwork::IpNetwork;
 
@@ -113,7 +114,48 @@ impl HostReader for Host {
     }
 }
 
-/// Wakes the reconciler on every link, address and route change of this host, from
+/// What the host-events thread tells the reconciler about its VXLAN devices' entries,
+/// which the reconciler keeps in memory between resyncs: which devices are its own (it
+/// says so after every read of the host), and whether an entry of one of them was
+/// deleted since it last read them (by hand, or by the reconciler itself, which costs
+/// one read more).
+#[derive(Debug, Default)]
+pub struct EntriesWatch {
+    devices: Mutex<BTreeSet<u32>>,
+    lost: AtomicBool,
+}
+
+impl EntriesWatch {
+    /// The reconciler's devices are now `devices`.
+    pub fn watch(&self, devices: impl IntoIterator<Item = u32>) {
+        *self.devices.lock().unwrap_or_else(PoisonError::into_inner) =
+            devices.into_iter().collect();
+    }
+
+    /// Whether an entry of the devices was deleted since the last call.
+    pub fn take_lost(&self) -> bool {
+        self.lost.swap(false, Ordering::SeqCst)
+    }
+
+    /// For a neighbour notification, whether it is a change the reconciler must act
+    /// on (an entry of one of its devices deleted); `None` for any other notification.
+    fn heard(&self, msg: &cni_linux::netlink::Message<'_>) -> Option<bool> {
+        let (index, deleted) = neighbour_change(msg)?;
+        let ours = deleted
+            && self
+                .devices
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&index);
+        if ours {
+            self.lost.store(true, Ordering::SeqCst);
+        }
+        Some(ours)
+    }
+}
+
+/// Wakes the reconciler on every link, address and route change of this host, and on
+/// the deletion of an entry of its VXLAN devices ([`EntriesWatch`]), from
 /// a thread of its own blocked on the kernel's notifications. The routes the agent
 /// adds itself (marked with `protocol`) come back as notifications too and are not a
 /// change; a route of ours that is deleted (by hand, say) is. `address_removed` hears
@@ -122,6 +164,7 @@ pub fn notify_changes(
     wake: Arc<Wake>,
     metrics: Arc<Metrics>,
     protocol: u8,
+    entries: Arc<EntriesWatch>,
     address_removed: impl Fn(IpAddr) + Send + 'static,
 ) -> Result<()> {
     let mut subscription = subscribe_host_changes().map_err(Error::HostEvents)?;
@@ -132,7 +175,11 @@ pub fn notify_changes(
                 let mut removed = Vec::new();
                 let heard = subscription.wait(|m| {
                     removed.extend(removed_address(m));
-                    !is_route_added_with_protocol(m, protocol)
+                    // Neighbour entries change all the time on a busy node: only the
+                    // loss of one of ours is a change.
+                    entries
+                        .heard(m)
+                        .unwrap_or_else(|| !is_route_added_with_protocol(m, protocol))
                 });
                 removed.into_iter().for_each(&address_removed);
                 match heard {
@@ -308,6 +355,49 @@ pub fn choose_mtu(state: &HostState, internal_ips: &[IpAddr]) -> (u32, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn neighbour_message(
+        ty: u16,
+        index: i32,
+        payload: &mut Vec<u8>,
+    ) -> cni_linux::netlink::Message<'_> {
+        payload.clear();
+        payload.extend_from_slice(&[7, 0, 0, 0]);
+        payload.extend_from_slice(&index.to_ne_bytes());
+        payload.extend_from_slice(&[0x80, 0, 0, 0]);
+        cni_linux::netlink::Message {
+            ty,
+            flags: 0,
+            seq: 0,
+            payload,
+        }
+    }
+
+    #[test]
+    fn only_a_deleted_entry_of_our_devices_is_heard() {
+        const NEW: u16 = 28;
+        const DEL: u16 = 29;
+        let watch = EntriesWatch::default();
+        watch.watch([40]);
+        let mut buf = Vec::new();
+        assert_eq!(
+            watch.heard(&neighbour_message(NEW, 40, &mut buf)),
+            Some(false)
+        );
+        assert_eq!(
+            watch.heard(&neighbour_message(DEL, 41, &mut buf)),
+            Some(false)
+        );
+        assert!(!watch.take_lost());
+        assert_eq!(
+            watch.heard(&neighbour_message(DEL, 40, &mut buf)),
+            Some(true)
+        );
+        assert!(watch.take_lost());
+        assert!(!watch.take_lost(), "taken once");
+        // Not a neighbour notification (an RTM_NEWROUTE): for the other filters.
+        assert_eq!(watch.heard(&neighbour_message(24, 40, &mut buf)), None);
+    }
 
     fn state() -> HostState {
         HostState {

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnetwork::IpNetwork;
@@ -25,7 +26,7 @@ use cni_protocol::pod_record;
 use crate::agent::PolicySnapshot;
 use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
-use crate::host::{DeviceEntries, HostReader, HostState};
+use crate::host::{DeviceEntries, EntriesWatch, HostReader, HostState};
 use crate::node::NodeInfo;
 use crate::overlay::{self, VxlanDevices};
 use crate::plan::NextHop;
@@ -219,6 +220,8 @@ pub struct Reconciler {
     /// changed by every pass since: at thousands of peers, reading them back on every
     /// pass would cost more than the change itself. `None`: read them on the next pass.
     entries: Option<BTreeMap<u32, DeviceEntries>>,
+    /// Told by the host's notifications that an entry of the devices was deleted.
+    entries_watch: Option<Arc<EntriesWatch>>,
 }
 
 impl Reconciler {
@@ -230,7 +233,15 @@ impl Reconciler {
             effects,
             reported: Reported::default(),
             entries: None,
+            entries_watch: None,
         }
+    }
+
+    /// Reads the VXLAN devices' entries again on the pass after `watch` heard that one
+    /// was deleted, not only at the resync, and tells it which devices are ours.
+    pub fn with_entries_watch(mut self, watch: Arc<EntriesWatch>) -> Self {
+        self.entries_watch = Some(watch);
+        self
     }
 
     /// One pass against the node map `nodes` and, when NetworkPolicy is enforced, the
@@ -244,10 +255,14 @@ impl Reconciler {
     ) -> Outcome {
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
-        let read_entries = resync || self.entries.is_none();
+        let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
+        let read_entries = resync || lost || self.entries.is_none();
         let host = match self.effects.host.read(read_entries) {
             Ok(mut host) => {
                 self.known_entries(&mut host, read_entries);
+                if let Some(watch) = &self.entries_watch {
+                    watch.watch(host.overlay.iter().map(|d| d.link.index));
+                }
                 host
             }
             Err(e) => {

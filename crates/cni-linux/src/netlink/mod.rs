@@ -25,7 +25,7 @@ use std::cell::RefCell;
 use std::net::IpAddr;
 
 use cni_netlink::socket::NETLINK_ROUTE;
-use cni_netlink::{Malformed, Message, Socket, Writer};
+use cni_netlink::{Malformed, Socket, Writer};
 
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
@@ -40,14 +40,17 @@ pub use veth::VethPair;
 pub use vxlan::{Vxlan, VxlanInfo, vtep_mac};
 pub use wait::OPER_UP_DELAYS;
 
+pub use cni_netlink::Message;
 pub use cni_netlink::socket::{Notified, Subscription};
 
 /// rtnetlink's multicast groups for changes of links (`RTNLGRP_LINK`), IPv4 and IPv6
-/// addresses (`RTNLGRP_IPV4_IFADDR`, `RTNLGRP_IPV6_IFADDR`) and IPv4 and IPv6 routes
-/// (`RTNLGRP_IPV4_ROUTE`, `RTNLGRP_IPV6_ROUTE`).
-const HOST_CHANGE_GROUPS: [u32; 5] = [1, 5, 9, 7, 11];
+/// addresses (`RTNLGRP_IPV4_IFADDR`, `RTNLGRP_IPV6_IFADDR`), IPv4 and IPv6 routes
+/// (`RTNLGRP_IPV4_ROUTE`, `RTNLGRP_IPV6_ROUTE`) and neighbour and FDB entries
+/// (`RTNLGRP_NEIGH`).
+const HOST_CHANGE_GROUPS: [u32; 6] = [1, 5, 9, 7, 11, 3];
 
-/// Subscribes to the link, address and route changes of the calling thread's netns.
+/// Subscribes to the link, address, route and neighbour (ARP, NDP and FDB) changes of
+/// the calling thread's netns.
 pub fn subscribe_host_changes() -> std::io::Result<Subscription> {
     Subscription::open(NETLINK_ROUTE, &HOST_CHANGE_GROUPS)
 }
@@ -56,6 +59,17 @@ pub fn subscribe_host_changes() -> std::io::Result<Subscription> {
 /// (what a process that marks its routes so hears of its own additions).
 pub fn is_route_added_with_protocol(msg: &Message<'_>, protocol: u8) -> bool {
     msg.ty == rtnl::RTM_NEWROUTE && msg.payload.get(5) == Some(&protocol)
+}
+
+/// The device of a neighbour or FDB entry a notification announces, and whether the
+/// entry was deleted (`RTM_NEWNEIGH`, `RTM_DELNEIGH`).
+pub fn neighbour_change(msg: &Message<'_>) -> Option<(u32, bool)> {
+    if msg.ty != rtnl::RTM_NEWNEIGH && msg.ty != rtnl::RTM_DELNEIGH {
+        return None;
+    }
+    // struct ndmsg: family, two bytes of padding... then the ifindex.
+    let index = i32::from_ne_bytes(msg.payload.get(4..8)?.try_into().ok()?);
+    Some((u32::try_from(index).ok()?, msg.ty == rtnl::RTM_DELNEIGH))
 }
 
 /// The address a notification says this host no longer has (`RTM_DELADDR`).
