@@ -18,17 +18,8 @@
 #   CLUSTER_SIZES="1000" CLUSTER_OVERLAY_SIZES="" sudo tests/bench/cluster.sh
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
-    # shellcheck source=/dev/null
-    . "${HOME:-/root}/.cargo/env"
-fi
-triple=x86_64-unknown-linux-gnu
-RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
-    cargo build --locked --release --target "$triple" -p cni-node
-agent="${CARGO_TARGET_DIR:-target}/$triple/release/cni-node"
-echo "agent: $agent ($(stat -c %s "$agent") bytes)"
-out=${BENCH_OUT:-target/bench}
-mkdir -p "$out"
+# shellcheck source=tests/bench/static-agent.sh
+. tests/bench/static-agent.sh
 : >"$out/cluster.txt"
 for n in ${CLUSTER_SIZES:-500 5000}; do
     CNI_RS_SCALE_NODES=$n CNI_NODE_BIN=$PWD/$agent \

@@ -17,17 +17,8 @@
 #   POLICY_CHANGES=200 POLICY_CONNECTIONS=5000         # the defaults
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
-    # shellcheck source=/dev/null
-    . "${HOME:-/root}/.cargo/env"
-fi
-triple=x86_64-unknown-linux-gnu
-RUSTFLAGS="${RUSTFLAGS:+$RUSTFLAGS }-C target-feature=+crt-static -C relocation-model=static" \
-    cargo build --locked --release --target "$triple" -p cni-node
-agent="${CARGO_TARGET_DIR:-target}/$triple/release/cni-node"
-echo "agent: $agent ($(stat -c %s "$agent") bytes)"
-out=${BENCH_OUT:-target/bench}
-mkdir -p "$out"
+# shellcheck source=tests/bench/static-agent.sh
+. tests/bench/static-agent.sh
 out=$(cd "$out" && pwd)
 : >"$out/network-policy.txt"
 for size in ${POLICY_SIZES:-10000:1000}; do

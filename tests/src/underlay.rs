@@ -30,6 +30,21 @@ pub fn attach(underlay: &Netns, bridge: &str, ns: &Netns, port: &str) {
     ns.exec_ok(&["ip", "link", "set", "ul0", "up"]);
 }
 
+/// A new namespace standing for one node of a simulated cluster: `lo` up, and an
+/// underlay link `ul0` (up, 100.64.0.1/16) whose veth peer `ul1` stays in the namespace,
+/// up, so that the link has a carrier and the other nodes' addresses are on it.
+pub fn lone_node(prefix: &str) -> Netns {
+    let ns = Netns::new(prefix);
+    ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    ns.exec_ok(&[
+        "ip", "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
+    ]);
+    ns.exec_ok(&["ip", "addr", "add", "100.64.0.1/16", "dev", "ul0"]);
+    ns.exec_ok(&["ip", "link", "set", "ul0", "up"]);
+    ns.exec_ok(&["ip", "link", "set", "ul1", "up"]);
+    ns
+}
+
 /// Adds `ip/prefix` to `ul0` in `ns` (IPv6 without duplicate address detection, so it is
 /// usable at once: the test's own underlay has no duplicates).
 pub fn address(ns: &Netns, ip: &str, prefix: &str) {

@@ -25,6 +25,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cni_blackbox::probe::{Probe, Prober};
+use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
 use cni_kube_api::{ApiServer, realistic_node};
 
@@ -119,14 +120,7 @@ fn sync(overlay: bool) {
     let agent =
         std::env::var_os("CNI_NODE_BIN").map_or_else(|| plugin_path("cni-node"), Into::into);
     let dir = TempDir::new("cnibb-scale");
-    let ns = Netns::new("cnibb-scale");
-    ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
-    ns.exec_ok(&[
-        "ip", "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
-    ]);
-    ns.exec_ok(&["ip", "addr", "add", "100.64.0.1/16", "dev", "ul0"]);
-    ns.exec_ok(&["ip", "link", "set", "ul0", "up"]);
-    ns.exec_ok(&["ip", "link", "set", "ul1", "up"]);
+    let ns = lone_node("cnibb-scale");
     if overlay {
         ns.exec_ok(&["ip", "route", "add", "100.65.0.0/16", "via", "100.64.0.254"]);
     }

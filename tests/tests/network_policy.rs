@@ -934,6 +934,23 @@ fn upstream_cases_and_ours_match_the_model() {
 /// A TCP connection that sends a byte every 20 ms and reads its echo (at most 500 ms
 /// each), recording when each one was sent and whether it came back, until stopped or
 /// (with `stop_at_first_loss`) until an echo is lost.
+/// Connections from x/b (member `xb`) to x/a (`xa`) port 80, IPv4 then IPv6, echoing
+/// from now on (for [`echo_losses`]).
+fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Pinger> {
+    let kept = [false, true]
+        .into_iter()
+        .map(|v6| {
+            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
+            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
+                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
+            Pinger::start(stream, false)
+        })
+        .collect();
+    // A few echoes in before anything changes.
+    std::thread::sleep(Duration::from_millis(200));
+    kept
+}
+
 /// The x/b -> x/a connections' echoes (IPv4, then IPv6) `through` what the test did:
 /// printed, and a failure for each family that lost any (or sent fewer than 100).
 fn echo_losses(kept: Vec<Pinger>, through: &str) -> Vec<String> {
@@ -1351,16 +1368,7 @@ fn an_agent_killed_in_the_middle_of_a_policy_change_opens_nothing_and_breaks_not
         world.member("x/b"),
         world.member("y/a"),
     );
-    let kept: Vec<Pinger> = [false, true]
-        .into_iter()
-        .map(|v6| {
-            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
-            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
-            Pinger::start(stream, false)
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
+    let kept = echo_xb_to_xa(&world, xa, xb);
 
     // The change (x/a also admits y/b) is served and the agent of x/a's node is killed
     // at once, as it may be reading or applying it.
@@ -1705,16 +1713,7 @@ fn an_api_outage_in_the_middle_of_a_policy_change_keeps_every_verdict_until_the_
         seconds(first.after)
     );
     let (xa, xb) = (world.member("x/a"), world.member("x/b"));
-    let kept: Vec<Pinger> = [false, true]
-        .into_iter()
-        .map(|v6| {
-            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
-            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
-            Pinger::start(stream, false)
-        })
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
+    let kept = echo_xb_to_xa(&world, xa, xb);
     let mut failures: Vec<String> = Vec::new();
     let verdicts = |world: &World| -> (Vec<Cell>, Vec<bool>) {
         let (cells, verdicts) = world.model();

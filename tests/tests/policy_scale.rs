@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 use cni_blackbox::connections::{serve_and_close, time_connections, try_connect};
 use cni_blackbox::nft::{Generation, PolicyTableView};
 use cni_blackbox::probe;
+use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
 use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
 use serde_json::{Value, json};
@@ -461,14 +462,7 @@ impl Agent {
 /// A node's namespace: loopback, the underlay link holding `ip`, and the pods' bridge
 /// `cni0` with the gateway address.
 fn node_netns(prefix: &str) -> Netns {
-    let ns = Netns::new(prefix);
-    ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
-    ns.exec_ok(&[
-        "ip", "link", "add", "ul0", "type", "veth", "peer", "name", "ul1",
-    ]);
-    ns.exec_ok(&["ip", "addr", "add", "100.64.0.1/16", "dev", "ul0"]);
-    ns.exec_ok(&["ip", "link", "set", "ul0", "up"]);
-    ns.exec_ok(&["ip", "link", "set", "ul1", "up"]);
+    let ns = lone_node(prefix);
     ns.exec_ok(&["ip", "link", "add", "cni0", "type", "bridge"]);
     ns.exec_ok(&["ip", "addr", "add", &format!("{GATEWAY}/24"), "dev", "cni0"]);
     ns.exec_ok(&["ip", "link", "set", "cni0", "up"]);

@@ -3,27 +3,14 @@
 
 mod common;
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use cni_linux::{
     AddressOptions, Error, Family, MacAddr, Netlink, OPER_UP_DELAYS, OperState, Route, VethPair,
     VlanEntry, sysctl,
 };
-use common::{in_private_netns, new_netns};
+use common::{in_private_netns, index_of, ip, net, new_netns};
 use ipnetwork::IpNetwork;
-
-fn net(s: &str) -> IpNetwork {
-    s.parse().unwrap()
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn index_of(nl: &Netlink, name: &str) -> u32 {
-    nl.require_link(name).unwrap().index
-}
 
 /// A veth pair with both ends up in this netns; returns (a, b) indexes.
 fn up_pair(nl: &Netlink, a: &str, b: &str) -> (u32, u32) {

@@ -11,20 +11,8 @@ use std::time::{Duration, Instant};
 use cni_linux::netlink::vtep_mac;
 use cni_linux::netlink::vxlan::{IANA_PORT, OVERHEAD_V4, OVERHEAD_V6};
 use cni_linux::{Change, Family, MacAddr, NetNs, Netlink, Route, VethPair, Vxlan, sysctl};
-use common::{in_private_netns, new_netns};
+use common::{in_private_netns, index_of, ip, net, new_netns};
 use ipnetwork::IpNetwork;
-
-fn net(s: &str) -> IpNetwork {
-    s.parse().unwrap()
-}
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
-fn index_of(nl: &Netlink, name: &str) -> u32 {
-    nl.require_link(name).unwrap().index
-}
 
 /// The protocol the agent stamps on its routes, in these tests.
 const PROTO: u8 = 77;
@@ -126,26 +114,35 @@ fn peer_changes((vx4, vx6): (u32, u32), remote: u8) -> Vec<Change> {
             format!("fd00:244:{remote}::/64"),
         ),
     ] {
-        let mac = vtep_mac(node);
-        changes.push(Change::ReplaceFdbEntry {
+        changes.extend(tunnel_to(index, node, vtep, net(&cidr)));
+    }
+    changes
+}
+
+/// A peer through the device `index`: its FDB entry (its VTEP MAC at the underlay
+/// address `node`), its neighbour entry (`vtep` at that MAC), and the route of its pod
+/// CIDR via `vtep`, in that order.
+fn tunnel_to(index: u32, node: IpAddr, vtep: IpAddr, cidr: IpNetwork) -> [Change; 3] {
+    let mac = vtep_mac(node);
+    [
+        Change::ReplaceFdbEntry {
             index,
             mac,
             dst: node,
-        });
-        changes.push(Change::ReplaceNeighbour {
+        },
+        Change::ReplaceNeighbour {
             index,
             ip: vtep,
             mac,
-        });
-        changes.push(Change::ReplaceRoute(Route {
+        },
+        Change::ReplaceRoute(Route {
             gw: Some(vtep),
             oif: Some(index),
             onlink: true,
             protocol: Some(PROTO),
-            ..Route::new(net(&cidr))
-        }));
-    }
-    changes
+            ..Route::new(cidr)
+        }),
+    ]
 }
 
 /// Two nodes: this thread's netns (node 1) and a new one (node 2), joined by
@@ -761,24 +758,12 @@ fn five_thousand_peers_programmed_in_one_apply() {
             let node = IpAddr::from(std::net::Ipv4Addr::from(0xac10_0000 + i));
             // Pod CIDR 10.(i / 256).(i % 256).0/24 under 10.0.0.0/8, VTEP its .0.
             let vtep = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + (i << 8)));
-            let mac = vtep_mac(node);
-            changes.push(Change::ReplaceFdbEntry {
+            changes.extend(tunnel_to(
                 index,
-                mac,
-                dst: node,
-            });
-            changes.push(Change::ReplaceNeighbour {
-                index,
-                ip: vtep,
-                mac,
-            });
-            changes.push(Change::ReplaceRoute(Route {
-                gw: Some(vtep),
-                oif: Some(index),
-                onlink: true,
-                protocol: Some(PROTO),
-                ..Route::new(IpNetwork::new(vtep, 24).unwrap())
-            }));
+                node,
+                vtep,
+                IpNetwork::new(vtep, 24).unwrap(),
+            ));
         }
         let start = Instant::now();
         let outcomes = nl.apply(&changes).unwrap();

@@ -100,7 +100,7 @@ pub struct Step {
 #[derive(Debug, Clone)]
 pub struct Case {
     /// What upstream calls it (`udp:` for the UDP suite's), or what it tests.
-    pub name: &'static str,
+    pub name: String,
     /// The pods upstream creates for it (`namespace/pod`): its truth tables speak of
     /// these only.
     pub pods: Vec<&'static str>,
@@ -116,9 +116,9 @@ pub const ALL_PODS: [&str; 9] = [
 /// The namespace name label the API server sets.
 const NAME: &str = "kubernetes.io/metadata.name";
 
-fn case(name: &'static str, pods: &[&'static str], steps: Vec<Step>) -> Case {
+fn case(name: impl Into<String>, pods: &[&'static str], steps: Vec<Step>) -> Case {
     Case {
-        name,
+        name: name.into(),
         pods: pods.to_vec(),
         steps,
     }
@@ -957,69 +957,37 @@ pub fn upstream_tcp(ip_of: &dyn Fn(&str) -> (IpAddr, IpAddr)) -> Vec<Case> {
 
 /// Upstream's 3 UDP cases.
 pub fn upstream_udp() -> Vec<Case> {
-    vec![
-        case(
-            "udp: should support a 'default-deny-ingress' policy",
-            &["x/a", "x/b", "y/a", "y/b"],
-            vec![step(
-                vec![policy("x", "deny-all", ingress(json!({}), json!([])))],
-                vec![udp(80, vec![deny("*", "x")])],
-            )],
-        ),
-        case(
-            "udp: should enforce policy based on Ports",
-            &["x/a", "x/b", "y/a", "z/a"],
-            vec![step(
-                vec![policy(
-                    "x",
-                    "allow-ingress-on-port-81-ns-x",
-                    ingress(
-                        pod("a"),
-                        json!([{"from": [{"namespaceSelector": ns("y")}], "ports": [{"port": 81, "protocol": "UDP"}]}]),
-                    ),
-                )],
-                vec![udp(81, vec![deny("x", "x/a"), deny("z", "x/a")])],
-            )],
-        ),
-        case(
-            "udp: should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector",
-            &["x/a", "x/b", "y/a"],
-            vec![step(
-                vec![policy(
-                    "x",
-                    "allow-ns-y-pod-a-via-namespace-pod-selector",
-                    ingress(
-                        pod("a"),
-                        json!([{"from": [{"namespaceSelector": ns("y"), "podSelector": pod("a")}]}]),
-                    ),
-                )],
-                vec![udp(80, vec![deny("*", "x/a"), allow("y/a", "x/a")])],
-            )],
-        ),
-    ]
+    upstream_per_protocol("UDP")
 }
 
 /// Upstream's 3 SCTP cases. Their truth tables are SCTP's: the model is checked
 /// against them on any kernel, the matrix probes TCP and UDP only.
 pub fn upstream_sctp() -> Vec<Case> {
-    let sctp = |port: u16, expect: Vec<Expect>| Check {
-        protocol: "SCTP",
+    upstream_per_protocol("SCTP")
+}
+
+/// The three cases upstream runs for UDP and again for SCTP, the same but for the
+/// protocol.
+fn upstream_per_protocol(protocol: &'static str) -> Vec<Case> {
+    let check = |port: u16, expect: Vec<Expect>| Check {
+        protocol,
         port,
         ipv4: true,
         ipv6: true,
         expect,
     };
+    let name = |what: &str| format!("{}: {what}", protocol.to_lowercase());
     vec![
         case(
-            "sctp: should support a 'default-deny-ingress' policy",
+            name("should support a 'default-deny-ingress' policy"),
             &["x/a", "x/b", "y/a", "y/b"],
             vec![step(
                 vec![policy("x", "deny-all", ingress(json!({}), json!([])))],
-                vec![sctp(80, vec![deny("*", "x")])],
+                vec![check(80, vec![deny("*", "x")])],
             )],
         ),
         case(
-            "sctp: should enforce policy based on Ports",
+            name("should enforce policy based on Ports"),
             &["x/a", "x/b", "y/a", "z/a"],
             vec![step(
                 vec![policy(
@@ -1027,14 +995,17 @@ pub fn upstream_sctp() -> Vec<Case> {
                     "allow-ingress-on-port-81-ns-x",
                     ingress(
                         pod("a"),
-                        json!([{"from": [{"namespaceSelector": ns("y")}], "ports": [{"port": 81, "protocol": "SCTP"}]}]),
+                        json!([{"from": [{"namespaceSelector": ns("y")}], "ports": [{"port": 81, "protocol": protocol}]}]),
                     ),
                 )],
-                vec![sctp(81, vec![deny("x", "x/a"), deny("z", "x/a")])],
+                vec![check(81, vec![deny("x", "x/a"), deny("z", "x/a")])],
             )],
         ),
         case(
-            "sctp: should enforce policy to allow traffic only from a pod in a different namespace based on PodSelector and NamespaceSelector",
+            name(
+                "should enforce policy to allow traffic only from a pod in a different namespace \
+                 based on PodSelector and NamespaceSelector",
+            ),
             &["x/a", "x/b", "y/a"],
             vec![step(
                 vec![policy(
@@ -1045,7 +1016,7 @@ pub fn upstream_sctp() -> Vec<Case> {
                         json!([{"from": [{"namespaceSelector": ns("y"), "podSelector": pod("a")}]}]),
                     ),
                 )],
-                vec![sctp(80, vec![deny("*", "x/a"), allow("y/a", "x/a")])],
+                vec![check(80, vec![deny("*", "x/a"), allow("y/a", "x/a")])],
             )],
         ),
     ]

@@ -4,7 +4,10 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
+use std::net::IpAddr;
+
 use cni_linux::{NetNs, Netlink};
+use ipnetwork::IpNetwork;
 use nix::sched::{CloneFlags, unshare};
 
 /// True if the test may run. Without root: a skip locally, a failure under CI=true.
@@ -47,4 +50,19 @@ pub fn new_netns() -> NetNs {
     })
     .join()
     .expect("netns thread")
+}
+
+/// `s` as a network; panics if it is not one.
+pub fn net(s: &str) -> IpNetwork {
+    s.parse().unwrap()
+}
+
+/// `s` as an address; panics if it is not one.
+pub fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// The index of the link `name`; panics if there is none.
+pub fn index_of(nl: &Netlink, name: &str) -> u32 {
+    nl.require_link(name).unwrap().index
 }
