@@ -30,6 +30,7 @@
 //! - [`nft`]: nftables commits seen as they happen, and the NetworkPolicy table as
 //!   `nft -j` lists it.
 //! - [`connections`]: short TCP connections between namespaces, timed one by one.
+//! - [`measured`]: figures a test measured, recorded so that a green run shows them.
 
 pub mod bins;
 pub mod cases;
@@ -40,6 +41,7 @@ pub mod hostport;
 pub mod ipam;
 pub mod json;
 pub mod kernel;
+pub mod measured;
 pub mod names;
 pub mod netns;
 pub mod netpol;
