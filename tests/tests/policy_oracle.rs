@@ -648,7 +648,7 @@ fn same(oracle: &Verdict, agent: &model::Verdict) -> bool {
 
 /// Compares the two judges on every probe of `cluster`: from every address (pods',
 /// nodes', outside ones) to every pod address, on every protocol and probed port.
-fn compare(cluster: &Cluster) -> Result<usize, TestCaseError> {
+fn compare(cluster: &Cluster) -> Result<(usize, usize), TestCaseError> {
     let oracle = Oracle::new(&cluster.pods, &cluster.namespaces, &cluster.policies)
         .map_err(|e| TestCaseError::fail(format!("the oracle cannot read the objects: {e}")))?;
     let agent = Agent::new(&cluster.pods, &cluster.namespaces, &cluster.policies)
@@ -670,7 +670,7 @@ fn compare(cluster: &Cluster) -> Result<usize, TestCaseError> {
         .copied()
         .chain(OUTSIDE.iter().filter_map(|a| a.parse().ok()))
         .collect();
-    let mut probes = 0;
+    let (mut probes, mut denied) = (0, 0);
     for &from in &sources {
         for &to in &pod_ips {
             for protocol in PROTOCOLS {
@@ -678,6 +678,7 @@ fn compare(cluster: &Cluster) -> Result<usize, TestCaseError> {
                     probes += 1;
                     let said = oracle.verdict(from, to, protocol, port);
                     let modelled = view.verdict(from, to, protocol_number(protocol), port);
+                    denied += usize::from(!said.allowed());
                     if !same(&said, &modelled) {
                         let objects: Vec<&Value> = cluster
                             .namespaces
@@ -686,10 +687,9 @@ fn compare(cluster: &Cluster) -> Result<usize, TestCaseError> {
                             .chain(&cluster.policies)
                             .collect();
                         return Err(TestCaseError::fail(format!(
-                            "{from} -> {to} {protocol}/{port}:\n  oracle: {} ({})\n  agent's \
-                             model: {} ({modelled:?})\nobjects:\n{}",
+                            "{from} -> {to} {protocol}/{port}:\n  oracle: {} ({said:?})\n  \
+                             agent's model: {} ({modelled:?})\nobjects:\n{}",
                             said.allowed(),
-                            said.why(),
                             modelled.allowed(),
                             serde_json::to_string_pretty(&objects).unwrap_or_default()
                         )));
@@ -698,7 +698,7 @@ fn compare(cluster: &Cluster) -> Result<usize, TestCaseError> {
             }
         }
     }
-    Ok(probes)
+    Ok((probes, denied))
 }
 
 #[test]
@@ -712,15 +712,18 @@ fn the_oracle_and_the_agents_model_agree_on_random_clusters() {
         failure_persistence: None,
         ..Config::default()
     });
-    let probes = std::cell::Cell::new(0usize);
+    let probes = std::cell::Cell::new((0usize, 0usize));
     let started = std::time::Instant::now();
     let result = runner.run(&cluster(), |cluster| {
-        probes.set(probes.get() + compare(&cluster)?);
+        let (all, denied) = compare(&cluster)?;
+        let (all_before, denied_before) = probes.get();
+        probes.set((all_before + all, denied_before + denied));
         Ok(())
     });
     println!(
-        "{cases} random clusters, {} probes compared in {:.1} s",
-        probes.get(),
+        "{cases} random clusters, {} probes ({} denied) compared in {:.1} s",
+        probes.get().0,
+        probes.get().1,
         started.elapsed().as_secs_f64()
     );
     match result {
