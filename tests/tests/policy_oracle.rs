@@ -214,12 +214,13 @@ impl Matrix {
     }
 }
 
+/// Whether `from` may reach `to` (`namespace/pod` both) on a protocol, port and family
+/// (IPv6 when true), and why.
+type Judge = Box<dyn Fn(&str, &str, &str, u16, bool) -> (bool, String)>;
+
 /// Where `case`'s truth tables and a judge disagree, step by step; the judge answers
 /// whether `from` may reach `to` on a protocol, port and family.
-fn disagreements(
-    case: &Case,
-    judge_of: &dyn Fn(&Matrix) -> Box<dyn Fn(&str, &str, &str, u16, bool) -> (bool, String)>,
-) -> Vec<String> {
+fn disagreements(case: &Case, judge_of: &dyn Fn(&Matrix) -> Judge) -> Vec<String> {
     let mut matrix = Matrix::new();
     let mut wrong = Vec::new();
     for (n, step) in case.steps.iter().enumerate() {
