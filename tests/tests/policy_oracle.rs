@@ -328,8 +328,9 @@ fn the_agents_model_agrees_with_every_upstream_truth_table() {
 // Random clusters: the oracle against the agent's model.
 
 static NAMESPACES: [&str; 3] = ["n0", "n1", "n2"];
-static KEYS: [&str; 3] = ["app", "tier", "team"];
-static VALUES: [&str; 3] = ["a", "b", "c"];
+/// Label keys, with the one the API server sets on every namespace (its name).
+static KEYS: [&str; 4] = ["app", "tier", "team", "kubernetes.io/metadata.name"];
+static VALUES: [&str; 4] = ["a", "b", "n0", "n1"];
 static PORT_NAMES: [&str; 3] = ["http", "dns", "metrics"];
 static PROTOCOLS: [&str; 3] = ["TCP", "UDP", "SCTP"];
 /// The ports probed; random rules and containers use them too.
