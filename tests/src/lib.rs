@@ -27,6 +27,8 @@
 //! - [`probe`]: HTTP probes of a health or metrics endpoint inside a namespace.
 //! - [`netpol`]: servers answering TCP and UDP in a pod, and a prober running many
 //!   connection probes at once, for the NetworkPolicy tests.
+//! - [`policy_oracle`]: NetworkPolicy's meaning written from the Kubernetes
+//!   documentation, apart from the agent's, as the NetworkPolicy tests' expectation.
 //! - [`nft`]: nftables commits seen as they happen, and the NetworkPolicy table as
 //!   `nft -j` lists it.
 //! - [`connections`]: short TCP connections between namespaces, timed one by one.
@@ -48,6 +50,7 @@ pub mod netpol;
 pub mod nft;
 pub mod plugin;
 pub mod podman;
+pub mod policy_oracle;
 pub mod privilege;
 pub mod probe;
 pub mod tempdir;

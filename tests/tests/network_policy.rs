@@ -1,5 +1,5 @@
 //! NetworkPolicy end to end: the upstream e2e suite's matrix on a cluster of network
-//! namespaces, with the agent's own model of NetworkPolicy as the oracle.
+//! namespaces, with an oracle written apart from the agent as the expectation.
 //!
 //! The cluster (`cni_blackbox::cluster`) has two nodes running `cni-node` against the
 //! Kubernetes API test server. Namespaces x, y and z (labelled `ns=<name>`) each hold
@@ -12,17 +12,20 @@
 //! A matrix is every (source pod, destination pod, protocol, port, family), pairs of a
 //! pod with itself left out: 576 probes for the nine pods, run at once with short
 //! timeouts (`cni_blackbox::netpol`). What each probe should do comes from
-//! `cni_node::policy::model::View` over the objects the API server holds at that moment,
-//! read through the agent's own types. A step passes when a whole matrix equals the
-//! model; the matrix is run again until it does, for at most [`DEADLINE`]. The time it
-//! took is printed for every step (the target is [`TARGET`], which only the summary
-//! mentions: timing is for benchmarks, the test asserts the deadline).
+//! `cni_blackbox::policy_oracle` over the objects the API server holds at that moment:
+//! NetworkPolicy written from the Kubernetes documentation, reading the objects' JSON
+//! itself, with no code of the agent's (`policy_oracle.rs` checks it against the agent's
+//! model on random clusters). A step passes when a whole matrix equals the oracle
+//! ("the model" below); the matrix is run again until it does, for at most
+//! [`DEADLINE`]. The time it took is printed for every step (the target is [`TARGET`],
+//! which only the summary mentions: timing is for benchmarks, the test asserts the
+//! deadline).
 //!
 //! Every case runs against the same cluster, after the previous case's policies are
 //! deleted and labels it changed are set back. The cases are data
 //! (`network_policy_cases`): upstream's 42 TCP, 3 UDP and 3 SCTP cases, then endPort
 //! and dual-stack ipBlock cases of our own. Each step's truth tables (upstream's, and
-//! ours for our cases) are checked against the model before the matrix is checked
+//! ours for our cases) are checked against the oracle before the matrix is checked
 //! against it, so the oracle is tested too. SCTP itself is never probed (the kernel
 //! here has none, which the test checks and says): the SCTP cases' truth tables check
 //! the model, and their policies are probed on TCP and UDP.
@@ -47,11 +50,9 @@ use std::time::{Duration, Instant};
 use cni_blackbox::cluster::{Cluster, Host, node_name, node_v4, node_v6, parse};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::netpol::{self, Outcome, Probe, Protocol, Servers};
+use cni_blackbox::policy_oracle::{Oracle, Verdict};
 use cni_blackbox::{Netns, parallel, plugin_path, require_root};
 use cni_kube_api::{Kind, network_policy, realistic_namespace, realistic_pod};
-use cni_node::policy::model::{Side, Verdict, View};
-use cni_node::policy::objects::{PodInfo, PolicyInfo, SlimNamespace, SlimNetworkPolicy, SlimPod};
-use cni_node::policy::selector::Labels;
 use network_policy_cases::{Action, Case, Step};
 use serde_json::{Value, json};
 
@@ -122,13 +123,6 @@ impl Converged {
     fn denied(&self) -> usize {
         self.outcomes.iter().filter(|o| !o.passed()).count()
     }
-}
-
-/// The objects the API server holds, as the agent reads them.
-struct Objects {
-    pods: BTreeMap<String, PodInfo>,
-    namespaces: BTreeMap<String, Labels>,
-    policies: BTreeMap<String, PolicyInfo>,
 }
 
 /// The cluster, its pods and their servers.
@@ -313,43 +307,27 @@ impl World {
             .collect()
     }
 
-    /// The objects the API server holds now, read as the agent reads them.
-    fn objects(&self) -> Objects {
+    /// The oracle over the objects the API server holds now.
+    fn oracle(&self) -> Oracle {
         let api = &self.cluster.api;
-        let get = |kind: Kind, key: &str| -> Value {
-            let (namespace, name) = key.split_once('/').unwrap_or(("", key));
-            api.get(kind, namespace, name)
-                .unwrap_or_else(|| panic!("{key} vanished"))
+        let all = |kind: Kind| -> Vec<Value> {
+            api.keys(kind)
+                .iter()
+                .map(|key| {
+                    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+                    api.get(kind, namespace, name)
+                        .unwrap_or_else(|| panic!("{key} vanished"))
+                })
+                .collect()
         };
-        let mut objects = Objects {
-            pods: BTreeMap::new(),
-            namespaces: BTreeMap::new(),
-            policies: BTreeMap::new(),
-        };
-        for key in api.keys(Kind::Pod) {
-            let slim: SlimPod = serde_json::from_value(get(Kind::Pod, &key))
-                .unwrap_or_else(|e| panic!("Pod {key}: {e}"));
-            let info = PodInfo::from_slim(&slim);
-            objects.pods.insert(info.key(), info);
-        }
-        for key in api.keys(Kind::Namespace) {
-            let slim: SlimNamespace = serde_json::from_value(get(Kind::Namespace, &key))
-                .unwrap_or_else(|e| panic!("Namespace {key}: {e}"));
-            let labels = slim.metadata.labels.clone().unwrap_or_default();
-            objects.namespaces.insert(key, labels);
-        }
-        for key in api.keys(Kind::NetworkPolicy) {
-            let slim: SlimNetworkPolicy = serde_json::from_value(get(Kind::NetworkPolicy, &key))
-                .unwrap_or_else(|e| panic!("NetworkPolicy {key}: {e}"));
-            let info = PolicyInfo::from_slim(&slim);
-            assert!(
-                info.problems.is_empty(),
-                "the agent cannot read {key} exactly (a mistake in the case): {:?}",
-                info.problems
-            );
-            objects.policies.insert(info.key(), info);
-        }
-        objects
+        let (pods, namespaces, policies) = (
+            all(Kind::Pod),
+            all(Kind::Namespace),
+            all(Kind::NetworkPolicy),
+        );
+        Oracle::new(&pods, &namespaces, &policies).unwrap_or_else(|e| {
+            panic!("the oracle cannot read the API server's objects (a mistake in the case): {e}")
+        })
     }
 
     /// Every probe between pods whose addresses are posted.
@@ -384,16 +362,15 @@ impl World {
     /// Every probe between pods whose addresses are posted, with what the model (of the
     /// objects the API server holds now) says of it.
     fn model(&self) -> (Vec<Cell>, Vec<Verdict>) {
-        let objects = self.objects();
-        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
+        let oracle = self.oracle();
         let cells = self.cells();
         let verdicts = cells
             .iter()
             .map(|c| {
-                view.verdict(
+                oracle.verdict(
                     self.members[c.from].ip(c.v6),
                     self.members[c.to].ip(c.v6),
-                    c.protocol.number(),
+                    c.protocol.name(),
                     c.port,
                 )
             })
@@ -614,16 +591,9 @@ impl World {
     /// Where the model (of the objects now) and the step's truth tables disagree, on
     /// the case's pods.
     fn check_model(&self, case: &Case, step: &Step) -> Vec<String> {
-        let objects = self.objects();
-        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
+        let oracle = self.oracle();
         let mut wrong = Vec::new();
         for check in &step.checks {
-            let protocol = match check.protocol {
-                "TCP" => 6,
-                "UDP" => 17,
-                "SCTP" => 132,
-                other => panic!("a truth table of {other} (a mistake in the case)"),
-            };
             for from in &case.pods {
                 for to in case.pods.iter().filter(|to| *to != from) {
                     let (f, t) = (
@@ -634,7 +604,8 @@ impl World {
                         if (v6 && !check.ipv6) || (!v6 && !check.ipv4) {
                             continue;
                         }
-                        let verdict = view.verdict(f.ip(v6), t.ip(v6), protocol, check.port);
+                        let verdict =
+                            oracle.verdict(f.ip(v6), t.ip(v6), check.protocol, check.port);
                         let want = check.allows(from, to);
                         if verdict.allowed() != want {
                             wrong.push(format!(
@@ -662,22 +633,7 @@ impl World {
 
 /// Why the model decided, in a few words.
 fn why(verdict: &Verdict) -> String {
-    if verdict.same_pod {
-        return "same pod".into();
-    }
-    let side = |what: &str, side: &Option<Side>| match side {
-        None => format!("{what}: no pod"),
-        Some(s) if s.isolated_by.is_empty() => format!("{what}: not isolated"),
-        Some(s) => format!(
-            "{what}: isolated by {:?}, allowed by {:?}",
-            s.isolated_by, s.allowed_by
-        ),
-    };
-    format!(
-        "{}; {}",
-        side("egress", &verdict.egress),
-        side("ingress", &verdict.ingress)
-    )
+    verdict.why()
 }
 
 fn seconds(d: Duration) -> String {
@@ -1081,8 +1037,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         Ok(c) => println!("default deny in x: converged after {}", seconds(c.after)),
         Err(e) => failures.push(format!("default deny in x: {e}")),
     }
-    let objects = world.objects();
-    let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
+    let oracle = world.oracle();
     let mut checked = 0;
     for host in &world.cluster.hosts {
         for m in world.members.iter().filter(|m| m.namespace == "x") {
@@ -1096,8 +1051,13 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
                         .next()
                         .and_then(|p| p.parse().ok())
                         .unwrap_or(0);
-                    let protocol = if what.starts_with("TCP") { 6 } else { 17 };
-                    let want = own || view.verdict(node_ip, m.ip(v6), protocol, port).allowed();
+                    let protocol = if what.starts_with("TCP") {
+                        "TCP"
+                    } else {
+                        "UDP"
+                    };
+                    // The oracle lets a pod's own node in whatever the policies say.
+                    let want = oracle.verdict(node_ip, m.ip(v6), protocol, port).allowed();
                     if outcome.passed() != want {
                         failures.push(format!(
                             "node {} -> {} ({}) {what} IPv{}: want {}, the probe {}",
