@@ -473,6 +473,21 @@ impl Verdict {
                 && (self.from_its_node || self.ingress.as_ref().is_none_or(Direction::allows)))
     }
 
+    /// The decision that drops the connection, for verdict accounting: the source's
+    /// egress when it denies (the source's side judges it first), else the destination's
+    /// ingress when that denies and is judged; `None` when the connection passes.
+    pub fn denied_by(&self) -> Option<&Decision> {
+        if self.same_pod {
+            return None;
+        }
+        fn denies(side: &Option<Direction>) -> Option<&Decision> {
+            side.as_ref()
+                .map(|d| &d.decided)
+                .filter(|decided| !decided.allowed)
+        }
+        denies(&self.egress).or_else(|| denies(&self.ingress).filter(|_| !self.from_its_node))
+    }
+
     /// Why, in a few words.
     pub fn why(&self) -> String {
         if self.same_pod {
@@ -2009,6 +2024,54 @@ mod tests {
         assert_eq!(
             (ingress_of(&v).allowed, ingress_of(&v).tier),
             (false, Tier::Baseline)
+        );
+    }
+
+    #[test]
+    fn the_dropping_decision_is_the_sources_egress_first() {
+        let out = cnp(
+            "web-out",
+            "Admin",
+            7,
+            json!({
+                "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "web"}}}},
+                "egress": [{"name": "no-db", "action": "Deny", "to": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}}]}],
+            }),
+        );
+        let into = cnp(
+            "db-in",
+            "Baseline",
+            3,
+            json!({
+                "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "db"}}}},
+                "ingress": [{"name": "nobody", "action": "Deny", "from": [{"namespaces": {}}]}],
+            }),
+        );
+        let o = tiered(&[], &[out, into]);
+        let rule = |v: &Verdict| {
+            let rule = v.denied_by().and_then(|d| d.rule.clone()).expect("a rule");
+            (rule.policy, rule.tier, rule.priority, rule.index, rule.name)
+        };
+        let both = judge(&o, WEB, DB, "TCP", 80);
+        assert_eq!(
+            rule(&both),
+            ("web-out".into(), Tier::Admin, 7, 0, "no-db".into())
+        );
+        let ingress_only = judge(&o, PROBE, DB, "TCP", 80);
+        assert_eq!(
+            rule(&ingress_only),
+            ("db-in".into(), Tier::Baseline, 3, 0, "nobody".into())
+        );
+        assert!(
+            judge(&o, "192.0.2.2", DB, "TCP", 80).denied_by().is_none(),
+            "its node"
+        );
+        assert!(judge(&o, DB, WEB, "TCP", 80).denied_by().is_none());
+        let np = world(&[policy("shop", "deny", json!({"podSelector": {}}))]);
+        let v = np.verdict(ip(PROBE), ip(DB), "TCP", 1);
+        assert_eq!(
+            v.denied_by().map(|d| d.network_policies.clone()),
+            Some(vec!["shop/deny".to_owned()])
         );
     }
 
