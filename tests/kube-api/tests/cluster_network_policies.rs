@@ -77,6 +77,20 @@ async fn cluster_network_policies_list_watch_relist() {
         Some("policy.networking.k8s.io/v1alpha2")
     );
     assert!(got.metadata.namespace.is_none(), "cluster-scoped");
+    // The field selectors the API server allows for every custom resource.
+    let one = api
+        .list(&ListParams::default().fields("metadata.name=policy-4"))
+        .await
+        .expect("a list by name");
+    let names: Vec<_> = one.items.iter().map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(names, [Some("policy-4".to_owned())]);
+    match api
+        .list(&ListParams::default().fields("spec.tier=Admin"))
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 400),
+        other => panic!("expected 400 for an unsupported field, got {other:?}"),
+    }
 
     server.apply_cluster_network_policy(policy(6));
     take_until(&mut stream, "apply policy-6").await;
