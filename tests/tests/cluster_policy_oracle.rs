@@ -8,6 +8,11 @@
 //! making its changes and then probing; every probe is judged by the oracle from the
 //! objects as the API server would hold them at that moment, for IPv4 and (where the
 //! subtest's expectations hold for it) IPv6, and must give upstream's verdict.
+//!
+//! Then properties of the tiers on random ClusterNetworkPolicies over the same base
+//! (`PROPTEST_CASES` sets how many, default 200): the order the objects come in changes
+//! no verdict and no named decider; Pass rules alone change no verdict of the
+//! NetworkPolicies'; a first Admin deny decides every pod-to-pod connection.
 
 mod cluster_network_policy_cases;
 
@@ -311,4 +316,292 @@ fn without_the_cluster_policies_every_expected_denial_is_missed() {
         "only {} of {denials} expected denials were missed",
         outcome.wrong.len()
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Properties of the tiers on random ClusterNetworkPolicies over the same base.
+
+mod properties {
+    use super::*;
+    use cni_blackbox::policy_oracle::{Tier, Verdict};
+    use proptest::prelude::*;
+    use proptest::sample::select;
+    use proptest::test_runner::{Config, TestRunner};
+
+    const HOUSE_NAMES: [&str; 5] = [
+        "gryffindor",
+        "slytherin",
+        "hufflepuff",
+        "ravenclaw",
+        "forbidden-forrest",
+    ];
+
+    fn house_selector() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(json!({})),
+            select(&HOUSE_NAMES[..]).prop_map(|h| json!({"matchLabels": {"conformance-house": h}})),
+        ]
+    }
+
+    fn pod_selector() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(json!({})),
+            select(vec!["0", "1"])
+                .prop_map(|i| json!({"matchLabels": {"apps.kubernetes.io/pod-index": i}})),
+        ]
+    }
+
+    fn peer() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            house_selector().prop_map(|s| json!({"namespaces": s})),
+            (house_selector(), pod_selector())
+                .prop_map(|(n, p)| json!({"pods": {"namespaceSelector": n, "podSelector": p}})),
+            select(vec![
+                "0.0.0.0/0",
+                "10.244.1.0/24",
+                "10.244.2.14/32",
+                "198.18.0.0/24"
+            ])
+            .prop_map(|c| json!({"networks": [c]})),
+            select(vec![
+                json!({}),
+                json!({"matchLabels": {"kubernetes.io/hostname": "node-2"}})
+            ])
+            .prop_map(|s| json!({"nodes": s})),
+            Just(json!({"domainNames": ["*.example.com"]})),
+            Just(json!({"somethingNewer": {}})),
+        ]
+    }
+
+    fn protocols() -> impl Strategy<Value = Option<Value>> {
+        let entry = select(vec![
+            json!({"tcp": {"destinationPort": {"number": 80}}}),
+            json!({"udp": {"destinationPort": {"number": 53}}}),
+            json!({"sctp": {}}),
+            json!({"tcp": {"destinationPort": {"range": {"start": 1, "end": 100}}}}),
+            json!({"destinationNamedPort": "web"}),
+            json!({"destinationNamedPort": "dns"}),
+        ]);
+        proptest::option::of(proptest::collection::vec(entry, 1..=2).prop_map(Value::from))
+    }
+
+    fn rule(peers: &'static str) -> impl Strategy<Value = Value> {
+        (
+            select(vec!["Accept", "Deny", "Pass"]),
+            proptest::collection::vec(peer(), 1..=2),
+            protocols(),
+        )
+            .prop_map(move |(action, list, protocols)| {
+                let mut rule = json!({"action": action, peers: list});
+                if let Some(p) = protocols {
+                    rule["protocols"] = p;
+                }
+                rule
+            })
+    }
+
+    fn cluster_policy() -> impl Strategy<Value = Value> {
+        (
+            select(vec!["a", "b", "c", "d"]),
+            select(vec!["Admin", "Baseline"]),
+            0u32..3,
+            prop_oneof![
+                house_selector().prop_map(|s| json!({"namespaces": s})),
+                (house_selector(), pod_selector())
+                    .prop_map(|(n, p)| json!({"pods": {"namespaceSelector": n, "podSelector": p}})),
+            ],
+            proptest::collection::vec(rule("from"), 0..=3),
+            proptest::collection::vec(rule("to"), 0..=3),
+        )
+            .prop_map(|(name, tier, priority, subject, ingress, egress)| {
+                cni_kube_api::cluster_network_policy(
+                    &format!("{name}-{}", tier.to_lowercase()),
+                    json!({"tier": tier, "priority": priority, "subject": subject,
+                           "ingress": ingress, "egress": egress}),
+                )
+            })
+    }
+
+    /// Names made unique (the API server keys them by name), in the order given.
+    fn policies() -> impl Strategy<Value = Vec<Value>> {
+        proptest::collection::vec(cluster_policy(), 0..=5).prop_map(|list| {
+            let mut seen = std::collections::BTreeSet::new();
+            list.into_iter()
+                .filter(|p| seen.insert(p["metadata"]["name"].to_string()))
+                .collect()
+        })
+    }
+
+    const PROBES: [(&str, u16); 4] = [("TCP", 80), ("UDP", 53), ("SCTP", 9003), ("TCP", 8080)];
+
+    /// Every verdict between the base's addresses (IPv4), in a fixed order.
+    fn verdicts(base: &Base, cluster: &[Value]) -> Result<Vec<Verdict>, TestCaseError> {
+        verdicts_with(base, &[], cluster)
+    }
+
+    /// [`verdicts`] with NetworkPolicies too.
+    fn verdicts_with(
+        base: &Base,
+        network_policies: &[Value],
+        cluster: &[Value],
+    ) -> Result<Vec<Verdict>, TestCaseError> {
+        let mut with = Base::new();
+        with.namespace_labels = base.namespace_labels.clone();
+        for policy in cluster {
+            with.act(&Action::Apply(policy.clone()))
+                .map_err(TestCaseError::fail)?;
+        }
+        // `Base` keys policies by name; keep the order given for the oracle.
+        let pods = with.pod_objects();
+        let namespaces: Vec<Value> = with
+            .namespace_labels
+            .iter()
+            .map(|(house, labels)| realistic_namespace(&namespace(house), labels))
+            .collect();
+        let nodes: Vec<Value> = [1, 2]
+            .into_iter()
+            .map(|n| {
+                let (v4, v6) = node_ips(n);
+                realistic_node(
+                    &format!("node-{n}"),
+                    &[],
+                    &[&v4.to_string(), &v6.to_string()],
+                    0,
+                )
+            })
+            .collect();
+        let oracle = Oracle::with_cluster_network_policies(
+            &pods,
+            &namespaces,
+            &nodes,
+            network_policies,
+            cluster,
+        )
+        .map_err(|e| TestCaseError::fail(format!("unreadable: {e}")))?;
+        let mut all = Vec::new();
+        for from in with.pods.keys() {
+            for to in with.pods.keys() {
+                for (protocol, port) in PROBES {
+                    all.push(oracle.verdict(
+                        with.ip(from, false),
+                        with.ip(to, false),
+                        protocol,
+                        port,
+                    ));
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    fn runner() -> TestRunner {
+        let cases = std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(200);
+        TestRunner::new(Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        })
+    }
+
+    /// The order the API server lists the policies in changes nothing, not even which
+    /// rule is named as the decider (priority, then name, is a total order).
+    #[test]
+    fn the_order_of_the_objects_changes_nothing() {
+        let base = Base::new();
+        runner()
+            .run(&policies(), |cluster| {
+                let mut reversed = cluster.clone();
+                reversed.reverse();
+                prop_assert_eq!(verdicts(&base, &cluster)?, verdicts(&base, &reversed)?);
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Pass rules that know all their peers and protocols only hand the connection on:
+    /// with every action made Pass, every verdict is the NetworkPolicies' alone (one
+    /// isolates gryffindor both ways, letting slytherin in and out).
+    #[test]
+    fn pass_rules_alone_change_no_verdict() {
+        let base = Base::new();
+        let np = network_policy(
+            &namespace("gryffindor"),
+            "slytherin-only",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"conformance-house": "slytherin"}}}]}],
+                   "egress": [{"to": [{"namespaceSelector": {"matchLabels": {"conformance-house": "slytherin"}}}]}]}),
+        );
+        let network = [np];
+        let open = verdicts_with(&base, &network, &[]).expect("the base");
+        assert!(
+            open.iter().any(|v| !v.allowed()),
+            "the NetworkPolicy denies something"
+        );
+        runner()
+            .run(&policies(), |cluster| {
+                // Rules with a peer the oracle does not know for their way fail
+                // closed (deny), so they are left out here.
+                let known = |rule: &Value| {
+                    let ingress = rule.get("from").is_some();
+                    let peers = rule["from"].as_array().or(rule["to"].as_array());
+                    peers.into_iter().flatten().all(|p| {
+                        let egress_only = ["networks", "nodes", "domainNames"]
+                            .iter()
+                            .any(|f| p.get(*f).is_some());
+                        p.get("somethingNewer").is_none() && !(ingress && egress_only)
+                    })
+                };
+                let mut passing = cluster.clone();
+                for policy in &mut passing {
+                    for way in ["ingress", "egress"] {
+                        if let Some(rules) = policy["spec"][way].as_array_mut() {
+                            rules.retain(known);
+                            for rule in rules {
+                                rule["action"] = json!("Pass");
+                            }
+                        }
+                    }
+                }
+                let got = verdicts_with(&base, &network, &passing)?;
+                for (with, without) in got.iter().zip(&open) {
+                    prop_assert_eq!(with.allowed(), without.allowed(), "{}", with.why());
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// An Admin policy of priority 0 named before any other that denies all ingress from
+    /// every pod decides every pod-to-pod connection between two pods (unless the
+    /// source's own egress already denied it).
+    #[test]
+    fn a_first_admin_deny_decides_every_pod_connection() {
+        let base = Base::new();
+        runner()
+            .run(&policies(), |mut cluster| {
+                cluster.push(cni_kube_api::cluster_network_policy(
+                    "0-first",
+                    json!({"tier": "Admin", "priority": 0, "subject": {"namespaces": {}},
+                           "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}),
+                ));
+                let got = verdicts(&base, &cluster)?;
+                for verdict in got
+                    .iter()
+                    .filter(|v| !v.same_pod && v.egress.is_some() && v.ingress.is_some())
+                {
+                    prop_assert!(!verdict.allowed(), "{}", verdict.why());
+                    let ingress = &verdict.ingress.as_ref().expect("a destination").decided;
+                    prop_assert_eq!(ingress.tier, Tier::Admin);
+                    prop_assert_eq!(
+                        ingress.rule.as_ref().map(|r| r.policy.as_str()),
+                        Some("0-first")
+                    );
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
 }
