@@ -35,7 +35,7 @@
 
 mod network_policy_cases;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr};
@@ -108,6 +108,47 @@ struct Cell {
     v6: bool,
 }
 
+impl Cell {
+    fn server(&self) -> Server {
+        Server {
+            member: self.to,
+            protocol: self.protocol,
+            port: self.port,
+            v6: self.v6,
+        }
+    }
+}
+
+/// One server of a pod: what a probe reaches, whoever sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Server {
+    member: usize,
+    protocol: Protocol,
+    port: u16,
+    v6: bool,
+}
+
+/// What a probe is asked about: source and destination addresses, IP protocol, port.
+type Ask = (IpAddr, IpAddr, u8, u16);
+
+/// What NetworkPolicy says of each of `asks` given `objects`: the one place the
+/// matrix's expectations come from (today the agent's own model).
+fn expected(objects: &Objects, asks: &[Ask]) -> Vec<Verdict> {
+    let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
+    asks.iter()
+        .map(|&(from, to, protocol, port)| view.verdict(from, to, protocol, port))
+        .collect()
+}
+
+/// Whether a verdict's egress side and its ingress side let the connection pass: each
+/// is judged by the agent of its own pod's node, which may be a view behind the other.
+fn sides(verdict: &Verdict) -> (bool, bool) {
+    (
+        verdict.egress.as_ref().is_none_or(Side::allowed),
+        verdict.ingress.as_ref().is_none_or(Side::allowed),
+    )
+}
+
 /// A matrix that equalled the model.
 #[derive(Debug)]
 struct Converged {
@@ -124,7 +165,18 @@ impl Converged {
     }
 }
 
+/// A step of a case that passed.
+#[derive(Debug)]
+struct Stepped {
+    converged: Converged,
+    /// Rounds of the whole matrix made through the change.
+    rounds: usize,
+    /// Cells the change could not touch, watched in every round.
+    kept: usize,
+}
+
 /// The objects the API server holds, as the agent reads them.
+#[derive(Clone)]
 struct Objects {
     pods: BTreeMap<String, PodInfo>,
     namespaces: BTreeMap<String, Labels>,
@@ -135,13 +187,88 @@ struct Objects {
 struct World {
     // Field order is drop order: the servers close their sockets before the cluster
     // deletes the pods.
-    servers: Vec<Servers>,
+    /// Each member's servers (`None`: killed on purpose).
+    servers: Vec<Option<Servers>>,
     cluster: Cluster,
     members: Vec<Member>,
     /// Each pod's labels now (`namespace/name`).
     pod_labels: BTreeMap<String, Vec<(String, String)>>,
     /// Each namespace's labels now, when a case changed them.
     namespace_labels: BTreeMap<String, Vec<(String, String)>>,
+    /// While a change is recorded: each write's kind and the objects after it.
+    writes: Option<Vec<(Written, Objects)>>,
+}
+
+/// The kind of object a write changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Pod,
+    Namespace,
+    Policy,
+}
+
+/// One round of a [`Watch`]: when it began, and every probe's outcome.
+struct Round {
+    began: Instant,
+    outcomes: Vec<Outcome>,
+}
+
+/// Probes round after round on a thread of its own, each round complete (nothing cut
+/// short, so every cell is seen in every round), until finished.
+struct Watch {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<std::sync::atomic::AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<Vec<Round>>>,
+}
+
+impl Watch {
+    fn start(probes: Vec<Probe>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (flag, count) = (Arc::clone(&stop), Arc::clone(&rounds));
+        let thread = std::thread::spawn(move || {
+            let mut done = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                let began = Instant::now();
+                let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+                done.push(Round { began, outcomes });
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            done
+        });
+        Self {
+            stop,
+            rounds,
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits until a whole round is done, so that one is done before the change.
+    fn wait_for_a_round(&self) {
+        while self.rounds.load(Ordering::Relaxed) == 0
+            && self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops after the round under way, and returns every round.
+    fn finish(mut self) -> Vec<Round> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 fn default_pod_labels(name: &str) -> Vec<(String, String)> {
@@ -223,6 +350,7 @@ impl World {
             members: Vec::new(),
             pod_labels: BTreeMap::new(),
             namespace_labels: BTreeMap::new(),
+            writes: None,
         };
         for ns in NAMESPACES {
             world
@@ -250,7 +378,19 @@ impl World {
             started.elapsed().as_secs_f64(),
             placement.join(", ")
         );
+        // CNI_RS_NP_KILL_SERVER=<namespace/pod>: that pod's servers stopped from the
+        // start, to see the tests fail on a dead server rather than read it as a denial.
+        if let Ok(key) = std::env::var("CNI_RS_NP_KILL_SERVER") {
+            let i = world.member(&key);
+            world.kill_servers(i);
+            println!("CNI_RS_NP_KILL_SERVER={key}: its servers are stopped");
+        }
         world
+    }
+
+    /// Stops pod `i`'s servers: its ports refuse from now on.
+    fn kill_servers(&mut self, i: usize) {
+        drop(self.servers[i].take());
     }
 
     /// Pod `namespace/name` as a runtime makes it: the Pod object (no address yet),
@@ -277,7 +417,8 @@ impl World {
             netns: pod.ns.path().to_path_buf(),
             posted: false,
         };
-        self.servers.push(Servers::start(&member.netns, &PORTS));
+        self.servers
+            .push(Some(Servers::start(&member.netns, &PORTS)));
         self.pod_labels.insert(member.key(), labels);
         self.members.push(member);
         self.members.len() - 1
@@ -384,21 +525,106 @@ impl World {
     /// Every probe between pods whose addresses are posted, with what the model (of the
     /// objects the API server holds now) says of it.
     fn model(&self) -> (Vec<Cell>, Vec<Verdict>) {
-        let objects = self.objects();
-        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
         let cells = self.cells();
-        let verdicts = cells
+        let verdicts = expected(&self.objects(), &self.asks(&cells));
+        (cells, verdicts)
+    }
+
+    fn asks(&self, cells: &[Cell]) -> Vec<Ask> {
+        cells
             .iter()
             .map(|c| {
-                view.verdict(
+                (
                     self.members[c.from].ip(c.v6),
                     self.members[c.to].ip(c.v6),
                     c.protocol.number(),
                     c.port,
                 )
             })
+            .collect()
+    }
+
+    /// A probe of `server` from its pod's node, which always reaches its own pods
+    /// (kubelet's probes must): it shows the server alive when no pod may reach it.
+    fn node_probe(&self, server: Server) -> Probe {
+        let m = &self.members[server.member];
+        let node = self
+            .cluster
+            .hosts
+            .iter()
+            .find(|h| h.n == m.node)
+            .unwrap_or_else(|| panic!("no node {}", m.node));
+        Probe {
+            from: node.ns.path().to_path_buf(),
+            to: SocketAddr::new(m.ip(server.v6), server.port),
+            protocol: server.protocol,
+        }
+    }
+
+    fn describe_server(&self, server: Server) -> String {
+        format!(
+            "{} {}/{} IPv{}",
+            self.members[server.member].key(),
+            server.protocol.name(),
+            server.port,
+            if server.v6 { 6 } else { 4 }
+        )
+    }
+
+    /// Every probe of `cells` and of `servers` (from their nodes) that says the path is
+    /// broken: a policy drops, so a refusal or an error means the server is down or the
+    /// route is wrong, whatever the policy says.
+    fn broken(
+        &self,
+        cells: &[Cell],
+        outcomes: &[Outcome],
+        servers: &[Server],
+        server_outcomes: &[Outcome],
+    ) -> Vec<String> {
+        let cells = cells
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| o.broken())
+            .map(|(c, o)| (self.describe(c), o));
+        let servers = servers
+            .iter()
+            .zip(server_outcomes)
+            .filter(|(_, o)| o.broken())
+            .map(|(s, o)| {
+                let node = self.members[s.member].node;
+                (format!("node {node} -> {}", self.describe_server(*s)), o)
+            });
+        cells
+            .chain(servers)
+            .map(|(what, o)| {
+                format!(
+                    "  {what}: {}: the server or the route is broken, not the policy (a \
+                     policy drops: nothing answers)",
+                    o.word()
+                )
+            })
+            .collect()
+    }
+
+    /// The servers of `need` that no probe of the round reached: not a cell of
+    /// `cells` to it, nor a probe of `servers` from its node.
+    fn not_shown_alive(
+        &self,
+        need: &BTreeSet<Server>,
+        cells: &[Cell],
+        outcomes: &[Outcome],
+        servers: &[Server],
+        server_outcomes: &[Outcome],
+    ) -> Vec<Server> {
+        let alive: BTreeSet<Server> = cells
+            .iter()
+            .map(Cell::server)
+            .zip(outcomes)
+            .chain(servers.iter().copied().zip(server_outcomes))
+            .filter(|(_, o)| o.passed())
+            .map(|(s, _)| s)
             .collect();
-        (cells, verdicts)
+        need.difference(&alive).copied().collect()
     }
 
     fn probe(&self, cell: &Cell) -> Probe {
@@ -426,10 +652,33 @@ impl World {
     /// force passes follow each other every few milliseconds; a change that allows
     /// shows up to one [`PROBE_TIMEOUT`] late, when the first SYNs were dropped (TCP
     /// sends the next one only after a second).
+    ///
+    /// A probe the model denies agrees only when it times out; a refusal or an error
+    /// anywhere fails at once (the server or the route is broken). Every server of a
+    /// denied probe must be shown alive in the pass that matches: a probe the model
+    /// allows reached it, or, when none may, a probe from its node (not judged) did.
     fn converge(&self, since: Instant) -> Result<Converged, String> {
         let (cells, verdicts) = self.model();
         let expected: Vec<bool> = verdicts.iter().map(Verdict::allowed).collect();
-        let probes: Vec<Probe> = cells.iter().map(|c| self.probe(c)).collect();
+        let need: BTreeSet<Server> = cells
+            .iter()
+            .zip(&expected)
+            .filter(|(_, allowed)| !**allowed)
+            .map(|(c, _)| c.server())
+            .collect();
+        let reached: BTreeSet<Server> = cells
+            .iter()
+            .zip(&expected)
+            .filter(|(_, allowed)| **allowed)
+            .map(|(c, _)| c.server())
+            .collect();
+        let servers: Vec<Server> = need.difference(&reached).copied().collect();
+        let probes: Vec<Probe> = cells
+            .iter()
+            .map(|c| self.probe(c))
+            .chain(servers.iter().map(|s| self.node_probe(*s)))
+            .collect();
+        let n = cells.len();
         let mut passes = 0;
         loop {
             let began = since.elapsed();
@@ -439,22 +688,41 @@ impl World {
             // A probe that disagrees ends the pass at once, but for the last one,
             // whose every outcome goes into the report.
             let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |i, outcome| {
-                !last && outcome.passed() != expected[i]
+                !last
+                    && (outcome.broken()
+                        || expected.get(i).map_or(!outcome.passed(), |e| !outcome.agrees(*e)))
             });
-            if outcomes
-                .iter()
-                .zip(&expected)
-                .all(|(o, e)| o.passed() == *e)
-            {
-                return Ok(Converged {
-                    after: began,
-                    passes,
-                    cells,
-                    outcomes,
-                });
+            let (outcomes, server_outcomes) = outcomes.split_at(n);
+            let broken = self.broken(&cells, outcomes, &servers, server_outcomes);
+            if !broken.is_empty() {
+                return Err(format!(
+                    "{} probes refused or failed {} after the change (pass {passes}):\n{}",
+                    broken.len(),
+                    seconds(began),
+                    broken.join("\n")
+                ));
             }
-            if last {
-                return Err(self.report(&cells, &verdicts, &outcomes, passes));
+            if outcomes.iter().zip(&expected).all(|(o, e)| o.agrees(*e)) {
+                let dead = self.not_shown_alive(&need, &cells, outcomes, &servers, server_outcomes);
+                if dead.is_empty() {
+                    return Ok(Converged {
+                        after: began,
+                        passes,
+                        cells,
+                        outcomes: outcomes.to_vec(),
+                    });
+                }
+                if last {
+                    let dead: Vec<String> =
+                        dead.iter().map(|s| self.describe_server(*s)).collect();
+                    return Err(format!(
+                        "the matrix equals the model, but no probe reached these servers of \
+                         denied probes in the same pass (nor their node): {}",
+                        dead.join(", ")
+                    ));
+                }
+            } else if last {
+                return Err(self.report(&cells, &verdicts, outcomes, passes));
             }
             if let Some(rest) = Duration::from_millis(20).checked_sub(pass.elapsed()) {
                 std::thread::sleep(rest);
@@ -473,7 +741,7 @@ impl World {
             .iter()
             .zip(verdicts)
             .zip(outcomes)
-            .filter(|((_, v), o)| o.passed() != v.allowed())
+            .filter(|((_, v), o)| !o.agrees(v.allowed()))
             .map(|((c, v), o)| {
                 format!(
                     "  {}: the model says {} ({}), the probe {}",
@@ -520,22 +788,34 @@ impl World {
 
     /// Deletes every policy and sets the labels cases change back.
     fn reset(&mut self) {
-        let api = &self.cluster.api;
-        for key in api.keys(Kind::NetworkPolicy) {
+        for key in self.cluster.api.keys(Kind::NetworkPolicy) {
             let (namespace, name) = key.split_once('/').unwrap_or(("", &key));
-            api.delete_network_policy(namespace, name);
+            self.cluster.api.delete_network_policy(namespace, name);
+            self.wrote(Written::Policy);
         }
         for i in 0..self.members.len() {
             let (key, name) = (self.members[i].key(), self.members[i].name.clone());
             if self.pod_labels[&key] != default_pod_labels(&name) {
                 self.pod_labels.insert(key, default_pod_labels(&name));
                 self.apply_pod(i);
+                self.wrote(Written::Pod);
             }
         }
         for (ns, _) in std::mem::take(&mut self.namespace_labels) {
             self.cluster
                 .api
                 .apply_namespace(namespace_object(&ns, &default_namespace_labels(&ns)));
+            self.wrote(Written::Namespace);
+        }
+    }
+
+    /// Notes the objects after a write of `kind`, while a change is being recorded.
+    fn wrote(&mut self, kind: Written) {
+        if self.writes.is_some() {
+            let objects = self.objects();
+            if let Some(writes) = self.writes.as_mut() {
+                writes.push((kind, objects));
+            }
         }
     }
 
@@ -546,22 +826,25 @@ impl World {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect()
         };
-        match action {
+        let written = match action {
             Action::Policy(ns, name, spec) => {
                 self.cluster
                     .api
                     .apply_network_policy(network_policy(ns, name, spec.clone()));
+                Written::Policy
             }
             Action::DeletePolicy(ns, name) => {
                 assert!(
                     self.cluster.api.delete_network_policy(ns, name),
                     "no policy {ns}/{name} to delete"
                 );
+                Written::Policy
             }
             Action::PodLabels(ns, name, labels) => {
                 let i = self.member(&format!("{ns}/{name}"));
                 self.pod_labels.insert(self.members[i].key(), owned(labels));
                 self.apply_pod(i);
+                Written::Pod
             }
             Action::NamespaceLabels(ns, labels) => {
                 let labels = owned(labels);
@@ -569,25 +852,173 @@ impl World {
                     .api
                     .apply_namespace(namespace_object(ns, &labels));
                 self.namespace_labels.insert((*ns).to_owned(), labels);
+                Written::Namespace
+            }
+        };
+        self.wrote(written);
+    }
+
+    /// Every server of the pods whose addresses are posted.
+    fn servers_posted(&self) -> Vec<Server> {
+        let mut servers = Vec::new();
+        for member in (0..self.members.len()).filter(|&i| self.members[i].posted) {
+            for protocol in Protocol::ALL {
+                for port in PORTS {
+                    for v6 in [false, true] {
+                        servers.push(Server {
+                            member,
+                            protocol,
+                            port,
+                            v6,
+                        });
+                    }
+                }
             }
         }
+        servers
+    }
+
+    /// For each of `cells`, its verdict when the change made of `writes` (each with the
+    /// objects after it) cannot touch it, from the objects `before` on: `None` when it
+    /// may. Each kind is watched on its own, so an agent may be at any write of each
+    /// kind whatever it saw of the others; and each side of a cell is judged by the
+    /// agent of its own pod's node, which may be at another point. A cell is untouched
+    /// when each of its sides is the same in every such mix.
+    fn untouched(
+        &self,
+        cells: &[Cell],
+        before: &Objects,
+        writes: &[(Written, Objects)],
+    ) -> Vec<Option<bool>> {
+        let mut pods = vec![&before.pods];
+        let mut namespaces = vec![&before.namespaces];
+        let mut policies = vec![&before.policies];
+        for (kind, objects) in writes {
+            match kind {
+                Written::Pod => pods.push(&objects.pods),
+                Written::Namespace => namespaces.push(&objects.namespaces),
+                Written::Policy => policies.push(&objects.policies),
+            }
+        }
+        let asks = self.asks(cells);
+        let mut first: Option<Vec<(bool, bool)>> = None;
+        let mut same = vec![true; cells.len()];
+        for pods in &pods {
+            for namespaces in &namespaces {
+                for policies in &policies {
+                    let mix = Objects {
+                        pods: (*pods).clone(),
+                        namespaces: (*namespaces).clone(),
+                        policies: (*policies).clone(),
+                    };
+                    let now: Vec<(bool, bool)> = expected(&mix, &asks).iter().map(sides).collect();
+                    match &first {
+                        None => first = Some(now),
+                        Some(first) => {
+                            for ((same, a), b) in same.iter_mut().zip(first).zip(&now) {
+                                *same &= a == b;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        first
+            .unwrap_or_default()
+            .into_iter()
+            .zip(same)
+            .map(|((egress, ingress), same)| same.then_some(egress && ingress))
+            .collect()
+    }
+
+    /// What went wrong in the `rounds` a [`Watch`] made of `cells` and of `servers`
+    /// (from their nodes) through a change that began at `change`: a refusal or an error
+    /// anywhere, a cell the change cannot touch (`untouched`) that did not keep its
+    /// verdict, and a server of such a denied cell that no probe of the round reached.
+    fn judge_watch(
+        &self,
+        cells: &[Cell],
+        servers: &[Server],
+        untouched: &[Option<bool>],
+        rounds: &[Round],
+        change: Instant,
+    ) -> Vec<String> {
+        let need: BTreeSet<Server> = cells
+            .iter()
+            .zip(untouched)
+            .filter(|(_, u)| **u == Some(false))
+            .map(|(c, _)| c.server())
+            .collect();
+        let mut problems = Vec::new();
+        for (r, round) in rounds.iter().enumerate() {
+            let at = if round.began >= change {
+                format!("+{}", seconds(round.began - change))
+            } else {
+                format!("-{}", seconds(change - round.began))
+            };
+            let when = format!("round {} of {} (begun {at} from the change)", r + 1, rounds.len());
+            let (outcomes, server_outcomes) = round.outcomes.split_at(cells.len());
+            for line in self.broken(cells, outcomes, servers, server_outcomes) {
+                problems.push(format!("{when}:{line}"));
+            }
+            for ((cell, outcome), want) in cells.iter().zip(outcomes).zip(untouched) {
+                if let Some(allowed) = *want
+                    && !outcome.agrees(allowed)
+                    && !outcome.broken()
+                {
+                    problems.push(format!(
+                        "{when}: {} flipped: the change cannot touch it (the model says {} \
+                         before, through and after it), the probe {}",
+                        self.describe(cell),
+                        if allowed { "allowed" } else { "denied" },
+                        outcome.word()
+                    ));
+                }
+            }
+            let dead = self.not_shown_alive(&need, cells, outcomes, servers, server_outcomes);
+            if !dead.is_empty() {
+                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
+                problems.push(format!(
+                    "{when}: no probe reached these servers of denied cells (nor their node): {}",
+                    dead.join(", ")
+                ));
+            }
+        }
+        problems
     }
 
     /// Runs a case: the previous one's policies and labels gone, then each step's
     /// changes, the model checked against upstream's truth tables, and a matrix that
     /// equals the model.
-    fn run_case(&mut self, case: &Case) -> Result<Vec<Converged>, String> {
+    ///
+    /// Through each step, from just before its first write until the matrix equals the
+    /// model, a [`Watch`] probes the whole matrix round after round; every cell that
+    /// the step's writes (with the previous case's reset, for the first) cannot touch
+    /// must keep its verdict in every round.
+    fn run_case(&mut self, case: &Case) -> Result<Vec<Stepped>, String> {
         let mut steps = Vec::new();
         let mut problems = Vec::new();
-        let mut since = Instant::now();
-        self.reset();
         for (n, step) in case.steps.iter().enumerate() {
-            if n > 0 {
-                since = Instant::now();
+            let cells = self.cells();
+            let servers = self.servers_posted();
+            let watch = Watch::start(
+                cells
+                    .iter()
+                    .map(|c| self.probe(c))
+                    .chain(servers.iter().map(|s| self.node_probe(*s)))
+                    .collect(),
+            );
+            watch.wait_for_a_round();
+            let before = self.objects();
+            self.writes = Some(Vec::new());
+            let since = Instant::now();
+            if n == 0 {
+                self.reset();
             }
             for action in &step.actions {
                 self.act(action);
             }
+            let writes = self.writes.take().unwrap_or_default();
             let wrong = self.check_model(case, step);
             if !wrong.is_empty() {
                 problems.push(format!(
@@ -596,8 +1027,28 @@ impl World {
                     wrong.join("\n")
                 ));
             }
-            match self.converge(since) {
-                Ok(converged) => steps.push(converged),
+            let converged = self.converge(since);
+            let rounds = watch.finish();
+            let untouched = self.untouched(&cells, &before, &writes);
+            let flips = self.judge_watch(&cells, &servers, &untouched, &rounds, since);
+            let kept = untouched.iter().filter(|u| u.is_some()).count();
+            if !flips.is_empty() {
+                let n_flips = flips.len();
+                problems.push(format!(
+                    "step {}: through the change, {n_flips} problems in {} rounds of the {kept} \
+                     cells it cannot touch:\n{}{}",
+                    n + 1,
+                    rounds.len(),
+                    flips.into_iter().take(20).collect::<Vec<_>>().join("\n"),
+                    if n_flips > 20 { "\n..." } else { "" }
+                ));
+            }
+            match converged {
+                Ok(converged) => steps.push(Stepped {
+                    converged,
+                    rounds: rounds.len(),
+                    kept,
+                }),
                 Err(e) => {
                     problems.push(format!("step {}: {e}", n + 1));
                     break;
@@ -615,7 +1066,6 @@ impl World {
     /// the case's pods.
     fn check_model(&self, case: &Case, step: &Step) -> Vec<String> {
         let objects = self.objects();
-        let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
         let mut wrong = Vec::new();
         for check in &step.checks {
             let protocol = match check.protocol {
@@ -634,7 +1084,8 @@ impl World {
                         if (v6 && !check.ipv6) || (!v6 && !check.ipv4) {
                             continue;
                         }
-                        let verdict = view.verdict(f.ip(v6), t.ip(v6), protocol, check.port);
+                        let ask = (f.ip(v6), t.ip(v6), protocol, check.port);
+                        let verdict = expected(&objects, &[ask]).remove(0);
                         let want = check.allows(from, to);
                         if verdict.allowed() != want {
                             wrong.push(format!(
@@ -833,20 +1284,24 @@ fn upstream_cases_and_ours_match_the_model() {
                 let each: Vec<String> = steps
                     .iter()
                     .map(|s| {
+                        let c = &s.converged;
                         format!(
-                            "{} ({} pass{}, {} of {} denied)",
-                            seconds(s.after),
-                            s.passes,
-                            if s.passes == 1 { "" } else { "es" },
-                            s.denied(),
-                            s.cells.len()
+                            "{} ({} pass{}, {} of {} denied; {} cells untouched, kept in {} \
+                             rounds)",
+                            seconds(c.after),
+                            c.passes,
+                            if c.passes == 1 { "" } else { "es" },
+                            c.denied(),
+                            c.cells.len(),
+                            s.kept,
+                            s.rounds
                         )
                     })
                     .collect();
                 println!("{label}: converged after {}", each.join(", then "));
-                times.extend(steps.iter().map(|s| s.after));
+                times.extend(steps.iter().map(|s| s.converged.after));
                 if case.name == explained
-                    && let Some(last) = steps.last()
+                    && let Some(last) = steps.last().map(|s| &s.converged)
                 {
                     let took = Instant::now();
                     let problems = explain_disagreements(&world, last);
@@ -1082,7 +1537,6 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         Err(e) => failures.push(format!("default deny in x: {e}")),
     }
     let objects = world.objects();
-    let view = View::new(&objects.pods, &objects.namespaces, &objects.policies);
     let mut checked = 0;
     for host in &world.cluster.hosts {
         for m in world.members.iter().filter(|m| m.namespace == "x") {
@@ -1097,8 +1551,9 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
                         .and_then(|p| p.parse().ok())
                         .unwrap_or(0);
                     let protocol = if what.starts_with("TCP") { 6 } else { 17 };
-                    let want = own || view.verdict(node_ip, m.ip(v6), protocol, port).allowed();
-                    if outcome.passed() != want {
+                    let want = own
+                        || expected(&objects, &[(node_ip, m.ip(v6), protocol, port)])[0].allowed();
+                    if !outcome.agrees(want) {
                         failures.push(format!(
                             "node {} -> {} ({}) {what} IPv{}: want {}, the probe {}",
                             host.n,
@@ -1109,7 +1564,11 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
                                 "another node's pod"
                             },
                             if v6 { 6 } else { 4 },
-                            if want { "answered" } else { "denied" },
+                            if want {
+                                "answered"
+                            } else {
+                                "dropped (timed out)"
+                            },
                             outcome.word()
                         ));
                     }
