@@ -570,8 +570,7 @@ fn sequence(socket: &UdpSocket, stop: &AtomicBool) -> Vec<Datagram> {
                 let mut bytes = [0u8; 8];
                 bytes.copy_from_slice(&buf[..8]);
                 let number = u64::from_be_bytes(bytes);
-                if let Some(datagram) = usize::try_from(number).ok().and_then(|n| sent.get_mut(n))
-                {
+                if let Some(datagram) = usize::try_from(number).ok().and_then(|n| sent.get_mut(n)) {
                     datagram.echoed.get_or_insert_with(Instant::now);
                 }
             }

@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{Cluster, Host, node_name, node_v4, node_v6, parse};
 use cni_blackbox::hostport::in_netns;
-use cni_blackbox::netpol::{self, Outcome, Probe, Protocol, Servers};
+use cni_blackbox::netpol::{self, Datagram, Outcome, Probe, Protocol, Sequence, Servers};
 use cni_blackbox::{Netns, parallel, plugin_path, require_root};
 use cni_kube_api::{Kind, network_policy, realistic_namespace, realistic_pod};
 use cni_node::policy::model::{Side, Verdict, View};
@@ -65,6 +65,8 @@ const PODS: [&str; 3] = ["a", "b", "c"];
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long a matrix may take to equal the model after a change.
 const DEADLINE: Duration = Duration::from_secs(10);
+/// How soon a policy that denies an established flow must cut it.
+const CUT_WINDOW: Duration = Duration::from_secs(2);
 /// What the agent should do after a change (printed, not asserted), and must do once
 /// back from an API outage (asserted there).
 const TARGET: Duration = Duration::from_secs(2);
@@ -690,7 +692,9 @@ impl World {
             let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |i, outcome| {
                 !last
                     && (outcome.broken()
-                        || expected.get(i).map_or(!outcome.passed(), |e| !outcome.agrees(*e)))
+                        || expected
+                            .get(i)
+                            .map_or(!outcome.passed(), |e| !outcome.agrees(*e)))
             });
             let (outcomes, server_outcomes) = outcomes.split_at(n);
             let broken = self.broken(&cells, outcomes, &servers, server_outcomes);
@@ -713,8 +717,7 @@ impl World {
                     });
                 }
                 if last {
-                    let dead: Vec<String> =
-                        dead.iter().map(|s| self.describe_server(*s)).collect();
+                    let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
                     return Err(format!(
                         "the matrix equals the model, but no probe reached these servers of \
                          denied probes in the same pass (nor their node): {}",
@@ -956,7 +959,11 @@ impl World {
             } else {
                 format!("-{}", seconds(change - round.began))
             };
-            let when = format!("round {} of {} (begun {at} from the change)", r + 1, rounds.len());
+            let when = format!(
+                "round {} of {} (begun {at} from the change)",
+                r + 1,
+                rounds.len()
+            );
             let (outcomes, server_outcomes) = round.outcomes.split_at(cells.len());
             for line in self.broken(cells, outcomes, servers, server_outcomes) {
                 problems.push(format!("{when}:{line}"));
@@ -1364,6 +1371,14 @@ fn upstream_cases_and_ours_match_the_model() {
 
     times.sort();
     if let (Some(median), Some(max)) = (times.get(times.len() / 2), times.last()) {
+        cni_blackbox::measured::record_duration(
+            "network_policy: matrix convergence after a case's step (median)",
+            *median,
+        );
+        cni_blackbox::measured::record_duration(
+            "network_policy: matrix convergence after a case's step (max)",
+            *max,
+        );
         let over = times.iter().filter(|t| **t > TARGET).count();
         println!(
             "{} cases, {} steps: convergence median {}, max {}, {} over the {} target; \
@@ -1386,19 +1401,16 @@ fn upstream_cases_and_ours_match_the_model() {
     );
 }
 
-/// A TCP connection that sends a byte every 20 ms and reads its echo (at most 500 ms
-/// each), recording when each one was sent and whether it came back, until stopped or
-/// (with `stop_at_first_loss`) until an echo is lost.
-/// Connections from x/b (member `xb`) to x/a (`xa`) port 80, IPv4 then IPv6, echoing
-/// from now on (for [`echo_losses`]).
-fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Pinger> {
+/// Numbered UDP flows from x/b (member `xb`) to x/a (`xa`) port 80, IPv4 then IPv6,
+/// from now on (for [`echo_losses`]): a datagram every 10 ms, so a drop too short for
+/// TCP's retransmission to show still loses some.
+fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Sequence> {
     let kept = [false, true]
         .into_iter()
         .map(|v6| {
             let to = SocketAddr::new(world.members[xa].ip(v6), 80);
-            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
-            Pinger::start(stream, false)
+            Sequence::start(&world.members[xb].netns, to)
+                .unwrap_or_else(|e| panic!("UDP x/b -> {to}: {e}"))
         })
         .collect();
     // A few echoes in before anything changes.
@@ -1406,26 +1418,91 @@ fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Pinger> {
     kept
 }
 
-/// The x/b -> x/a connections' echoes (IPv4, then IPv6) `through` what the test did:
+/// The x/b -> x/a flows' datagrams (IPv4, then IPv6) `through` what the test did:
 /// printed, and a failure for each family that lost any (or sent fewer than 100).
-fn echo_losses(kept: Vec<Pinger>, through: &str) -> Vec<String> {
+fn echo_losses(kept: Vec<Sequence>, through: &str) -> Vec<String> {
     let mut failures = Vec::new();
-    for (v6, pinger) in [false, true].into_iter().zip(kept) {
+    for (v6, flow) in [false, true].into_iter().zip(kept) {
         let family = if v6 { 6 } else { 4 };
-        let pings = pinger.finish();
-        let lost = pings.iter().filter(|(_, ok)| !ok).count();
+        let datagrams = flow.finish();
+        let lost = lost_runs(&datagrams);
+        let total: usize = lost.iter().map(|(_, n)| n).sum();
         println!(
-            "x/b -> x/a IPv{family}: {} echoes {through}, {lost} lost",
-            pings.len()
+            "x/b -> x/a UDP IPv{family}: {} numbered datagrams {through}, {total} lost",
+            datagrams.len()
         );
-        if lost > 0 || pings.len() < 100 {
+        if total > 0 || datagrams.len() < 100 {
+            let first = datagrams.first().map_or(Instant::now(), |d| d.sent);
+            let runs: Vec<String> = lost
+                .iter()
+                .take(10)
+                .map(|(at, n)| format!("{n} from +{}", seconds(at.duration_since(first))))
+                .collect();
             failures.push(format!(
-                "x/b -> x/a IPv{family}: {lost} of {} echoes lost",
-                pings.len()
+                "x/b -> x/a UDP IPv{family}: {total} of {} numbered datagrams lost (runs: {})",
+                datagrams.len(),
+                runs.join(", ")
             ));
         }
     }
     failures
+}
+
+/// When a flow that a policy applied at `applied` denies was cut: every datagram sent
+/// before it came back, and from the first lost on (within [`CUT_WINDOW`]) none did.
+fn judge_cut(datagrams: &[Datagram], applied: Instant) -> Result<Duration, String> {
+    let early = datagrams
+        .iter()
+        .filter(|d| d.sent < applied && d.echoed.is_none())
+        .count();
+    if early > 0 {
+        return Err(format!(
+            "{early} datagrams lost before the policy was applied"
+        ));
+    }
+    let Some(cut) = datagrams.iter().position(|d| d.echoed.is_none()) else {
+        return Err(format!(
+            "all {} datagrams came back, {} after a policy that denies the flow",
+            datagrams.len(),
+            datagrams
+                .last()
+                .map_or("0 s".into(), |d| seconds(d.sent.duration_since(applied)))
+        ));
+    };
+    let after = datagrams[cut].sent.duration_since(applied);
+    let again = datagrams[cut..]
+        .iter()
+        .filter(|d| d.echoed.is_some())
+        .count();
+    if again > 0 {
+        return Err(format!(
+            "cut {} after the policy, then {again} of the {} later datagrams came back",
+            seconds(after),
+            datagrams.len() - cut
+        ));
+    }
+    if after > CUT_WINDOW {
+        return Err(format!(
+            "still echoed {} after a policy that denies it",
+            seconds(after)
+        ));
+    }
+    Ok(after)
+}
+
+/// The runs of consecutive lost datagrams: when each began, and its length.
+fn lost_runs(datagrams: &[Datagram]) -> Vec<(Instant, usize)> {
+    let mut runs: Vec<(Instant, usize)> = Vec::new();
+    let mut in_run = false;
+    for d in datagrams {
+        match (d.echoed.is_none(), in_run, runs.last_mut()) {
+            (true, true, Some((_, n))) => *n += 1,
+            (true, _, _) => runs.push((d.sent, 1)),
+            (false, _, _) => {}
+        }
+        in_run = d.echoed.is_none();
+    }
+    runs
 }
 
 struct Pinger {
@@ -1434,7 +1511,11 @@ struct Pinger {
 }
 
 impl Pinger {
-    fn start(mut stream: std::net::TcpStream, stop_at_first_loss: bool) -> Self {
+    /// A TCP connection that sends a byte every 20 ms and reads its echo (at most
+    /// 500 ms each), recording when each was sent and whether it came back, until
+    /// stopped or an echo is lost: what shows an established connection cut (a cut is
+    /// for good; a short drop is [`Sequence`]'s to see).
+    fn start(mut stream: std::net::TcpStream) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -1445,7 +1526,7 @@ impl Pinger {
                 let sent = Instant::now();
                 let ok = stream.write_all(b"p").is_ok() && stream.read_exact(&mut byte).is_ok();
                 pings.push((sent, ok));
-                if !ok && stop_at_first_loss {
+                if !ok {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -1578,8 +1659,9 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
     }
     println!("node to pod under default deny: {checked} probes checked");
 
-    // Established connections: a policy that denies y/a -> x/a cuts its connection,
-    // and x/b -> x/a, which it still allows, keeps answering.
+    // Established flows: a policy that denies y/a -> x/a cuts its TCP connection and
+    // its numbered UDP flow within the window and for good, and x/b -> x/a, which it
+    // still allows, loses not one datagram.
     world.reset();
     if let Err(e) = world.converge(Instant::now()) {
         failures.push(format!("after the default deny was deleted: {e}"));
@@ -1596,12 +1678,18 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
     };
     let cut: Vec<(bool, Pinger)> = [false, true]
         .into_iter()
-        .map(|v6| (v6, Pinger::start(connect(ya, v6), true)))
+        .map(|v6| (v6, Pinger::start(connect(ya, v6))))
         .collect();
-    let kept: Vec<(bool, Pinger)> = [false, true]
+    let cut_udp: Vec<(bool, Sequence)> = [false, true]
         .into_iter()
-        .map(|v6| (v6, Pinger::start(connect(xb, v6), false)))
+        .map(|v6| {
+            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
+            let flow = Sequence::start(&world.members[ya].netns, to)
+                .unwrap_or_else(|e| panic!("UDP y/a -> {to}: {e}"));
+            (v6, flow)
+        })
         .collect();
+    let kept = echo_xb_to_xa(&world, xa, xb);
     std::thread::sleep(Duration::from_millis(300));
     let applied = Instant::now();
     world.act(&Action::Policy(
@@ -1619,42 +1707,45 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
             Some((lost, _)) if *lost >= applied => {
                 let after = lost.duration_since(applied);
                 println!(
-                    "established y/a -> x/a IPv{family}: {before} echoes before the policy, \
+                    "established TCP y/a -> x/a IPv{family}: {before} echoes before the policy, \
                      cut within {} of it",
                     seconds(after)
                 );
-                if after > Duration::from_secs(2) {
+                if after > CUT_WINDOW {
                     failures.push(format!(
-                        "y/a -> x/a IPv{family}: still answering {} after the policy",
+                        "TCP y/a -> x/a IPv{family}: still answering {} after the policy",
                         seconds(after)
                     ));
                 }
             }
             Some(_) => failures.push(format!(
-                "y/a -> x/a IPv{family}: an echo was lost before the policy was applied"
+                "TCP y/a -> x/a IPv{family}: an echo was lost before the policy was applied"
             )),
             None => failures.push(format!(
-                "y/a -> x/a IPv{family}: the connection kept answering for 3 s after a policy \
-                 that denies it"
+                "TCP y/a -> x/a IPv{family}: the connection kept answering for 3 s after a \
+                 policy that denies it"
             )),
         }
     }
-    for (v6, pinger) in kept {
-        let pings = pinger.finish();
+    for (v6, flow) in cut_udp {
         let family = if v6 { 6 } else { 4 };
-        let lost = pings.iter().filter(|(_, ok)| !ok).count();
-        let after = pings.iter().filter(|(t, ok)| *ok && *t >= applied).count();
-        println!(
-            "established x/b -> x/a IPv{family}: {} echoes, {after} after the policy, {lost} lost",
-            pings.len()
-        );
-        if lost > 0 || after == 0 {
-            failures.push(format!(
-                "x/b -> x/a IPv{family}: a connection the policy still allows lost {lost} \
-                 echoes ({after} answered after the policy)"
-            ));
+        match judge_cut(&flow.finish(), applied) {
+            Ok(after) => {
+                println!(
+                    "established UDP y/a -> x/a IPv{family}: cut {} after the policy, for good",
+                    seconds(after)
+                );
+                cni_blackbox::measured::record_duration(
+                    &format!(
+                        "network_policy: established UDP flow cut after a denying policy (IPv{family})"
+                    ),
+                    after,
+                );
+            }
+            Err(e) => failures.push(format!("UDP y/a -> x/a IPv{family}: {e}")),
         }
     }
+    failures.extend(echo_losses(kept, "through a policy that still allows them"));
 
     // New pods: judged from their ADD on, before the API shows their addresses.
     world.reset();
@@ -1839,21 +1930,42 @@ fn an_agent_killed_in_the_middle_of_a_policy_change_opens_nothing_and_breaks_not
 
     // y/a -> x/a is denied before and after the change: probed while the agent is away
     // and while it starts again.
+    // Each round also probes x/a from its node, which shows its servers alive: a
+    // denied probe must time out while they answer.
     let denied = probes_to(&world.members[ya].netns, &world.members[xa]);
+    let node_ns = world.cluster.host(node).ns.path().to_path_buf();
+    let alive = probes_to(&node_ns, &world.members[xa]);
+    let probes: Vec<Probe> = denied.iter().chain(&alive).cloned().collect();
     let mut passed: Vec<String> = Vec::new();
     let mut rounds = 0;
     let probe_denied = |passed: &mut Vec<String>, rounds: &mut usize| {
         *rounds += 1;
-        for (probe, outcome) in denied
-            .iter()
-            .zip(netpol::run(&denied, PROBE_TIMEOUT, |_, _| false))
-        {
-            if outcome.passed() {
+        let at = seconds(killed.elapsed());
+        let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+        let (to_denied, to_alive) = outcomes.split_at(denied.len());
+        for (probe, outcome) in denied.iter().zip(to_denied) {
+            if !outcome.dropped() {
                 passed.push(format!(
-                    "y/a -> {} {} passed {} after the kill",
+                    "y/a -> {} {}: {} {at} after the kill{}",
                     probe.to,
                     probe.protocol.name(),
-                    seconds(killed.elapsed())
+                    outcome.word(),
+                    if outcome.broken() {
+                        " (the server or the route is broken, not the policy)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        for (probe, outcome) in alive.iter().zip(to_alive) {
+            if !outcome.passed() {
+                passed.push(format!(
+                    "node {node} -> {} {}: {} {at} after the kill: x/a's server is not shown \
+                     alive, so its denied probes prove nothing",
+                    probe.to,
+                    probe.protocol.name(),
+                    outcome.word()
                 ));
             }
         }
@@ -1949,18 +2061,42 @@ impl World {
         after: &[bool],
         stopped: Instant,
     ) -> (usize, usize, Vec<String>) {
-        let probes: Vec<Probe> = cells.iter().map(|c| self.probe(c)).collect();
+        let servers = self.servers_posted();
+        let probes: Vec<Probe> = cells
+            .iter()
+            .map(|c| self.probe(c))
+            .chain(servers.iter().map(|s| self.node_probe(*s)))
+            .collect();
+        let need: BTreeSet<Server> = cells
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !before[i] && !after[i])
+            .map(|(_, c)| c.server())
+            .collect();
         let mut problems = Vec::new();
         let (mut rounds, mut in_force) = (0, 0);
         while stopped.elapsed() < OUTAGE {
             let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+            let (outcomes, server_outcomes) = outcomes.split_at(cells.len());
             let at = seconds(stopped.elapsed());
             rounds += 1;
+            for line in self.broken(cells, outcomes, &servers, server_outcomes) {
+                problems.push(format!("{at} after the API went away:{line}"));
+            }
+            let dead = self.not_shown_alive(&need, cells, outcomes, &servers, server_outcomes);
+            if !dead.is_empty() {
+                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
+                problems.push(format!(
+                    "{at} after the API went away: no probe reached these servers of denied \
+                     cells (nor their node): {}",
+                    dead.join(", ")
+                ));
+            }
             let mut changed_in_force = true;
             for (i, outcome) in outcomes.iter().enumerate() {
                 if before[i] != after[i] {
-                    changed_in_force &= outcome.passed() == after[i];
-                } else if outcome.passed() != before[i] {
+                    changed_in_force &= outcome.agrees(after[i]);
+                } else if !outcome.agrees(before[i]) && !outcome.broken() {
                     problems.push(format!(
                         "{}: {} {at} after the API went away; the model says {} before and \
                          after the change",
@@ -2251,4 +2387,60 @@ fn an_api_outage_in_the_middle_of_a_policy_change_keeps_every_verdict_until_the_
         failures.push(format!("... and {} more", n - 40));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The harness itself: a server that is down must fail the matrix, both where a probe
+/// the model allows meets it (refused) and where only denied probes go to it (they time
+/// out whether the server is up or not, so only the probe from its node, which the
+/// policy does not judge, can tell).
+#[test]
+fn a_dead_server_fails_the_matrix_instead_of_passing_for_a_denial() {
+    if !require_root() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut world = World::new();
+    let xa = world.member("x/a");
+    let node = world.members[xa].node;
+
+    // x/a closed to every pod: its probes time out whether its servers are up or not;
+    // the probes from its node are refused once they are stopped.
+    world.act(&Action::Policy(
+        "x",
+        "a-closed",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"]}),
+    ));
+    world
+        .converge(Instant::now())
+        .unwrap_or_else(|e| panic!("x/a closed, its servers up: {e}"));
+    world.kill_servers(xa);
+    let closed = world
+        .converge(Instant::now())
+        .map(|c| format!("converged after {}", seconds(c.after)))
+        .err();
+    println!("x/a's servers stopped, x/a closed by a policy: {closed:?}");
+    let closed =
+        closed.unwrap_or_else(|| panic!("the matrix passed with x/a's servers stopped and closed"));
+    let broken: Vec<&str> = closed.lines().filter(|l| l.contains("broken")).collect();
+    assert!(
+        !broken.is_empty()
+            && broken
+                .iter()
+                .all(|l| l.contains(&format!("node {node} -> x/a "))),
+        "the failure should name the probes of x/a from its node, refused, and only them: \
+         {closed}"
+    );
+
+    // No policy: the probes the model allows to x/a are refused.
+    world.act(&Action::DeletePolicy("x", "a-closed"));
+    let open = world
+        .converge(Instant::now())
+        .map(|c| format!("converged after {}", seconds(c.after)))
+        .err();
+    println!("x/a's servers stopped, no policy: {open:?}");
+    let open = open.unwrap_or_else(|| panic!("the matrix passed with x/a's servers stopped"));
+    assert!(
+        open.contains("-> x/a TCP/80 IPv4: refused: the server or the route is broken"),
+        "the failure does not name a refused probe to x/a as a broken server: {open}"
+    );
 }
