@@ -1765,8 +1765,20 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
     // Denied sources: y/a (on the other node) and x/c (on the same node); allowed: y/b.
     let mut probes = Vec::new();
     let mut names = Vec::new();
-    for key in ["y/a", "x/c", "y/b"] {
-        let from = &world.members[world.member(key)].netns;
+    // Its node too, which always reaches it: it shows the server alive in every round,
+    // so that a denied probe's drop is the policy's.
+    let node_ns = world.cluster.host(target.node).ns.path().to_path_buf();
+    let sources: Vec<(String, PathBuf)> = ["y/a", "x/c", "y/b"]
+        .into_iter()
+        .map(|key| {
+            (
+                key.to_owned(),
+                world.members[world.member(key)].netns.clone(),
+            )
+        })
+        .chain([(format!("node {}", target.node), node_ns)])
+        .collect();
+    for (key, from) in &sources {
         for probe in probes_to(from, &target) {
             names.push(format!(
                 "{key} -> x/new {}/{} {}",
@@ -1778,6 +1790,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         }
     }
     let allowed_from = |i: usize| names[i].starts_with("y/b");
+    let from_node = |i: usize| names[i].starts_with("node ");
     let mut first = None;
     let mut got_through = Vec::new();
     let mut allowed_after = None;
@@ -1790,12 +1803,26 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         let in_first_second = added.elapsed() < Duration::from_secs(1);
         let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
         for (i, outcome) in outcomes.iter().enumerate() {
-            if !allowed_from(i) && in_first_second && *outcome != Outcome::TimedOut {
+            if from_node(i) {
+                if !outcome.passed() {
+                    got_through.push(format!(
+                        "{}: {} {} after the ADD: x/new's server is not shown alive",
+                        names[i],
+                        outcome.word(),
+                        seconds(added.elapsed())
+                    ));
+                }
+            } else if !allowed_from(i) && in_first_second && !outcome.dropped() {
                 got_through.push(format!(
-                    "{}: {} {} after the ADD",
+                    "{}: {} {} after the ADD{}",
                     names[i],
                     outcome.word(),
-                    seconds(added.elapsed())
+                    seconds(added.elapsed()),
+                    if outcome.broken() {
+                        " (the server or the route is broken, not the policy)"
+                    } else {
+                        ""
+                    }
                 ));
             }
         }
@@ -1825,7 +1852,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         got_through.truncate(20);
         failures.push(format!(
             "x/new before its address was posted, from pods the policy does not allow ({n} \
-             probes got through):\n{}",
+             probes were not dropped, or its node did not reach it):\n{}",
             got_through.join("\n")
         ));
     }
