@@ -14,7 +14,14 @@
 //! sends the request back (it is sent again every [`UDP_RESEND`] until then). A refusal
 //! (a reset, an ICMP port unreachable) is told apart from silence: it means the packet
 //! reached the pod (or something that answers for it), so a test can say "the server
-//! was not running" rather than "the policy dropped it".
+//! was not running" rather than "the policy dropped it". [`Outcome::agrees`] is the
+//! judgement tests use: a probe the policy allows must be answered, one it denies must
+//! time out, and [`Outcome::broken`] (a refusal or an error) agrees with neither.
+//!
+//! A [`Sequence`] is a long-lived flow that shows drops too short for TCP to notice (a
+//! TCP echo rides out any drop shorter than its retransmission timeout, 200 ms at
+//! least): a numbered UDP datagram every [`SEQUENCE_INTERVAL`] to a [`Servers`] port,
+//! which echoes it; a number without its echo is a loss.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read as _, Write as _};

@@ -16,7 +16,24 @@
 //! read through the agent's own types. A step passes when a whole matrix equals the
 //! model; the matrix is run again until it does, for at most [`DEADLINE`]. The time it
 //! took is printed for every step (the target is [`TARGET`], which only the summary
-//! mentions: timing is for benchmarks, the test asserts the deadline).
+//! mentions: timing is for benchmarks, the test asserts the deadline). The expected
+//! verdicts all come from one function, [`expected`].
+//!
+//! A policy's denial is a drop, so a probe the model denies passes only when it times
+//! out: a refusal (a reset, an ICMP unreachable) or an error anywhere fails the test at
+//! once, naming the probe and saying the server or the route is broken, not the policy.
+//! A dead server behind a policy that drops would time out like a denial, so each
+//! denied probe's server must be shown alive in the same pass: a probe the model allows
+//! reached it, or, where none may, a probe from its node (which the policy never
+//! judges; kubelet's probes must pass) did.
+//!
+//! Through each step, from just before its first write until the matrix equals the
+//! model, a second thread probes the whole matrix round after round, each round
+//! complete; every cell the step cannot touch must keep its verdict in every round
+//! (a failure names the cell and the round's time from the change). "Cannot touch":
+//! each side of the cell (the source's egress, the destination's ingress) is the same
+//! in every state an agent may be in during the change: any write of each kind (each
+//! kind is watched on its own), each side on its own node's agent.
 //!
 //! Every case runs against the same cluster, after the previous case's policies are
 //! deleted and labels it changed are set back. The cases are data
@@ -29,9 +46,14 @@
 //!
 //! Beside the matrix: `cni-node explain` asked about every probe of one case, the
 //! policy table empty once every policy is gone, a node reaching its own pods under
-//! default deny, established connections cut or kept by a new policy, and new pods
-//! judged before their addresses reach the API. Then the agent killed, and the API
-//! server gone, in the middle of a policy change.
+//! default deny, established flows cut or kept by a new policy (a TCP connection for
+//! the cut; numbered UDP datagrams every 10 ms, echoed, for a drop shorter than TCP's
+//! retransmission: an allowed flow loses none), and new pods judged before their
+//! addresses reach the API. Then the agent killed, and the API server gone, in the
+//! middle of a policy change. Last, the harness itself: a pod's servers stopped fail
+//! the matrix, whether probes the model allows meet them (refused) or only denied ones
+//! do (its node's probe is refused). `CNI_RS_NP_KILL_SERVER=<namespace/pod>` stops
+//! that pod's servers in every test, to watch them fail.
 
 mod network_policy_cases;
 
