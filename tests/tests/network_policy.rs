@@ -28,8 +28,8 @@
 //! judges; kubelet's probes must pass) did.
 //!
 //! Through each step, from just before its first write until the matrix equals the
-//! model, a second thread probes the whole matrix round after round, each round
-//! complete; every cell the step cannot touch must keep its verdict in every round
+//! model, three more threads probe the whole matrix round after round, each round
+//! complete, each a third of a probe timeout behind the last; every cell the step cannot touch must keep its verdict in every round
 //! (a failure names the cell and the round's time from the change). "Cannot touch":
 //! each side of the cell (the source's egress, the destination's ingress) is the same
 //! in every state an agent may be in during the change: any write of each kind (each
@@ -237,60 +237,77 @@ struct Round {
     outcomes: Vec<Outcome>,
 }
 
-/// Probes round after round on a thread of its own, each round complete (nothing cut
-/// short, so every cell is seen in every round), until finished.
+/// Probes round after round, each round complete (nothing cut short, so every cell is
+/// seen in every round), until finished. A round lasts a [`PROBE_TIMEOUT`] (denied
+/// probes wait it out) and a TCP probe looks once, at its SYN; so [`WATCH_LANES`]
+/// threads run rounds side by side, each started that much later than the last, and a
+/// cell is looked at [`WATCH_LANES`] times per timeout.
 struct Watch {
     stop: Arc<AtomicBool>,
     rounds: Arc<std::sync::atomic::AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<Vec<Round>>>,
+    lanes: Vec<std::thread::JoinHandle<Vec<Round>>>,
 }
+
+/// Threads of a [`Watch`].
+const WATCH_LANES: u32 = 3;
 
 impl Watch {
     fn start(probes: Vec<Probe>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let rounds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (flag, count) = (Arc::clone(&stop), Arc::clone(&rounds));
-        let thread = std::thread::spawn(move || {
-            let mut done = Vec::new();
-            while !flag.load(Ordering::Relaxed) {
-                let began = Instant::now();
-                let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
-                done.push(Round { began, outcomes });
-                count.fetch_add(1, Ordering::Relaxed);
-            }
-            done
-        });
+        let probes = Arc::new(probes);
+        let lanes = (0..WATCH_LANES)
+            .map(|lane| {
+                let (flag, count, probes) =
+                    (Arc::clone(&stop), Arc::clone(&rounds), Arc::clone(&probes));
+                std::thread::spawn(move || {
+                    std::thread::sleep(PROBE_TIMEOUT * lane / WATCH_LANES);
+                    let mut done = Vec::new();
+                    while !flag.load(Ordering::Relaxed) {
+                        let began = Instant::now();
+                        let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+                        done.push(Round { began, outcomes });
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done
+                })
+            })
+            .collect();
         Self {
             stop,
             rounds,
-            thread: Some(thread),
+            lanes,
         }
     }
 
     /// Waits until a whole round is done, so that one is done before the change.
     fn wait_for_a_round(&self) {
         while self.rounds.load(Ordering::Relaxed) == 0
-            && self.thread.as_ref().is_some_and(|t| !t.is_finished())
+            && self.lanes.iter().all(|t| !t.is_finished())
         {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
 
-    /// Stops after the round under way, and returns every round.
+    /// Stops after the rounds under way, and returns every round in the order they
+    /// began.
     fn finish(mut self) -> Vec<Round> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default()
+        let mut rounds: Vec<Round> = self
+            .lanes
+            .drain(..)
+            .flat_map(|t| t.join().unwrap_or_default())
+            .collect();
+        rounds.sort_by_key(|r| r.began);
+        rounds
     }
 }
 
 impl Drop for Watch {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        for lane in self.lanes.drain(..) {
+            let _ = lane.join();
         }
     }
 }
