@@ -1552,9 +1552,9 @@ struct Pinger {
 impl Pinger {
     /// A TCP connection that sends a byte every 20 ms and reads its echo (at most
     /// 500 ms each), recording when each was sent and whether it came back, until
-    /// stopped or an echo is lost: what shows an established connection cut (a cut is
-    /// for good; a short drop is [`Sequence`]'s to see).
-    fn start(mut stream: std::net::TcpStream) -> Self {
+    /// stopped or (with `until_lost`) an echo is lost: what shows an established
+    /// connection cut (a cut is for good; a short drop is [`Sequence`]'s to see).
+    fn start(mut stream: std::net::TcpStream, until_lost: bool) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -1565,7 +1565,7 @@ impl Pinger {
                 let sent = Instant::now();
                 let ok = stream.write_all(b"p").is_ok() && stream.read_exact(&mut byte).is_ok();
                 pings.push((sent, ok));
-                if !ok {
+                if !ok && until_lost {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -1717,7 +1717,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
     };
     let cut: Vec<(bool, Pinger)> = [false, true]
         .into_iter()
-        .map(|v6| (v6, Pinger::start(connect(ya, v6))))
+        .map(|v6| (v6, Pinger::start(connect(ya, v6), true)))
         .collect();
     let cut_udp: Vec<(bool, Sequence)> = [false, true]
         .into_iter()
@@ -2508,5 +2508,101 @@ fn a_dead_server_fails_the_matrix_instead_of_passing_for_a_denial() {
     assert!(
         open.contains("-> x/a TCP/80 IPv4: refused: the server or the route is broken"),
         "the failure does not name a refused probe to x/a as a broken server: {open}"
+    );
+}
+
+/// The harness itself: a [`Sequence`] sees a drop far shorter than TCP's retransmission
+/// timeout, which a TCP echo with a generous read timeout rides out. Two namespaces of
+/// our own joined by a veth pair, no cluster; the drop is an nftables rule in the
+/// server's namespace, in place for about 60 ms.
+#[test]
+fn a_numbered_flow_sees_a_drop_shorter_than_a_tcp_retransmission() {
+    if !require_root() {
+        return;
+    }
+    let (client, server) = (Netns::new("cnibb-np-seq-c"), Netns::new("cnibb-np-seq-s"));
+    client.exec_ok(&[
+        "ip",
+        "link",
+        "add",
+        "seq0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "seq1",
+        "netns",
+        server.name(),
+    ]);
+    for (ns, dev, addr) in [
+        (&client, "seq0", "10.231.0.1/24"),
+        (&server, "seq1", "10.231.0.2/24"),
+    ] {
+        ns.exec_ok(&["ip", "addr", "add", addr, "dev", dev]);
+        ns.exec_ok(&["ip", "link", "set", dev, "up"]);
+        ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    }
+    let port = 7070;
+    let _servers = Servers::start(server.path(), &[port]);
+    let to = SocketAddr::from(([10, 231, 0, 2], port));
+    let flow = Sequence::start(client.path(), to).unwrap_or_else(|e| panic!("UDP {to}: {e}"));
+    let stream = netpol::connect_from(client.path(), to, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("TCP {to}: {e}"));
+    let echo = Pinger::start(stream, false);
+    std::thread::sleep(Duration::from_millis(300));
+    server.exec_ok(&["nft", "add", "table", "inet", "seq_drop"]);
+    server.exec_ok(&[
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        "seq_drop",
+        "input",
+        "{ type filter hook input priority 0; }",
+    ]);
+    let dropping = Instant::now();
+    server.exec_ok(&[
+        "nft", "add", "rule", "inet", "seq_drop", "input", "tcp", "dport", "7070", "drop",
+    ]);
+    server.exec_ok(&[
+        "nft", "add", "rule", "inet", "seq_drop", "input", "udp", "dport", "7070", "drop",
+    ]);
+    std::thread::sleep(Duration::from_millis(60));
+    server.exec_ok(&["nft", "delete", "table", "inet", "seq_drop"]);
+    let dropped_for = dropping.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    let datagrams = flow.finish();
+    let echoes = echo.finish();
+    let runs = lost_runs(&datagrams);
+    let lost: usize = runs.iter().map(|(_, n)| n).sum();
+    let tcp_lost = echoes.iter().filter(|(_, ok)| !ok).count();
+    println!(
+        "a drop of {} (from the first rule to the table's deletion): {lost} of {} numbered \
+         datagrams lost in {} runs; the TCP echo (500 ms read timeout) lost {tcp_lost} of {}",
+        seconds(dropped_for),
+        datagrams.len(),
+        runs.len(),
+        echoes.len()
+    );
+    // Only datagrams sent while the rules were in place (give or take the time a
+    // packet takes to cross) may be lost, and some must be.
+    let slack = Duration::from_millis(20);
+    let outside: Vec<f64> = datagrams
+        .iter()
+        .filter(|d| d.echoed.is_none())
+        .filter(|d| d.sent + slack < dropping || d.sent > dropping + dropped_for)
+        .map(|d| {
+            if d.sent >= dropping {
+                d.sent.duration_since(dropping).as_secs_f64()
+            } else {
+                -dropping.duration_since(d.sent).as_secs_f64()
+            }
+        })
+        .collect();
+    assert!(
+        lost >= 1 && outside.is_empty(),
+        "want datagrams lost while the drop was in place ({}), and only then: {lost} lost, \
+         these outside it (s from its start): {outside:?}",
+        seconds(dropped_for)
     );
 }
