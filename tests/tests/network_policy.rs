@@ -29,8 +29,9 @@
 //!
 //! Through each step, from just before its first write until the matrix equals the
 //! model, three more threads probe the whole matrix round after round, each round
-//! complete, each a third of a probe timeout behind the last; every cell the step cannot touch must keep its verdict in every round
-//! (a failure names the cell and the round's time from the change). "Cannot touch":
+//! complete, each a third of a probe timeout behind the last; every cell the step
+//! cannot touch must keep its verdict in every round (a failure names the cell and the
+//! round's time from the change). "Cannot touch":
 //! each side of the cell (the source's egress, the destination's ingress) is the same
 //! in every state an agent may be in during the change: any write of each kind (each
 //! kind is watched on its own), each side on its own node's agent.
