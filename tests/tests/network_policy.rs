@@ -757,14 +757,14 @@ impl World {
                         outcomes: outcomes.to_vec(),
                     });
                 }
-                if last {
-                    let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
-                    return Err(format!(
-                        "the matrix equals the model, but no probe reached these servers of \
-                         denied probes in the same pass (nor their node): {}",
-                        dead.join(", ")
-                    ));
-                }
+                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
+                return Err(format!(
+                    "the matrix equals the model {} after the change (pass {passes}), but no \
+                     probe of that pass reached these servers of denied probes (nor their \
+                     node): {}",
+                    seconds(began),
+                    dead.join(", ")
+                ));
             } else if last {
                 return Err(self.report(&cells, &verdicts, outcomes, passes));
             }
