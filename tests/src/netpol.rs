@@ -383,15 +383,11 @@ fn run_chunk(
     let mut buf = [0u8; 256];
     while !stop && !flights.is_empty() {
         let now = Instant::now();
-        if now >= deadline {
-            for (i, _) in flights.drain(..) {
-                if settle(i, Outcome::TimedOut, outcomes) {
-                    return true;
-                }
-            }
-            break;
-        }
-        let wait = (deadline - now).min(UDP_RESEND / 2);
+        // Past the deadline, one last look without waiting before the rest time out:
+        // an answer that came while this thread was not running (a busy machine can
+        // hold it off for longer than the whole timeout) is an answer.
+        let last_look = now >= deadline;
+        let wait = deadline.saturating_duration_since(now).min(UDP_RESEND / 2);
         let ready: Vec<bool> = {
             let mut fds: Vec<PollFd<'_>> = flights
                 .iter()
@@ -400,7 +396,11 @@ fn run_chunk(
                     Flight::Udp { socket, .. } => PollFd::new(socket.as_fd(), PollFlags::POLLIN),
                 })
                 .collect();
-            let millis = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
+            let millis = if last_look {
+                0
+            } else {
+                u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX)
+            };
             match poll(&mut fds, PollTimeout::from(millis)) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => panic!("poll: {e}"),
@@ -440,7 +440,7 @@ fn run_chunk(
                             }
                         }
                     }
-                    if sent.elapsed() >= UDP_RESEND {
+                    if !last_look && sent.elapsed() >= UDP_RESEND {
                         *sent = Instant::now();
                         if let Err(e) = socket.send(token)
                             && e.kind() != ErrorKind::WouldBlock
@@ -455,6 +455,13 @@ fn run_chunk(
             flights.retain(|(j, _)| *j != i);
             if settle(i, outcome, outcomes) {
                 return true;
+            }
+        }
+        if last_look {
+            for (i, _) in flights.drain(..) {
+                if settle(i, Outcome::TimedOut, outcomes) {
+                    return true;
+                }
             }
         }
     }
