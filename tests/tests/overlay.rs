@@ -16,9 +16,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{
-    Cluster, Host, PROTO, Segment, node_name, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6, wait,
+    Cluster, Host, PROTO, Segment, WITHOUT_RESYNC, node_name, node_v4, node_v6, pod_cidr_v4,
+    pod_cidr_v6, wait,
 };
 use cni_blackbox::hostport::in_netns;
+use cni_blackbox::measured::record_duration;
 use cni_blackbox::underlay::{address, attach, source_seen};
 use cni_blackbox::{Netns, require_root};
 use cni_kube_api::realistic_node;
@@ -355,8 +357,8 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     let kubeconfig = cluster.kubeconfig.clone();
     for host in &mut cluster.hosts {
         // No resync during the test: every repair below is woken by the API or by the
-        // host's notifications.
-        host.resync_secs = 600;
+        // host's notifications (link for the devices, neighbour for their entries).
+        host.resync_secs = WITHOUT_RESYNC;
         host.start_agent(&kubeconfig);
     }
     cluster.wait_for_conflists();
@@ -514,6 +516,11 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         "device deleted / set down by hand on {n1}: routes and entries back after {:?}",
         t.elapsed()
     );
+    record_duration(
+        "link notification: VXLAN devices deleted / set down by hand, back with routes and \
+         entries",
+        t.elapsed(),
+    );
     cluster.check_pod_to_pod();
 
     // An FDB entry and a neighbour entry of the IPv4 device deleted by hand: the host's
@@ -540,7 +547,7 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     ]);
     ns.exec_ok(&["ip", "neigh", "del", neigh_ip, "dev", "cni-vx4"]);
     wait(
-        Duration::from_secs(2),
+        Duration::from_secs(10),
         "the entries deleted by hand",
         || {
             fdb(ns, "cni-vx4").contains(&fdb_line)
@@ -558,6 +565,10 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     eprintln!(
         "FDB and neighbour entries deleted by hand on {n1}: back after {:?}",
         t.elapsed()
+    );
+    record_duration(
+        "neighbour notification: VXLAN FDB and neighbour entries deleted by hand, back",
+        t.elapsed(),
     );
 
     // Node 3's InternalIP changes: the tunnel entries follow.
@@ -614,7 +625,7 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     let mac3 = "0a:58:c6:13:00:21";
     for n in [1, 2] {
         let host = cluster.host(n);
-        wait(Duration::from_secs(2), "node 3 gone", || {
+        wait(Duration::from_secs(10), "node 3 gone", || {
             let routes = host.our_routes();
             !routes
                 .iter()
@@ -630,12 +641,12 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         "nodes 3 and 4 deleted: no route, FDB or neighbour entry of node 3 left after {:?}",
         t.elapsed()
     );
-    wait(Duration::from_secs(2), "node 1's devices gone", || {
+    wait(Duration::from_secs(10), "node 1's devices gone", || {
         ifindex(&cluster.hosts[0].ns, "cni-vx4").is_none()
             && ifindex(&cluster.hosts[0].ns, "cni-vx6").is_none()
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    wait(Duration::from_secs(2), "the full pod MTU again", || {
+    wait(Duration::from_secs(10), "the full pod MTU again", || {
         cluster.hosts[0]
             .conflist()
             .is_some_and(|c| c["plugins"][0]["mtu"] == MTU)
