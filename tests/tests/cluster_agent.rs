@@ -230,9 +230,10 @@ fn link_notification_an_uplink_mtu_change_reaches_the_conflist() {
         // Nothing else wakes the agent meanwhile (what the setup stirred up is done).
         host.wait_until_quiet(QUIET);
         let mtu = if sample % 2 == 0 { 1400 } else { 1450 };
+        // Timed from before the command: the agent may act before `ip` has exited.
+        let changed = Instant::now();
         host.ns
             .exec_ok(&["ip", "link", "set", "ul0", "mtu", &mtu.to_string()]);
-        let changed = Instant::now();
         let outcome = cluster_wait(Duration::from_secs(10), || {
             mtu_now() == Some(Value::from(mtu))
         });
@@ -266,9 +267,9 @@ fn route_notification_a_route_deleted_by_hand_is_back_in_both_families() {
         } else {
             ("-6", pod_cidr_v6(2))
         };
+        let deleted = Instant::now();
         host.ns
             .exec_ok(&["ip", family, "route", "del", &cidr, "proto", "77"]);
-        let deleted = Instant::now();
         let back = cluster_wait(Duration::from_secs(10), || host.our_routes() == want);
         let took = deleted.elapsed();
         assert!(
@@ -414,9 +415,9 @@ fn address_notification_a_watch_that_died_with_the_nodes_old_address_is_replaced
         };
         address(&a.ns, &next.0, "24");
         address(&a.ns, &next.1, "64");
+        let changed = Instant::now();
         a.ns.exec_ok(&["ip", "addr", "del", &format!("{}/24", at.0), "dev", "ul0"]);
         a.ns.exec_ok(&["ip", "addr", "del", &format!("{}/64", at.1), "dev", "ul0"]);
-        let changed = Instant::now();
         let mut renumbered = node_object(1);
         renumbered["status"]["addresses"][0]["address"] = Value::from(next.0.as_str());
         renumbered["status"]["addresses"][1]["address"] = Value::from(next.1.as_str());

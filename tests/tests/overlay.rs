@@ -494,6 +494,8 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
 
     // The IPv4 device deleted by hand, the IPv6 one set down: back, with their entries.
     let n1 = cluster.hosts[0].ns.name().to_owned();
+    // The agent idle first, so that only the notifications of these changes can wake it.
+    cluster.hosts[0].wait_until_quiet(Duration::from_secs(1));
     let t = Instant::now();
     cluster.hosts[0]
         .ns
@@ -541,6 +543,7 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         .and_then(|i| words.get(i + 1))
         .unwrap_or_else(|| panic!("no dst in {fdb_line:?}"));
     let neigh_ip = neigh_line.split_whitespace().next().unwrap_or_default();
+    cluster.hosts[0].wait_until_quiet(Duration::from_secs(1));
     let t = Instant::now();
     ns.exec_ok(&[
         "bridge", "fdb", "del", words[0], "dev", "cni-vx4", "dst", dst,
