@@ -15,7 +15,7 @@
 //! | link | the uplink's MTU | the conflist's MTU | `cluster_agent.rs`: `link_notification_…` |
 //! | IPv4 / IPv6 route | a route of the agent's deleted | the route back | `cluster_agent.rs`: `route_notification_…` |
 //! | address removed (API connections) | the node renumbered | watches made again | `cluster_agent.rs`: `address_notification_…` |
-//! | neighbour | a VXLAN FDB or neighbour entry deleted | the entry back | `overlay.rs` (also a VXLAN device deleted: link) |
+//! | neighbour | a VXLAN FDB or neighbour entry deleted, each kind in each family | the entry back | `overlay.rs`: `neighbour_notification_…` (a VXLAN device deleted: link, in its first test) |
 //! | a failed step's retry | a blocked conflist path fixed | `/readyz` 200 | `cluster_agent.rs`: `readyz_…` |
 //!
 //! Before each change the agent has been idle for a second, so nothing else (what the

@@ -5,9 +5,10 @@
 //! `cnitool` reach each other in both families with their own addresses, a ping with
 //! DF at the pod MTU crosses the overlay, and the overlay follows an InternalIP change,
 //! a node moving to the other segment, a deleted node, a device deleted or set down by
-//! hand and an agent SIGKILLed and started again (pinged every 10 ms meanwhile), while
-//! a VXLAN device of someone else's stays as it was. Times are printed, not asserted
-//! tightly (the bounds only catch what is plainly broken).
+//! hand, each kind of entry of the devices deleted by hand (through the neighbour
+//! notification alone: no resync runs) and an agent SIGKILLed and started again (pinged
+//! every 10 ms meanwhile), while a VXLAN device of someone else's stays as it was. Times
+//! are recorded, not asserted tightly (the bounds only catch what is plainly broken).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -671,6 +672,88 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         assert!(!log.contains("ERROR"), "node {n}:\n{log}");
     }
     eprintln!("whole test: {:?}", started.elapsed());
+}
+
+/// Each kind of entry the agent writes into its VXLAN devices (an FDB entry: the peer's
+/// VTEP MAC to its underlay address; a permanent neighbour entry: the peer's VTEP address
+/// to that MAC), deleted by hand on its own, comes back through the neighbour
+/// notification of its deletion: the agent keeps its devices' entries in memory and reads
+/// them again only after such a notification or at a resync, and no resync runs here.
+#[test]
+fn neighbour_notification_a_vxlan_fdb_or_neighbour_entry_deleted_by_hand_is_back() {
+    if !require_root() {
+        return;
+    }
+    let (mut cluster, _router, places) = two_segments(&[1], &[3]);
+    for (n, place) in &places {
+        cluster.api.apply_node(node_at(*n, place));
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    for host in &mut cluster.hosts {
+        host.resync_secs = WITHOUT_RESYNC;
+        host.start_agent(&kubeconfig);
+    }
+    cluster.wait_for_routes(Duration::from_secs(20), expected(&places));
+    let host = &cluster.hosts[0];
+    for (dev, kind) in [
+        ("cni-vx4", "FDB"),
+        ("cni-vx4", "neighbour"),
+        ("cni-vx6", "FDB"),
+        ("cni-vx6", "neighbour"),
+    ] {
+        let entries = || {
+            if kind == "FDB" {
+                fdb(&host.ns, dev)
+            } else {
+                neighbours(&host.ns, dev)
+            }
+        };
+        let permanent = || {
+            entries()
+                .lines()
+                .find(|l| l.to_lowercase().contains("permanent"))
+                .map(str::to_owned)
+        };
+        wait(Duration::from_secs(10), "the entry written", || {
+            permanent().is_some()
+        })
+        .unwrap_or_else(|e| panic!("{dev} {kind}: {e}:\n{}", entries()));
+        let line = permanent().unwrap_or_default();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        host.wait_until_quiet(Duration::from_secs(1));
+        let t = Instant::now();
+        if kind == "FDB" {
+            let dst = words
+                .iter()
+                .position(|w| *w == "dst")
+                .and_then(|i| words.get(i + 1))
+                .unwrap_or_else(|| panic!("no dst in {line:?}"));
+            host.ns
+                .exec_ok(&["bridge", "fdb", "del", words[0], "dev", dev, "dst", dst]);
+        } else {
+            host.ns
+                .exec_ok(&["ip", "neigh", "del", words[0], "dev", dev]);
+        }
+        wait(Duration::from_secs(10), "the entry deleted by hand", || {
+            entries().contains(&line)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{dev} {kind} entry {line:?}: {e} (--resync-interval 3600: only the \
+                 neighbour notification can act); now:\n{}\nagent log:\n{}",
+                entries(),
+                host.agent_log()
+            )
+        });
+        eprintln!(
+            "{dev} {kind} entry deleted by hand: back after {:?}",
+            t.elapsed()
+        );
+        record_duration(
+            &format!("neighbour notification: a {kind} entry of {dev} deleted by hand, back"),
+            t.elapsed(),
+        );
+    }
 }
 
 /// Moves node `n` to the segment of `to`. Its Node object changes first (its agent
