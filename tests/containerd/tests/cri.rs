@@ -664,7 +664,8 @@ impl NodeAgent {
     /// bridge and its network name, as the DaemonSet's container would. Its pod record
     /// directory (which it also writes into the conflist, for the bridge plugin) is in
     /// the fixture's directory: the default, under /run, would be the machine's for the
-    /// agent and containerd's private tmpfs for the plugins.
+    /// agent and containerd's private tmpfs for the plugins. It runs at the product's
+    /// default resync interval, as on a real node, so only its event paths can pass.
     fn start(node: &Containerd, name: &str, kubeconfig: &Path) -> Self {
         let log = node.scratch("cni-node.log");
         let records = node.scratch("pod-records");
@@ -680,7 +681,6 @@ impl NodeAgent {
             .arg(format!("--bridge={}", node.bridge()))
             .arg(format!("--network-name={NETWORK}"))
             .arg(format!("--pod-record-dir={}", records.display()))
-            .arg("--resync-interval=1")
             .arg("--verbose")
             .env_remove("KUBECONFIG")
             .stdin(std::process::Stdio::null())
