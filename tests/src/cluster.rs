@@ -9,6 +9,10 @@
 //! everything outside the cluster. Traffic is UDP between sockets opened in the
 //! namespaces, and the receiver reports the source address it saw.
 //!
+//! Every agent runs at the product's default resync interval unless a test sets
+//! [`Host::resync_secs`] (to [`WITHOUT_RESYNC`] when what it shows must be the work of
+//! an event path alone), so no test passes thanks to a resync faster than a real node's.
+//!
 //! Every agent serves its health endpoint on its own namespace's loopback
 //! ([`HEALTH_ADDR`], the agent's default), which [`Host::health`] asks.
 //!
@@ -44,6 +48,21 @@ pub const API_V4: &str = "198.18.0.250";
 /// Where every agent serves `/healthz`, `/readyz` and `/metrics` (its default), in its
 /// node's namespace.
 pub const HEALTH_ADDR: &str = "127.0.0.1:9743";
+
+/// The `--resync-interval` of a test that must prove an event path acted alone: an
+/// hour, so no resync runs while it lasts.
+pub const WITHOUT_RESYNC: Option<u32> = Some(3600);
+
+/// How many times a test that measures one of the agent's documented reactions repeats
+/// it: `CNI_RS_CONTRACT_SAMPLES` (`tests/bench/contracts.sh` sets it, to judge the
+/// figures against the docs), else `default`.
+pub fn contract_samples(default: usize) -> usize {
+    std::env::var("CNI_RS_CONTRACT_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(default)
+}
 
 /// Node `n`'s IPv4 address (InternalIP) on the underlay.
 pub fn node_v4(n: u8) -> String {
@@ -135,8 +154,12 @@ pub struct Host {
     pub cache_dir: PathBuf,
     /// The agent's stderr, appended to across restarts.
     pub log: PathBuf,
-    /// `--resync-interval` in seconds (1 unless a test says otherwise).
-    pub resync_secs: u32,
+    /// `--resync-interval` in seconds; `None` (the default) passes no flag, so the agent
+    /// runs at the product's own resync interval (10 s), as on a real node, and a test
+    /// passes only if the agent's event paths (API watches, host notifications, pod
+    /// records, retries) did the work. A test about the resync, or one that must prove
+    /// that an event path acted alone, sets it and says so.
+    pub resync_secs: Option<u32>,
     /// More arguments for the agent, after the harness's own.
     pub extra_args: Vec<String>,
     agent: Option<Agent>,
@@ -183,7 +206,10 @@ impl Host {
             .arg(format!("--cni-bin-dir={}", bin_dir().display()))
             .arg(format!("--ipam-data-dir={}", self.data_dir.display()))
             .arg(format!("--pod-record-dir={}", self.record_dir.display()))
-            .arg(format!("--resync-interval={}", self.resync_secs))
+            .args(
+                self.resync_secs
+                    .map(|secs| format!("--resync-interval={secs}")),
+            )
             .arg("--verbose")
             .args(&self.extra_args)
             .env_remove("KUBECONFIG")
@@ -206,6 +232,45 @@ impl Host {
     pub fn health(&self, path: &str) -> Result<Answer, String> {
         let addr: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
         probe::get(self.ns.path(), addr, path, Duration::from_secs(2))
+    }
+
+    /// The passes the agent has made (`cni_node_reconciles_total`, both results), if
+    /// its `/metrics` answers.
+    pub fn passes(&self) -> Option<f64> {
+        let answer = self.health("/metrics").ok()?;
+        (answer.status == 200).then_some(())?;
+        answer
+            .body
+            .lines()
+            .filter(|l| l.starts_with("cni_node_reconciles_total{"))
+            .map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until the agent has made no pass for `window` (at most 30 s; panics after
+    /// that): what a node's setup stirred up (addresses leaving IPv6 duplicate address
+    /// detection, the first lists) has been handled, so a change a test makes next is
+    /// the only thing that can wake the agent, and a test of one wake-up path cannot pass
+    /// because another path happened to wake it.
+    pub fn wait_until_quiet(&self, window: Duration) {
+        let start = Instant::now();
+        let mut last = self.passes();
+        let mut since = Instant::now();
+        while since.elapsed() < window {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "node {}: the agent never stopped making passes for {window:?} (last count \
+                 {last:?})\nagent log:\n{}",
+                self.n,
+                self.agent_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            let now = self.passes();
+            if now != last || now.is_none() {
+                last = now;
+                since = Instant::now();
+            }
+        }
     }
 
     /// Attaches a pod through cnitool with the conflist the agent wrote.
@@ -490,7 +555,7 @@ impl Cluster {
             record_dir: base.join("pods"),
             cache_dir: base.join("cache"),
             log: base.join("cni-node.log"),
-            resync_secs: 1,
+            resync_secs: None,
             extra_args: Vec::new(),
             agent: None,
             pods: Vec::new(),

@@ -14,7 +14,14 @@
 //! sends the request back (it is sent again every [`UDP_RESEND`] until then). A refusal
 //! (a reset, an ICMP port unreachable) is told apart from silence: it means the packet
 //! reached the pod (or something that answers for it), so a test can say "the server
-//! was not running" rather than "the policy dropped it".
+//! was not running" rather than "the policy dropped it". [`Outcome::agrees`] is the
+//! judgement tests use: a probe the policy allows must be answered, one it denies must
+//! time out, and [`Outcome::broken`] (a refusal or an error) agrees with neither.
+//!
+//! A [`Sequence`] is a long-lived flow that shows drops too short for TCP to notice (a
+//! TCP echo rides out any drop shorter than its retransmission timeout, 200 ms at
+//! least): a numbered UDP datagram every [`SEQUENCE_INTERVAL`] to a [`Servers`] port,
+//! which echoes it; a number without its echo is a loss.
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read as _, Write as _};
@@ -226,6 +233,27 @@ impl Outcome {
         *self == Outcome::Answered
     }
 
+    /// Whether nothing came back: the only way a policy's denial shows. A refusal or an
+    /// error is not one: something answered, or the probe never left.
+    pub fn dropped(&self) -> bool {
+        *self == Outcome::TimedOut
+    }
+
+    /// Whether the probe says the path is broken whatever the policy: refused (the
+    /// server is not listening, or a router answered unreachable) or failed.
+    pub fn broken(&self) -> bool {
+        matches!(self, Outcome::Refused | Outcome::Failed(_))
+    }
+
+    /// Whether this is what a probe the policy allows (`allowed`) or drops must show.
+    pub fn agrees(&self, allowed: bool) -> bool {
+        if allowed {
+            self.passed()
+        } else {
+            self.dropped()
+        }
+    }
+
     /// Short text for reports.
     pub fn word(&self) -> String {
         match self {
@@ -355,15 +383,11 @@ fn run_chunk(
     let mut buf = [0u8; 256];
     while !stop && !flights.is_empty() {
         let now = Instant::now();
-        if now >= deadline {
-            for (i, _) in flights.drain(..) {
-                if settle(i, Outcome::TimedOut, outcomes) {
-                    return true;
-                }
-            }
-            break;
-        }
-        let wait = (deadline - now).min(UDP_RESEND / 2);
+        // Past the deadline, one last look without waiting before the rest time out:
+        // an answer that came while this thread was not running (a busy machine can
+        // hold it off for longer than the whole timeout) is an answer.
+        let last_look = now >= deadline;
+        let wait = deadline.saturating_duration_since(now).min(UDP_RESEND / 2);
         let ready: Vec<bool> = {
             let mut fds: Vec<PollFd<'_>> = flights
                 .iter()
@@ -372,7 +396,11 @@ fn run_chunk(
                     Flight::Udp { socket, .. } => PollFd::new(socket.as_fd(), PollFlags::POLLIN),
                 })
                 .collect();
-            let millis = u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX);
+            let millis = if last_look {
+                0
+            } else {
+                u16::try_from(wait.as_millis().max(1)).unwrap_or(u16::MAX)
+            };
             match poll(&mut fds, PollTimeout::from(millis)) {
                 Ok(_) | Err(Errno::EINTR) => {}
                 Err(e) => panic!("poll: {e}"),
@@ -412,7 +440,7 @@ fn run_chunk(
                             }
                         }
                     }
-                    if sent.elapsed() >= UDP_RESEND {
+                    if !last_look && sent.elapsed() >= UDP_RESEND {
                         *sent = Instant::now();
                         if let Err(e) = socket.send(token)
                             && e.kind() != ErrorKind::WouldBlock
@@ -427,6 +455,13 @@ fn run_chunk(
             flights.retain(|(j, _)| *j != i);
             if settle(i, outcome, outcomes) {
                 return true;
+            }
+        }
+        if last_look {
+            for (i, _) in flights.drain(..) {
+                if settle(i, Outcome::TimedOut, outcomes) {
+                    return true;
+                }
             }
         }
     }
@@ -445,6 +480,122 @@ fn io_outcome(e: &std::io::Error) -> Outcome {
         ErrorKind::ConnectionRefused | ErrorKind::ConnectionReset => Outcome::Refused,
         _ => Outcome::Failed(e.to_string()),
     }
+}
+
+/// How often a [`Sequence`] sends a datagram: well under TCP's shortest retransmission
+/// timeout (200 ms), so a drop too short for a TCP echo to notice still loses some.
+pub const SEQUENCE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How long [`Sequence::finish`] waits for the echoes of the last datagrams.
+const SEQUENCE_DRAIN: Duration = Duration::from_millis(500);
+
+/// A UDP flow that does not rely on retransmission to hide a drop: a numbered datagram
+/// every [`SEQUENCE_INTERVAL`] from a namespace to a [`Servers`] port, which echoes it;
+/// a number whose echo never comes back was lost on the way there or back. The flow
+/// keeps one source port, so after its first echo conntrack holds it as established,
+/// like a long-lived connection.
+#[derive(Debug)]
+pub struct Sequence {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Vec<Datagram>>>,
+}
+
+/// One datagram of a [`Sequence`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Datagram {
+    /// When it was sent.
+    pub sent: Instant,
+    /// When its echo came back, if it did.
+    pub echoed: Option<Instant>,
+}
+
+impl Sequence {
+    /// Starts sending from the namespace at `from` to `to`; the socket's errors
+    /// (a refusal included) end the flow early, which shows as lost datagrams.
+    pub fn start(from: &Path, to: SocketAddr) -> std::io::Result<Self> {
+        let socket = in_netns(from, move || {
+            let any: SocketAddr = if to.is_ipv4() {
+                (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+            } else {
+                (Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let socket = UdpSocket::bind(any)?;
+            socket.connect(to)?;
+            socket.set_read_timeout(Some(SEQUENCE_INTERVAL / 4))?;
+            Ok::<_, std::io::Error>(socket)
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || sequence(&socket, &flag));
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops sending, waits [`SEQUENCE_DRAIN`] for the last echoes, and returns every
+    /// datagram sent, in order.
+    pub fn finish(mut self) -> Vec<Datagram> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Sequence {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn sequence(socket: &UdpSocket, stop: &AtomicBool) -> Vec<Datagram> {
+    let mut sent: Vec<Datagram> = Vec::new();
+    let mut next = Instant::now();
+    let mut stopped: Option<Instant> = None;
+    let mut buf = [0u8; 64];
+    loop {
+        let now = Instant::now();
+        if stopped.is_none() && stop.load(Ordering::Relaxed) {
+            stopped = Some(now);
+        }
+        match stopped {
+            Some(at) if now >= at + SEQUENCE_DRAIN => break,
+            Some(_) => {}
+            None if now >= next => {
+                let number = sent.len() as u64;
+                sent.push(Datagram {
+                    sent: now,
+                    echoed: None,
+                });
+                // A send error is a loss like any other: the datagram's echo never
+                // comes.
+                let _ = socket.send(&number.to_be_bytes());
+                next += SEQUENCE_INTERVAL;
+            }
+            None => {}
+        }
+        match socket.recv(&mut buf) {
+            Ok(8) => {
+                let mut bytes = [0u8; 8];
+                bytes.copy_from_slice(&buf[..8]);
+                let number = u64::from_be_bytes(bytes);
+                if let Some(datagram) = usize::try_from(number).ok().and_then(|n| sent.get_mut(n)) {
+                    datagram.echoed.get_or_insert_with(Instant::now);
+                }
+            }
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            // A refusal (ICMP port unreachable) arrives as an error on the next call;
+            // the datagrams it concerns are lost, the flow goes on.
+            Err(_) => {}
+        }
+    }
+    sent
 }
 
 /// A TCP connection from the namespace at `from` to `to` (bounded by `timeout`), for

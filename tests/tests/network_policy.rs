@@ -19,7 +19,24 @@
 //! ("the model" below); the matrix is run again until it does, for at most
 //! [`DEADLINE`]. The time it took is printed for every step (the target is [`TARGET`],
 //! which only the summary mentions: timing is for benchmarks, the test asserts the
-//! deadline).
+//! deadline). The expected verdicts all come from one function, [`expected`].
+//!
+//! A policy's denial is a drop, so a probe the model denies passes only when it times
+//! out: a refusal (a reset, an ICMP unreachable) or an error anywhere fails the test at
+//! once, naming the probe and saying the server or the route is broken, not the policy.
+//! A dead server behind a policy that drops would time out like a denial, so each
+//! denied probe's server must be shown alive in the same pass: a probe the model allows
+//! reached it, or, where none may, a probe from its node (which the policy never
+//! judges; kubelet's probes must pass) did.
+//!
+//! Through each step, from just before its first write until the matrix equals the
+//! model, three more threads probe the whole matrix round after round, each round
+//! complete, each a third of a probe timeout behind the last; every cell the step
+//! cannot touch must keep its verdict in every round (a failure names the cell and the
+//! round's time from the change). "Cannot touch":
+//! each side of the cell (the source's egress, the destination's ingress) is the same
+//! in every state an agent may be in during the change: any write of each kind (each
+//! kind is watched on its own), each side on its own node's agent.
 //!
 //! Every case runs against the same cluster, after the previous case's policies are
 //! deleted and labels it changed are set back. The cases are data
@@ -32,13 +49,19 @@
 //!
 //! Beside the matrix: `cni-node explain` asked about every probe of one case, the
 //! policy table empty once every policy is gone, a node reaching its own pods under
-//! default deny, established connections cut or kept by a new policy, and new pods
-//! judged before their addresses reach the API. Then the agent killed, and the API
-//! server gone, in the middle of a policy change.
+//! default deny, established flows cut or kept by a new policy (a TCP connection for
+//! the cut; numbered UDP datagrams every 10 ms, echoed, for a drop shorter than TCP's
+//! retransmission: an allowed flow loses none), and new pods judged before their
+//! addresses reach the API. Then the agent killed, and the API server gone, in the
+//! middle of a policy change. Last, the harness itself: a pod's servers stopped fail
+//! the matrix, whether probes the model allows meet them (refused) or only denied ones
+//! do (its node's probe is refused); and a numbered flow sees a drop of about 0.1 s
+//! that a TCP echo rides out. `CNI_RS_NP_KILL_SERVER=<namespace/pod>` stops that pod's
+//! servers in every test, to watch them fail.
 
 mod network_policy_cases;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr};
@@ -49,8 +72,8 @@ use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{Cluster, Host, node_name, node_v4, node_v6, parse};
 use cni_blackbox::hostport::in_netns;
-use cni_blackbox::netpol::{self, Outcome, Probe, Protocol, Servers};
-use cni_blackbox::policy_oracle::{Oracle, Verdict};
+use cni_blackbox::netpol::{self, Datagram, Outcome, Probe, Protocol, Sequence, Servers};
+use cni_blackbox::policy_oracle::{Direction, Oracle, Verdict};
 use cni_blackbox::{Netns, parallel, plugin_path, require_root};
 use cni_kube_api::{Kind, network_policy, realistic_namespace, realistic_pod};
 use network_policy_cases::{Action, Case, Step};
@@ -66,6 +89,8 @@ const PODS: [&str; 3] = ["a", "b", "c"];
 const PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// How long a matrix may take to equal the model after a change.
 const DEADLINE: Duration = Duration::from_secs(10);
+/// How soon a policy that denies an established flow must cut it.
+const CUT_WINDOW: Duration = Duration::from_secs(2);
 /// What the agent should do after a change (printed, not asserted), and must do once
 /// back from an API outage (asserted there).
 const TARGET: Duration = Duration::from_secs(2);
@@ -109,6 +134,52 @@ struct Cell {
     v6: bool,
 }
 
+impl Cell {
+    fn server(&self) -> Server {
+        Server {
+            member: self.to,
+            protocol: self.protocol,
+            port: self.port,
+            v6: self.v6,
+        }
+    }
+}
+
+/// One server of a pod: what a probe reaches, whoever sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Server {
+    member: usize,
+    protocol: Protocol,
+    port: u16,
+    v6: bool,
+}
+
+/// What a probe is asked about: source and destination addresses, protocol (as
+/// NetworkPolicy spells it), port.
+type Ask = (IpAddr, IpAddr, &'static str, u16);
+
+/// What NetworkPolicy says of each of `asks` given `objects`: the one place the
+/// matrix's expectations come from (the tests' own oracle, which shares no code with
+/// the agent).
+fn expected(objects: &Objects, asks: &[Ask]) -> Vec<Verdict> {
+    let oracle =
+        Oracle::new(&objects.pods, &objects.namespaces, &objects.policies).unwrap_or_else(|e| {
+            panic!("the oracle cannot read the API server's objects (a mistake in the case): {e}")
+        });
+    asks.iter()
+        .map(|&(from, to, protocol, port)| oracle.verdict(from, to, protocol, port))
+        .collect()
+}
+
+/// Whether a verdict's egress side and its ingress side let the connection pass: each
+/// is judged by the agent of its own pod's node, which may be a view behind the other.
+fn sides(verdict: &Verdict) -> (bool, bool) {
+    (
+        verdict.egress.as_ref().is_none_or(Direction::allows),
+        verdict.from_its_node || verdict.ingress.as_ref().is_none_or(Direction::allows),
+    )
+}
+
 /// A matrix that equalled the model.
 #[derive(Debug)]
 struct Converged {
@@ -125,17 +196,127 @@ impl Converged {
     }
 }
 
+/// A step of a case that passed.
+#[derive(Debug)]
+struct Stepped {
+    converged: Converged,
+    /// Rounds of the whole matrix made through the change.
+    rounds: usize,
+    /// Cells the change could not touch, watched in every round.
+    kept: usize,
+}
+
+/// The objects the API server holds, as it returns them.
+#[derive(Clone)]
+struct Objects {
+    pods: Vec<Value>,
+    namespaces: Vec<Value>,
+    policies: Vec<Value>,
+}
+
 /// The cluster, its pods and their servers.
 struct World {
     // Field order is drop order: the servers close their sockets before the cluster
     // deletes the pods.
-    servers: Vec<Servers>,
+    /// Each member's servers (`None`: killed on purpose).
+    servers: Vec<Option<Servers>>,
     cluster: Cluster,
     members: Vec<Member>,
     /// Each pod's labels now (`namespace/name`).
     pod_labels: BTreeMap<String, Vec<(String, String)>>,
     /// Each namespace's labels now, when a case changed them.
     namespace_labels: BTreeMap<String, Vec<(String, String)>>,
+    /// While a change is recorded: each write's kind and the objects after it.
+    writes: Option<Vec<(Written, Objects)>>,
+}
+
+/// The kind of object a write changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Written {
+    Pod,
+    Namespace,
+    Policy,
+}
+
+/// One round of a [`Watch`]: when it began, and every probe's outcome.
+struct Round {
+    began: Instant,
+    outcomes: Vec<Outcome>,
+}
+
+/// Probes round after round, each round complete (nothing cut short, so every cell is
+/// seen in every round), until finished. A round lasts a [`PROBE_TIMEOUT`] (denied
+/// probes wait it out) and a TCP probe looks once, at its SYN; so [`WATCH_LANES`]
+/// threads run rounds side by side, each started that much later than the last, and a
+/// cell is looked at [`WATCH_LANES`] times per timeout.
+struct Watch {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<std::sync::atomic::AtomicUsize>,
+    lanes: Vec<std::thread::JoinHandle<Vec<Round>>>,
+}
+
+/// Threads of a [`Watch`].
+const WATCH_LANES: u32 = 3;
+
+impl Watch {
+    fn start(probes: Vec<Probe>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let probes = Arc::new(probes);
+        let lanes = (0..WATCH_LANES)
+            .map(|lane| {
+                let (flag, count, probes) =
+                    (Arc::clone(&stop), Arc::clone(&rounds), Arc::clone(&probes));
+                std::thread::spawn(move || {
+                    std::thread::sleep(PROBE_TIMEOUT * lane / WATCH_LANES);
+                    let mut done = Vec::new();
+                    while !flag.load(Ordering::Relaxed) {
+                        let began = Instant::now();
+                        let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+                        done.push(Round { began, outcomes });
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                    done
+                })
+            })
+            .collect();
+        Self {
+            stop,
+            rounds,
+            lanes,
+        }
+    }
+
+    /// Waits until a whole round is done, so that one is done before the change.
+    fn wait_for_a_round(&self) {
+        while self.rounds.load(Ordering::Relaxed) == 0
+            && self.lanes.iter().all(|t| !t.is_finished())
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Stops after the rounds under way, and returns every round in the order they
+    /// began.
+    fn finish(mut self) -> Vec<Round> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut rounds: Vec<Round> = self
+            .lanes
+            .drain(..)
+            .flat_map(|t| t.join().unwrap_or_default())
+            .collect();
+        rounds.sort_by_key(|r| r.began);
+        rounds
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for lane in self.lanes.drain(..) {
+            let _ = lane.join();
+        }
+    }
 }
 
 fn default_pod_labels(name: &str) -> Vec<(String, String)> {
@@ -217,6 +398,7 @@ impl World {
             members: Vec::new(),
             pod_labels: BTreeMap::new(),
             namespace_labels: BTreeMap::new(),
+            writes: None,
         };
         for ns in NAMESPACES {
             world
@@ -244,7 +426,19 @@ impl World {
             started.elapsed().as_secs_f64(),
             placement.join(", ")
         );
+        // CNI_RS_NP_KILL_SERVER=<namespace/pod>: that pod's servers stopped from the
+        // start, to see the tests fail on a dead server rather than read it as a denial.
+        if let Ok(key) = std::env::var("CNI_RS_NP_KILL_SERVER") {
+            let i = world.member(&key);
+            world.kill_servers(i);
+            println!("CNI_RS_NP_KILL_SERVER={key}: its servers are stopped");
+        }
         world
+    }
+
+    /// Stops pod `i`'s servers: its ports refuse from now on.
+    fn kill_servers(&mut self, i: usize) {
+        drop(self.servers[i].take());
     }
 
     /// Pod `namespace/name` as a runtime makes it: the Pod object (no address yet),
@@ -271,7 +465,8 @@ impl World {
             netns: pod.ns.path().to_path_buf(),
             posted: false,
         };
-        self.servers.push(Servers::start(&member.netns, &PORTS));
+        self.servers
+            .push(Some(Servers::start(&member.netns, &PORTS)));
         self.pod_labels.insert(member.key(), labels);
         self.members.push(member);
         self.members.len() - 1
@@ -307,8 +502,8 @@ impl World {
             .collect()
     }
 
-    /// The oracle over the objects the API server holds now.
-    fn oracle(&self) -> Oracle {
+    /// The objects the API server holds now.
+    fn objects(&self) -> Objects {
         let api = &self.cluster.api;
         let all = |kind: Kind| -> Vec<Value> {
             api.keys(kind)
@@ -320,14 +515,11 @@ impl World {
                 })
                 .collect()
         };
-        let (pods, namespaces, policies) = (
-            all(Kind::Pod),
-            all(Kind::Namespace),
-            all(Kind::NetworkPolicy),
-        );
-        Oracle::new(&pods, &namespaces, &policies).unwrap_or_else(|e| {
-            panic!("the oracle cannot read the API server's objects (a mistake in the case): {e}")
-        })
+        Objects {
+            pods: all(Kind::Pod),
+            namespaces: all(Kind::Namespace),
+            policies: all(Kind::NetworkPolicy),
+        }
     }
 
     /// Every probe between pods whose addresses are posted.
@@ -362,20 +554,106 @@ impl World {
     /// Every probe between pods whose addresses are posted, with what the model (of the
     /// objects the API server holds now) says of it.
     fn model(&self) -> (Vec<Cell>, Vec<Verdict>) {
-        let oracle = self.oracle();
         let cells = self.cells();
-        let verdicts = cells
+        let verdicts = expected(&self.objects(), &self.asks(&cells));
+        (cells, verdicts)
+    }
+
+    fn asks(&self, cells: &[Cell]) -> Vec<Ask> {
+        cells
             .iter()
             .map(|c| {
-                oracle.verdict(
+                (
                     self.members[c.from].ip(c.v6),
                     self.members[c.to].ip(c.v6),
                     c.protocol.name(),
                     c.port,
                 )
             })
+            .collect()
+    }
+
+    /// A probe of `server` from its pod's node, which always reaches its own pods
+    /// (kubelet's probes must): it shows the server alive when no pod may reach it.
+    fn node_probe(&self, server: Server) -> Probe {
+        let m = &self.members[server.member];
+        let node = self
+            .cluster
+            .hosts
+            .iter()
+            .find(|h| h.n == m.node)
+            .unwrap_or_else(|| panic!("no node {}", m.node));
+        Probe {
+            from: node.ns.path().to_path_buf(),
+            to: SocketAddr::new(m.ip(server.v6), server.port),
+            protocol: server.protocol,
+        }
+    }
+
+    fn describe_server(&self, server: Server) -> String {
+        format!(
+            "{} {}/{} IPv{}",
+            self.members[server.member].key(),
+            server.protocol.name(),
+            server.port,
+            if server.v6 { 6 } else { 4 }
+        )
+    }
+
+    /// Every probe of `cells` and of `servers` (from their nodes) that says the path is
+    /// broken: a policy drops, so a refusal or an error means the server is down or the
+    /// route is wrong, whatever the policy says.
+    fn broken(
+        &self,
+        cells: &[Cell],
+        outcomes: &[Outcome],
+        servers: &[Server],
+        server_outcomes: &[Outcome],
+    ) -> Vec<String> {
+        let cells = cells
+            .iter()
+            .zip(outcomes)
+            .filter(|(_, o)| o.broken())
+            .map(|(c, o)| (self.describe(c), o));
+        let servers = servers
+            .iter()
+            .zip(server_outcomes)
+            .filter(|(_, o)| o.broken())
+            .map(|(s, o)| {
+                let node = self.members[s.member].node;
+                (format!("node {node} -> {}", self.describe_server(*s)), o)
+            });
+        cells
+            .chain(servers)
+            .map(|(what, o)| {
+                format!(
+                    "  {what}: {}: the server or the route is broken, not the policy (a \
+                     policy drops: nothing answers)",
+                    o.word()
+                )
+            })
+            .collect()
+    }
+
+    /// The servers of `need` that no probe of the round reached: not a cell of
+    /// `cells` to it, nor a probe of `servers` from its node.
+    fn not_shown_alive(
+        &self,
+        need: &BTreeSet<Server>,
+        cells: &[Cell],
+        outcomes: &[Outcome],
+        servers: &[Server],
+        server_outcomes: &[Outcome],
+    ) -> Vec<Server> {
+        let alive: BTreeSet<Server> = cells
+            .iter()
+            .map(Cell::server)
+            .zip(outcomes)
+            .chain(servers.iter().copied().zip(server_outcomes))
+            .filter(|(_, o)| o.passed())
+            .map(|(s, _)| s)
             .collect();
-        (cells, verdicts)
+        need.difference(&alive).copied().collect()
     }
 
     fn probe(&self, cell: &Cell) -> Probe {
@@ -403,10 +681,33 @@ impl World {
     /// force passes follow each other every few milliseconds; a change that allows
     /// shows up to one [`PROBE_TIMEOUT`] late, when the first SYNs were dropped (TCP
     /// sends the next one only after a second).
+    ///
+    /// A probe the model denies agrees only when it times out; a refusal or an error
+    /// anywhere fails at once (the server or the route is broken). Every server of a
+    /// denied probe must be shown alive in the pass that matches: a probe the model
+    /// allows reached it, or, when none may, a probe from its node (not judged) did.
     fn converge(&self, since: Instant) -> Result<Converged, String> {
         let (cells, verdicts) = self.model();
         let expected: Vec<bool> = verdicts.iter().map(Verdict::allowed).collect();
-        let probes: Vec<Probe> = cells.iter().map(|c| self.probe(c)).collect();
+        let need: BTreeSet<Server> = cells
+            .iter()
+            .zip(&expected)
+            .filter(|(_, allowed)| !**allowed)
+            .map(|(c, _)| c.server())
+            .collect();
+        let reached: BTreeSet<Server> = cells
+            .iter()
+            .zip(&expected)
+            .filter(|(_, allowed)| **allowed)
+            .map(|(c, _)| c.server())
+            .collect();
+        let servers: Vec<Server> = need.difference(&reached).copied().collect();
+        let probes: Vec<Probe> = cells
+            .iter()
+            .map(|c| self.probe(c))
+            .chain(servers.iter().map(|s| self.node_probe(*s)))
+            .collect();
+        let n = cells.len();
         let mut passes = 0;
         loop {
             let began = since.elapsed();
@@ -414,24 +715,41 @@ impl World {
             passes += 1;
             let pass = Instant::now();
             // A probe that disagrees ends the pass at once, but for the last one,
-            // whose every outcome goes into the report.
+            // whose every outcome goes into the report. (A node's probe that is not
+            // answered times out with the denied probes: the pass is over then anyway.)
             let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |i, outcome| {
-                !last && outcome.passed() != expected[i]
+                !last && (outcome.broken() || expected.get(i).is_some_and(|e| !outcome.agrees(*e)))
             });
-            if outcomes
-                .iter()
-                .zip(&expected)
-                .all(|(o, e)| o.passed() == *e)
-            {
-                return Ok(Converged {
-                    after: began,
-                    passes,
-                    cells,
-                    outcomes,
-                });
+            let (outcomes, server_outcomes) = outcomes.split_at(n);
+            let broken = self.broken(&cells, outcomes, &servers, server_outcomes);
+            if !broken.is_empty() {
+                return Err(format!(
+                    "{} probes refused or failed {} after the change (pass {passes}):\n{}",
+                    broken.len(),
+                    seconds(began),
+                    broken.join("\n")
+                ));
             }
-            if last {
-                return Err(self.report(&cells, &verdicts, &outcomes, passes));
+            if outcomes.iter().zip(&expected).all(|(o, e)| o.agrees(*e)) {
+                let dead = self.not_shown_alive(&need, &cells, outcomes, &servers, server_outcomes);
+                if dead.is_empty() {
+                    return Ok(Converged {
+                        after: began,
+                        passes,
+                        cells,
+                        outcomes: outcomes.to_vec(),
+                    });
+                }
+                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
+                return Err(format!(
+                    "the matrix equals the model {} after the change (pass {passes}), but no \
+                     probe of that pass reached these servers of denied probes (nor their \
+                     node): {}",
+                    seconds(began),
+                    dead.join(", ")
+                ));
+            } else if last {
+                return Err(self.report(&cells, &verdicts, outcomes, passes));
             }
             if let Some(rest) = Duration::from_millis(20).checked_sub(pass.elapsed()) {
                 std::thread::sleep(rest);
@@ -450,7 +768,7 @@ impl World {
             .iter()
             .zip(verdicts)
             .zip(outcomes)
-            .filter(|((_, v), o)| o.passed() != v.allowed())
+            .filter(|((_, v), o)| !o.agrees(v.allowed()))
             .map(|((c, v), o)| {
                 format!(
                     "  {}: the model says {} ({}), the probe {}",
@@ -497,22 +815,34 @@ impl World {
 
     /// Deletes every policy and sets the labels cases change back.
     fn reset(&mut self) {
-        let api = &self.cluster.api;
-        for key in api.keys(Kind::NetworkPolicy) {
+        for key in self.cluster.api.keys(Kind::NetworkPolicy) {
             let (namespace, name) = key.split_once('/').unwrap_or(("", &key));
-            api.delete_network_policy(namespace, name);
+            self.cluster.api.delete_network_policy(namespace, name);
+            self.wrote(Written::Policy);
         }
         for i in 0..self.members.len() {
             let (key, name) = (self.members[i].key(), self.members[i].name.clone());
             if self.pod_labels[&key] != default_pod_labels(&name) {
                 self.pod_labels.insert(key, default_pod_labels(&name));
                 self.apply_pod(i);
+                self.wrote(Written::Pod);
             }
         }
         for (ns, _) in std::mem::take(&mut self.namespace_labels) {
             self.cluster
                 .api
                 .apply_namespace(namespace_object(&ns, &default_namespace_labels(&ns)));
+            self.wrote(Written::Namespace);
+        }
+    }
+
+    /// Notes the objects after a write of `kind`, while a change is being recorded.
+    fn wrote(&mut self, kind: Written) {
+        if self.writes.is_some() {
+            let objects = self.objects();
+            if let Some(writes) = self.writes.as_mut() {
+                writes.push((kind, objects));
+            }
         }
     }
 
@@ -523,22 +853,25 @@ impl World {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect()
         };
-        match action {
+        let written = match action {
             Action::Policy(ns, name, spec) => {
                 self.cluster
                     .api
                     .apply_network_policy(network_policy(ns, name, spec.clone()));
+                Written::Policy
             }
             Action::DeletePolicy(ns, name) => {
                 assert!(
                     self.cluster.api.delete_network_policy(ns, name),
                     "no policy {ns}/{name} to delete"
                 );
+                Written::Policy
             }
             Action::PodLabels(ns, name, labels) => {
                 let i = self.member(&format!("{ns}/{name}"));
                 self.pod_labels.insert(self.members[i].key(), owned(labels));
                 self.apply_pod(i);
+                Written::Pod
             }
             Action::NamespaceLabels(ns, labels) => {
                 let labels = owned(labels);
@@ -546,25 +879,177 @@ impl World {
                     .api
                     .apply_namespace(namespace_object(ns, &labels));
                 self.namespace_labels.insert((*ns).to_owned(), labels);
+                Written::Namespace
+            }
+        };
+        self.wrote(written);
+    }
+
+    /// Every server of the pods whose addresses are posted.
+    fn servers_posted(&self) -> Vec<Server> {
+        let mut servers = Vec::new();
+        for member in (0..self.members.len()).filter(|&i| self.members[i].posted) {
+            for protocol in Protocol::ALL {
+                for port in PORTS {
+                    for v6 in [false, true] {
+                        servers.push(Server {
+                            member,
+                            protocol,
+                            port,
+                            v6,
+                        });
+                    }
+                }
             }
         }
+        servers
+    }
+
+    /// For each of `cells`, its verdict when the change made of `writes` (each with the
+    /// objects after it) cannot touch it, from the objects `before` on: `None` when it
+    /// may. Each kind is watched on its own, so an agent may be at any write of each
+    /// kind whatever it saw of the others; and each side of a cell is judged by the
+    /// agent of its own pod's node, which may be at another point. A cell is untouched
+    /// when each of its sides is the same in every such mix.
+    fn untouched(
+        &self,
+        cells: &[Cell],
+        before: &Objects,
+        writes: &[(Written, Objects)],
+    ) -> Vec<Option<bool>> {
+        let mut pods = vec![&before.pods];
+        let mut namespaces = vec![&before.namespaces];
+        let mut policies = vec![&before.policies];
+        for (kind, objects) in writes {
+            match kind {
+                Written::Pod => pods.push(&objects.pods),
+                Written::Namespace => namespaces.push(&objects.namespaces),
+                Written::Policy => policies.push(&objects.policies),
+            }
+        }
+        let asks = self.asks(cells);
+        let mut first: Option<Vec<(bool, bool)>> = None;
+        let mut same = vec![true; cells.len()];
+        for pods in &pods {
+            for namespaces in &namespaces {
+                for policies in &policies {
+                    let mix = Objects {
+                        pods: (*pods).clone(),
+                        namespaces: (*namespaces).clone(),
+                        policies: (*policies).clone(),
+                    };
+                    let now: Vec<(bool, bool)> = expected(&mix, &asks).iter().map(sides).collect();
+                    match &first {
+                        None => first = Some(now),
+                        Some(first) => {
+                            for ((same, a), b) in same.iter_mut().zip(first).zip(&now) {
+                                *same &= a == b;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        first
+            .unwrap_or_default()
+            .into_iter()
+            .zip(same)
+            .map(|((egress, ingress), same)| same.then_some(egress && ingress))
+            .collect()
+    }
+
+    /// What went wrong in the `rounds` a [`Watch`] made of `cells` and of `servers`
+    /// (from their nodes) through a change that began at `change`: a refusal or an error
+    /// anywhere, a cell the change cannot touch (`untouched`) that did not keep its
+    /// verdict, and a server of such a denied cell that no probe of the round reached.
+    fn judge_watch(
+        &self,
+        cells: &[Cell],
+        servers: &[Server],
+        untouched: &[Option<bool>],
+        rounds: &[Round],
+        change: Instant,
+    ) -> Vec<String> {
+        let need: BTreeSet<Server> = cells
+            .iter()
+            .zip(untouched)
+            .filter(|(_, u)| **u == Some(false))
+            .map(|(c, _)| c.server())
+            .collect();
+        let mut problems = Vec::new();
+        for (r, round) in rounds.iter().enumerate() {
+            let at = if round.began >= change {
+                format!("+{}", seconds(round.began - change))
+            } else {
+                format!("-{}", seconds(change - round.began))
+            };
+            let when = format!(
+                "round {} of {} (begun {at} from the change)",
+                r + 1,
+                rounds.len()
+            );
+            let (outcomes, server_outcomes) = round.outcomes.split_at(cells.len());
+            for line in self.broken(cells, outcomes, servers, server_outcomes) {
+                problems.push(format!("{when}:{line}"));
+            }
+            for ((cell, outcome), want) in cells.iter().zip(outcomes).zip(untouched) {
+                if let Some(allowed) = *want
+                    && !outcome.agrees(allowed)
+                    && !outcome.broken()
+                {
+                    problems.push(format!(
+                        "{when}: {} flipped: the change cannot touch it (the model says {} \
+                         before, through and after it), the probe {}",
+                        self.describe(cell),
+                        if allowed { "allowed" } else { "denied" },
+                        outcome.word()
+                    ));
+                }
+            }
+            let dead = self.not_shown_alive(&need, cells, outcomes, servers, server_outcomes);
+            if !dead.is_empty() {
+                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
+                problems.push(format!(
+                    "{when}: no probe reached these servers of denied cells (nor their node): {}",
+                    dead.join(", ")
+                ));
+            }
+        }
+        problems
     }
 
     /// Runs a case: the previous one's policies and labels gone, then each step's
     /// changes, the model checked against upstream's truth tables, and a matrix that
     /// equals the model.
-    fn run_case(&mut self, case: &Case) -> Result<Vec<Converged>, String> {
+    ///
+    /// Through each step, from just before its first write until the matrix equals the
+    /// model, a [`Watch`] probes the whole matrix round after round; every cell that
+    /// the step's writes (with the previous case's reset, for the first) cannot touch
+    /// must keep its verdict in every round.
+    fn run_case(&mut self, case: &Case) -> Result<Vec<Stepped>, String> {
         let mut steps = Vec::new();
         let mut problems = Vec::new();
-        let mut since = Instant::now();
-        self.reset();
         for (n, step) in case.steps.iter().enumerate() {
-            if n > 0 {
-                since = Instant::now();
+            let cells = self.cells();
+            let servers = self.servers_posted();
+            let watch = Watch::start(
+                cells
+                    .iter()
+                    .map(|c| self.probe(c))
+                    .chain(servers.iter().map(|s| self.node_probe(*s)))
+                    .collect(),
+            );
+            watch.wait_for_a_round();
+            let before = self.objects();
+            self.writes = Some(Vec::new());
+            let since = Instant::now();
+            if n == 0 {
+                self.reset();
             }
             for action in &step.actions {
                 self.act(action);
             }
+            let writes = self.writes.take().unwrap_or_default();
             let wrong = self.check_model(case, step);
             if !wrong.is_empty() {
                 problems.push(format!(
@@ -573,8 +1058,28 @@ impl World {
                     wrong.join("\n")
                 ));
             }
-            match self.converge(since) {
-                Ok(converged) => steps.push(converged),
+            let converged = self.converge(since);
+            let rounds = watch.finish();
+            let untouched = self.untouched(&cells, &before, &writes);
+            let flips = self.judge_watch(&cells, &servers, &untouched, &rounds, since);
+            let kept = untouched.iter().filter(|u| u.is_some()).count();
+            if !flips.is_empty() {
+                let n_flips = flips.len();
+                problems.push(format!(
+                    "step {}: through the change, {n_flips} problems in {} rounds of the {kept} \
+                     cells it cannot touch:\n{}{}",
+                    n + 1,
+                    rounds.len(),
+                    flips.into_iter().take(20).collect::<Vec<_>>().join("\n"),
+                    if n_flips > 20 { "\n..." } else { "" }
+                ));
+            }
+            match converged {
+                Ok(converged) => steps.push(Stepped {
+                    converged,
+                    rounds: rounds.len(),
+                    kept,
+                }),
                 Err(e) => {
                     problems.push(format!("step {}: {e}", n + 1));
                     break;
@@ -591,9 +1096,15 @@ impl World {
     /// Where the model (of the objects now) and the step's truth tables disagree, on
     /// the case's pods.
     fn check_model(&self, case: &Case, step: &Step) -> Vec<String> {
-        let oracle = self.oracle();
+        let objects = self.objects();
         let mut wrong = Vec::new();
         for check in &step.checks {
+            let protocol = match check.protocol {
+                "TCP" => "TCP",
+                "UDP" => "UDP",
+                "SCTP" => "SCTP",
+                other => panic!("a truth table of {other} (a mistake in the case)"),
+            };
             for from in &case.pods {
                 for to in case.pods.iter().filter(|to| *to != from) {
                     let (f, t) = (
@@ -604,8 +1115,8 @@ impl World {
                         if (v6 && !check.ipv6) || (!v6 && !check.ipv4) {
                             continue;
                         }
-                        let verdict =
-                            oracle.verdict(f.ip(v6), t.ip(v6), check.protocol, check.port);
+                        let ask = (f.ip(v6), t.ip(v6), protocol, check.port);
+                        let verdict = expected(&objects, &[ask]).remove(0);
                         let want = check.allows(from, to);
                         if verdict.allowed() != want {
                             wrong.push(format!(
@@ -789,20 +1300,24 @@ fn upstream_cases_and_ours_match_the_model() {
                 let each: Vec<String> = steps
                     .iter()
                     .map(|s| {
+                        let c = &s.converged;
                         format!(
-                            "{} ({} pass{}, {} of {} denied)",
-                            seconds(s.after),
-                            s.passes,
-                            if s.passes == 1 { "" } else { "es" },
-                            s.denied(),
-                            s.cells.len()
+                            "{} ({} pass{}, {} of {} denied; {} cells untouched, kept in {} \
+                             rounds)",
+                            seconds(c.after),
+                            c.passes,
+                            if c.passes == 1 { "" } else { "es" },
+                            c.denied(),
+                            c.cells.len(),
+                            s.kept,
+                            s.rounds
                         )
                     })
                     .collect();
                 println!("{label}: converged after {}", each.join(", then "));
-                times.extend(steps.iter().map(|s| s.after));
+                times.extend(steps.iter().map(|s| s.converged.after));
                 if case.name == explained
-                    && let Some(last) = steps.last()
+                    && let Some(last) = steps.last().map(|s| &s.converged)
                 {
                     let took = Instant::now();
                     let problems = explain_disagreements(&world, last);
@@ -865,6 +1380,14 @@ fn upstream_cases_and_ours_match_the_model() {
 
     times.sort();
     if let (Some(median), Some(max)) = (times.get(times.len() / 2), times.last()) {
+        cni_blackbox::measured::record_duration(
+            "network_policy: matrix convergence after a case's step (median)",
+            *median,
+        );
+        cni_blackbox::measured::record_duration(
+            "network_policy: matrix convergence after a case's step (max)",
+            *max,
+        );
         let over = times.iter().filter(|t| **t > TARGET).count();
         println!(
             "{} cases, {} steps: convergence median {}, max {}, {} over the {} target; \
@@ -887,19 +1410,16 @@ fn upstream_cases_and_ours_match_the_model() {
     );
 }
 
-/// A TCP connection that sends a byte every 20 ms and reads its echo (at most 500 ms
-/// each), recording when each one was sent and whether it came back, until stopped or
-/// (with `stop_at_first_loss`) until an echo is lost.
-/// Connections from x/b (member `xb`) to x/a (`xa`) port 80, IPv4 then IPv6, echoing
-/// from now on (for [`echo_losses`]).
-fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Pinger> {
+/// Numbered UDP flows from x/b (member `xb`) to x/a (`xa`) port 80, IPv4 then IPv6,
+/// from now on (for [`echo_losses`]): a datagram every 10 ms, so a drop too short for
+/// TCP's retransmission to show still loses some.
+fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Sequence> {
     let kept = [false, true]
         .into_iter()
         .map(|v6| {
             let to = SocketAddr::new(world.members[xa].ip(v6), 80);
-            let stream = netpol::connect_from(&world.members[xb].netns, to, Duration::from_secs(2))
-                .unwrap_or_else(|e| panic!("connect x/b -> {to}: {e}"));
-            Pinger::start(stream, false)
+            Sequence::start(&world.members[xb].netns, to)
+                .unwrap_or_else(|e| panic!("UDP x/b -> {to}: {e}"))
         })
         .collect();
     // A few echoes in before anything changes.
@@ -907,26 +1427,91 @@ fn echo_xb_to_xa(world: &World, xa: usize, xb: usize) -> Vec<Pinger> {
     kept
 }
 
-/// The x/b -> x/a connections' echoes (IPv4, then IPv6) `through` what the test did:
+/// The x/b -> x/a flows' datagrams (IPv4, then IPv6) `through` what the test did:
 /// printed, and a failure for each family that lost any (or sent fewer than 100).
-fn echo_losses(kept: Vec<Pinger>, through: &str) -> Vec<String> {
+fn echo_losses(kept: Vec<Sequence>, through: &str) -> Vec<String> {
     let mut failures = Vec::new();
-    for (v6, pinger) in [false, true].into_iter().zip(kept) {
+    for (v6, flow) in [false, true].into_iter().zip(kept) {
         let family = if v6 { 6 } else { 4 };
-        let pings = pinger.finish();
-        let lost = pings.iter().filter(|(_, ok)| !ok).count();
+        let datagrams = flow.finish();
+        let lost = lost_runs(&datagrams);
+        let total: usize = lost.iter().map(|(_, n)| n).sum();
         println!(
-            "x/b -> x/a IPv{family}: {} echoes {through}, {lost} lost",
-            pings.len()
+            "x/b -> x/a UDP IPv{family}: {} numbered datagrams {through}, {total} lost",
+            datagrams.len()
         );
-        if lost > 0 || pings.len() < 100 {
+        if total > 0 || datagrams.len() < 100 {
+            let first = datagrams.first().map_or(Instant::now(), |d| d.sent);
+            let runs: Vec<String> = lost
+                .iter()
+                .take(10)
+                .map(|(at, n)| format!("{n} from +{}", seconds(at.duration_since(first))))
+                .collect();
             failures.push(format!(
-                "x/b -> x/a IPv{family}: {lost} of {} echoes lost",
-                pings.len()
+                "x/b -> x/a UDP IPv{family}: {total} of {} numbered datagrams lost (runs: {})",
+                datagrams.len(),
+                runs.join(", ")
             ));
         }
     }
     failures
+}
+
+/// When a flow that a policy applied at `applied` denies was cut: every datagram sent
+/// before it came back, and from the first lost on (within [`CUT_WINDOW`]) none did.
+fn judge_cut(datagrams: &[Datagram], applied: Instant) -> Result<Duration, String> {
+    let early = datagrams
+        .iter()
+        .filter(|d| d.sent < applied && d.echoed.is_none())
+        .count();
+    if early > 0 {
+        return Err(format!(
+            "{early} datagrams lost before the policy was applied"
+        ));
+    }
+    let Some(cut) = datagrams.iter().position(|d| d.echoed.is_none()) else {
+        return Err(format!(
+            "all {} datagrams came back, {} after a policy that denies the flow",
+            datagrams.len(),
+            datagrams
+                .last()
+                .map_or("0 s".into(), |d| seconds(d.sent.duration_since(applied)))
+        ));
+    };
+    let after = datagrams[cut].sent.duration_since(applied);
+    let again = datagrams[cut..]
+        .iter()
+        .filter(|d| d.echoed.is_some())
+        .count();
+    if again > 0 {
+        return Err(format!(
+            "cut {} after the policy, then {again} of the {} later datagrams came back",
+            seconds(after),
+            datagrams.len() - cut
+        ));
+    }
+    if after > CUT_WINDOW {
+        return Err(format!(
+            "still echoed {} after a policy that denies it",
+            seconds(after)
+        ));
+    }
+    Ok(after)
+}
+
+/// The runs of consecutive lost datagrams: when each began, and its length.
+fn lost_runs(datagrams: &[Datagram]) -> Vec<(Instant, usize)> {
+    let mut runs: Vec<(Instant, usize)> = Vec::new();
+    let mut in_run = false;
+    for d in datagrams {
+        match (d.echoed.is_none(), in_run, runs.last_mut()) {
+            (true, true, Some((_, n))) => *n += 1,
+            (true, _, _) => runs.push((d.sent, 1)),
+            (false, _, _) => {}
+        }
+        in_run = d.echoed.is_none();
+    }
+    runs
 }
 
 struct Pinger {
@@ -935,7 +1520,11 @@ struct Pinger {
 }
 
 impl Pinger {
-    fn start(mut stream: std::net::TcpStream, stop_at_first_loss: bool) -> Self {
+    /// A TCP connection that sends a byte every 20 ms and reads its echo (at most
+    /// 500 ms each), recording when each was sent and whether it came back, until
+    /// stopped or (with `until_lost`) an echo is lost: what shows an established
+    /// connection cut (a cut is for good; a short drop is [`Sequence`]'s to see).
+    fn start(mut stream: std::net::TcpStream, until_lost: bool) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -946,7 +1535,7 @@ impl Pinger {
                 let sent = Instant::now();
                 let ok = stream.write_all(b"p").is_ok() && stream.read_exact(&mut byte).is_ok();
                 pings.push((sent, ok));
-                if !ok && stop_at_first_loss {
+                if !ok && until_lost {
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -1037,7 +1626,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         Ok(c) => println!("default deny in x: converged after {}", seconds(c.after)),
         Err(e) => failures.push(format!("default deny in x: {e}")),
     }
-    let oracle = world.oracle();
+    let objects = world.objects();
     let mut checked = 0;
     for host in &world.cluster.hosts {
         for m in world.members.iter().filter(|m| m.namespace == "x") {
@@ -1057,8 +1646,9 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
                         "UDP"
                     };
                     // The oracle lets a pod's own node in whatever the policies say.
-                    let want = oracle.verdict(node_ip, m.ip(v6), protocol, port).allowed();
-                    if outcome.passed() != want {
+                    let want =
+                        expected(&objects, &[(node_ip, m.ip(v6), protocol, port)])[0].allowed();
+                    if !outcome.agrees(want) {
                         failures.push(format!(
                             "node {} -> {} ({}) {what} IPv{}: want {}, the probe {}",
                             host.n,
@@ -1069,7 +1659,11 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
                                 "another node's pod"
                             },
                             if v6 { 6 } else { 4 },
-                            if want { "answered" } else { "denied" },
+                            if want {
+                                "answered"
+                            } else {
+                                "dropped (timed out)"
+                            },
                             outcome.word()
                         ));
                     }
@@ -1079,8 +1673,9 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
     }
     println!("node to pod under default deny: {checked} probes checked");
 
-    // Established connections: a policy that denies y/a -> x/a cuts its connection,
-    // and x/b -> x/a, which it still allows, keeps answering.
+    // Established flows: a policy that denies y/a -> x/a cuts its TCP connection and
+    // its numbered UDP flow within the window and for good, and x/b -> x/a, which it
+    // still allows, loses not one datagram.
     world.reset();
     if let Err(e) = world.converge(Instant::now()) {
         failures.push(format!("after the default deny was deleted: {e}"));
@@ -1099,10 +1694,16 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         .into_iter()
         .map(|v6| (v6, Pinger::start(connect(ya, v6), true)))
         .collect();
-    let kept: Vec<(bool, Pinger)> = [false, true]
+    let cut_udp: Vec<(bool, Sequence)> = [false, true]
         .into_iter()
-        .map(|v6| (v6, Pinger::start(connect(xb, v6), false)))
+        .map(|v6| {
+            let to = SocketAddr::new(world.members[xa].ip(v6), 80);
+            let flow = Sequence::start(&world.members[ya].netns, to)
+                .unwrap_or_else(|e| panic!("UDP y/a -> {to}: {e}"));
+            (v6, flow)
+        })
         .collect();
+    let kept = echo_xb_to_xa(&world, xa, xb);
     std::thread::sleep(Duration::from_millis(300));
     let applied = Instant::now();
     world.act(&Action::Policy(
@@ -1120,42 +1721,45 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
             Some((lost, _)) if *lost >= applied => {
                 let after = lost.duration_since(applied);
                 println!(
-                    "established y/a -> x/a IPv{family}: {before} echoes before the policy, \
+                    "established TCP y/a -> x/a IPv{family}: {before} echoes before the policy, \
                      cut within {} of it",
                     seconds(after)
                 );
-                if after > Duration::from_secs(2) {
+                if after > CUT_WINDOW {
                     failures.push(format!(
-                        "y/a -> x/a IPv{family}: still answering {} after the policy",
+                        "TCP y/a -> x/a IPv{family}: still answering {} after the policy",
                         seconds(after)
                     ));
                 }
             }
             Some(_) => failures.push(format!(
-                "y/a -> x/a IPv{family}: an echo was lost before the policy was applied"
+                "TCP y/a -> x/a IPv{family}: an echo was lost before the policy was applied"
             )),
             None => failures.push(format!(
-                "y/a -> x/a IPv{family}: the connection kept answering for 3 s after a policy \
-                 that denies it"
+                "TCP y/a -> x/a IPv{family}: the connection kept answering for 3 s after a \
+                 policy that denies it"
             )),
         }
     }
-    for (v6, pinger) in kept {
-        let pings = pinger.finish();
+    for (v6, flow) in cut_udp {
         let family = if v6 { 6 } else { 4 };
-        let lost = pings.iter().filter(|(_, ok)| !ok).count();
-        let after = pings.iter().filter(|(t, ok)| *ok && *t >= applied).count();
-        println!(
-            "established x/b -> x/a IPv{family}: {} echoes, {after} after the policy, {lost} lost",
-            pings.len()
-        );
-        if lost > 0 || after == 0 {
-            failures.push(format!(
-                "x/b -> x/a IPv{family}: a connection the policy still allows lost {lost} \
-                 echoes ({after} answered after the policy)"
-            ));
+        match judge_cut(&flow.finish(), applied) {
+            Ok(after) => {
+                println!(
+                    "established UDP y/a -> x/a IPv{family}: cut {} after the policy, for good",
+                    seconds(after)
+                );
+                cni_blackbox::measured::record_duration(
+                    &format!(
+                        "network_policy: established UDP flow cut after a denying policy (IPv{family})"
+                    ),
+                    after,
+                );
+            }
+            Err(e) => failures.push(format!("UDP y/a -> x/a IPv{family}: {e}")),
         }
     }
+    failures.extend(echo_losses(kept, "through a policy that still allows them"));
 
     // New pods: judged from their ADD on, before the API shows their addresses.
     world.reset();
@@ -1175,8 +1779,20 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
     // Denied sources: y/a (on the other node) and x/c (on the same node); allowed: y/b.
     let mut probes = Vec::new();
     let mut names = Vec::new();
-    for key in ["y/a", "x/c", "y/b"] {
-        let from = &world.members[world.member(key)].netns;
+    // Its node too, which always reaches it: it shows the server alive in every round,
+    // so that a denied probe's drop is the policy's.
+    let node_ns = world.cluster.host(target.node).ns.path().to_path_buf();
+    let sources: Vec<(String, PathBuf)> = ["y/a", "x/c", "y/b"]
+        .into_iter()
+        .map(|key| {
+            (
+                key.to_owned(),
+                world.members[world.member(key)].netns.clone(),
+            )
+        })
+        .chain([(format!("node {}", target.node), node_ns)])
+        .collect();
+    for (key, from) in &sources {
         for probe in probes_to(from, &target) {
             names.push(format!(
                 "{key} -> x/new {}/{} {}",
@@ -1188,6 +1804,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         }
     }
     let allowed_from = |i: usize| names[i].starts_with("y/b");
+    let from_node = |i: usize| names[i].starts_with("node ");
     let mut first = None;
     let mut got_through = Vec::new();
     let mut allowed_after = None;
@@ -1200,12 +1817,26 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         let in_first_second = added.elapsed() < Duration::from_secs(1);
         let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
         for (i, outcome) in outcomes.iter().enumerate() {
-            if !allowed_from(i) && in_first_second && *outcome != Outcome::TimedOut {
+            if from_node(i) {
+                if !outcome.passed() {
+                    got_through.push(format!(
+                        "{}: {} {} after the ADD: x/new's server is not shown alive",
+                        names[i],
+                        outcome.word(),
+                        seconds(added.elapsed())
+                    ));
+                }
+            } else if !allowed_from(i) && in_first_second && !outcome.dropped() {
                 got_through.push(format!(
-                    "{}: {} {} after the ADD",
+                    "{}: {} {} after the ADD{}",
                     names[i],
                     outcome.word(),
-                    seconds(added.elapsed())
+                    seconds(added.elapsed()),
+                    if outcome.broken() {
+                        " (the server or the route is broken, not the policy)"
+                    } else {
+                        ""
+                    }
                 ));
             }
         }
@@ -1235,7 +1866,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         got_through.truncate(20);
         failures.push(format!(
             "x/new before its address was posted, from pods the policy does not allow ({n} \
-             probes got through):\n{}",
+             probes were not dropped, or its node did not reach it):\n{}",
             got_through.join("\n")
         ));
     }
@@ -1340,21 +1971,42 @@ fn an_agent_killed_in_the_middle_of_a_policy_change_opens_nothing_and_breaks_not
 
     // y/a -> x/a is denied before and after the change: probed while the agent is away
     // and while it starts again.
+    // Each round also probes x/a from its node, which shows its servers alive: a
+    // denied probe must time out while they answer.
     let denied = probes_to(&world.members[ya].netns, &world.members[xa]);
+    let node_ns = world.cluster.host(node).ns.path().to_path_buf();
+    let alive = probes_to(&node_ns, &world.members[xa]);
+    let probes: Vec<Probe> = denied.iter().chain(&alive).cloned().collect();
     let mut passed: Vec<String> = Vec::new();
     let mut rounds = 0;
     let probe_denied = |passed: &mut Vec<String>, rounds: &mut usize| {
         *rounds += 1;
-        for (probe, outcome) in denied
-            .iter()
-            .zip(netpol::run(&denied, PROBE_TIMEOUT, |_, _| false))
-        {
-            if outcome.passed() {
+        let at = seconds(killed.elapsed());
+        let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+        let (to_denied, to_alive) = outcomes.split_at(denied.len());
+        for (probe, outcome) in denied.iter().zip(to_denied) {
+            if !outcome.dropped() {
                 passed.push(format!(
-                    "y/a -> {} {} passed {} after the kill",
+                    "y/a -> {} {}: {} {at} after the kill{}",
                     probe.to,
                     probe.protocol.name(),
-                    seconds(killed.elapsed())
+                    outcome.word(),
+                    if outcome.broken() {
+                        " (the server or the route is broken, not the policy)"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+        }
+        for (probe, outcome) in alive.iter().zip(to_alive) {
+            if !outcome.passed() {
+                passed.push(format!(
+                    "node {node} -> {} {}: {} {at} after the kill: x/a's server is not shown \
+                     alive, so its denied probes prove nothing",
+                    probe.to,
+                    probe.protocol.name(),
+                    outcome.word()
                 ));
             }
         }
@@ -1450,18 +2102,42 @@ impl World {
         after: &[bool],
         stopped: Instant,
     ) -> (usize, usize, Vec<String>) {
-        let probes: Vec<Probe> = cells.iter().map(|c| self.probe(c)).collect();
+        let servers = self.servers_posted();
+        let probes: Vec<Probe> = cells
+            .iter()
+            .map(|c| self.probe(c))
+            .chain(servers.iter().map(|s| self.node_probe(*s)))
+            .collect();
+        let need: BTreeSet<Server> = cells
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| !before[i] && !after[i])
+            .map(|(_, c)| c.server())
+            .collect();
         let mut problems = Vec::new();
         let (mut rounds, mut in_force) = (0, 0);
         while stopped.elapsed() < OUTAGE {
             let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
+            let (outcomes, server_outcomes) = outcomes.split_at(cells.len());
             let at = seconds(stopped.elapsed());
             rounds += 1;
+            for line in self.broken(cells, outcomes, &servers, server_outcomes) {
+                problems.push(format!("{at} after the API went away:{line}"));
+            }
+            let dead = self.not_shown_alive(&need, cells, outcomes, &servers, server_outcomes);
+            if !dead.is_empty() {
+                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
+                problems.push(format!(
+                    "{at} after the API went away: no probe reached these servers of denied \
+                     cells (nor their node): {}",
+                    dead.join(", ")
+                ));
+            }
             let mut changed_in_force = true;
             for (i, outcome) in outcomes.iter().enumerate() {
                 if before[i] != after[i] {
-                    changed_in_force &= outcome.passed() == after[i];
-                } else if outcome.passed() != before[i] {
+                    changed_in_force &= outcome.agrees(after[i]);
+                } else if !outcome.agrees(before[i]) && !outcome.broken() {
                     problems.push(format!(
                         "{}: {} {at} after the API went away; the model says {} before and \
                          after the change",
@@ -1752,4 +2428,156 @@ fn an_api_outage_in_the_middle_of_a_policy_change_keeps_every_verdict_until_the_
         failures.push(format!("... and {} more", n - 40));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The harness itself: a server that is down must fail the matrix, both where a probe
+/// the model allows meets it (refused) and where only denied probes go to it (they time
+/// out whether the server is up or not, so only the probe from its node, which the
+/// policy does not judge, can tell).
+#[test]
+fn a_dead_server_fails_the_matrix_instead_of_passing_for_a_denial() {
+    if !require_root() {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut world = World::new();
+    let xa = world.member("x/a");
+    let node = world.members[xa].node;
+
+    // x/a closed to every pod: its probes time out whether its servers are up or not;
+    // the probes from its node are refused once they are stopped.
+    world.act(&Action::Policy(
+        "x",
+        "a-closed",
+        json!({"podSelector": {"matchLabels": {"pod": "a"}}, "policyTypes": ["Ingress"]}),
+    ));
+    world
+        .converge(Instant::now())
+        .unwrap_or_else(|e| panic!("x/a closed, its servers up: {e}"));
+    world.kill_servers(xa);
+    let closed = world
+        .converge(Instant::now())
+        .map(|c| format!("converged after {}", seconds(c.after)))
+        .err();
+    println!("x/a's servers stopped, x/a closed by a policy: {closed:?}");
+    let closed =
+        closed.unwrap_or_else(|| panic!("the matrix passed with x/a's servers stopped and closed"));
+    let broken: Vec<&str> = closed.lines().filter(|l| l.contains("broken")).collect();
+    assert!(
+        !broken.is_empty()
+            && broken
+                .iter()
+                .all(|l| l.contains(&format!("node {node} -> x/a "))),
+        "the failure should name the probes of x/a from its node, refused, and only them: \
+         {closed}"
+    );
+
+    // No policy: the probes the model allows to x/a are refused.
+    world.act(&Action::DeletePolicy("x", "a-closed"));
+    let open = world
+        .converge(Instant::now())
+        .map(|c| format!("converged after {}", seconds(c.after)))
+        .err();
+    println!("x/a's servers stopped, no policy: {open:?}");
+    let open = open.unwrap_or_else(|| panic!("the matrix passed with x/a's servers stopped"));
+    assert!(
+        open.contains("-> x/a TCP/80 IPv4: refused: the server or the route is broken"),
+        "the failure does not name a refused probe to x/a as a broken server: {open}"
+    );
+}
+
+/// The harness itself: a [`Sequence`] sees a drop far shorter than TCP's retransmission
+/// timeout, which a TCP echo with a generous read timeout rides out. Two namespaces of
+/// our own joined by a veth pair, no cluster; the drop is an nftables rule in the
+/// server's namespace, in place for about 60 ms.
+#[test]
+fn a_numbered_flow_sees_a_drop_shorter_than_a_tcp_retransmission() {
+    if !require_root() {
+        return;
+    }
+    let (client, server) = (Netns::new("cnibb-np-seq-c"), Netns::new("cnibb-np-seq-s"));
+    client.exec_ok(&[
+        "ip",
+        "link",
+        "add",
+        "seq0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "seq1",
+        "netns",
+        server.name(),
+    ]);
+    for (ns, dev, addr) in [
+        (&client, "seq0", "10.231.0.1/24"),
+        (&server, "seq1", "10.231.0.2/24"),
+    ] {
+        ns.exec_ok(&["ip", "addr", "add", addr, "dev", dev]);
+        ns.exec_ok(&["ip", "link", "set", dev, "up"]);
+        ns.exec_ok(&["ip", "link", "set", "lo", "up"]);
+    }
+    let port = 7070;
+    let _servers = Servers::start(server.path(), &[port]);
+    let to = SocketAddr::from(([10, 231, 0, 2], port));
+    let flow = Sequence::start(client.path(), to).unwrap_or_else(|e| panic!("UDP {to}: {e}"));
+    let stream = netpol::connect_from(client.path(), to, Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("TCP {to}: {e}"));
+    let echo = Pinger::start(stream, false);
+    std::thread::sleep(Duration::from_millis(300));
+    server.exec_ok(&["nft", "add", "table", "inet", "seq_drop"]);
+    server.exec_ok(&[
+        "nft",
+        "add",
+        "chain",
+        "inet",
+        "seq_drop",
+        "input",
+        "{ type filter hook input priority 0; }",
+    ]);
+    let dropping = Instant::now();
+    server.exec_ok(&[
+        "nft", "add", "rule", "inet", "seq_drop", "input", "tcp", "dport", "7070", "drop",
+    ]);
+    server.exec_ok(&[
+        "nft", "add", "rule", "inet", "seq_drop", "input", "udp", "dport", "7070", "drop",
+    ]);
+    std::thread::sleep(Duration::from_millis(60));
+    server.exec_ok(&["nft", "delete", "table", "inet", "seq_drop"]);
+    let dropped_for = dropping.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    let datagrams = flow.finish();
+    let echoes = echo.finish();
+    let runs = lost_runs(&datagrams);
+    let lost: usize = runs.iter().map(|(_, n)| n).sum();
+    let tcp_lost = echoes.iter().filter(|(_, ok)| !ok).count();
+    println!(
+        "a drop of {} (from the first rule to the table's deletion): {lost} of {} numbered \
+         datagrams lost in {} runs; the TCP echo (500 ms read timeout) lost {tcp_lost} of {}",
+        seconds(dropped_for),
+        datagrams.len(),
+        runs.len(),
+        echoes.len()
+    );
+    // Only datagrams sent while the rules were in place (give or take the time a
+    // packet takes to cross) may be lost, and some must be.
+    let slack = Duration::from_millis(20);
+    let outside: Vec<f64> = datagrams
+        .iter()
+        .filter(|d| d.echoed.is_none())
+        .filter(|d| d.sent + slack < dropping || d.sent > dropping + dropped_for)
+        .map(|d| {
+            if d.sent >= dropping {
+                d.sent.duration_since(dropping).as_secs_f64()
+            } else {
+                -dropping.duration_since(d.sent).as_secs_f64()
+            }
+        })
+        .collect();
+    assert!(
+        lost >= 1 && outside.is_empty(),
+        "want datagrams lost while the drop was in place ({}), and only then: {lost} lost, \
+         these outside it (s from its start): {outside:?}",
+        seconds(dropped_for)
+    );
 }

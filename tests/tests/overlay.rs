@@ -5,9 +5,10 @@
 //! `cnitool` reach each other in both families with their own addresses, a ping with
 //! DF at the pod MTU crosses the overlay, and the overlay follows an InternalIP change,
 //! a node moving to the other segment, a deleted node, a device deleted or set down by
-//! hand and an agent SIGKILLed and started again (pinged every 10 ms meanwhile), while
-//! a VXLAN device of someone else's stays as it was. Times are printed, not asserted
-//! tightly (the bounds only catch what is plainly broken).
+//! hand, each kind of entry of the devices deleted by hand (through the neighbour
+//! notification alone: no resync runs) and an agent SIGKILLed and started again (pinged
+//! every 10 ms meanwhile), while a VXLAN device of someone else's stays as it was. Times
+//! are recorded, not asserted tightly (the bounds only catch what is plainly broken).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -16,9 +17,11 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{
-    Cluster, Host, PROTO, Segment, node_name, node_v4, node_v6, pod_cidr_v4, pod_cidr_v6, wait,
+    Cluster, Host, PROTO, Segment, WITHOUT_RESYNC, node_name, node_v4, node_v6, pod_cidr_v4,
+    pod_cidr_v6, wait,
 };
 use cni_blackbox::hostport::in_netns;
+use cni_blackbox::measured::record_duration;
 use cni_blackbox::underlay::{address, attach, source_seen};
 use cni_blackbox::{Netns, require_root};
 use cni_kube_api::realistic_node;
@@ -355,8 +358,8 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     let kubeconfig = cluster.kubeconfig.clone();
     for host in &mut cluster.hosts {
         // No resync during the test: every repair below is woken by the API or by the
-        // host's notifications.
-        host.resync_secs = 600;
+        // host's notifications (link for the devices, neighbour for their entries).
+        host.resync_secs = WITHOUT_RESYNC;
         host.start_agent(&kubeconfig);
     }
     cluster.wait_for_conflists();
@@ -492,6 +495,8 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
 
     // The IPv4 device deleted by hand, the IPv6 one set down: back, with their entries.
     let n1 = cluster.hosts[0].ns.name().to_owned();
+    // The agent idle first, so that only the notifications of these changes can wake it.
+    cluster.hosts[0].wait_until_quiet(Duration::from_secs(1));
     let t = Instant::now();
     cluster.hosts[0]
         .ns
@@ -514,6 +519,11 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         "device deleted / set down by hand on {n1}: routes and entries back after {:?}",
         t.elapsed()
     );
+    record_duration(
+        "link notification: VXLAN devices deleted / set down by hand, back with routes and \
+         entries",
+        t.elapsed(),
+    );
     cluster.check_pod_to_pod();
 
     // An FDB entry and a neighbour entry of the IPv4 device deleted by hand: the host's
@@ -534,13 +544,14 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         .and_then(|i| words.get(i + 1))
         .unwrap_or_else(|| panic!("no dst in {fdb_line:?}"));
     let neigh_ip = neigh_line.split_whitespace().next().unwrap_or_default();
+    cluster.hosts[0].wait_until_quiet(Duration::from_secs(1));
     let t = Instant::now();
     ns.exec_ok(&[
         "bridge", "fdb", "del", words[0], "dev", "cni-vx4", "dst", dst,
     ]);
     ns.exec_ok(&["ip", "neigh", "del", neigh_ip, "dev", "cni-vx4"]);
     wait(
-        Duration::from_secs(2),
+        Duration::from_secs(10),
         "the entries deleted by hand",
         || {
             fdb(ns, "cni-vx4").contains(&fdb_line)
@@ -558,6 +569,10 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     eprintln!(
         "FDB and neighbour entries deleted by hand on {n1}: back after {:?}",
         t.elapsed()
+    );
+    record_duration(
+        "neighbour notification: VXLAN FDB and neighbour entries deleted by hand, back",
+        t.elapsed(),
     );
 
     // Node 3's InternalIP changes: the tunnel entries follow.
@@ -614,7 +629,7 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
     let mac3 = "0a:58:c6:13:00:21";
     for n in [1, 2] {
         let host = cluster.host(n);
-        wait(Duration::from_secs(2), "node 3 gone", || {
+        wait(Duration::from_secs(10), "node 3 gone", || {
             let routes = host.our_routes();
             !routes
                 .iter()
@@ -630,12 +645,12 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         "nodes 3 and 4 deleted: no route, FDB or neighbour entry of node 3 left after {:?}",
         t.elapsed()
     );
-    wait(Duration::from_secs(2), "node 1's devices gone", || {
+    wait(Duration::from_secs(10), "node 1's devices gone", || {
         ifindex(&cluster.hosts[0].ns, "cni-vx4").is_none()
             && ifindex(&cluster.hosts[0].ns, "cni-vx6").is_none()
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    wait(Duration::from_secs(2), "the full pod MTU again", || {
+    wait(Duration::from_secs(10), "the full pod MTU again", || {
         cluster.hosts[0]
             .conflist()
             .is_some_and(|c| c["plugins"][0]["mtu"] == MTU)
@@ -657,6 +672,88 @@ fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every
         assert!(!log.contains("ERROR"), "node {n}:\n{log}");
     }
     eprintln!("whole test: {:?}", started.elapsed());
+}
+
+/// Each kind of entry the agent writes into its VXLAN devices (an FDB entry: the peer's
+/// VTEP MAC to its underlay address; a permanent neighbour entry: the peer's VTEP address
+/// to that MAC), deleted by hand on its own, comes back through the neighbour
+/// notification of its deletion: the agent keeps its devices' entries in memory and reads
+/// them again only after such a notification or at a resync, and no resync runs here.
+#[test]
+fn neighbour_notification_a_vxlan_fdb_or_neighbour_entry_deleted_by_hand_is_back() {
+    if !require_root() {
+        return;
+    }
+    let (mut cluster, _router, places) = two_segments(&[1], &[3]);
+    for (n, place) in &places {
+        cluster.api.apply_node(node_at(*n, place));
+    }
+    let kubeconfig = cluster.kubeconfig.clone();
+    for host in &mut cluster.hosts {
+        host.resync_secs = WITHOUT_RESYNC;
+        host.start_agent(&kubeconfig);
+    }
+    cluster.wait_for_routes(Duration::from_secs(20), expected(&places));
+    let host = &cluster.hosts[0];
+    for (dev, kind) in [
+        ("cni-vx4", "FDB"),
+        ("cni-vx4", "neighbour"),
+        ("cni-vx6", "FDB"),
+        ("cni-vx6", "neighbour"),
+    ] {
+        let entries = || {
+            if kind == "FDB" {
+                fdb(&host.ns, dev)
+            } else {
+                neighbours(&host.ns, dev)
+            }
+        };
+        let permanent = || {
+            entries()
+                .lines()
+                .find(|l| l.to_lowercase().contains("permanent"))
+                .map(str::to_owned)
+        };
+        wait(Duration::from_secs(10), "the entry written", || {
+            permanent().is_some()
+        })
+        .unwrap_or_else(|e| panic!("{dev} {kind}: {e}:\n{}", entries()));
+        let line = permanent().unwrap_or_default();
+        let words: Vec<&str> = line.split_whitespace().collect();
+        host.wait_until_quiet(Duration::from_secs(1));
+        let t = Instant::now();
+        if kind == "FDB" {
+            let dst = words
+                .iter()
+                .position(|w| *w == "dst")
+                .and_then(|i| words.get(i + 1))
+                .unwrap_or_else(|| panic!("no dst in {line:?}"));
+            host.ns
+                .exec_ok(&["bridge", "fdb", "del", words[0], "dev", dev, "dst", dst]);
+        } else {
+            host.ns
+                .exec_ok(&["ip", "neigh", "del", words[0], "dev", dev]);
+        }
+        wait(Duration::from_secs(10), "the entry deleted by hand", || {
+            entries().contains(&line)
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{dev} {kind} entry {line:?}: {e} (--resync-interval 3600: only the \
+                 neighbour notification can act); now:\n{}\nagent log:\n{}",
+                entries(),
+                host.agent_log()
+            )
+        });
+        eprintln!(
+            "{dev} {kind} entry deleted by hand: back after {:?}",
+            t.elapsed()
+        );
+        record_duration(
+            &format!("neighbour notification: a {kind} entry of {dev} deleted by hand, back"),
+            t.elapsed(),
+        );
+    }
 }
 
 /// Moves node `n` to the segment of `to`. Its Node object changes first (its agent

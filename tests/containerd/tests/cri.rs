@@ -664,7 +664,8 @@ impl NodeAgent {
     /// bridge and its network name, as the DaemonSet's container would. Its pod record
     /// directory (which it also writes into the conflist, for the bridge plugin) is in
     /// the fixture's directory: the default, under /run, would be the machine's for the
-    /// agent and containerd's private tmpfs for the plugins.
+    /// agent and containerd's private tmpfs for the plugins. It runs at the product's
+    /// default resync interval, as on a real node, so only its event paths can pass.
     fn start(node: &Containerd, name: &str, kubeconfig: &Path) -> Self {
         let log = node.scratch("cni-node.log");
         let records = node.scratch("pod-records");
@@ -680,7 +681,6 @@ impl NodeAgent {
             .arg(format!("--bridge={}", node.bridge()))
             .arg(format!("--network-name={NETWORK}"))
             .arg(format!("--pod-record-dir={}", records.display()))
-            .arg("--resync-interval=1")
             .arg("--verbose")
             .env_remove("KUBECONFIG")
             .stdin(std::process::Stdio::null())
@@ -1714,10 +1714,22 @@ fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_
                 policy_table(&node).unwrap_or_default(),
                 agent.log()
             );
-            // ... and the denied one was still refused after that.
+            // ... and the denied one was still refused after that, by a drop: with the
+            // server up, an unreachable (or a reset, above) means the route or the server
+            // is broken, not that the policy works.
             assert!(
                 mine.iter().any(|a| open.is_some_and(|open| a.at > open)),
                 "dev/other never probed {to} while the server accepted dev/client"
+            );
+            let not_dropped: Vec<String> = mine
+                .iter()
+                .filter(|a| open.is_some_and(|open| a.at > open) && a.outcome != Probe::Silent)
+                .map(|a| format!("{:+.1} ms: {:?}", ms(a.at, returned), a.outcome))
+                .collect();
+            assert!(
+                not_dropped.is_empty(),
+                "dev/other's probes of {to} after dev/client connected were not dropped, so the \
+                 route or the server is broken, not the policy: {not_dropped:?}"
             );
         }
         for ip in [other.v4, other.v6] {
@@ -1788,13 +1800,24 @@ fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_
             );
         }
 
-        // The policy still holds: dev/other is still refused...
+        // The policy still holds: dev/other's probes are dropped while dev/client's, just
+        // before, show the server up...
         let other_ns = netns_of(other.pid);
         let ns = other_ns.clone();
+        // (dev/client's connect may take its time: it only has to show the server up.)
+        let alive = in_netns(&netns_of(client.pid), move || {
+            addresses.map(
+                |to| match TcpStream::connect_timeout(&to, Duration::from_secs(2)) {
+                    Ok(_) => Probe::Connected,
+                    Err(_) => Probe::Unreachable,
+                },
+            )
+        });
         let still = in_netns(&ns, move || addresses.map(probe));
         assert!(
-            !still.iter().any(|p| p.reached()),
-            "dev/other reached the server before the policy was deleted: {still:?}\n{}\n{}",
+            alive == [Probe::Connected; 2] && still == [Probe::Silent; 2],
+            "dev/client (allowed) {alive:?} and dev/other (denied) {still:?} before the policy \
+             was deleted: want connected and dropped\n{}\n{}",
             policy_table(&node).unwrap_or_default(),
             agent.log()
         );
