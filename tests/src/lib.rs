@@ -28,7 +28,9 @@
 //! - [`netpol`]: servers answering TCP and UDP in a pod, and a prober running many
 //!   connection probes at once, for the NetworkPolicy tests.
 //! - [`policy_oracle`]: NetworkPolicy's meaning written from the Kubernetes
-//!   documentation, apart from the agent's, as the NetworkPolicy tests' expectation.
+//!   documentation, apart from the agent's, as the NetworkPolicy tests' expectation;
+//!   with ClusterNetworkPolicy's tiers (from network-policy-api's documentation), which
+//!   also names the tier, policy and rule that decided.
 //! - [`nft`]: nftables commits seen as they happen, and the NetworkPolicy table as
 //!   `nft -j` lists it.
 //! - [`connections`]: short TCP connections between namespaces, timed one by one.

@@ -3,7 +3,8 @@
 //! write them (labels, annotations, pod CIDRs, addresses, capacity, conditions, node
 //! info, an image list), Pods as a Deployment and the kubelet leave them (owner, named
 //! container ports, pod IPs of both families, conditions, container statuses),
-//! Namespaces with labels, and NetworkPolicies from their spec in JSON.
+//! Namespaces with labels, and NetworkPolicies and ClusterNetworkPolicies from their
+//! spec in JSON.
 
 use serde_json::{Value, json};
 
@@ -285,6 +286,32 @@ pub fn network_policy(namespace: &str, name: &str, spec: Value) -> Value {
         "kind": "NetworkPolicy",
         "apiVersion": "networking.k8s.io/v1",
         "metadata": {"name": name, "namespace": namespace, "generation": 1},
+        "spec": spec,
+    })
+}
+
+/// A ClusterNetworkPolicy `name` (cluster-scoped) whose spec is `spec`, the JSON of a
+/// manifest's `spec:` (`tier`, `priority`, `subject`, `ingress`, `egress`), as written:
+///
+/// ```
+/// # use serde_json::json;
+/// let policy = cni_kube_api::cluster_network_policy("deny-to-payments", json!({
+///     "tier": "Admin",
+///     "priority": 10,
+///     "subject": {"namespaces": {"matchLabels": {"team": "frontend"}}},
+///     "egress": [{
+///         "name": "no-payments",
+///         "action": "Deny",
+///         "to": [{"namespaces": {"matchLabels": {"team": "payments"}}}],
+///     }],
+/// }));
+/// assert_eq!(policy["apiVersion"], "policy.networking.k8s.io/v1alpha2");
+/// ```
+pub fn cluster_network_policy(name: &str, spec: Value) -> Value {
+    json!({
+        "kind": "ClusterNetworkPolicy",
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "metadata": {"name": name, "generation": 1},
         "spec": spec,
     })
 }

@@ -1,7 +1,8 @@
 //! The HTTP side: one thread per connection, HTTP/1.1 with keep-alive; for every kind,
 //! list with pagination at one snapshot, watch as a chunked stream of JSON lines
 //! (bookmarks, streaming lists, 410 Gone as the API server sends it), both with label and
-//! field selectors, and single get; discovery documents; event creation.
+//! field selectors, and single get; discovery documents; event creation. A custom kind
+//! whose CRD is not installed is not there at all: 404 for its paths and group.
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -215,7 +216,10 @@ fn resource<'a>(segments: &[&'a str]) -> Option<Resource<'a>> {
 fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Result<bool> {
     let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
     if req.method == "GET" {
-        if let Some(found) = resource(&segments) {
+        let served = |r: &Resource<'_>| match r {
+            Resource::Collection(kind, _) | Resource::Item(kind, _, _) => shared.serves_kind(*kind),
+        };
+        if let Some(found) = resource(&segments).filter(served) {
             return match found {
                 Resource::Collection(kind, namespace) => {
                     let filter = match filter(req, kind, namespace) {
@@ -250,7 +254,7 @@ fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Resul
                 }
             };
         }
-        if let Some(answer) = discovery(&segments, out) {
+        if let Some(answer) = discovery(&segments, out, &|kind| shared.serves_kind(kind)) {
             return respond_json(out, 200, &answer);
         }
     }
@@ -282,11 +286,11 @@ fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Resul
     }
 }
 
-/// The groups other than the core one, with the resources each serves: the kinds'
-/// and the events clients may post (create only).
-fn groups() -> Vec<(&'static str, Vec<Value>)> {
+/// The group versions, with the resources each serves: the served kinds' and the
+/// events clients may post (create only).
+fn groups(served: &dyn Fn(Kind) -> bool) -> Vec<(&'static str, Vec<Value>)> {
     let mut groups: Vec<(&'static str, Vec<Value>)> = Vec::new();
-    for kind in Kind::ALL {
+    for kind in Kind::ALL.into_iter().filter(|k| served(*k)) {
         let resource = json!({
             "name": kind.plural(), "singularName": kind.singular(),
             "namespaced": kind.namespaced(), "kind": kind.name(),
@@ -311,9 +315,9 @@ fn groups() -> Vec<(&'static str, Vec<Value>)> {
 }
 
 /// The discovery documents: `/api`, `/api/v1`, `/apis`, `/apis/{group}` and
-/// `/apis/{group}/{version}` (not the aggregated form).
-fn discovery(segments: &[&str], out: &TcpStream) -> Option<Value> {
-    let groups = groups();
+/// `/apis/{group}/{version}` (not the aggregated form), of the served kinds.
+fn discovery(segments: &[&str], out: &TcpStream, served: &dyn Fn(Kind) -> bool) -> Option<Value> {
+    let groups = groups(served);
     let group_of = |api_version: &str| {
         let (group, version) = api_version.split_once('/')?;
         let gv = json!({"groupVersion": api_version, "version": version});
@@ -638,10 +642,14 @@ fn stream_changes(
                 "server stopped",
             ));
         }
-        let (lines, seen, expired) = {
+
+        let (lines, seen, expired, served) = {
             let mut store = shared.lock();
+            // Read under the store's lock: a CRD's removal deletes its objects and
+            // unserves the kind in one step, so the deletions are all in `lines`.
+            let served = shared.serves_kind(kind);
             if !store.serves(sent) {
-                (Vec::new(), sent, true)
+                (Vec::new(), sent, true, served)
             } else {
                 let mut seen = sent;
                 let mut lines = Vec::new();
@@ -651,15 +659,15 @@ fn stream_changes(
                         lines.extend(watch_event(change, filter));
                     }
                 }
-                if seen == sent {
-                    let wait = shared
-                        .bookmark_interval()
-                        .min(deadline.saturating_duration_since(Instant::now()))
-                        .min(Duration::from_millis(100));
+                let wait = shared
+                    .bookmark_interval()
+                    .min(deadline.saturating_duration_since(Instant::now()))
+                    .min(Duration::from_millis(100));
+                if seen == sent && served {
                     store = shared.wait_changed(store, wait);
                     drop(store);
                 }
-                (lines, seen, false)
+                (lines, seen, false, served)
             }
         };
         if expired {
@@ -679,6 +687,12 @@ fn stream_changes(
             chunks(out, &lines)?;
         }
         sent = seen;
+        if !served {
+            // Its CRD went away: the API server ends the watches of its resources.
+            out.write_all(b"0\r\n\r\n")?;
+            out.flush()?;
+            return Ok(true);
+        }
         if bookmarks && last_bookmark.elapsed() >= shared.bookmark_interval() {
             // Only a version whose changes were all sent: a change that came in since
             // the lines above were taken goes out first, on the next turn.
@@ -753,12 +767,22 @@ mod tests {
             path("/apis/networking.k8s.io/v1/namespaces/x/networkpolicies"),
             some(Resource::Collection(Kind::NetworkPolicy, Some("x")))
         );
+        assert_eq!(
+            path("/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies"),
+            some(Resource::Collection(Kind::ClusterNetworkPolicy, None))
+        );
+        assert_eq!(
+            path("/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies/deny-all"),
+            some(Resource::Item(Kind::ClusterNetworkPolicy, "", "deny-all"))
+        );
         for unserved in [
             "/api/v1/pods/p",
             "/api/v1/namespaces/x/nodes",
             "/api/v1/networkpolicies",
             "/apis/networking.k8s.io/v1/pods",
             "/apis/networking.k8s.io/v2/networkpolicies",
+            "/apis/policy.networking.k8s.io/v1alpha2/namespaces/x/clusternetworkpolicies",
+            "/apis/policy.networking.k8s.io/v1alpha1/clusternetworkpolicies",
             "/api/v1/namespaces/x/pods/p/status",
             "/api/v1",
         ] {

@@ -1,5 +1,6 @@
 //! The kinds the server serves: where each lives in the URL space, what its lists are
-//! called, and which fields a field selector may name (the API server's own lists).
+//! called, which fields a field selector may name (the API server's own lists), and
+//! which of them a custom resource definition brings (so a server can run without it).
 
 use serde_json::Value;
 
@@ -16,11 +17,21 @@ pub enum Kind {
     /// `/apis/networking.k8s.io/v1/networkpolicies` and the same under
     /// `/apis/networking.k8s.io/v1/namespaces/{ns}/`.
     NetworkPolicy,
+    /// `policy.networking.k8s.io/v1alpha2 ClusterNetworkPolicy` (network-policy-api
+    /// v0.2.0), cluster-scoped: `/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies`.
+    /// A custom resource: a cluster has it only once its CRD is installed.
+    ClusterNetworkPolicy,
 }
 
 impl Kind {
     /// Every kind served.
-    pub const ALL: [Kind; 4] = [Kind::Node, Kind::Namespace, Kind::Pod, Kind::NetworkPolicy];
+    pub const ALL: [Kind; 5] = [
+        Kind::Node,
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::NetworkPolicy,
+        Kind::ClusterNetworkPolicy,
+    ];
 
     /// The `kind` of an object, e.g. `Pod`.
     pub fn name(self) -> &'static str {
@@ -29,6 +40,7 @@ impl Kind {
             Kind::Namespace => "Namespace",
             Kind::Pod => "Pod",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
         }
     }
 
@@ -39,6 +51,7 @@ impl Kind {
             Kind::Namespace => "NamespaceList",
             Kind::Pod => "PodList",
             Kind::NetworkPolicy => "NetworkPolicyList",
+            Kind::ClusterNetworkPolicy => "ClusterNetworkPolicyList",
         }
     }
 
@@ -47,6 +60,7 @@ impl Kind {
         match self {
             Kind::Node | Kind::Namespace | Kind::Pod => "",
             Kind::NetworkPolicy => "networking.k8s.io",
+            Kind::ClusterNetworkPolicy => "policy.networking.k8s.io",
         }
     }
 
@@ -55,6 +69,7 @@ impl Kind {
         match self {
             Kind::Node | Kind::Namespace | Kind::Pod => "v1",
             Kind::NetworkPolicy => "networking.k8s.io/v1",
+            Kind::ClusterNetworkPolicy => "policy.networking.k8s.io/v1alpha2",
         }
     }
 
@@ -65,6 +80,7 @@ impl Kind {
             Kind::Namespace => "namespaces",
             Kind::Pod => "pods",
             Kind::NetworkPolicy => "networkpolicies",
+            Kind::ClusterNetworkPolicy => "clusternetworkpolicies",
         }
     }
 
@@ -75,6 +91,7 @@ impl Kind {
             Kind::Namespace => "namespace",
             Kind::Pod => "pod",
             Kind::NetworkPolicy => "networkpolicy",
+            Kind::ClusterNetworkPolicy => "clusternetworkpolicy",
         }
     }
 
@@ -85,12 +102,19 @@ impl Kind {
             Kind::Namespace => &["ns"],
             Kind::Pod => &["po"],
             Kind::NetworkPolicy => &["netpol"],
+            Kind::ClusterNetworkPolicy => &["cnp"],
         }
     }
 
     /// Whether its objects live in a namespace.
     pub fn namespaced(self) -> bool {
         matches!(self, Kind::Pod | Kind::NetworkPolicy)
+    }
+
+    /// Whether a custom resource definition brings it (the server can run without it,
+    /// answering 404 for its group as a cluster without the CRD does).
+    pub fn custom(self) -> bool {
+        matches!(self, Kind::ClusterNetworkPolicy)
     }
 
     /// The fields a field selector may name for this kind, as the API server's
@@ -113,6 +137,8 @@ impl Kind {
                 "status.nominatedNodeName",
             ],
             Kind::NetworkPolicy => &["metadata.name", "metadata.namespace"],
+            // What the API server allows for every custom resource.
+            Kind::ClusterNetworkPolicy => &["metadata.name", "metadata.namespace"],
         }
     }
 
@@ -170,5 +196,18 @@ mod tests {
             Some(Kind::NetworkPolicy)
         );
         assert_eq!(Kind::from_resource("v1", "networkpolicies"), None);
+        assert_eq!(
+            Kind::from_resource(
+                "policy.networking.k8s.io/v1alpha2",
+                "clusternetworkpolicies"
+            ),
+            Some(Kind::ClusterNetworkPolicy)
+        );
+        assert!(Kind::ClusterNetworkPolicy.custom() && !Kind::ClusterNetworkPolicy.namespaced());
+        assert_eq!(
+            Kind::ALL.iter().filter(|k| k.custom()).count(),
+            1,
+            "only ClusterNetworkPolicy comes from a CRD"
+        );
     }
 }

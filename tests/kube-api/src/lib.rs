@@ -1,11 +1,15 @@
 //! A Kubernetes API test server for the node agent's tests and benchmark: it serves
-//! list and watch of Nodes, Namespaces, Pods and NetworkPolicies the way kube-apiserver
+//! list and watch of Nodes, Namespaces, Pods, NetworkPolicies and ClusterNetworkPolicies
+//! (`policy.networking.k8s.io/v1alpha2`, a custom resource) the way kube-apiserver
 //! does (one resourceVersion sequence for all of them, paginated lists read at one
 //! snapshot with continue tokens, chunked watch streams of JSON lines, bookmarks,
 //! streaming lists, label and field selectors on both, `410 Gone` for versions older
 //! than the last compaction, as an `ERROR` event or as an HTTP status), and lets a test
 //! add, change and delete objects, stop it (every connection breaks), compact its
-//! history and start it again on the same address.
+//! history and start it again on the same address. A custom resource's kind can be
+//! taken away and installed again at run time ([`ApiServer::uninstall_crd`],
+//! [`ApiServer::install_crd`]): without it the server answers 404 for its group, its
+//! paths and in discovery, as a cluster without the CRD does.
 //!
 //! No kube-apiserver can be installed where the tests run, so the agent's API side is
 //! tested against this server, with the real client (kube-rs), not against a cluster.
@@ -13,7 +17,8 @@
 //! - [`Kind`]: what is served where; [`store`]: objects, versions and history;
 //!   [`selector`]: label and field selectors; `http`: the protocol and discovery.
 //! - [`fixture`]: a Node as a kubelet writes it (~15 KB with 40 images), a Pod as the
-//!   kubelet reports it, a labelled Namespace, NetworkPolicies from JSON.
+//!   kubelet reports it, a labelled Namespace, NetworkPolicies and ClusterNetworkPolicies
+//!   from JSON.
 
 pub mod fixture;
 mod http;
@@ -21,6 +26,7 @@ mod kind;
 pub mod selector;
 pub mod store;
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
@@ -32,7 +38,9 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-pub use fixture::{network_policy, realistic_namespace, realistic_node, realistic_pod};
+pub use fixture::{
+    cluster_network_policy, network_policy, realistic_namespace, realistic_node, realistic_pod,
+};
 pub use kind::Kind;
 use store::Store;
 
@@ -54,6 +62,8 @@ pub(crate) struct Shared {
     expired: AtomicU64,
     bookmarks: AtomicU64,
     connections: Mutex<Vec<TcpStream>>,
+    /// Custom kinds whose CRD is not installed: not served at all.
+    uninstalled: Mutex<BTreeSet<Kind>>,
 }
 
 impl Shared {
@@ -78,6 +88,15 @@ impl Shared {
             .wait_timeout(guard, wait)
             .unwrap_or_else(PoisonError::into_inner)
             .0
+    }
+
+    /// Whether `kind` is served (a custom kind only while its CRD is installed).
+    pub(crate) fn serves_kind(&self, kind: Kind) -> bool {
+        !self
+            .uninstalled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&kind)
     }
 
     pub(crate) fn bookmark_interval(&self) -> Duration {
@@ -123,6 +142,7 @@ impl ApiServer {
             expired: AtomicU64::new(0),
             bookmarks: AtomicU64::new(0),
             connections: Mutex::new(Vec::new()),
+            uninstalled: Mutex::new(BTreeSet::new()),
         });
         let mut server = Self {
             shared,
@@ -188,8 +208,14 @@ impl ApiServer {
     /// a namespaced object without a namespace goes to `default`, a replaced object
     /// keeps its uid); returns its new resourceVersion. Panics on an object the API
     /// server would refuse (no name, a namespace on a cluster-scoped kind): a mistake in
-    /// the test. Nothing checks that a namespaced object's Namespace exists.
+    /// the test, as is an object of a custom kind whose CRD is not installed. Nothing
+    /// checks that a namespaced object's Namespace exists.
     pub fn apply(&self, kind: Kind, object: Value) -> u64 {
+        assert!(
+            self.crd_installed(kind),
+            "apply {}: its CRD is not installed",
+            kind.name()
+        );
         let rv = self
             .shared
             .lock()
@@ -266,6 +292,61 @@ impl ApiServer {
     /// Deletes a NetworkPolicy; false if there was none.
     pub fn delete_network_policy(&self, namespace: &str, name: &str) -> bool {
         self.delete(Kind::NetworkPolicy, namespace, name)
+    }
+
+    /// Creates or replaces a ClusterNetworkPolicy; returns its new resourceVersion.
+    /// Panics while its CRD is not installed (the API server would answer 404).
+    pub fn apply_cluster_network_policy(&self, policy: Value) -> u64 {
+        self.apply(Kind::ClusterNetworkPolicy, policy)
+    }
+
+    /// Deletes a ClusterNetworkPolicy; false if there was none.
+    pub fn delete_cluster_network_policy(&self, name: &str) -> bool {
+        self.delete(Kind::ClusterNetworkPolicy, "", name)
+    }
+
+    /// Whether `kind` is served: always for a built-in kind, for a custom one while its
+    /// CRD is installed (it is when the server starts).
+    pub fn crd_installed(&self, kind: Kind) -> bool {
+        self.shared.serves_kind(kind)
+    }
+
+    /// Takes a custom kind's CRD away, as `kubectl delete crd` does: its objects are
+    /// deleted (watchers see them go), open watches of it end, and from then on its
+    /// paths, its group in discovery and its group version answer 404. Call it right
+    /// after starting for a cluster that never had the CRD. Panics for a built-in kind
+    /// (a mistake in the test).
+    pub fn uninstall_crd(&self, kind: Kind) {
+        assert!(kind.custom(), "{} is built in, not a CRD", kind.name());
+        {
+            let mut store = self.shared.lock();
+            let keys: Vec<(String, String)> = store
+                .objects(kind)
+                .values()
+                .map(|o| (o.namespace.clone(), o.name.clone()))
+                .collect();
+            for (namespace, name) in keys {
+                store.delete(kind, &namespace, &name);
+            }
+            self.shared
+                .uninstalled
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(kind);
+        }
+        self.shared.changed.notify_all();
+    }
+
+    /// Installs a custom kind's CRD (again): its paths and discovery answer from now
+    /// on, with no objects until the test applies some.
+    pub fn install_crd(&self, kind: Kind) {
+        assert!(kind.custom(), "{} is built in, not a CRD", kind.name());
+        self.shared
+            .uninstalled
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&kind);
+        self.shared.changed.notify_all();
     }
 
     /// The newest resourceVersion.

@@ -9,7 +9,10 @@ mod common;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use cni_kube_api::{Kind, network_policy, realistic_namespace, realistic_node, realistic_pod};
+use cni_kube_api::{
+    Kind, cluster_network_policy, network_policy, realistic_namespace, realistic_node,
+    realistic_pod,
+};
 use common::{client, listed, server, take_until};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
@@ -46,6 +49,14 @@ fn object(kind: Kind, i: usize) -> Value {
             ns,
             &format!("policy-{i}"),
             json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"]}),
+        ),
+        Kind::ClusterNetworkPolicy => cluster_network_policy(
+            &format!("cluster-policy-{i}"),
+            json!({
+                "tier": "Admin", "priority": i,
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Pass", "from": [{"namespaces": {}}]}],
+            }),
         ),
     }
 }
@@ -163,7 +174,7 @@ async fn lists_name_their_kind_and_share_one_version_sequence() {
         server.apply(kind, object(kind, 1));
     }
     let rv = server.resource_version();
-    assert_eq!(rv, 4, "one sequence for four objects of four kinds");
+    assert_eq!(rv, 5, "one sequence for five objects of five kinds");
     let http = client(&server).await;
     for (kind, path) in [
         (Kind::Node, "/api/v1/nodes"),
@@ -177,6 +188,10 @@ async fn lists_name_their_kind_and_share_one_version_sequence() {
         (
             Kind::NetworkPolicy,
             "/apis/networking.k8s.io/v1/namespaces/a-b/networkpolicies",
+        ),
+        (
+            Kind::ClusterNetworkPolicy,
+            "/apis/policy.networking.k8s.io/v1alpha2/clusternetworkpolicies",
         ),
     ] {
         let request = http::Request::get(path).body(Vec::new()).expect("request");
