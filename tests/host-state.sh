@@ -20,13 +20,14 @@ state() {
     echo "## addresses"
     ip -o addr show | awk '{print $2, $3, $4}' | sort
     echo "## routes"
-    { ip -4 route show table all; ip -6 route show table all; } | grep -v ' expires ' | sort || true
+    # A route learnt from a router advertisement counts down its lifetime.
+    { ip -4 route show table all; ip -6 route show table all; } | sed '/ expires /d' | sort
     echo "## network namespaces"
     ip netns list | awk '{print $1}' | sort
     for save in iptables-save ip6tables-save; do
         echo "## $save"
         if command -v "$save" >/dev/null; then
-            "$save" | { grep -v '^#' || true; } | sed -E 's/ \[[0-9]+:[0-9]+\]$//'
+            "$save" | sed -E '/^#/d; s/ \[[0-9]+:[0-9]+\]$//'
         fi
     done
     echo "## nft ruleset"
@@ -34,8 +35,12 @@ state() {
         nft list ruleset | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
     fi
     echo "## kernel packages"
-    dpkg-query -W -f='${Package} ${Version} ${Status}\n' 'linux-image-*' 2>/dev/null |
-        grep ' installed$' | sort || true
+    if command -v dpkg-query >/dev/null; then
+        # Every package, filtered here: a pattern that matches nothing makes dpkg-query
+        # fail, which would hide a real failure behind "no kernel installed".
+        dpkg-query -W -f='${Package} ${Version} ${Status}\n' |
+            awk 'index($1, "linux-image-") == 1 && $NF == "installed"' | sort
+    fi
     for dir in $dirs; do
         echo "## files under $dir"
         if [[ -e $dir ]]; then
