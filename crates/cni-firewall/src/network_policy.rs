@@ -68,6 +68,11 @@
 //!
 //! Traffic between two pods of the node passes the forward hook once, so the
 //! source's egress profile and the destination's ingress profile both judge it. A
+//! pod's traffic to its own address never leaves it and is not judged; to itself
+//! through a Service address (kube-proxy's DNAT on the node) it passes the forward
+//! hook with the pod's address as source and destination, on the port after DNAT,
+//! and both its profiles judge it (conntrack's original destination is not looked
+//! at). A
 //! pod's traffic to the node itself is judged by its egress profile alone (input);
 //! the node's own traffic to its pods (output) is not judged at all, on purpose:
 //! kubelet's probes must reach pods that deny everything. Bridged traffic reaches
