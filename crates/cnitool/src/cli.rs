@@ -142,21 +142,20 @@ pub fn parse(args: &[String]) -> Result<Invocation, Error> {
             .map_err(|e| usage_error(&e, args))?;
     let (operation, Positionals { args: rest }, valid, valid_netns) = match line.command {
         None => return Ok(Invocation::Help(root_help())),
-        Some(Word::Help { topic }) if topic.is_empty() => {
-            return Ok(Invocation::Help(root_help()));
-        }
         Some(Word::Help { topic }) => {
-            let w = &topic[0];
-            return match operation(w) {
-                Some(op) => Ok(Invocation::Help(command_help(op))),
-                None => Err(Error::Usage(format!(
-                    "unknown help topic [{w:?}]\nRun 'cnitool --help' for usage."
-                ))),
+            return match topic.first() {
+                None => Ok(Invocation::Help(root_help())),
+                Some(w) => match operation(w) {
+                    Some(op) => Ok(Invocation::Help(command_help(op))),
+                    None => Err(Error::Usage(format!(
+                        "unknown help topic [{w:?}]\nRun 'cnitool --help' for usage."
+                    ))),
+                },
             };
         }
         Some(Word::Unknown(words)) => {
-            let after = words.iter().skip(1).take_while(|w| *w != "--");
-            if line.help || after.into_iter().any(|w| w == "-h" || w == "--help") {
+            let mut after = words.iter().skip(1).take_while(|w| *w != "--");
+            if line.help || after.any(|w| w == "-h" || w == "--help") {
                 return Ok(Invocation::Help(root_help()));
             }
             let word = words.first().map(String::as_str).unwrap_or_default();
