@@ -20,8 +20,12 @@ state() {
     echo "## addresses"
     ip -o addr show | awk '{print $2, $3, $4}' | sort
     echo "## routes"
-    # A route learnt from a router advertisement counts down its lifetime.
-    { ip -4 route show table all; ip -6 route show table all; } | sed '/ expires /d' | sort
+    # A route learnt from a router advertisement counts down its lifetime. A kernel
+    # without IPv6 has no IPv6 routes to list (and `ip -6` fails there).
+    {
+        ip -4 route show table all
+        if [[ -d /proc/sys/net/ipv6 ]]; then ip -6 route show table all; fi
+    } | sed '/ expires /d' | sort
     echo "## network namespaces"
     ip netns list | awk '{print $1}' | sort
     for save in iptables-save ip6tables-save; do
