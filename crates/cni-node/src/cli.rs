@@ -586,7 +586,27 @@ mod tests {
             .map(std::ffi::OsString::from),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(cli.command, Some(Subcommand::Explain(_))));
+        assert!(matches!(cli.command, Some(Subcommand::Explain(ref e)) if e.via_service.is_none()));
+        let hairpin = Cli::parse_args(
+            [
+                "cni-node",
+                "explain",
+                "--from",
+                "x/a",
+                "--to",
+                "x/a",
+                "--port",
+                "8080",
+                "--via-service",
+                "10.96.0.10",
+            ]
+            .map(std::ffi::OsString::from),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(hairpin.command, Some(Subcommand::Explain(ref e)) if e.via_service == Some("10.96.0.10".parse().unwrap())),
+            "{hairpin:?}"
+        );
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("NODE_NAME"), "{help}");
         assert!(help.contains("--resync-interval"), "{help}");
