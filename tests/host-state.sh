@@ -20,13 +20,18 @@ state() {
     echo "## addresses"
     ip -o addr show | awk '{print $2, $3, $4}' | sort
     echo "## routes"
-    { ip -4 route show table all; ip -6 route show table all; } | grep -v ' expires ' | sort || true
+    # A route learnt from a router advertisement counts down its lifetime. A kernel
+    # without IPv6 has no IPv6 routes to list (and `ip -6` fails there).
+    {
+        ip -4 route show table all
+        if [[ -d /proc/sys/net/ipv6 ]]; then ip -6 route show table all; fi
+    } | sed '/ expires /d' | sort
     echo "## network namespaces"
     ip netns list | awk '{print $1}' | sort
     for save in iptables-save ip6tables-save; do
         echo "## $save"
         if command -v "$save" >/dev/null; then
-            "$save" | { grep -v '^#' || true; } | sed -E 's/ \[[0-9]+:[0-9]+\]$//'
+            "$save" | sed -E '/^#/d; s/ \[[0-9]+:[0-9]+\]$//'
         fi
     done
     echo "## nft ruleset"
@@ -34,8 +39,12 @@ state() {
         nft list ruleset | sed -E 's/counter packets [0-9]+ bytes [0-9]+/counter/'
     fi
     echo "## kernel packages"
-    dpkg-query -W -f='${Package} ${Version} ${Status}\n' 'linux-image-*' 2>/dev/null |
-        grep ' installed$' | sort || true
+    if command -v dpkg-query >/dev/null; then
+        # Every package, filtered here: a pattern that matches nothing makes dpkg-query
+        # fail, which would hide a real failure behind "no kernel installed".
+        dpkg-query -W -f='${Package} ${Version} ${Status}\n' |
+            awk 'index($1, "linux-image-") == 1 && $NF == "installed"' | sort
+    fi
     for dir in $dirs; do
         echo "## files under $dir"
         if [[ -e $dir ]]; then

@@ -24,7 +24,7 @@ use crate::nfnetlink::{
     VERDICT_RETURN,
 };
 use crate::nft_build::{Field, addr_match, verdict};
-use cni_protocol::ip::Family;
+use cni_protocol::ip::{Family, from_u128, to_u128};
 
 /// The nftables table.
 pub const TABLE: &str = "cni_node_egress";
@@ -79,7 +79,7 @@ pub fn aggregate(nets: &[IpNetwork]) -> Vec<IpNetwork> {
         let mut ranges: Vec<(u128, u8)> = nets
             .iter()
             .filter(|n| n.is_ipv4() == v4)
-            .map(|n| (to_int(n.network()), n.prefix()))
+            .map(|n| (to_u128(n.network()), n.prefix()))
             .collect();
         ranges.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)));
         // Drop prefixes inside an earlier (wider or equal) one.
@@ -114,25 +114,10 @@ pub fn aggregate(nets: &[IpNetwork]) -> Vec<IpNetwork> {
         out.extend(
             stack
                 .into_iter()
-                .filter_map(|(start, prefix)| IpNetwork::new(from_int(start, v4), prefix).ok()),
+                .filter_map(|(start, prefix)| IpNetwork::new(from_u128(start, v4), prefix).ok()),
         );
     }
     out
-}
-
-fn to_int(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
-fn from_int(n: u128, v4: bool) -> IpAddr {
-    if v4 {
-        IpAddr::from(u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes())
-    } else {
-        IpAddr::from(n.to_be_bytes())
-    }
 }
 
 /// The host bits of a `/prefix` in a `width`-bit address.

@@ -68,6 +68,11 @@
 //!
 //! Traffic between two pods of the node passes the forward hook once, so the
 //! source's egress profile and the destination's ingress profile both judge it. A
+//! pod's traffic to its own address never leaves it and is not judged; to itself
+//! through a Service address (kube-proxy's DNAT on the node) it passes the forward
+//! hook with the pod's address as source and destination, on the port after DNAT,
+//! and both its profiles judge it (conntrack's original destination is not looked
+//! at). A
 //! pod's traffic to the node itself is judged by its egress profile alone (input);
 //! the node's own traffic to its pods (output) is not judged at all, on purpose:
 //! kubelet's probes must reach pods that deny everything. Bridged traffic reaches
@@ -230,20 +235,20 @@ impl Allow {
             && meet(self.ports, other.ports)
     }
 
-    fn check(&self) -> std::result::Result<(), String> {
-        if self.first.is_ipv4() != self.last.is_ipv4() {
-            return Err(format!("box {self} mixes IPv4 and IPv6"));
-        }
-        if self.first > self.last {
-            return Err(format!("box {self} ends before it starts (addresses)"));
-        }
-        if self.protocols.0 > self.protocols.1 {
-            return Err(format!("box {self} ends before it starts (protocols)"));
-        }
-        if self.ports.0 > self.ports.1 {
-            return Err(format!("box {self} ends before it starts (ports)"));
-        }
-        Ok(())
+    /// Whether the box is one; `what` names its profile in the error.
+    fn check(&self, what: &dyn Fn() -> String) -> Result<()> {
+        let fault = if self.first.is_ipv4() != self.last.is_ipv4() {
+            "mixes IPv4 and IPv6"
+        } else if self.first > self.last {
+            "ends before it starts (addresses)"
+        } else if self.protocols.0 > self.protocols.1 {
+            "ends before it starts (protocols)"
+        } else if self.ports.0 > self.ports.1 {
+            "ends before it starts (ports)"
+        } else {
+            return Ok(());
+        };
+        Err(invalid(what(), format!("box {self} {fault}")))
     }
 }
 
@@ -295,11 +300,15 @@ pub struct PeerRule {
 }
 
 impl PeerRule {
-    fn check(&self) -> std::result::Result<(), String> {
+    /// Whether the rule's ranges are ranges; `what` names its profile in the error.
+    fn check(&self, what: &dyn Fn() -> String) -> Result<()> {
         if self.protocols.0 > self.protocols.1 || self.ports.0 > self.ports.1 {
-            return Err(format!(
-                "the rule over peer set {:?} has a range that ends before it starts",
-                self.set
+            return Err(invalid(
+                what(),
+                format!(
+                    "the rule over peer set {:?} has a range that ends before it starts",
+                    self.set
+                ),
             ));
         }
         Ok(())
@@ -978,7 +987,7 @@ fn decode_box(e: &Element, family: Family) -> Option<Allow> {
         protocols: (p0, p1),
         ports: (d0, d1),
     };
-    (a.family() == family && a.check().is_ok()).then_some(a)
+    (a.family() == family && a.check(&String::new).is_ok()).then_some(a)
 }
 
 fn addr_element(ip: IpAddr) -> Element {
@@ -1061,9 +1070,9 @@ fn check_profiles(want: &PolicyState) -> Result<()> {
                     format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
                 ));
             }
-            check_boxes(profile).map_err(|reason| invalid(what(), reason))?;
+            check_boxes(profile, &what)?;
             for rule in &profile.peers {
-                rule.check().map_err(|reason| invalid(what(), reason))?;
+                rule.check(&what)?;
                 if !want.peer_sets.contains_key(&rule.set) {
                     return Err(invalid(
                         what(),
@@ -1121,10 +1130,11 @@ fn held_profile(p: &Profile) -> HeldProfile {
     }
 }
 
-/// Checks a profile's boxes one by one and for overlaps.
-fn check_boxes(profile: &Profile) -> std::result::Result<(), String> {
+/// Checks a profile's boxes one by one and for overlaps; `what` names the profile in
+/// the error.
+fn check_boxes(profile: &Profile, what: &dyn Fn() -> String) -> Result<()> {
     for a in &profile.allow {
-        a.check()?;
+        a.check(what)?;
     }
     // Sorted by first address: a box can only overlap the ones after it that start
     // before it ends. (The agent's boxes come sorted: then nothing is sorted here.)
@@ -1138,7 +1148,7 @@ fn check_boxes(profile: &Profile) -> std::result::Result<(), String> {
                 break;
             }
             if a.overlaps(b) {
-                return Err(format!("boxes {a} and {b} overlap"));
+                return Err(invalid(what(), format!("boxes {a} and {b} overlap")));
             }
         }
     }
@@ -2572,9 +2582,16 @@ mod tests {
         assert!(!same_boxes(&held, &boxes[1..]));
         let mut overlapping = boxes.clone();
         overlapping.push(allow("10.1.0.9", "10.1.0.9", (6, 6), (80, 80)));
-        assert!(check_boxes(&profile(&overlapping)).is_err(), "unsorted");
+        let what = || "ingress profile \"aa11\"".to_string();
+        assert!(
+            check_boxes(&profile(&overlapping), &what).is_err(),
+            "unsorted"
+        );
         overlapping.sort();
-        assert!(check_boxes(&profile(&overlapping)).is_err(), "sorted");
+        assert!(
+            check_boxes(&profile(&overlapping), &what).is_err(),
+            "sorted"
+        );
     }
 
     #[test]

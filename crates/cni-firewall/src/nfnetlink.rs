@@ -93,8 +93,6 @@ const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_USERDATA: u16 = 6;
-/// libnftnl's user-data TLV of a set's key type byte order (`NFTNL_UDATA_SET_KEYBYTEORDER`).
-const UDATA_SET_KEYBYTEORDER: u8 = 0;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_EXPR_NAME: u16 = 1;
 const NFTA_EXPR_DATA: u16 = 2;
@@ -643,81 +641,6 @@ impl Batch {
         self.w.end_msg(msg);
     }
 
-    /// `add set <name> { type <key_type>; }` (no error if it exists with the same
-    /// type); `key_len` is the key's size in bytes, concatenated fields each padded to
-    /// 4 bytes. `host_order_key` records, as nft does for interface names, that the key
-    /// is text, so that `nft list` prints it as such.
-    pub(crate) fn add_set(
-        &mut self,
-        family: u8,
-        table: &str,
-        name: &str,
-        key_type: u32,
-        key_len: u32,
-        host_order_key: bool,
-    ) {
-        let what = format!("add set {} {table} {name}", family_name(family));
-        let msg = self.begin(NFT_MSG_NEWSET, NLM_F_CREATE, family, what);
-        self.w.attr_str(NFTA_SET_TABLE, table);
-        self.w.attr_str(NFTA_SET_NAME, name);
-        self.w.attr_u32(NFTA_SET_FLAGS, 0);
-        self.w.attr_u32(NFTA_SET_KEY_TYPE, key_type);
-        self.w.attr_u32(NFTA_SET_KEY_LEN, key_len);
-        self.w.attr_u32(NFTA_SET_ID, self.next_seq);
-        let byteorder: u32 = if host_order_key { 1 } else { 0 };
-        let mut udata = vec![UDATA_SET_KEYBYTEORDER, 4];
-        udata.extend_from_slice(&byteorder.to_ne_bytes());
-        self.w.attr(NFTA_SET_USERDATA, &udata);
-        self.w.end_msg(msg);
-    }
-
-    /// `add element <set> { <key> comment "<comment>" }`.
-    pub(crate) fn add_element(
-        &mut self,
-        family: u8,
-        table: &str,
-        set: &str,
-        key: &[u8],
-        comment: &str,
-    ) -> Result<()> {
-        let what = format!(
-            "add element {} {table} {set} {{ {} }}",
-            family_name(family),
-            printable_key(key)
-        );
-        let udata = udata_comment(comment)?;
-        let msg = self.begin(NFT_MSG_NEWSETELEM, NLM_F_CREATE, family, what);
-        self.set_elem(table, set, key, Some(&udata));
-        self.w.end_msg(msg);
-        Ok(())
-    }
-
-    /// `delete element <set> { <key> }`.
-    pub(crate) fn delete_element(&mut self, family: u8, table: &str, set: &str, key: &[u8]) {
-        let what = format!(
-            "delete element {} {table} {set} {{ {} }}",
-            family_name(family),
-            printable_key(key)
-        );
-        let msg = self.begin(NFT_MSG_DELSETELEM, 0, family, what);
-        self.set_elem(table, set, key, None);
-        self.w.end_msg(msg);
-    }
-
-    /// The attributes of a one-element set message.
-    fn set_elem(&mut self, table: &str, set: &str, key: &[u8], udata: Option<&[u8]>) {
-        self.w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
-        self.w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
-        let list = self.w.nest_start(NFTA_SET_ELEM_LIST_ELEMENTS);
-        let elem = self.w.nest_start(NFTA_LIST_ELEM);
-        self.w.data_value(NFTA_SET_ELEM_KEY, key);
-        if let Some(udata) = udata {
-            self.w.attr(NFTA_SET_ELEM_USERDATA, udata);
-        }
-        self.w.nest_end(elem);
-        self.w.nest_end(list);
-    }
-
     /// The changes in nft syntax, in order (for tests).
     #[cfg(test)]
     pub(crate) fn describe(&self) -> Vec<&str> {
@@ -1054,33 +977,6 @@ fn parse_rule_of(payload: &[u8], decode: &dyn Fn(&str) -> bool) -> Option<Rule> 
     })
 }
 
-/// A set element as dumped: its key and its comment.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SetElement {
-    pub(crate) key: Vec<u8>,
-    pub(crate) comment: Option<String>,
-}
-
-/// The elements of a `NFT_MSG_NEWSETELEM` message (payload after the netlink header);
-/// malformed elements are left out.
-fn parse_set_elements(payload: &[u8]) -> Vec<SetElement> {
-    let Some(list) = payload
-        .get(NFGENMSG_LEN..)
-        .and_then(|body| attr(body, NFTA_SET_ELEM_LIST_ELEMENTS))
-    else {
-        return Vec::new();
-    };
-    attrs(list)
-        .filter(|(t, _)| *t == NFTA_LIST_ELEM)
-        .filter_map(|(_, elem)| {
-            Some(SetElement {
-                key: data_value(elem, NFTA_SET_ELEM_KEY)?,
-                comment: attr(elem, NFTA_SET_ELEM_USERDATA).and_then(parse_udata_comment),
-            })
-        })
-        .collect()
-}
-
 /// Decodes one message of an nf_tables rule dump as [`Nfnl::rules`] does
 /// (`payload`: after the netlink header), returning the rule as text (`None`:
 /// a malformed rule), so that the decoder can be driven with arbitrary bytes
@@ -1093,11 +989,11 @@ pub fn decode_dumped_rule(payload: &[u8], all_chains: bool) -> Option<String> {
     Some(format!("{rule:?} jump {:?}", rule.jump_target()))
 }
 
-/// Decodes one message of an nf_tables set-element dump as [`Nfnl::set_elements`]
+/// Decodes one message of an nf_tables set-element dump as [`Nfnl::elements`]
 /// does, for the fuzz targets (see [`decode_dumped_rule`]): the elements as text.
 #[doc(hidden)]
 pub fn decode_dumped_set_elements(payload: &[u8]) -> Vec<String> {
-    parse_set_elements(payload)
+    sets::parse_elements(payload)
         .iter()
         .map(|e| format!("{e:?}"))
         .collect()
@@ -1424,31 +1320,6 @@ impl Nfnl {
             .collect())
     }
 
-    /// The elements of set `set`: key and comment. Fails with "not found" when the
-    /// set does not exist ([`is_not_found`]).
-    pub(crate) fn set_elements(
-        &mut self,
-        family: u8,
-        table: &str,
-        set: &str,
-    ) -> Result<Vec<SetElement>> {
-        let target = format!("list set {} {table} {set}", family_name(family));
-        Ok(self
-            .dump(
-                NFT_MSG_GETSETELEM,
-                NFT_MSG_NEWSETELEM,
-                family,
-                |w| {
-                    w.attr_str(NFTA_SET_ELEM_LIST_TABLE, table);
-                    w.attr_str(NFTA_SET_ELEM_LIST_SET, set);
-                },
-                &target,
-            )?
-            .iter()
-            .flat_map(|payload| parse_set_elements(payload))
-            .collect())
-    }
-
     /// Whether set `set` has an element with key `key` (false when the set is missing).
     pub(crate) fn has_element(
         &mut self,
@@ -1681,9 +1552,9 @@ mod tests {
     #[test]
     fn a_real_set_element_dump_decodes() {
         let datagram = include_bytes!("../../../tests/fuzz/seeds/nftables/set-element-dump");
-        let elements: Vec<SetElement> = messages(datagram)
+        let elements: Vec<Element> = messages(datagram)
             .map_while(std::result::Result::ok)
-            .flat_map(|m| parse_set_elements(m.payload))
+            .flat_map(|m| sets::parse_elements(m.payload))
             .collect();
         assert_eq!(elements.len(), 2, "{elements:?}");
         for e in &elements {

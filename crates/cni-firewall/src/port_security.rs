@@ -19,9 +19,9 @@ use cni_protocol::MacAddr;
 use crate::error::{Error, Result};
 use crate::naming::{NFT_COMMENT_MAX, port_security_id};
 use crate::nfnetlink::{
-    BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Expr, META_IIFNAME,
-    META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl, REG_1, REG_2, Rule, SetElement,
-    TYPE_ETHERADDR, TYPE_IFNAME, TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP, is_not_found, is_restart,
+    BASE_LINK, BASE_NETWORK, BASE_TRANSPORT, Batch, CMP_EQ, CMP_NEQ, Element, Expr, META_IIFNAME,
+    META_L4PROTO, META_PROTOCOL, NFPROTO_BRIDGE, Nfnl, REG_1, REG_2, Rule, SetSpec, TYPE_ETHERADDR,
+    TYPE_IFNAME, TYPE_IP6ADDR, TYPE_IPADDR, VERDICT_DROP, is_not_found, is_restart,
 };
 use crate::nft_build::{add_bridge_prerouting, verdict};
 
@@ -457,8 +457,16 @@ fn element_comment(container_id: &str, ifname: &str) -> String {
     text
 }
 
+/// An element of one of the table's plain sets: a key alone.
+fn key_element(key: Vec<u8>) -> Element {
+    Element {
+        key,
+        ..Element::default()
+    }
+}
+
 /// The attachment id an element's comment starts with.
-fn comment_id(element: &SetElement) -> Option<&str> {
+fn comment_id(element: &Element) -> Option<&str> {
     element.comment.as_deref()?.split(' ').next()
 }
 
@@ -489,13 +497,21 @@ fn add_base(b: &mut Batch) -> Result<()> {
     let f = NFPROTO_BRIDGE;
     b.add_table(f, TABLE, None)?;
     for set in SETS {
-        b.add_set(
+        // An interface name is text: nft records it in host byte order (1), to print it
+        // as such; an address is left unrecorded (0).
+        let key_byteorder = u32::from(set.key_type == TYPE_IFNAME);
+        b.add_set_spec(
             f,
             TABLE,
-            set.name,
-            set.key_type,
-            set.key_len,
-            set.key_type == TYPE_IFNAME,
+            &SetSpec {
+                name: set.name,
+                key_type: set.key_type,
+                key_len: set.key_len,
+                fields: &[],
+                interval: false,
+                verdict_map: false,
+                key_byteorder,
+            },
         );
     }
     add_bridge_prerouting(b, TABLE, BASE_CHAIN, PRIORITY_FILTER)?;
@@ -521,11 +537,15 @@ fn setup_batch(
         None => Batch::new(),
     };
     for (set, key) in stale {
-        b.delete_element(NFPROTO_BRIDGE, TABLE, set, key);
+        b.delete_elements(NFPROTO_BRIDGE, TABLE, set, &[key_element(key.clone())]);
     }
     let comment = element_comment(port.container_id, port.ifname);
     for (set, key) in elements_of(port) {
-        b.add_element(NFPROTO_BRIDGE, TABLE, set.name, &key, &comment)?;
+        let element = Element {
+            comment: Some(comment.clone()),
+            ..key_element(key)
+        };
+        b.add_elements(NFPROTO_BRIDGE, TABLE, set.name, &[element])?;
     }
     Ok(b)
 }
@@ -540,10 +560,10 @@ fn has_base(nl: &mut Nfnl) -> Result<bool> {
 
 /// Every element of the table's sets, with its set's name; none when the table is
 /// missing.
-fn all_elements(nl: &mut Nfnl) -> Result<Vec<(&'static str, SetElement)>> {
+fn all_elements(nl: &mut Nfnl) -> Result<Vec<(&'static str, Element)>> {
     let mut out = Vec::new();
     for set in SETS {
-        match nl.set_elements(NFPROTO_BRIDGE, TABLE, set.name) {
+        match nl.elements(NFPROTO_BRIDGE, TABLE, set.name) {
             Ok(elements) => out.extend(elements.into_iter().map(|e| (set.name, e))),
             Err(e) if is_not_found(&e) => {}
             Err(e) => return Err(e),
@@ -608,13 +628,13 @@ pub fn setup(port: &Port<'_>) -> Result<()> {
 }
 
 /// The transaction that deletes `doomed` elements.
-fn removal_batch(doomed: &[(&'static str, SetElement)]) -> Option<Batch> {
+fn removal_batch(doomed: &[(&'static str, Element)]) -> Option<Batch> {
     if doomed.is_empty() {
         return None;
     }
     let mut b = Batch::new();
     for (set, e) in doomed {
-        b.delete_element(NFPROTO_BRIDGE, TABLE, set, &e.key);
+        b.delete_elements(NFPROTO_BRIDGE, TABLE, set, std::slice::from_ref(e));
     }
     Some(b)
 }
@@ -734,9 +754,9 @@ pub fn gc<C: AsRef<str>, I: AsRef<str>>(valid: &[(C, I)]) -> Result<()> {
 /// The elements GC removes (see [`gc`]).
 fn stale_elements<C: AsRef<str>, I: AsRef<str>>(
     valid: &[(C, I)],
-    elements: Vec<(&'static str, SetElement)>,
+    elements: Vec<(&'static str, Element)>,
     is_live: impl Fn(&str) -> bool,
-) -> Vec<(&'static str, SetElement)> {
+) -> Vec<(&'static str, Element)> {
     let keep: HashSet<String> = valid
         .iter()
         .map(|(c, i)| port_security_id(c.as_ref(), i.as_ref()))
@@ -849,12 +869,12 @@ mod tests {
         );
     }
 
-    fn element(set: &'static str, port: &str, id: &str) -> (&'static str, SetElement) {
+    fn element(set: &'static str, port: &str, id: &str) -> (&'static str, Element) {
         (
             set,
-            SetElement {
-                key: key(port, &[]),
+            Element {
                 comment: Some(format!("{id} ctr eth0")),
+                ..key_element(key(port, &[]))
             },
         )
     }
@@ -908,9 +928,9 @@ mod tests {
         let id = "x".repeat(1024);
         let comment = element_comment(&id, "eth0");
         assert!(comment.len() < NFT_COMMENT_MAX);
-        let e = SetElement {
-            key: key("veth1", &[]),
+        let e = Element {
             comment: Some(comment),
+            ..key_element(key("veth1", &[]))
         };
         assert_eq!(comment_id(&e), Some(port_security_id(&id, "eth0").as_str()));
     }

@@ -1,6 +1,7 @@
 //! Root tests of the NetworkPolicy datapath (`network_policy`): the table as nft
-//! prints it (and as nft itself makes it), real traffic between pods on a bridge,
-//! the transactions' sizes, scale, and validation.
+//! prints it (and as nft itself makes it), real traffic between pods on a bridge and
+//! from a pod to itself through a Service address, the transactions' sizes, scale,
+//! and validation.
 //!
 //! Every test runs on a thread that first moves into a fresh network namespace (the
 //! "node"); pods are named namespaces of their own, deleted by guards. Nothing here
@@ -863,6 +864,101 @@ fn bridge_netfilter_switches_are_per_namespace() {
         }
     });
     assert_eq!(root(), before);
+}
+
+/// A Service address of the pods' network, DNATed by the node as kube-proxy does.
+const SERVICE: &str = "10.96.0.10";
+
+/// A pod reaching itself. To its own address the packets never leave it: nothing
+/// judges them. Through a Service address (a DNAT on the node, the hairpin sent back
+/// out of the pod's bridge port and masqueraded, as kube-proxy and the bridge's
+/// `hairpinMode` do) they pass the node's forward hook with the pod's address as
+/// source and destination, and the pod's egress and ingress profiles judge them on
+/// the port after DNAT: what `cni-node explain --via-service` answers.
+#[test]
+fn a_pod_reaching_itself_through_a_service_address_is_judged() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        node();
+        // A node routes (the bridge plugin turns this on for its gateway): the
+        // packet DNATed back to its bridge is routed before it is bridged.
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").unwrap();
+        let a = pod(2);
+        sh(
+            "ip",
+            &[
+                "link",
+                "set",
+                "veth-np2",
+                "type",
+                "bridge_slave",
+                "hairpin",
+                "on",
+            ],
+        );
+        let pod = a.v4;
+        feed(
+            "nft",
+            &["-f", "-"],
+            &format!(
+                "table ip service {{
+                    chain prerouting {{
+                        type nat hook prerouting priority dstnat; policy accept;
+                        ip daddr {SERVICE} tcp dport 80 dnat to {pod}:8080
+                    }}
+                    chain postrouting {{
+                        type nat hook postrouting priority srcnat; policy accept;
+                        ip saddr {pod} ip daddr {pod} snat to {GATEWAY4}
+                    }}
+                }}"
+            ),
+        );
+        let _server = serve(Some(&a.ns), &[pod], 8080);
+        let service = ip(SERVICE);
+        assert!(tcp_ok(&a.ns, pod, 8080), "a reaches its own address");
+        assert!(
+            tcp_ok(&a.ns, service, 80),
+            "and itself through the Service, without the table"
+        );
+
+        // a denies all ingress.
+        let mut s = PolicyState::default();
+        s.ingress_profiles.insert("deny".into(), Profile::default());
+        s.ingress.insert(pod, "deny".into());
+        let mut t = PolicyTable::open().unwrap();
+        t.apply(&s).unwrap();
+        assert!(tcp_ok(&a.ns, pod, 8080), "its own address is not judged");
+        assert!(
+            !tcp_ok(&a.ns, service, 80),
+            "through the Service, a's ingress judges it"
+        );
+
+        // a's ingress allows a itself on the pod's port, after DNAT.
+        s.ingress_profiles.clear();
+        s.ingress_profiles
+            .insert("self".into(), profile(&[only(pod, TCP, 8080)]));
+        s.ingress.insert(pod, "self".into());
+        t.apply(&s).unwrap();
+        assert!(
+            tcp_ok(&a.ns, service, 80),
+            "allowed from a to its port 8080"
+        );
+
+        // a's egress judges it too.
+        s.egress_profiles.insert("none".into(), Profile::default());
+        s.egress.insert(pod, "none".into());
+        t.apply(&s).unwrap();
+        assert!(
+            !tcp_ok(&a.ns, service, 80),
+            "a's egress allows nothing, not even a"
+        );
+        assert!(
+            tcp_ok(&a.ns, pod, 8080),
+            "its own address still is not judged"
+        );
+    });
 }
 
 /// Test 3: the same state sends nothing, a one-pod change is one small

@@ -2,7 +2,7 @@
 //! `--opt=value` alike; the node's name also comes from `NODE_NAME` and the log format
 //! from `CNI_NODE_LOG_FORMAT`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -124,6 +124,11 @@ pub struct ExplainArgs {
     /// Use the pods' IPv6 addresses
     #[arg(long)]
     pub ipv6: bool,
+    /// The source connected to this Service address, which kube-proxy sent on to --to
+    /// and --port (the pod's port): judged so, and so a pod reaching itself this way is
+    /// judged (reaching its own address directly is not)
+    #[arg(long, value_name = "IP")]
+    pub via_service: Option<IpAddr>,
     /// The running agent's --health-addr
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9743")]
     pub agent: SocketAddr,
@@ -581,7 +586,27 @@ mod tests {
             .map(std::ffi::OsString::from),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(cli.command, Some(Subcommand::Explain(_))));
+        assert!(matches!(cli.command, Some(Subcommand::Explain(ref e)) if e.via_service.is_none()));
+        let hairpin = Cli::parse_args(
+            [
+                "cni-node",
+                "explain",
+                "--from",
+                "x/a",
+                "--to",
+                "x/a",
+                "--port",
+                "8080",
+                "--via-service",
+                "10.96.0.10",
+            ]
+            .map(std::ffi::OsString::from),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(hairpin.command, Some(Subcommand::Explain(ref e)) if e.via_service == Some("10.96.0.10".parse().unwrap())),
+            "{hairpin:?}"
+        );
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("NODE_NAME"), "{help}");
         assert!(help.contains("--resync-interval"), "{help}");

@@ -126,7 +126,7 @@ impl Health {
     }
 }
 
-/// `/explain?from=..&to=..&protocol=..&port=..[&ipv6=1]`: 200 with the explanation
+/// `/explain?from=..&to=..&protocol=..&port=..[&ipv6=1][&via_service=..]`: 200 with the explanation
 /// (its first word `allowed` or `denied`), 400 for a bad question, 503 before the
 /// agent's NetworkPolicy view is complete.
 fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str, String) {
@@ -153,13 +153,18 @@ fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str,
             protocol: param("protocol").unwrap_or_else(|| "TCP".into()),
             port: param("port")?.parse().ok()?,
             ipv6: param("ipv6").is_some_and(|v| v == "1" || v == "true"),
+            via_service: match param("via_service") {
+                Some(text) => Some(text.parse().ok()?),
+                None => None,
+            },
         })
     })();
     let Some(question) = question else {
         return (
             "400 Bad Request",
             TEXT,
-            "usage: /explain?from=POD|IP&to=POD|IP&protocol=TCP&port=N[&ipv6=1]\n".into(),
+            "usage: /explain?from=POD|IP&to=POD|IP&protocol=TCP&port=N[&ipv6=1][&via_service=IP]\n"
+                .into(),
         );
     };
     let records = stores

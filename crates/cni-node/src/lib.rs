@@ -87,6 +87,7 @@ fn explain(args: &cli::ExplainArgs) -> ExitCode {
         protocol: args.protocol.clone(),
         port: args.port,
         ipv6: args.ipv6,
+        via_service: args.via_service,
     };
     match policy::explain::ask(args.agent, &question) {
         Ok((allowed, text)) => {

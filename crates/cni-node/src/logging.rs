@@ -36,6 +36,21 @@ pub fn init(format: LogFormat, verbose: bool) {
     };
 }
 
+/// A JSON value for a log line or an error message, cut short at 80 bytes: API data can
+/// be anything.
+pub(crate) fn short(value: &serde_json::Value) -> String {
+    let mut text = value.to_string();
+    if text.len() > 80 {
+        let cut = (0..=80)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(cut);
+        text.push_str("...");
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

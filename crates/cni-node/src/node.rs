@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::logging::short;
 use crate::store::Watched;
 
 /// A Node as the watcher receives it: metadata, and the routing fields as loose JSON.
@@ -211,20 +212,6 @@ fn parse_pod_cidr(text: &str) -> Result<IpNetwork, &'static str> {
 
 fn family_name(v4: bool) -> &'static str {
     if v4 { "IPv4" } else { "IPv6" }
-}
-
-/// A JSON value for a log line, cut short: API data can be anything.
-fn short(value: &Value) -> String {
-    let mut text = value.to_string();
-    if text.len() > 80 {
-        let cut = (0..=80)
-            .rev()
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(0);
-        text.truncate(cut);
-        text.push_str("...");
-    }
-    text
 }
 
 impl Watched for SlimNode {

@@ -15,6 +15,7 @@ use std::net::IpAddr;
 use cni_linux::MacAddr;
 use cni_linux::netlink::vtep_mac;
 use cni_linux::netlink::vxlan::overhead;
+use cni_protocol::ip::bounds;
 use ipnetwork::IpNetwork;
 
 use crate::conflist::{self, ConflistSettings};
@@ -335,22 +336,6 @@ fn overlaps<'a>(
         }
     }
     out
-}
-
-/// First and last address of a CIDR, as integers.
-fn bounds(cidr: IpNetwork) -> (u128, u128) {
-    let width = if cidr.is_ipv4() { 32 } else { 128 };
-    let start = match cidr.network() {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    };
-    let host_bits = width - u32::from(cidr.prefix());
-    let span = if host_bits >= 128 {
-        u128::MAX
-    } else {
-        (1u128 << host_bits) - 1
-    };
-    (start, start.saturating_add(span))
 }
 
 /// Why another node's pod CIDR gets no route.
@@ -834,19 +819,6 @@ mod tests {
         let p = plan(&map(nodes), &host(&["198.18.0.11"]), &settings());
         assert!(p.own_pod_cidrs.is_empty());
         assert!(p.routes.is_empty());
-    }
-
-    #[test]
-    fn bounds_cover_whole_families() {
-        assert_eq!(
-            bounds("0.0.0.0/0".parse().unwrap()),
-            (0, u128::from(u32::MAX))
-        );
-        assert_eq!(bounds("::/0".parse().unwrap()), (0, u128::MAX));
-        assert_eq!(
-            bounds("10.0.0.0/31".parse().unwrap()).1 - bounds("10.0.0.0/31".parse().unwrap()).0,
-            1
-        );
     }
 
     #[test]

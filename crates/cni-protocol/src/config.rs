@@ -154,19 +154,21 @@ impl NetConf {
     /// Decodes the whole config into a plugin's own type, matching `known` keys at any
     /// depth case-insensitively and treating `null` members as absent (as Go's decoder
     /// does). On failure the error names the offending key by its path
-    /// (`ipam.ranges[0][0].subnet: invalid type: ...`); plugins add their own prefix.
-    pub fn decode<T: DeserializeOwned>(&self, known: &[&str]) -> Result<T, String> {
+    /// (`ipam.ranges[0][0].subnet: invalid type: ...`), code 6; plugins add their own
+    /// prefix.
+    pub fn decode<T: DeserializeOwned>(&self, known: &[&str]) -> Result<T, CniError> {
         let mut value = self.raw.clone();
         canonicalize_keys(&mut value, known);
         drop_null_members(&mut value);
         serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
-            if path == "." {
+            let msg = if path == "." {
                 inner.to_string()
             } else {
                 format!("{path}: {inner}")
-            }
+            };
+            CniError::new(ErrorCode::DECODING_FAILURE, msg)
         })
     }
 }
@@ -374,11 +376,15 @@ mod tests {
         assert!(null.decode::<Conf>(&["isGateway"]).is_ok());
         let bad = NetConf::parse(br#"{"name": "n", "ISGATEWAY": "yes"}"#).unwrap();
         let err = bad.decode::<Conf>(&["isGateway"]).unwrap_err();
-        assert!(err.starts_with("isGateway: invalid type: string"), "{err}");
+        assert_eq!(err.code, ErrorCode::DECODING_FAILURE);
+        assert!(
+            err.msg.starts_with("isGateway: invalid type: string"),
+            "{err}"
+        );
         let nested = NetConf::parse(br#"{"name": "n", "_ipam": {"_ranges": [["a", 5]]}}"#).unwrap();
         let err = nested.decode::<Conf>(&[]).unwrap_err();
         assert!(
-            err.starts_with("_ipam._ranges[0][1]: invalid type"),
+            err.msg.starts_with("_ipam._ranges[0][1]: invalid type"),
             "{err}"
         );
     }

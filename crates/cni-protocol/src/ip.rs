@@ -1,6 +1,7 @@
 //! Go-style parsing of IP addresses and CIDRs, the way the reference plugins read
 //! them (`net.ParseIP` + `To4`, `net.ParseCIDR`): the suite's one IP parser, used for
-//! results, configs and host-local's ranges and store.
+//! results, configs and host-local's ranges and store. Also addresses as integers, the
+//! one arithmetic the suite does on them (ranges, CIDR merging, policy boxes).
 
 use ipnetwork::IpNetwork;
 use std::net::IpAddr;
@@ -73,6 +74,37 @@ pub fn subnet_of(net: IpNetwork) -> IpNetwork {
     IpNetwork::new(net.network(), net.prefix()).unwrap_or(net)
 }
 
+/// An address as a number; IPv4 uses the low 32 bits.
+pub fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// The address `n` of the given family; an IPv4 `n` beyond 32 bits is
+/// 255.255.255.255.
+pub fn from_u128(n: u128, v4: bool) -> IpAddr {
+    if v4 {
+        IpAddr::from(u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes())
+    } else {
+        IpAddr::from(n.to_be_bytes())
+    }
+}
+
+/// The first and last address of a CIDR, as numbers ([`to_u128`]).
+pub fn bounds(cidr: IpNetwork) -> (u128, u128) {
+    let width = if cidr.is_ipv4() { 32 } else { 128 };
+    let start = to_u128(cidr.network());
+    let host_bits = width - u32::from(cidr.prefix());
+    let span = if host_bits >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << host_bits) - 1
+    };
+    (start, start | span)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,5 +144,19 @@ mod tests {
         assert_eq!(subnet_of(net).to_string(), "10.1.2.0/24");
         let net = parse_cidr("fd00::1:5/112").unwrap();
         assert_eq!(subnet_of(net).to_string(), "fd00::1:0/112");
+    }
+
+    #[test]
+    fn addresses_as_numbers_round_trip_and_bound_whole_families() {
+        for text in ["10.1.2.3", "0.0.0.0", "255.255.255.255", "fd00::5", "::"] {
+            let ip: IpAddr = text.parse().unwrap();
+            assert_eq!(from_u128(to_u128(ip), ip.is_ipv4()), ip);
+        }
+        assert_eq!(from_u128(1 << 40, true), IpAddr::from([255, 255, 255, 255]));
+        let net = |text: &str| text.parse::<IpNetwork>().unwrap();
+        assert_eq!(bounds(net("0.0.0.0/0")), (0, u128::from(u32::MAX)));
+        assert_eq!(bounds(net("::/0")), (0, u128::MAX));
+        assert_eq!(bounds(net("10.0.0.0/31")), (0x0a00_0000, 0x0a00_0001));
+        assert_eq!(bounds(net("10.0.0.7/32")), (0x0a00_0007, 0x0a00_0007));
     }
 }

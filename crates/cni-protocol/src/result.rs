@@ -1,7 +1,7 @@
 //! The CNI result: one internal model (the 1.x shape) printed in each version's exact
 //! shape, and parsers for all three shapes (prevResult, delegated IPAM results).
 
-use crate::error::CniError;
+use crate::error::{CniError, ErrorCode};
 use crate::json::{sort_keys, to_pretty};
 use crate::version::ResultFamily;
 use ipnetwork::IpNetwork;
@@ -218,10 +218,11 @@ impl CniResult {
     /// Parses a result of any version. The version is the result's own `cniVersion`, or
     /// `default_version` (the config's) when it has none, as the reference does.
     pub fn parse(value: &Value, default_version: &str) -> Result<Self, CniError> {
-        let bad = |what: String| CniError::internal(format!("failed to parse result: {what}"));
+        // Code 999 whatever the member, as the reference reports a result it cannot read.
+        let bad = |e: CniError| CniError::internal(format!("failed to parse result: {}", e.msg));
         let obj = value
             .as_object()
-            .ok_or_else(|| bad("not a JSON object".into()))?;
+            .ok_or_else(|| bad(undecodable("not a JSON object".into())))?;
         let version = match obj.get("cniVersion").and_then(Value::as_str) {
             Some(v) if !v.is_empty() => v.to_string(),
             _ => default_version.to_string(),
@@ -259,7 +260,9 @@ impl CniResult {
                         Some(v) => Some(
                             v.as_u64()
                                 .and_then(|n| usize::try_from(n).ok())
-                                .ok_or_else(|| bad(format!("invalid interface index {v}")))?,
+                                .ok_or_else(|| {
+                                    bad(undecodable(format!("invalid interface index {v}")))
+                                })?,
                         ),
                     };
                     result.ips.push(IpConfig {
@@ -359,53 +362,59 @@ fn dns_json(d: &Dns) -> Value {
     Value::Object(o)
 }
 
-fn as_list<'a>(value: Option<&'a Value>, key: &str) -> Result<&'a [Value], String> {
+/// A member of a result (or of a route or DNS object) of the wrong type or value: code 6,
+/// the member named; [`CniResult::parse`] and the plugins put their own prefix before it.
+fn undecodable(msg: String) -> CniError {
+    CniError::new(ErrorCode::DECODING_FAILURE, msg)
+}
+
+fn as_list<'a>(value: Option<&'a Value>, key: &str) -> Result<&'a [Value], CniError> {
     match value {
         None | Some(Value::Null) => Ok(&[]),
         Some(Value::Array(items)) => Ok(items),
-        Some(other) => Err(format!("{key} must be a list, got {other}")),
+        Some(other) => Err(undecodable(format!("{key} must be a list, got {other}"))),
     }
 }
 
-fn as_text<'a>(value: Option<&'a Value>, key: &str) -> Result<&'a str, String> {
+fn as_text<'a>(value: Option<&'a Value>, key: &str) -> Result<&'a str, CniError> {
     match value {
         None | Some(Value::Null) => Ok(""),
         Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(format!("{key} must be a string, got {other}")),
+        Some(other) => Err(undecodable(format!("{key} must be a string, got {other}"))),
     }
 }
 
-fn parse_net(value: Option<&Value>, key: &str) -> Result<IpNetwork, String> {
+fn parse_net(value: Option<&Value>, key: &str) -> Result<IpNetwork, CniError> {
     let text = as_text(value, key)?;
-    crate::ip::parse_cidr(text).ok_or_else(|| format!("invalid {key} {text:?}"))
+    crate::ip::parse_cidr(text).ok_or_else(|| undecodable(format!("invalid {key} {text:?}")))
 }
 
-fn parse_opt_ip(value: Option<&Value>, key: &str) -> Result<Option<IpAddr>, String> {
+fn parse_opt_ip(value: Option<&Value>, key: &str) -> Result<Option<IpAddr>, CniError> {
     let text = as_text(value, key)?;
     if text.is_empty() {
         return Ok(None);
     }
     text.parse()
         .map(Some)
-        .map_err(|_| format!("invalid {key} {text:?}"))
+        .map_err(|_| undecodable(format!("invalid {key} {text:?}")))
 }
 
-fn parse_opt_int(value: Option<&Value>, key: &str) -> Result<Option<i64>, String> {
+fn parse_opt_int(value: Option<&Value>, key: &str) -> Result<Option<i64>, CniError> {
     match value {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_i64()
             .map(Some)
-            .ok_or_else(|| format!("invalid {key} {v}")),
+            .ok_or_else(|| undecodable(format!("invalid {key} {v}"))),
     }
 }
 
-fn parse_uint(value: Option<&Value>, key: &str) -> Result<u32, String> {
+fn parse_uint(value: Option<&Value>, key: &str) -> Result<u32, CniError> {
     Ok(parse_opt_int(value, key)?.map_or(0, |n| u32::try_from(n).unwrap_or(0)))
 }
 
 /// Parses one route object (`dst`, `gw`, `mtu`, `advmss`, `priority`, `table`, `scope`).
-pub fn parse_route(r: &Value) -> Result<Route, String> {
+pub fn parse_route(r: &Value) -> Result<Route, CniError> {
     Ok(Route {
         dst: parse_net(r.get("dst"), "dst")?,
         gw: parse_opt_ip(r.get("gw"), "gw")?,
@@ -417,7 +426,7 @@ pub fn parse_route(r: &Value) -> Result<Route, String> {
     })
 }
 
-fn parse_interface(i: &Value) -> Result<Interface, String> {
+fn parse_interface(i: &Value) -> Result<Interface, CniError> {
     Ok(Interface {
         name: as_text(i.get("name"), "name")?.to_string(),
         mac: as_text(i.get("mac"), "mac")?.to_string(),
@@ -428,19 +437,19 @@ fn parse_interface(i: &Value) -> Result<Interface, String> {
     })
 }
 
-fn string_list(value: Option<&Value>, key: &str) -> Result<Vec<String>, String> {
+fn string_list(value: Option<&Value>, key: &str) -> Result<Vec<String>, CniError> {
     as_list(value, key)?
         .iter()
         .map(|v| {
             v.as_str()
                 .map(str::to_string)
-                .ok_or_else(|| format!("{key} must hold strings"))
+                .ok_or_else(|| undecodable(format!("{key} must hold strings")))
         })
         .collect()
 }
 
 /// Parses a DNS object; absent or null is empty.
-pub fn parse_dns(value: Option<&Value>) -> Result<Dns, String> {
+pub fn parse_dns(value: Option<&Value>) -> Result<Dns, CniError> {
     let Some(d) = value.filter(|v| !v.is_null()) else {
         return Ok(Dns::default());
     };

@@ -9,6 +9,7 @@
 //! `capabilityArgs` and `result` (the final ADD result). Older libcni wrote the bare
 //! result; that "legacy" form is still read.
 
+use crate::error::Error;
 use cni_protocol::CniResult;
 use cni_protocol::json::sort_keys;
 use serde_json::{Map, Value};
@@ -129,14 +130,19 @@ impl Entry {
 /// a letter or digit; an interface name the kernel would take): a cache entry is a
 /// file anyone with write access to the cache dir may have planted, and its fields
 /// become a path.
-pub fn valid_parts(network: &str, container_id: &str, ifname: &str) -> Result<(), String> {
+pub fn valid_parts(network: &str, container_id: &str, ifname: &str) -> Result<(), Error> {
     use cni_protocol::env::{is_valid_identifier, validate_container_id, validate_ifname};
+    let refused = |part, value: &str, source| Error::CacheName {
+        part,
+        value: value.to_string(),
+        source,
+    };
     if !is_valid_identifier(network) {
-        return Err(format!("invalid network name {network:?}"));
+        return Err(refused("network name", network, None));
     }
     validate_container_id(container_id)
-        .map_err(|e| format!("invalid container ID {container_id:?}: {}", e.msg))?;
-    validate_ifname(ifname).map_err(|e| format!("invalid interface name {ifname:?}: {}", e.msg))
+        .map_err(|e| refused("container ID", container_id, Some(e)))?;
+    validate_ifname(ifname).map_err(|e| refused("interface name", ifname, Some(e)))
 }
 
 /// The cache file of one attachment; libcni refuses to name one with an empty part,
@@ -146,11 +152,13 @@ pub fn file_path(
     network: &str,
     container_id: &str,
     ifname: &str,
-) -> Result<PathBuf, String> {
+) -> Result<PathBuf, Error> {
     if network.is_empty() || container_id.is_empty() || ifname.is_empty() {
-        return Err(format!(
-            "cache file path requires network name ({network:?}), container ID ({container_id:?}), and interface name ({ifname:?})"
-        ));
+        return Err(Error::CachePath {
+            network: network.to_string(),
+            container_id: container_id.to_string(),
+            ifname: ifname.to_string(),
+        });
     }
     valid_parts(network, container_id, ifname)?;
     Ok(cache_dir
@@ -159,7 +167,7 @@ pub fn file_path(
 }
 
 /// Writes an attachment's entry (after a successful ADD).
-pub fn write(cache_dir: &Path, entry: &Entry) -> Result<(), String> {
+pub fn write(cache_dir: &Path, entry: &Entry) -> Result<(), Error> {
     let path = file_path(
         cache_dir,
         &entry.network,
@@ -171,7 +179,11 @@ pub fn write(cache_dir: &Path, entry: &Entry) -> Result<(), String> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("mkdir {}: {e}", dir.display()))?;
+            .map_err(|source| Error::CacheIo {
+                op: "mkdir",
+                path: dir.to_path_buf(),
+                source,
+            })?;
     }
     let mut file = std::fs::OpenOptions::new()
         .write(true)
@@ -179,9 +191,17 @@ pub fn write(cache_dir: &Path, entry: &Entry) -> Result<(), String> {
         .truncate(true)
         .mode(0o600)
         .open(&path)
-        .map_err(|e| format!("open {}: {e}", path.display()))?;
+        .map_err(|source| Error::CacheIo {
+            op: "open",
+            path: path.clone(),
+            source,
+        })?;
     file.write_all(&entry.to_json())
-        .map_err(|e| format!("write {}: {e}", path.display()))
+        .map_err(|source| Error::CacheIo {
+            op: "write",
+            path,
+            source,
+        })
 }
 
 /// The cached result of an attachment, converted to `version` (what plugins get as
@@ -192,7 +212,7 @@ pub fn read_result(
     container_id: &str,
     ifname: &str,
     version: &str,
-) -> Result<Option<Value>, String> {
+) -> Result<Option<Value>, Error> {
     let path = file_path(cache_dir, network, container_id, ifname)?;
     // A missing or unreadable file is no cached result, as in libcni.
     let Ok(bytes) = std::fs::read(&path) else {
@@ -203,17 +223,20 @@ pub fn read_result(
 
 /// The result held by a cache file's bytes (a `cniCacheV1` entry or, as before it, the
 /// bare result), converted to `version`.
-pub fn cached_result(bytes: &[u8], version: &str) -> Result<Value, String> {
+pub fn cached_result(bytes: &[u8], version: &str) -> Result<Value, Error> {
     let raw = match Entry::from_json(bytes) {
         Some(entry) => entry.result.unwrap_or(Value::Null),
         // Before cniCacheV1 the file held the bare result.
-        None => serde_json::from_slice(bytes).map_err(|e| e.to_string())?,
+        None => serde_json::from_slice(bytes).map_err(Error::CacheJson)?,
     };
-    let result = CniResult::parse(&raw, "0.1.0").map_err(|e| e.to_string())?;
-    let text = result.to_json(version).map_err(|e| {
-        format!("failed to convert cached result to config version {version:?}: {e}")
-    })?;
-    serde_json::from_str(&text).map_err(|e| e.to_string())
+    let result = CniResult::parse(&raw, "0.1.0").map_err(Error::CacheResult)?;
+    let text = result
+        .to_json(version)
+        .map_err(|source| Error::CacheConvert {
+            version: version.to_string(),
+            source,
+        })?;
+    serde_json::from_str(&text).map_err(Error::CacheJson)
 }
 
 /// Removes an attachment's entry; a missing one is not an error.
@@ -252,7 +275,7 @@ pub fn attachments(cache_dir: &Path) -> std::io::Result<Vec<Entry>> {
 /// a `cniCacheV1` entry of a network and interface (skipped silently, as libcni does),
 /// an error for an entry whose parts [`valid_parts`] refuses (reported, then skipped),
 /// else the entry without its result.
-pub fn listed_entry(bytes: &[u8]) -> Option<Result<Entry, String>> {
+pub fn listed_entry(bytes: &[u8]) -> Option<Result<Entry, Error>> {
     let entry = Entry::from_json(bytes)?;
     if entry.ifname.is_empty() || entry.network.is_empty() {
         return None;
@@ -421,15 +444,21 @@ mod tests {
             container_id: "../../etc".into(),
             ..entry()
         };
-        let why = listed_entry(&planted.to_json()).unwrap().unwrap_err();
-        assert!(why.starts_with("invalid container ID"), "{why}");
+        let why = listed_entry(&planted.to_json())
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.starts_with("invalid container ID \"../../etc\": "),
+            "{why}"
+        );
         let no_ifname = Entry {
             ifname: String::new(),
             ..entry()
         };
-        assert_eq!(listed_entry(&no_ifname.to_json()), None);
-        assert_eq!(listed_entry(br#"{"cniVersion":"0.3.1"}"#), None);
-        assert_eq!(listed_entry(b"\xff"), None);
+        assert!(listed_entry(&no_ifname.to_json()).is_none());
+        assert!(listed_entry(br#"{"cniVersion":"0.3.1"}"#).is_none());
+        assert!(listed_entry(b"\xff").is_none());
     }
 
     #[test]

@@ -3,8 +3,12 @@
 //! (`-i eth1`, `-ieth1`, `-i=eth1`, `--ifname eth1`, `--ifname=eth1`), `--` ends the
 //! flags, `help [command]` and `-h/--help` everywhere. Two additions for `gc`:
 //! `--valid <container-id>/<ifname>` and `--valid-netns <path>` name attachments to keep.
+//! clap reads it; its errors are reworded as cobra, which the Go tool is built on, words
+//! them, and the help texts are ours, in cobra's layout.
 
 use crate::error::Error;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
 
 /// The five operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,17 +26,6 @@ pub enum Operation {
 }
 
 impl Operation {
-    fn parse(word: &str) -> Option<Self> {
-        Some(match word {
-            "add" => Self::Add,
-            "check" => Self::Check,
-            "del" => Self::Del,
-            "gc" => Self::Gc,
-            "status" => Self::Status,
-            _ => return None,
-        })
-    }
-
     /// The subcommand's word.
     pub fn word(self) -> &'static str {
         match self {
@@ -84,112 +77,114 @@ impl Request {
     }
 }
 
+/// The command line as clap reads it. Help is ours (cobra's layout, with the
+/// environment explained), so clap's own `--help` and `help` are off; the arity of the
+/// positionals is checked afterwards, to report it in cobra's words.
+#[derive(Debug, Parser)]
+#[command(
+    name = "cnitool",
+    disable_help_flag = true,
+    disable_help_subcommand = true,
+    args_override_self = true
+)]
+struct Line {
+    /// `-i/--ifname`, before or after the command.
+    #[arg(short = 'i', long = "ifname", global = true)]
+    ifname: Option<String>,
+    /// `-h/--help`, before or after the command.
+    #[arg(short = 'h', long = "help", global = true)]
+    help: bool,
+    #[command(subcommand)]
+    command: Option<Word>,
+}
+
+/// The first positional: an operation, `help`, or anything else (an unknown command).
+#[derive(Debug, Subcommand)]
+enum Word {
+    Add(Positionals),
+    Check(Positionals),
+    Del(Positionals),
+    Gc(GcArgs),
+    Status(Positionals),
+    /// `help [<command>]`; words after the command are ignored, as cobra does.
+    Help {
+        topic: Vec<String>,
+    },
+    /// An unknown command, kept so that `bogus --help` prints the help as cobra does.
+    #[command(external_subcommand)]
+    Unknown(Vec<String>),
+}
+
+/// `<network> <netns>` and whatever follows (ignored, as cobra's `MinimumNArgs` does).
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+struct Positionals {
+    args: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(args_override_self = true)]
+struct GcArgs {
+    #[command(flatten)]
+    positionals: Positionals,
+    /// `--valid <container-id>/<ifname>`, repeatable.
+    #[arg(long = "valid", action = ArgAction::Append)]
+    valid: Vec<String>,
+    /// `--valid-netns <path>`, repeatable.
+    #[arg(long = "valid-netns", action = ArgAction::Append)]
+    valid_netns: Vec<String>,
+}
+
 /// Parses the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Invocation, Error> {
-    let mut positional = Vec::new();
-    let mut help = false;
-    let mut ifname = None;
-    let mut valid = Vec::new();
-    let mut valid_netns = Vec::new();
-    let mut flags_done = false;
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        if flags_done || arg == "-" || !arg.starts_with('-') {
-            positional.push(arg.clone());
-            continue;
-        }
-        if arg == "--" {
-            flags_done = true;
-            continue;
-        }
-        let (name, inline) = if let Some(long) = arg.strip_prefix("--") {
-            match long.split_once('=') {
-                Some((n, v)) => (format!("--{n}"), Some(v.to_string())),
-                None => (arg.clone(), None),
-            }
-        } else {
-            // Shorthand: -h, -i VALUE, -iVALUE, -i=VALUE.
-            let short = &arg[1..];
-            let mut chars = short.chars();
-            let letter = chars.next().unwrap_or_default();
-            let tail = chars.as_str();
-            let value = tail.strip_prefix('=').unwrap_or(tail);
-            match letter {
-                'h' if tail.is_empty() => ("--help".into(), None),
-                'i' => (
-                    "--ifname".into(),
-                    (!tail.is_empty()).then(|| value.to_string()),
-                ),
-                other => {
-                    return Err(Error::Usage(format!(
-                        "unknown shorthand flag: '{other}' in {arg}"
-                    )));
-                }
-            }
-        };
-        let mut value = |flag: &str| match &inline {
-            Some(v) => Ok(v.clone()),
-            None => rest
-                .next()
-                .cloned()
-                .ok_or_else(|| Error::Usage(format!("flag needs an argument: {flag}"))),
-        };
-        match name.as_str() {
-            "--help" => help = true,
-            "--ifname" => ifname = Some(value(arg)?),
-            "--valid" => {
-                let text = value("--valid")?;
-                let pair = text
-                    .rsplit_once('/')
-                    .filter(|(id, ifname)| !id.is_empty() && !ifname.is_empty())
-                    .ok_or_else(|| {
-                        Error::Usage(format!(
-                            "invalid argument {text:?} for \"--valid\" flag: want <container-id>/<ifname>"
-                        ))
-                    })?;
-                valid.push((pair.0.to_string(), pair.1.to_string()));
-            }
-            "--valid-netns" => valid_netns.push(value("--valid-netns")?),
-            _ => return Err(Error::Usage(format!("unknown flag: {name}"))),
-        }
-    }
-
-    let mut positional = positional.into_iter();
-    let Some(word) = positional.next() else {
-        return Ok(Invocation::Help(root_help()));
-    };
-    if word == "help" {
-        return Ok(Invocation::Help(match positional.next() {
-            None => root_help(),
-            Some(w) => match Operation::parse(&w) {
-                Some(op) => command_help(op),
-                None => {
-                    return Err(Error::Usage(format!(
+    let line =
+        Line::try_parse_from(std::iter::once("cnitool").chain(args.iter().map(String::as_str)))
+            .map_err(|e| usage_error(&e, args))?;
+    let (operation, Positionals { args: rest }, valid, valid_netns) = match line.command {
+        None => return Ok(Invocation::Help(root_help())),
+        Some(Word::Help { topic }) => {
+            return match topic.first() {
+                None => Ok(Invocation::Help(root_help())),
+                Some(w) => match operation(w) {
+                    Some(op) => Ok(Invocation::Help(command_help(op))),
+                    None => Err(Error::Usage(format!(
                         "unknown help topic [{w:?}]\nRun 'cnitool --help' for usage."
-                    )));
-                }
-            },
-        }));
-    }
-    let Some(operation) = Operation::parse(&word) else {
-        if help {
-            return Ok(Invocation::Help(root_help()));
+                    ))),
+                },
+            };
         }
-        return Err(Error::Usage(format!(
-            "unknown command {word:?} for \"cnitool\"\nRun 'cnitool --help' for usage."
-        )));
+        Some(Word::Unknown(words)) => {
+            let mut after = words.iter().skip(1).take_while(|w| *w != "--");
+            if line.help || after.any(|w| w == "-h" || w == "--help") {
+                return Ok(Invocation::Help(root_help()));
+            }
+            let word = words.first().map(String::as_str).unwrap_or_default();
+            return Err(Error::Usage(format!(
+                "unknown command {word:?} for \"cnitool\"\nRun 'cnitool --help' for usage."
+            )));
+        }
+        Some(Word::Add(p)) => (Operation::Add, p, vec![], vec![]),
+        Some(Word::Check(p)) => (Operation::Check, p, vec![], vec![]),
+        Some(Word::Del(p)) => (Operation::Del, p, vec![], vec![]),
+        Some(Word::Status(p)) => (Operation::Status, p, vec![], vec![]),
+        Some(Word::Gc(gc)) => (Operation::Gc, gc.positionals, gc.valid, gc.valid_netns),
     };
-    if help {
+    if line.help {
         return Ok(Invocation::Help(command_help(operation)));
     }
-    if operation != Operation::Gc && !(valid.is_empty() && valid_netns.is_empty()) {
-        return Err(Error::Usage(format!(
-            "--valid and --valid-netns are flags of gc, not of {}\nRun 'cnitool {} --help' for usage.",
-            operation.word(),
-            operation.word()
-        )));
-    }
-    let rest: Vec<String> = positional.collect();
+    let valid = valid
+        .iter()
+        .map(|text| {
+            text.rsplit_once('/')
+                .filter(|(id, ifname)| !id.is_empty() && !ifname.is_empty())
+                .map(|(id, ifname)| (id.to_string(), ifname.to_string()))
+                .ok_or_else(|| {
+                    Error::Usage(format!(
+                        "invalid argument {text:?} for \"--valid\" flag: want <container-id>/<ifname>"
+                    ))
+                })
+        })
+        .collect::<Result<_, _>>()?;
     let needed = if operation.netns_optional() { 1 } else { 2 };
     if rest.len() < needed {
         return Err(Error::Usage(format!(
@@ -203,10 +198,74 @@ pub fn parse(args: &[String]) -> Result<Invocation, Error> {
         operation,
         network: rest.next().unwrap_or_default(),
         netns: rest.next().unwrap_or_default(),
-        ifname,
+        ifname: line.ifname,
         valid,
         valid_netns,
     }))
+}
+
+/// The operation a word names (`help <word>`).
+fn operation(word: &str) -> Option<Operation> {
+    Some(match word {
+        "add" => Operation::Add,
+        "check" => Operation::Check,
+        "del" => Operation::Del,
+        "gc" => Operation::Gc,
+        "status" => Operation::Status,
+        _ => return None,
+    })
+}
+
+/// A clap error in the words of cobra (which the Go tool is built on): what scripts and
+/// users of that tool see.
+fn usage_error(e: &clap::Error, args: &[String]) -> Error {
+    let context = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let arg = context(ContextKind::InvalidArg);
+    let text = match e.kind() {
+        ErrorKind::UnknownArgument => match arg.strip_prefix('-') {
+            // clap names the one letter (`-w`), cobra the whole word it is in (`-weird`).
+            Some(short) if !short.starts_with('-') => {
+                let letter = short.chars().next().unwrap_or_default();
+                let word = args
+                    .iter()
+                    .take_while(|a| *a != "--")
+                    .find(|a| {
+                        a.strip_prefix('-')
+                            .is_some_and(|s| !s.starts_with('-') && s.contains(letter))
+                    })
+                    .unwrap_or(&arg);
+                format!("unknown shorthand flag: '{letter}' in {word}")
+            }
+            _ => format!("unknown flag: {arg}"),
+        },
+        // clap names the flag by its long name with a placeholder (`--ifname <IFNAME>`);
+        // cobra names it as typed, and a flag without its value is the last argument.
+        ErrorKind::InvalidValue if context(ContextKind::InvalidValue).is_empty() => {
+            let long = arg.split_whitespace().next().unwrap_or_default();
+            let short = Line::command()
+                .get_arguments()
+                .find(|a| {
+                    a.get_long()
+                        .is_some_and(|l| long.strip_prefix("--") == Some(l))
+                })
+                .and_then(clap::Arg::get_short)
+                .map(|c| format!("-{c}"));
+            let typed = match args.last() {
+                Some(last) if Some(last) == short.as_ref() => last.as_str(),
+                _ => long,
+            };
+            format!("flag needs an argument: {typed}")
+        }
+        _ => {
+            let rendered = e.to_string();
+            let first = rendered.lines().next().unwrap_or_default();
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        }
+    };
+    Error::Usage(text)
 }
 
 const ENVIRONMENT: &str = "\
@@ -364,6 +423,10 @@ mod tests {
         }
         let r = run("del -- net -weird");
         assert_eq!(r.netns, "-weird");
+        assert_eq!(
+            run("-i a add --ifname b net ns").ifname.as_deref(),
+            Some("b")
+        );
     }
 
     #[test]
@@ -376,11 +439,7 @@ mod tests {
         assert!(r.has_valid_list());
         assert!(!run("gc net ns").has_valid_list());
         assert!(run("status net").netns.is_empty());
-        for bad in [
-            "gc net --valid noslash",
-            "gc net --valid /eth0",
-            "add net ns --valid a/b",
-        ] {
+        for bad in ["gc net --valid noslash", "gc net --valid /eth0"] {
             assert!(matches!(parse(&args(bad)), Err(Error::Usage(_))), "{bad}");
         }
     }
@@ -395,10 +454,11 @@ mod tests {
             );
         }
         for op in ["add", "check", "del", "gc", "status"] {
-            let expected = Invocation::Help(command_help(Operation::parse(op).unwrap()));
+            let expected = Invocation::Help(command_help(operation(op).unwrap()));
             assert_eq!(parse(&args(&format!("{op} --help"))).unwrap(), expected);
             assert_eq!(parse(&args(&format!("{op} -h net ns"))).unwrap(), expected);
             assert_eq!(parse(&args(&format!("help {op}"))).unwrap(), expected);
+            assert_eq!(parse(&args(&format!("help {op} more"))).unwrap(), expected);
         }
         assert!(command_help(Operation::Gc).contains("EVERY attachment of the network is stale"));
     }
@@ -411,6 +471,16 @@ mod tests {
         assert!(msg("frob net ns").starts_with("unknown command \"frob\" for \"cnitool\""));
         assert_eq!(msg("add net ns --bogus"), "unknown flag: --bogus");
         assert_eq!(msg("add net ns -x"), "unknown shorthand flag: 'x' in -x");
+        assert_eq!(
+            msg("del net -weird"),
+            "unknown shorthand flag: 'w' in -weird"
+        );
+        assert_eq!(msg("add net ns --valid a/b"), "unknown flag: --valid");
+        assert_eq!(
+            msg("add net ns --ifname"),
+            "flag needs an argument: --ifname"
+        );
+        assert!(msg("help frob").starts_with("unknown help topic [\"frob\"]"));
         assert_eq!(msg("add net ns -i"), "flag needs an argument: -i");
     }
 }

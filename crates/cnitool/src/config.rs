@@ -109,7 +109,7 @@ pub struct NetworkConfigList {
 impl NetworkConfigList {
     /// libcni's `NetworkConfFromBytes`.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, Error> {
-        let bad = |what: String| Error::Config(format!("error parsing configuration list: {what}"));
+        let bad = list_error;
         let value: Value = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
         let Value::Object(raw) = value else {
             return Err(bad(format!(
@@ -130,7 +130,7 @@ impl NetworkConfigList {
             }
         };
         if let Some(versions) = raw.get("cniVersions") {
-            cni_version = negotiate(versions, &cni_version).map_err(bad)?;
+            cni_version = negotiate(versions, &cni_version)?;
         }
         let read_bool = |key: &str| match raw.get(key) {
             None => Ok(false),
@@ -218,33 +218,39 @@ impl NetworkConfigList {
     }
 }
 
+/// libcni's words for a config list it cannot parse.
+fn list_error(what: String) -> Error {
+    Error::Config(format!("error parsing configuration list: {what}"))
+}
+
 /// `cniVersions`: the highest listed version (with `cniVersion`) that libcni speaks.
-fn negotiate(versions: &Value, cni_version: &str) -> Result<String, String> {
-    let current = Version::parse(CURRENT_VERSION).map_err(|e| e.to_string())?;
+fn negotiate(versions: &Value, cni_version: &str) -> Result<String, Error> {
+    let version = |what: String, text: &str| {
+        Version::parse(text).map_err(|source| Error::Version { what, source })
+    };
+    let current = version(format!("cniVersion {CURRENT_VERSION}"), CURRENT_VERSION)?;
     let Value::Array(items) = versions else {
-        return Err(format!(
+        return Err(list_error(format!(
             "invalid type for cniVersions: {}",
             go_type(versions)
-        ));
+        )));
     };
     let mut usable = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let Value::String(text) = item else {
-            return Err(format!(
+            return Err(list_error(format!(
                 "invalid type for cniVersions index {i}: {}",
                 go_type(item)
-            ));
+            )));
         };
-        let parsed = Version::parse(text)
-            .map_err(|e| format!("invalid cniVersions entry {text} at index {i}: {e}"))?;
+        let parsed = version(format!("cniVersions entry {text} at index {i}"), text)?;
         // Versions newer than this implementation of the spec are skipped.
         if parsed <= current {
             usable.push((parsed, text.clone()));
         }
     }
     if !cni_version.is_empty() {
-        let parsed = Version::parse(cni_version)
-            .map_err(|e| format!("invalid cniVersion {cni_version}: {e}"))?;
+        let parsed = version(format!("cniVersion {cni_version}"), cni_version)?;
         if parsed <= current {
             usable.push((parsed, cni_version.to_string()));
         }

@@ -61,22 +61,89 @@ pub enum Error {
     #[error("configuration version \"{0}\" does not support the CHECK command")]
     CheckNotSupported(String),
 
+    /// A `cniVersions` entry, or the `cniVersion` beside it, that is no version.
+    #[error("error parsing configuration list: invalid {what}: {source}")]
+    Version {
+        /// `cniVersions entry 1.x at index 0` or `cniVersion 1.x`.
+        what: String,
+        /// Why it is no version.
+        #[source]
+        source: CniError,
+    },
+
     /// The cached result of an attachment could not be read back.
-    #[error("failed to get network \"{network}\" cached result: {reason}")]
+    #[error("failed to get network \"{network}\" cached result: {source}")]
     CacheRead {
         /// Network name.
         network: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: Box<Error>,
     },
 
     /// The result of a successful ADD could not be cached.
-    #[error("failed to set network \"{network}\" cached result: {reason}")]
+    #[error("failed to set network \"{network}\" cached result: {source}")]
     CacheWrite {
         /// Network name.
         network: String,
         /// Why.
-        reason: String,
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A part of a cache file's name that libcni would refuse on its command line.
+    #[error("invalid {part} {value:?}{}", because(.source.as_ref()))]
+    CacheName {
+        /// `network name`, `container ID` or `interface name`.
+        part: &'static str,
+        /// The refused value.
+        value: String,
+        /// The protocol crate's reason, when it has one.
+        #[source]
+        source: Option<CniError>,
+    },
+
+    /// A cache file named with an empty part.
+    #[error(
+        "cache file path requires network name ({network:?}), container ID ({container_id:?}), and interface name ({ifname:?})"
+    )]
+    CachePath {
+        /// Network name.
+        network: String,
+        /// Container ID.
+        container_id: String,
+        /// Interface name.
+        ifname: String,
+    },
+
+    /// A cache file or its directory that could not be written.
+    #[error("{op} {}: {source}", path.display())]
+    CacheIo {
+        /// `mkdir`, `open` or `write`.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A cache file or a result that is not the JSON it should be.
+    #[error("{0}")]
+    CacheJson(#[source] serde_json::Error),
+
+    /// A result (cached, or to be cached) that is no CNI result of its version.
+    #[error("{0}")]
+    CacheResult(#[source] CniError),
+
+    /// A cached result that has no form in the config's version.
+    #[error("failed to convert cached result to config version {version:?}: {source}")]
+    CacheConvert {
+        /// The config's version.
+        version: String,
+        /// Why.
+        #[source]
+        source: CniError,
     },
 
     /// One stale attachment that GC could not delete.
@@ -104,6 +171,12 @@ pub enum Error {
     /// Several failures of one GC, each on its own line (Go's `errors.Join`).
     #[error("{}", join_lines(.0))]
     Many(Vec<Error>),
+}
+
+/// `: ` and the reason's message (its details, such as the refused value, are already
+/// in the text).
+fn because(reason: Option<&CniError>) -> String {
+    reason.map(|e| format!(": {}", e.msg)).unwrap_or_default()
 }
 
 fn join_lines(errors: &[Error]) -> String {

@@ -153,9 +153,9 @@ impl Cni {
             result = Some(exec::parse_result(&list.cni_version, &out).map_err(failed)?);
         }
         let result = result.ok_or_else(|| Error::Config("no plugin configs found".into()))?;
-        let cache_error = |reason: String| Error::CacheWrite {
+        let cache_error = |source: Error| Error::CacheWrite {
             network: list.name.clone(),
-            reason,
+            source: Box::new(source),
         };
         let entry = Entry {
             container_id: rt.container_id.clone(),
@@ -167,7 +167,7 @@ impl Cni {
             capability_args: rt.capability_args.clone(),
             result: Some(
                 result_value(&result, &result.cni_version)
-                    .map_err(|e| cache_error(e.to_string()))?,
+                    .map_err(|e| cache_error(Error::CacheResult(e)))?,
             ),
         };
         cache::write(&self.cache_dir, &entry).map_err(cache_error)?;
@@ -189,9 +189,9 @@ impl Cni {
             &rt.ifname,
             &list.cni_version,
         )
-        .map_err(|reason| Error::CacheRead {
+        .map_err(|source| Error::CacheRead {
             network: list.name.clone(),
-            reason,
+            source: Box::new(source),
         })?;
         for plugin in &list.plugins {
             let stdin = Self::build_one_config(list, plugin, cached.as_ref(), rt);

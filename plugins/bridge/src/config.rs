@@ -205,12 +205,10 @@ impl BridgeConf {
 
     /// Parses and validates the request's config and `CNI_ARGS`.
     pub fn load(req: &Request) -> Result<Self, CniError> {
-        let raw: RawConf = req.config.decode(KNOWN_KEYS).map_err(|e| {
-            CniError::new(
-                ErrorCode::DECODING_FAILURE,
-                format!("failed to load netconf: {e}"),
-            )
-        })?;
+        let raw: RawConf = req
+            .config
+            .decode(KNOWN_KEYS)
+            .map_err(|e| e.context("failed to load netconf"))?;
         // With podRecordDir the runtime's pod keys are ours to read (and so no longer
         // unknown); without it, CNI_ARGS is as strict as the reference's.
         let records = raw.pod_record_dir.as_deref().is_some_and(|d| !d.is_empty());

@@ -16,7 +16,7 @@ pub enum Error {
     MissingIpam,
     /// The config could not be decoded (wrong JSON types).
     #[error("{0}")]
-    Decode(String),
+    Decode(#[source] CniError),
     /// A config value is invalid; the text is the reference's message.
     #[error("{0}")]
     Invalid(String),

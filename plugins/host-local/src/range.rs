@@ -5,26 +5,10 @@
 //! path (as the reference does with 16-byte `net.IP`s) and a /64 is as cheap as a /24.
 
 use crate::error::{Error, Result};
+pub use cni_protocol::ip::{from_u128, to_u128};
 use ipnetwork::IpNetwork;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-
-/// An address as a number. IPv4 uses the low 32 bits.
-pub fn to_u128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => u128::from(u32::from(v4)),
-        IpAddr::V6(v6) => u128::from(v6),
-    }
-}
-
-/// The address `n` of the given family (`n` must fit: IPv4 takes the low 32 bits).
-pub fn from_u128(n: u128, v4: bool) -> IpAddr {
-    if v4 {
-        IpAddr::V4(Ipv4Addr::from(n as u32))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(n))
-    }
-}
+use std::net::IpAddr;
 
 // Go's `To4()` and `net.ParseIP`: `::ffff:10.0.0.5` and `10.0.0.5` are the same
 // reservation.

@@ -16,9 +16,10 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::rc::Rc;
 
+use cni_protocol::ip::{bounds, from_u128, to_u128};
 use ipnetwork::IpNetwork;
 use sha2::{Digest, Sha256};
 
@@ -71,11 +72,11 @@ impl Addrs {
     }
 
     fn push(&mut self, ip: IpAddr) {
-        match ip {
-            IpAddr::V4(a) => self
-                .v4
-                .push((u128::from(u32::from(a)), u128::from(u32::from(a)))),
-            IpAddr::V6(a) => self.v6.push((u128::from(a), u128::from(a))),
+        let n = to_u128(ip);
+        if ip.is_ipv4() {
+            self.v4.push((n, n));
+        } else {
+            self.v6.push((n, n));
         }
     }
 
@@ -128,41 +129,20 @@ impl Addrs {
             .v4
             .iter()
             .flat_map(|&(s, e)| s..=e)
-            .map(|n| address(n, true));
+            .map(|n| from_u128(n, true));
         let v6 = self
             .v6
             .iter()
             .flat_map(|&(s, e)| s..=e)
-            .map(|n| address(n, false));
+            .map(|n| from_u128(n, false));
         v4.chain(v6).collect()
     }
 
     fn contains(&self, ip: IpAddr) -> bool {
-        let (list, n) = match ip {
-            IpAddr::V4(a) => (&self.v4, u128::from(u32::from(a))),
-            IpAddr::V6(a) => (&self.v6, u128::from(a)),
-        };
+        let list = if ip.is_ipv4() { &self.v4 } else { &self.v6 };
+        let n = to_u128(ip);
         let i = list.partition_point(|&(_, e)| e < n);
         list.get(i).is_some_and(|&(s, _)| s <= n)
-    }
-}
-
-fn bounds(cidr: IpNetwork) -> (u128, u128) {
-    match cidr {
-        IpNetwork::V4(n) => (
-            u128::from(u32::from(n.network())),
-            u128::from(u32::from(n.broadcast())),
-        ),
-        IpNetwork::V6(n) => {
-            let start = u128::from(n.network());
-            let host_bits = 128 - u32::from(n.prefix());
-            let span = if host_bits >= 128 {
-                u128::MAX
-            } else {
-                (1u128 << host_bits) - 1
-            };
-            (start, start | span)
-        }
     }
 }
 
@@ -551,8 +531,8 @@ fn boxes(rects: &[Rect], v4: bool) -> Vec<Allow> {
         for (protocols, ports) in split_keys(lo, hi) {
             for &(s, e) in &addrs {
                 out.push(Allow {
-                    first: address(s, v4),
-                    last: address(e, v4),
+                    first: from_u128(s, v4),
+                    last: from_u128(e, v4),
                     protocols,
                     ports,
                 });
@@ -588,14 +568,6 @@ fn split_keys(lo: u32, hi: u32) -> Vec<((u8, u8), (u16, u16))> {
         out.push(((p2, p2), (0, q2)));
     }
     out
-}
-
-fn address(n: u128, v4: bool) -> IpAddr {
-    if v4 {
-        IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX)))
-    } else {
-        IpAddr::V6(Ipv6Addr::from(n))
-    }
 }
 
 /// A name for the kernel: 16 hex digits of a hash of `parts`.

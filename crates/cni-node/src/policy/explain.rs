@@ -23,6 +23,10 @@ pub struct Question {
     pub port: u16,
     /// Use the pods' IPv6 addresses (when a pod is named).
     pub ipv6: bool,
+    /// The Service address the source connected to, which kube-proxy's DNAT turned
+    /// into `to` and `port`: judged as such, so a pod reaching itself this way is
+    /// judged (reaching its own address directly is not).
+    pub via_service: Option<IpAddr>,
 }
 
 /// The answer: allowed or not, and the explanation as text; `records` are this node's
@@ -64,22 +68,35 @@ pub fn explain(
     if src.is_ipv4() != dst.is_ipv4() {
         return Err(Error::ExplainFamilies(src, dst));
     }
-    let verdict = view.verdict(src, dst, protocol, q.port);
+    if let Some(service) = q.via_service.filter(|s| s.is_ipv4() != dst.is_ipv4()) {
+        return Err(Error::ExplainFamilies(service, dst));
+    }
+    let verdict = match q.via_service {
+        Some(_) => view.verdict_through_service(src, dst, protocol, q.port),
+        None => view.verdict(src, dst, protocol, q.port),
+    };
     let name = |ip: IpAddr| match view.pod_at(ip) {
         Some(pod) => format!("{ip} (pod {})", pod.key()),
         None => format!("{ip} (no pod)"),
     };
     let allowed = verdict.allowed();
     let mut text = format!(
-        "{}: {} {} -> {} port {}\n",
+        "{}: {} {} -> {} port {}",
         if allowed { "allowed" } else { "denied" },
         q.protocol.to_ascii_uppercase(),
         name(src),
         name(dst),
         q.port
     );
+    if let Some(service) = q.via_service {
+        text.push_str(&format!(" through Service address {service}"));
+    }
+    text.push('\n');
     if verdict.same_pod {
-        text.push_str("a pod reaching its own address is not subject to policy\n");
+        text.push_str(
+            "a pod reaching its own address is not subject to policy \
+             (through a Service address it is: --via-service)\n",
+        );
         return Ok((allowed, text));
     }
     let side = |text: &mut String, what: &str, side: &Option<Side>| match side {
@@ -111,8 +128,12 @@ pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String)> 
     let unreachable = |source| Error::AgentUnreachable { agent, source };
     let mut stream = std::net::TcpStream::connect_timeout(&agent, timeout).map_err(unreachable)?;
     let _ = stream.set_read_timeout(Some(timeout));
+    let via_service = q
+        .via_service
+        .map(|s| format!("&via_service={}", percent_encode(&s.to_string())))
+        .unwrap_or_default();
     let request = format!(
-        "GET /explain?from={}&to={}&protocol={}&port={}&ipv6={} HTTP/1.0\r\n\r\n",
+        "GET /explain?from={}&to={}&protocol={}&port={}&ipv6={}{via_service} HTTP/1.0\r\n\r\n",
         percent_encode(&q.from),
         percent_encode(&q.to),
         percent_encode(&q.protocol),
@@ -161,6 +182,7 @@ mod tests {
             protocol: "tcp".into(),
             port: 80,
             ipv6: false,
+            via_service: None,
         };
         let (allowed, text) = explain(&snapshot, BTreeMap::new(), &q("y/a", "x/b")).unwrap();
         assert!(allowed, "{text}");
@@ -192,5 +214,66 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("unknown protocol"), "{e}");
+    }
+
+    #[test]
+    fn a_pod_reaching_itself_is_judged_only_through_a_service_address() {
+        let (pods, namespaces) = cluster();
+        let deny = [policy("x", "deny", json!({"podSelector": {}}))];
+        let allow_self = [
+            policy("x", "deny", json!({"podSelector": {}})),
+            policy(
+                "x",
+                "allow-self",
+                json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "a"}}}]}]}),
+            ),
+        ];
+        let snapshot = |policies: &[(String, crate::policy::objects::PolicyInfo)]| PolicySnapshot {
+            pods: Arc::new(pods.clone()),
+            namespaces: Arc::new(namespaces.clone()),
+            policies: Arc::new(policies.iter().cloned().collect()),
+        };
+        let direct = Question {
+            from: "x/a".into(),
+            to: "x/a".into(),
+            protocol: "TCP".into(),
+            port: 8080,
+            ipv6: false,
+            via_service: None,
+        };
+        let service: IpAddr = "10.96.0.10".parse().unwrap();
+        let through = Question {
+            via_service: Some(service),
+            ..direct.clone()
+        };
+        let (allowed, text) = explain(&snapshot(&deny), BTreeMap::new(), &direct).unwrap();
+        assert!(allowed, "{text}");
+        assert!(text.contains("not subject to policy"), "{text}");
+        let (allowed, text) = explain(&snapshot(&deny), BTreeMap::new(), &through).unwrap();
+        assert!(!allowed, "{text}");
+        assert!(
+            text.starts_with(
+                "denied: TCP 10.244.0.10 (pod x/a) -> 10.244.0.10 (pod x/a) port 8080 \
+                 through Service address 10.96.0.10\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("ingress of the destination: isolated by x/deny; none of them allows it"),
+            "{text}"
+        );
+        let (allowed, text) = explain(&snapshot(&allow_self), BTreeMap::new(), &through).unwrap();
+        assert!(allowed, "{text}");
+        assert!(text.contains("allowed by x/allow-self"), "{text}");
+        let e = explain(
+            &snapshot(&deny),
+            BTreeMap::new(),
+            &Question {
+                via_service: Some("fd00::10".parse().unwrap()),
+                ..direct
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(e, Error::ExplainFamilies(..)), "{e}");
     }
 }

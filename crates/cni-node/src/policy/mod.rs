@@ -11,6 +11,8 @@ pub mod selector;
 
 use serde_json::Value;
 
+use crate::logging::short;
+
 /// Why a part of a Pod or a NetworkPolicy cannot be read exactly (the part then
 /// matches nothing, or isolates, never opens).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -85,18 +87,4 @@ impl Unreadable {
             value: short(value),
         }
     }
-}
-
-/// A JSON value for a message, cut short: API data can be anything.
-pub(crate) fn short(value: &Value) -> String {
-    let mut text = value.to_string();
-    if text.len() > 80 {
-        let cut = (0..=80)
-            .rev()
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(0);
-        text.truncate(cut);
-        text.push_str("...");
-    }
-    text
 }

@@ -9,7 +9,10 @@
 //! policies allows (they add up); a connection passes only if the source pod's egress
 //! and the destination pod's ingress both allow it. Selectors never match hostNetwork
 //! pods (they have the node's addresses): only `ipBlock` does. A pod reaching its own
-//! address is not subject to policy.
+//! address is not subject to policy (its packets never leave it); a pod reaching itself
+//! through a Service address is, like any other connection: kube-proxy's DNAT on the
+//! node makes the packet's source and destination the pod's address, and it passes the
+//! node's forward hook both ways ([`View::verdict_through_service`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -263,6 +266,24 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Judges a connection that `src` opened to a Service address, which kube-proxy's
+    /// DNAT turned into `dst` and `port` (the pod's port, not the Service's). As
+    /// [`Self::verdict`], but a pod reaching itself this way is judged like any other
+    /// connection: the kernel sees a packet from the pod's address to the pod's address
+    /// leave the pod and come back through the node, and judges it.
+    pub fn verdict_through_service(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        protocol: u8,
+        port: u16,
+    ) -> Verdict {
+        Verdict {
+            same_pod: false,
+            ..self.verdict(src, dst, protocol, port)
+        }
+    }
+
     fn side(
         &self,
         pod: &PodInfo,
@@ -386,10 +407,15 @@ pub(crate) mod tests {
             !v.verdict("192.0.2.1".parse().unwrap(), ip(&pods, "x/a"), TCP, 80)
                 .allowed()
         );
-        // A pod to itself is never judged.
+        // A pod to its own address is never judged; through a Service address it is.
         assert!(
             v.verdict(ip(&pods, "x/a"), ip(&pods, "x/a"), TCP, 80)
                 .allowed()
+        );
+        let hairpin = v.verdict_through_service(ip(&pods, "x/a"), ip(&pods, "x/a"), TCP, 80);
+        assert!(
+            !hairpin.allowed(),
+            "x/deny isolates x/a from itself too: {hairpin:?}"
         );
     }
 

@@ -16,8 +16,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::Unreadable;
 use super::selector::{Labels, Selector};
-use super::{Unreadable, short};
+use crate::logging::short;
 use crate::store::Watched;
 
 /// IP protocol numbers NetworkPolicy names.
