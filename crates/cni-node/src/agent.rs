@@ -10,7 +10,7 @@
 //! nothing at all is done, so an agent that cannot reach the API leaves the node as it
 //! was.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Api;
@@ -27,7 +27,7 @@ use crate::node::SlimNode;
 use crate::plan::{OverlaySettings, PlanSettings, Settings};
 use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
 use crate::reconcile::{ConfDir, Effects, PolicyEffects, Reconciler};
-use crate::store::{Items, Store};
+use crate::store::Stores;
 use crate::wake::{Wake, Woken};
 use crate::{api, egress, host};
 
@@ -36,66 +36,6 @@ const RETRY_MIN: Duration = Duration::from_millis(250);
 /// The longest wait before a failed pass is retried: short enough that the node is
 /// ready a few seconds after the cause is gone.
 const RETRY_MAX: Duration = Duration::from_secs(4);
-
-/// The stores of every watched kind.
-#[derive(Debug, Default)]
-pub struct Stores {
-    /// Nodes.
-    pub nodes: Arc<Mutex<Store<SlimNode>>>,
-    /// Pods (when NetworkPolicy is enforced).
-    pub pods: Arc<Mutex<Store<SlimPod>>>,
-    /// Namespaces (when NetworkPolicy is enforced).
-    pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
-    /// NetworkPolicies (when enforced).
-    pub policies: Arc<Mutex<Store<SlimNetworkPolicy>>>,
-    /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
-    /// for `explain` to see new pods as the reconciler does.
-    pub records_dir: Option<std::path::PathBuf>,
-}
-
-/// Everything the plan is computed from, as of one moment.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    /// Nodes by name.
-    pub nodes: Items<SlimNode>,
-    /// What NetworkPolicy is judged on, once Pods, Namespaces and NetworkPolicies all
-    /// have their first complete list.
-    pub policy: Option<PolicySnapshot>,
-}
-
-/// The objects NetworkPolicy is judged on.
-#[derive(Debug, Clone)]
-pub struct PolicySnapshot {
-    /// Pods by `namespace/name`.
-    pub pods: Items<SlimPod>,
-    /// Namespaces' labels by name.
-    pub namespaces: Items<SlimNamespace>,
-    /// NetworkPolicies by `namespace/name`.
-    pub policies: Items<SlimNetworkPolicy>,
-}
-
-fn snapshot_of<K: crate::store::Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
-    store
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .snapshot()
-}
-
-impl Stores {
-    /// A snapshot, once the Node store has its first complete list (the routes and
-    /// the conflist need nothing else; NetworkPolicy waits for its own kinds).
-    pub fn snapshot(&self) -> Option<Snapshot> {
-        let nodes = snapshot_of(&self.nodes)?;
-        let policy = (|| {
-            Some(PolicySnapshot {
-                pods: snapshot_of(&self.pods)?,
-                namespaces: snapshot_of(&self.namespaces)?,
-                policies: snapshot_of(&self.policies)?,
-            })
-        })();
-        Some(Snapshot { nodes, policy })
-    }
-}
 
 /// The settings the plan needs, read once from the options.
 pub fn settings(options: &Options) -> Settings {
@@ -355,6 +295,7 @@ mod tests {
     use kube::runtime::watcher::Event;
     use std::io;
     use std::path::PathBuf;
+    use std::sync::Mutex;
 
     struct Quiet;
     impl HostReader for Quiet {

@@ -19,48 +19,8 @@ use cni_protocol::ip::bounds;
 use ipnetwork::IpNetwork;
 
 use crate::conflist::{self, ConflistSettings};
-use crate::host::{self, HostState};
+use crate::host::{self, HostState, HostView, Reach};
 use crate::node::NodeInfo;
-
-/// A route on this host that is not ours: what decides whether a node is on-link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostRoute {
-    /// Destination.
-    pub dst: IpNetwork,
-    /// Next hop, for a route through a gateway.
-    pub gw: Option<IpAddr>,
-}
-
-/// What the plan needs to know of this host.
-#[derive(Debug, Clone, Default)]
-pub struct HostView {
-    /// Every address on this host's links.
-    pub addresses: Vec<IpAddr>,
-    /// The main table's unicast routes, except the agent's own.
-    pub routes: Vec<HostRoute>,
-}
-
-impl HostView {
-    /// How this host reaches `ip`: the longest-prefix match of the main table.
-    fn reach(&self, ip: IpAddr) -> Reach {
-        let best = self
-            .routes
-            .iter()
-            .filter(|r| r.dst.is_ipv4() == ip.is_ipv4() && r.dst.contains(ip))
-            .max_by_key(|r| r.dst.prefix());
-        match best {
-            None => Reach::NoRoute,
-            Some(HostRoute { gw: Some(gw), .. }) => Reach::Gateway(*gw),
-            Some(HostRoute { gw: None, .. }) => Reach::OnLink,
-        }
-    }
-}
-
-enum Reach {
-    OnLink,
-    Gateway(IpAddr),
-    NoRoute,
-}
 
 /// How another node's pod CIDR is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -626,6 +586,7 @@ fn overlay_devices(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::HostRoute;
 
     fn node(name: &str, cidrs: &[&str], ips: &[&str]) -> NodeInfo {
         NodeInfo {

@@ -23,7 +23,6 @@ use std::net::IpAddr;
 
 use cni_protocol::pod_record;
 
-use crate::agent::PolicySnapshot;
 use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
 use crate::host::{DeviceEntries, EntriesWatch, HostReader, HostState};
@@ -31,7 +30,9 @@ use crate::node::NodeInfo;
 use crate::overlay::{self, VxlanDevices};
 use crate::plan::NextHop;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
-use crate::policy::compile::{Compiled, SHARE_FROM, compile_sharing};
+use crate::policy::PolicySnapshot;
+use crate::policy::compile::{SHARE_FROM, compile_sharing};
+use crate::policy::datapath::{PolicyCounts, PolicyDatapath};
 use crate::policy::model::View;
 use crate::routes::{self, RouteChanges, RouteTable};
 
@@ -65,17 +66,6 @@ impl ConfigDir for ConfDir {
     fn path(&self) -> PathBuf {
         self.dir.join(&self.name)
     }
-}
-
-/// The NetworkPolicy table: a trait so the reconciler is tested without nf_tables.
-pub trait PolicyDatapath: Send {
-    /// Makes the kernel hold `want` (only the differences from what it holds) and
-    /// releases the addresses `want` judges from the pending sets; whether anything
-    /// changed.
-    fn apply(&mut self, want: Compiled) -> Result<bool, Error>;
-    /// Reads the kernel's table again (the resync: a hand edit is repaired by the next
-    /// apply).
-    fn reload(&mut self) -> Result<(), Error>;
 }
 
 /// What NetworkPolicy enforcement needs.
@@ -130,19 +120,6 @@ pub struct Outcome {
     pub waiting: Vec<(&'static str, String)>,
     /// What the NetworkPolicy table holds.
     pub policy: PolicyCounts,
-}
-
-/// What the NetworkPolicy table holds after a pass.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PolicyCounts {
-    /// Local pod addresses isolated for ingress.
-    pub ingress: usize,
-    /// Local pod addresses isolated for egress.
-    pub egress: usize,
-    /// Profiles (what a set of pods allows), both directions.
-    pub profiles: usize,
-    /// Shared peer sets.
-    pub peer_sets: usize,
 }
 
 impl Outcome {
@@ -645,8 +622,9 @@ mod tests {
 
     use crate::conflist::ConflistSettings;
     use crate::host::HostState;
+    use crate::host::{HostRoute, HostView};
     use crate::overlay::fakes::NoDevices;
-    use crate::plan::{HostRoute, HostView, PlanSettings};
+    use crate::plan::PlanSettings;
 
     /// Everything the fakes were asked to do, in order.
     type Log = Arc<Mutex<Vec<String>>>;

@@ -16,7 +16,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::node::SlimNode;
+use crate::policy::PolicySnapshot;
+use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
 
 use kube::runtime::watcher::Event;
 
@@ -165,6 +169,55 @@ impl<K: Watched> Store<K> {
     /// Whether the view is empty.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+}
+
+/// The stores of every watched kind.
+#[derive(Debug, Default)]
+pub struct Stores {
+    /// Nodes.
+    pub nodes: Arc<Mutex<Store<SlimNode>>>,
+    /// Pods (when NetworkPolicy is enforced).
+    pub pods: Arc<Mutex<Store<SlimPod>>>,
+    /// Namespaces (when NetworkPolicy is enforced).
+    pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
+    /// NetworkPolicies (when enforced).
+    pub policies: Arc<Mutex<Store<SlimNetworkPolicy>>>,
+    /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
+    /// for `explain` to see new pods as the reconciler does.
+    pub records_dir: Option<std::path::PathBuf>,
+}
+
+/// Everything the plan is computed from, as of one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Nodes by name.
+    pub nodes: Items<SlimNode>,
+    /// What NetworkPolicy is judged on, once Pods, Namespaces and NetworkPolicies all
+    /// have their first complete list.
+    pub policy: Option<PolicySnapshot>,
+}
+
+fn snapshot_of<K: Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
+    store
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .snapshot()
+}
+
+impl Stores {
+    /// A snapshot, once the Node store has its first complete list (the routes and
+    /// the conflist need nothing else; NetworkPolicy waits for its own kinds).
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        let nodes = snapshot_of(&self.nodes)?;
+        let policy = (|| {
+            Some(PolicySnapshot {
+                pods: snapshot_of(&self.pods)?,
+                namespaces: snapshot_of(&self.namespaces)?,
+                policies: snapshot_of(&self.policies)?,
+            })
+        })();
+        Some(Snapshot { nodes, policy })
     }
 }
 

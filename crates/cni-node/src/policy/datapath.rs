@@ -1,12 +1,36 @@
-//! The kernel side of NetworkPolicy: the reconciler's [`PolicyDatapath`] over the
-//! firewall crate's `inet cni_node_policy` table, which keeps what it committed in
-//! memory and sends only differences.
+//! The kernel side of NetworkPolicy: what the reconciler asks of it ([`PolicyDatapath`],
+//! a trait so the reconciler is tested without nf_tables), what it holds after a pass
+//! ([`PolicyCounts`]), and the real one over the firewall crate's `inet cni_node_policy`
+//! table, which keeps what it committed in memory and sends only differences.
 
 use cni_firewall::network_policy::{self, PolicyState, PolicyTable};
 
 use super::compile::Compiled;
 use crate::error::{Error, Result};
-use crate::reconcile::PolicyDatapath;
+
+/// The NetworkPolicy table: a trait so the reconciler is tested without nf_tables.
+pub trait PolicyDatapath: Send {
+    /// Makes the kernel hold `want` (only the differences from what it holds) and
+    /// releases the addresses `want` judges from the pending sets; whether anything
+    /// changed.
+    fn apply(&mut self, want: Compiled) -> Result<bool>;
+    /// Reads the kernel's table again (the resync: a hand edit is repaired by the next
+    /// apply).
+    fn reload(&mut self) -> Result<()>;
+}
+
+/// What the NetworkPolicy table holds after a pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyCounts {
+    /// Local pod addresses isolated for ingress.
+    pub ingress: usize,
+    /// Local pod addresses isolated for egress.
+    pub egress: usize,
+    /// Profiles (what a set of pods allows), both directions.
+    pub profiles: usize,
+    /// Shared peer sets.
+    pub peer_sets: usize,
+}
 
 /// The table, as the agent drives it.
 #[derive(Debug)]

@@ -11,6 +11,9 @@ pub mod selector;
 
 use serde_json::Value;
 
+use crate::store::Items;
+use objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
+
 use crate::logging::short;
 
 /// Why a part of a Pod or a NetworkPolicy cannot be read exactly (the part then
@@ -87,4 +90,15 @@ impl Unreadable {
             value: short(value),
         }
     }
+}
+
+/// The objects NetworkPolicy is judged on.
+#[derive(Debug, Clone)]
+pub struct PolicySnapshot {
+    /// Pods by `namespace/name`.
+    pub pods: Items<SlimPod>,
+    /// Namespaces' labels by name.
+    pub namespaces: Items<SlimNamespace>,
+    /// NetworkPolicies by `namespace/name`.
+    pub policies: Items<SlimNetworkPolicy>,
 }
