@@ -19,7 +19,7 @@ use crate::store::Stores;
 /// Where the agent stands, as `/readyz` tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
-    /// No complete list of every watched kind yet.
+    /// No complete list of Nodes yet.
     WaitingForList,
     /// The last reconciliation succeeded in every step.
     Ready,
@@ -131,7 +131,10 @@ impl Health {
 /// agent's NetworkPolicy view is complete.
 fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str, String) {
     const TEXT: &str = "text/plain; charset=utf-8";
-    let Some(snapshot) = stores.and_then(Stores::snapshot).and_then(|s| s.policy) else {
+    let snapshot = stores
+        .and_then(Stores::snapshot)
+        .and_then(|s| s.policy.network_policy.ready().cloned());
+    let Some(snapshot) = snapshot else {
         return (
             "503 Service Unavailable",
             TEXT,
@@ -151,11 +154,8 @@ fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str,
     };
     let records = stores
         .and_then(|s| s.records_dir.as_deref())
-        .map(cni_protocol::pod_record::read_all)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(ip, record)| (ip, record.pod))
-        .collect();
+        .map(crate::host::pod_records)
+        .unwrap_or_default();
     match crate::policy::explain::explain(&snapshot, records, &question) {
         Ok((_, text)) => ("200 OK", TEXT, text),
         Err(why) => ("400 Bad Request", TEXT, chain(&why) + "\n"),

@@ -1,7 +1,7 @@
 //! What the agent reads of this host: over netlink its addresses and main-table
 //! routes (split into the agent's own and everyone else's; [`HostView`] is what the plan
-//! routes on) and the links' MTUs, and whether portmap is installed; the pod MTU chosen
-//! from them ([`choose_mtu`]); and the kernel's
+//! routes on) and the links' MTUs; whether portmap is installed; the bridge plugin's pod
+//! records; the pod MTU chosen from them ([`choose_mtu`]); and the kernel's
 //! notifications of link, address and route changes, which wake the reconciler.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -89,6 +89,10 @@ pub struct HostState {
     /// The links named like the agent's VXLAN devices, whatever they are, with what
     /// they hold.
     pub overlay: Vec<DeviceState>,
+    /// The bridge plugin's pod records, address -> pod (`namespace/name`), when the
+    /// agent reads them (NetworkPolicy enforced): a new pod's address is known here
+    /// before the API shows it.
+    pub pod_records: BTreeMap<IpAddr, String>,
 }
 
 /// A link with the name of one of the agent's VXLAN devices, as read.
@@ -147,6 +151,8 @@ pub struct Host {
     pub bin_dir: PathBuf,
     /// The names of the agent's VXLAN devices (none when the overlay is off).
     pub overlay_names: Vec<String>,
+    /// Where the bridge plugin leaves its pod records, when they are read.
+    pub records_dir: Option<PathBuf>,
 }
 
 impl HostReader for Host {
@@ -154,8 +160,20 @@ impl HostReader for Host {
         let mut state =
             read(&self.nl, self.protocol, &self.overlay_names, entries).map_err(Error::ReadHost)?;
         state.portmap_installed = self.bin_dir.join("portmap").is_file();
+        if let Some(dir) = &self.records_dir {
+            state.pod_records = pod_records(dir);
+        }
         Ok(state)
     }
+}
+
+/// The pod records in `dir`: address -> pod (`namespace/name`); a record that cannot be
+/// read is left out, as if the pod had none yet.
+pub fn pod_records(dir: &Path) -> BTreeMap<IpAddr, String> {
+    cni_protocol::pod_record::read_all(dir)
+        .into_iter()
+        .map(|(ip, record)| (ip, record.pod))
+        .collect()
 }
 
 /// What the host-events thread tells the reconciler about its VXLAN devices' entries,

@@ -19,8 +19,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::node::SlimNode;
-use crate::policy::PolicySnapshot;
-use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
+use crate::policy::pipeline::{PolicyInputs, PolicyStores};
 
 use kube::runtime::watcher::Event;
 
@@ -177,12 +176,8 @@ impl<K: Watched> Store<K> {
 pub struct Stores {
     /// Nodes.
     pub nodes: Arc<Mutex<Store<SlimNode>>>,
-    /// Pods (when NetworkPolicy is enforced).
-    pub pods: Arc<Mutex<Store<SlimPod>>>,
-    /// Namespaces (when NetworkPolicy is enforced).
-    pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
-    /// NetworkPolicies (when enforced).
-    pub policies: Arc<Mutex<Store<SlimNetworkPolicy>>>,
+    /// What policy is judged on: Pods, Namespaces and each enforced kind's own.
+    pub policy: PolicyStores,
     /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
     /// for `explain` to see new pods as the reconciler does.
     pub records_dir: Option<std::path::PathBuf>,
@@ -193,12 +188,12 @@ pub struct Stores {
 pub struct Snapshot {
     /// Nodes by name.
     pub nodes: Items<SlimNode>,
-    /// What NetworkPolicy is judged on, once Pods, Namespaces and NetworkPolicies all
-    /// have their first complete list.
-    pub policy: Option<PolicySnapshot>,
+    /// Each policy kind's input, or what it still waits for.
+    pub policy: PolicyInputs,
 }
 
-fn snapshot_of<K: Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
+/// A store's view, once it is complete.
+pub fn snapshot_of<K: Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
     store
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -206,18 +201,13 @@ fn snapshot_of<K: Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
 }
 
 impl Stores {
-    /// A snapshot, once the Node store has its first complete list (the routes and
-    /// the conflist need nothing else; NetworkPolicy waits for its own kinds).
+    /// A snapshot, once the Node store has its first complete list: the routes and the
+    /// conflist need nothing else, and each policy kind waits for its own stores alone.
     pub fn snapshot(&self) -> Option<Snapshot> {
-        let nodes = snapshot_of(&self.nodes)?;
-        let policy = (|| {
-            Some(PolicySnapshot {
-                pods: snapshot_of(&self.pods)?,
-                namespaces: snapshot_of(&self.namespaces)?,
-                policies: snapshot_of(&self.policies)?,
-            })
-        })();
-        Some(Snapshot { nodes, policy })
+        Some(Snapshot {
+            nodes: snapshot_of(&self.nodes)?,
+            policy: self.policy.snapshot(),
+        })
     }
 }
 

@@ -5,15 +5,16 @@
 
 use cni_firewall::network_policy::{self, PolicyState, PolicyTable};
 
-use super::compile::Compiled;
+use super::pipeline::{Pipeline, Stage};
 use crate::error::{Error, Result};
 
-/// The NetworkPolicy table: a trait so the reconciler is tested without nf_tables.
+/// The policy tables: a trait so the reconciler is tested without nf_tables.
 pub trait PolicyDatapath: Send {
-    /// Makes the kernel hold `want` (only the differences from what it holds) and
-    /// releases the addresses `want` judges from the pending sets; whether anything
+    /// Makes the kernel hold what the pipeline's ready tiers want (only the differences
+    /// from what it holds) and releases the addresses they judge from the pending sets;
+    /// a tier that is not ready keeps what the kernel holds for it. Whether anything
     /// changed.
-    fn apply(&mut self, want: Compiled) -> Result<bool>;
+    fn apply(&mut self, want: Pipeline) -> Result<bool>;
     /// Reads the kernel's table again (the resync: a hand edit is repaired by the next
     /// apply).
     fn reload(&mut self) -> Result<()>;
@@ -53,7 +54,12 @@ impl Table {
 }
 
 impl PolicyDatapath for Table {
-    fn apply(&mut self, want: Compiled) -> Result<bool> {
+    fn apply(&mut self, want: Pipeline) -> Result<bool> {
+        // The one kind so far: while it waits, the table stays as it is.
+        let Stage::Ready(want) = want.network_policy else {
+            return Ok(false);
+        };
+        let want = want.compiled;
         // Bridged traffic between a node's pods reaches netfilter only through
         // br_netfilter; checked every pass (two sysctl reads), since anything may turn
         // it off.

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::PolicySnapshot;
 use super::model::{Side, View};
+use super::network_policy::Snapshot;
 use super::objects::{SCTP, TCP, UDP};
 use crate::error::{Error, Result};
 
@@ -110,7 +110,7 @@ fn percent_encode(text: &str) -> String {
 /// The answer: allowed or not, and the explanation as text; `records` are this node's
 /// pod records (address -> pod), as the reconciler sees them.
 pub fn explain(
-    snapshot: &PolicySnapshot,
+    snapshot: &Snapshot,
     records: BTreeMap<IpAddr, String>,
     q: &Question,
 ) -> Result<(bool, String)> {
@@ -237,7 +237,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let snapshot = PolicySnapshot {
+        let snapshot = Snapshot {
             pods: Arc::new(pods),
             namespaces: Arc::new(namespaces),
             policies: Arc::new(policies),
@@ -294,7 +294,7 @@ mod tests {
                 json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "a"}}}]}]}),
             ),
         ];
-        let snapshot = |policies: &[(String, crate::policy::objects::PolicyInfo)]| PolicySnapshot {
+        let snapshot = |policies: &[(String, crate::policy::objects::PolicyInfo)]| Snapshot {
             pods: Arc::new(pods.clone()),
             namespaces: Arc::new(namespaces.clone()),
             policies: Arc::new(policies.iter().cloned().collect()),

@@ -1,18 +1,21 @@
-//! NetworkPolicy: the objects it is read from ([`objects`], [`selector`]), its
-//! meaning ([`model`], which `explain` and the tests use), and what the kernel must
-//! hold on this node ([`compile`]).
+//! Policy: the tiers a packet meets in order and the kinds that fill them
+//! ([`pipeline`]), one module per kind ([`network_policy`]: its store, readiness and
+//! compile), and the kernel side ([`datapath`]).
+//!
+//! NetworkPolicy's parts: the objects it is read from ([`objects`], [`selector`]), its
+//! meaning ([`model`], which `explain` and the tests use), what the kernel must hold on
+//! this node ([`compile`]), and the operator's question ([`explain`]).
 
 pub mod compile;
 pub mod datapath;
 pub mod explain;
 pub mod model;
+pub mod network_policy;
 pub mod objects;
+pub mod pipeline;
 pub mod selector;
 
 use serde_json::Value;
-
-use crate::store::Items;
-use objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
 
 use crate::logging::short;
 
@@ -90,15 +93,4 @@ impl Unreadable {
             value: short(value),
         }
     }
-}
-
-/// The objects NetworkPolicy is judged on.
-#[derive(Debug, Clone)]
-pub struct PolicySnapshot {
-    /// Pods by `namespace/name`.
-    pub pods: Items<SlimPod>,
-    /// Namespaces' labels by name.
-    pub namespaces: Items<SlimNamespace>,
-    /// NetworkPolicies by `namespace/name`.
-    pub policies: Items<SlimNetworkPolicy>,
 }
