@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use nix::errno::Errno;
 
-use crate::netlink::OperState;
+use crate::oper_state::OperState;
 
 /// Result alias used throughout the crate.
 pub type Result<T> = std::result::Result<T, Error>;

@@ -10,6 +10,7 @@
 pub mod error;
 pub mod netlink;
 pub mod netns;
+mod oper_state;
 pub mod sysctl;
 
 pub use cni_protocol::mac::{self, MacAddr};

@@ -6,11 +6,11 @@
 //! are served on the runtime and never wait for a pass.
 //!
 //! Nothing is removed on the word of a broken watch: a store changes only through
-//! watch events and complete lists, and until every store has its first complete list
-//! nothing at all is done, so an agent that cannot reach the API leaves the node as it
-//! was.
+//! watch events and complete lists; until the Nodes' first complete list nothing at all
+//! is done, and each policy kind leaves its tables alone until its own stores have
+//! theirs, so an agent that cannot reach the API leaves the node as it was.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kube::Api;
@@ -26,8 +26,9 @@ use crate::metrics::Metrics;
 use crate::node::SlimNode;
 use crate::plan::{OverlaySettings, PlanSettings, Settings};
 use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
-use crate::reconcile::{ConfDir, Effects, PolicyEffects, Reconciler};
-use crate::store::{Items, Store};
+use crate::policy::pipeline::PolicyStores;
+use crate::reconcile::{ConfDir, Effects, Reconciler};
+use crate::store::Stores;
 use crate::wake::{Wake, Woken};
 use crate::{api, egress, host};
 
@@ -36,66 +37,6 @@ const RETRY_MIN: Duration = Duration::from_millis(250);
 /// The longest wait before a failed pass is retried: short enough that the node is
 /// ready a few seconds after the cause is gone.
 const RETRY_MAX: Duration = Duration::from_secs(4);
-
-/// The stores of every watched kind.
-#[derive(Debug, Default)]
-pub struct Stores {
-    /// Nodes.
-    pub nodes: Arc<Mutex<Store<SlimNode>>>,
-    /// Pods (when NetworkPolicy is enforced).
-    pub pods: Arc<Mutex<Store<SlimPod>>>,
-    /// Namespaces (when NetworkPolicy is enforced).
-    pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
-    /// NetworkPolicies (when enforced).
-    pub policies: Arc<Mutex<Store<SlimNetworkPolicy>>>,
-    /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
-    /// for `explain` to see new pods as the reconciler does.
-    pub records_dir: Option<std::path::PathBuf>,
-}
-
-/// Everything the plan is computed from, as of one moment.
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    /// Nodes by name.
-    pub nodes: Items<SlimNode>,
-    /// What NetworkPolicy is judged on, once Pods, Namespaces and NetworkPolicies all
-    /// have their first complete list.
-    pub policy: Option<PolicySnapshot>,
-}
-
-/// The objects NetworkPolicy is judged on.
-#[derive(Debug, Clone)]
-pub struct PolicySnapshot {
-    /// Pods by `namespace/name`.
-    pub pods: Items<SlimPod>,
-    /// Namespaces' labels by name.
-    pub namespaces: Items<SlimNamespace>,
-    /// NetworkPolicies by `namespace/name`.
-    pub policies: Items<SlimNetworkPolicy>,
-}
-
-fn snapshot_of<K: crate::store::Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
-    store
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .snapshot()
-}
-
-impl Stores {
-    /// A snapshot, once the Node store has its first complete list (the routes and
-    /// the conflist need nothing else; NetworkPolicy waits for its own kinds).
-    pub fn snapshot(&self) -> Option<Snapshot> {
-        let nodes = snapshot_of(&self.nodes)?;
-        let policy = (|| {
-            Some(PolicySnapshot {
-                pods: snapshot_of(&self.pods)?,
-                namespaces: snapshot_of(&self.namespaces)?,
-                policies: snapshot_of(&self.policies)?,
-            })
-        })();
-        Some(Snapshot { nodes, policy })
-    }
-}
 
 /// The settings the plan needs, read once from the options.
 pub fn settings(options: &Options) -> Settings {
@@ -163,7 +104,7 @@ pub fn reconcile_loop(
             health.set(Readiness::WaitingForList);
             continue;
         };
-        let outcome = reconciler.reconcile(&snapshot.nodes, snapshot.policy.as_ref(), full);
+        let outcome = reconciler.reconcile(&snapshot, full);
         let failed = outcome.failed_steps();
         metrics.reconciled(now.elapsed(), &failed);
         let (v4, v6) = outcome.routes;
@@ -201,10 +142,12 @@ pub async fn run(options: Options) -> Result<()> {
     let nl = cni_linux::Netlink::connect().map_err(Error::Netlink)?;
     let egress = egress::open(options.masquerade)?;
     let metrics = Arc::new(Metrics::new());
+    let records_dir = options
+        .network_policy
+        .then(|| options.pod_record_dir.clone());
     let stores = Arc::new(Stores {
-        records_dir: options
-            .network_policy
-            .then(|| options.pod_record_dir.clone()),
+        policy: PolicyStores::enforcing(options.network_policy),
+        records_dir: records_dir.clone(),
         ..Stores::default()
     });
     // Alive while the reconciler turns at least once every few resync intervals.
@@ -263,6 +206,7 @@ pub async fn run(options: Options) -> Result<()> {
                     let overlay = overlay_settings(&options);
                     vec![overlay.device_name(false), overlay.device_name(true)]
                 },
+                records_dir,
             }),
             config: Box::new(ConfDir {
                 dir: options.conf_dir.clone(),
@@ -272,10 +216,7 @@ pub async fn run(options: Options) -> Result<()> {
             devices: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
             egress,
             policy: if options.network_policy {
-                Some(PolicyEffects {
-                    datapath: Box::new(crate::policy::datapath::Table::open()?),
-                    records_dir: options.pod_record_dir.clone(),
-                })
+                Some(Box::new(crate::policy::datapath::Table::open()?))
             } else {
                 None
             },
@@ -307,25 +248,25 @@ pub async fn run(options: Options) -> Result<()> {
         Arc::clone(&wake),
         Arc::clone(&metrics),
     ))];
-    if options.network_policy {
+    if let Some(own) = &stores.policy.network_policy {
         watches.push(tokio::spawn(api::watch(
             Api::<SlimNamespace>::all(client.clone()),
             config.clone(),
-            Arc::clone(&stores.namespaces),
+            Arc::clone(&stores.policy.namespaces),
             Arc::clone(&wake),
             Arc::clone(&metrics),
         )));
         watches.push(tokio::spawn(api::watch(
             Api::<SlimNetworkPolicy>::all(client.clone()),
             config.clone(),
-            Arc::clone(&stores.policies),
+            Arc::clone(&own.policies),
             Arc::clone(&wake),
             Arc::clone(&metrics),
         )));
         watches.push(tokio::spawn(api::watch(
             Api::<SlimPod>::all(client),
             config,
-            Arc::clone(&stores.pods),
+            Arc::clone(&stores.policy.pods),
             Arc::clone(&wake),
             Arc::clone(&metrics),
         )));
@@ -355,6 +296,7 @@ mod tests {
     use kube::runtime::watcher::Event;
     use std::io;
     use std::path::PathBuf;
+    use std::sync::Mutex;
 
     struct Quiet;
     impl HostReader for Quiet {
@@ -487,6 +429,112 @@ mod tests {
         assert!(
             text.contains("cni_node_reconcile_failures_total{step=\"conflist\"} "),
             "{text}"
+        );
+        wake.stop();
+        thread.join().unwrap();
+    }
+
+    /// Records what the policy tables were asked to hold.
+    struct Tables(Arc<Mutex<Vec<crate::policy::datapath::PolicyCounts>>>);
+    impl crate::policy::datapath::PolicyDatapath for Tables {
+        fn apply(&mut self, want: crate::policy::pipeline::Pipeline) -> Result<bool> {
+            self.0.lock().unwrap().push(want.counts());
+            Ok(true)
+        }
+        fn reload(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn complete<K: crate::store::Watched>(store: &Mutex<crate::store::Store<K>>) {
+        let mut store = store.lock().unwrap();
+        store.apply(Event::Init);
+        store.apply(Event::InitDone);
+    }
+
+    /// A policy kind whose store never completes (its API not served, say) holds back
+    /// neither the conflist nor the routes: they are written, `/readyz` names what the
+    /// policy step waits for, and the tables are not touched until the view is whole.
+    #[test]
+    fn a_policy_kind_that_is_not_complete_holds_back_nothing_else() {
+        let applied = Arc::new(Mutex::new(Vec::new()));
+        let refuse = Arc::new(Mutex::new(false));
+        let reconciler = Reconciler::new(
+            Settings {
+                plan: PlanSettings {
+                    node_name: "n1".into(),
+                    ..PlanSettings::default()
+                },
+                ..Settings::default()
+            },
+            77,
+            Effects {
+                host: Box::new(Quiet),
+                config: Box::new(Dir(Arc::clone(&refuse))),
+                routes: Box::new(Quiet),
+                devices: Box::new(crate::overlay::fakes::NoDevices),
+                egress: None,
+                policy: Some(Box::new(Tables(Arc::clone(&applied)))),
+            },
+        );
+        let stores = Arc::new(Stores {
+            policy: PolicyStores::enforcing(true),
+            ..Stores::default()
+        });
+        let wake = Arc::new(Wake::default());
+        let health = Health::new(Duration::from_secs(60));
+        let metrics = Arc::new(Metrics::new());
+        let thread = {
+            let (stores, wake, health, metrics) = (
+                Arc::clone(&stores),
+                Arc::clone(&wake),
+                Arc::clone(&health),
+                Arc::clone(&metrics),
+            );
+            std::thread::spawn(move || {
+                reconcile_loop(
+                    reconciler,
+                    &stores,
+                    &wake,
+                    &health,
+                    &metrics,
+                    Duration::from_secs(3600),
+                );
+            })
+        };
+        {
+            let mut nodes = stores.nodes.lock().unwrap();
+            nodes.apply(Event::Init);
+            nodes.apply(Event::InitApply(node_event("n1", "10.244.1.0/24")));
+            nodes.apply(Event::InitDone);
+        }
+        // Pods and Namespaces are listed; NetworkPolicies never are.
+        complete(&stores.policy.pods);
+        complete(&stores.policy.namespaces);
+        wake.notify();
+        let waiting = wait_for(&health, |r| matches!(r, Readiness::NotReady(_)));
+        assert_eq!(
+            waiting,
+            Readiness::NotReady(vec![(
+                "policy",
+                crate::policy::network_policy::WAITING.to_owned()
+            )]),
+            "the conflist was written (no conflist failure), only policy waits"
+        );
+        assert!(
+            applied.lock().unwrap().is_empty(),
+            "the tables were touched"
+        );
+
+        complete(&stores.policy.network_policy.as_ref().unwrap().policies);
+        wake.notify();
+        assert_eq!(
+            wait_for(&health, |r| *r == Readiness::Ready),
+            Readiness::Ready
+        );
+        assert!(
+            !applied.lock().unwrap().is_empty(),
+            "the tables were never applied"
         );
         wake.stop();
         thread.join().unwrap();

@@ -11,15 +11,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::agent::Stores;
 use crate::error::chain;
 use crate::metrics::{self, Metrics};
 use crate::policy::explain::Question;
+use crate::store::Stores;
 
 /// Where the agent stands, as `/readyz` tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Readiness {
-    /// No complete list of every watched kind yet.
+    /// No complete list of Nodes yet.
     WaitingForList,
     /// The last reconciliation succeeded in every step.
     Ready,
@@ -131,7 +131,10 @@ impl Health {
 /// agent's NetworkPolicy view is complete.
 fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str, String) {
     const TEXT: &str = "text/plain; charset=utf-8";
-    let Some(snapshot) = stores.and_then(Stores::snapshot).and_then(|s| s.policy) else {
+    let snapshot = stores
+        .and_then(Stores::snapshot)
+        .and_then(|s| s.policy.network_policy.ready().cloned());
+    let Some(snapshot) = snapshot else {
         return (
             "503 Service Unavailable",
             TEXT,
@@ -140,25 +143,7 @@ fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str,
                 .into(),
         );
     };
-    let param = |key: &str| {
-        query.split('&').find_map(|pair| {
-            let (k, v) = pair.split_once('=')?;
-            (k == key).then(|| percent_decode(v))
-        })
-    };
-    let question = (|| {
-        Some(Question {
-            from: param("from")?,
-            to: param("to")?,
-            protocol: param("protocol").unwrap_or_else(|| "TCP".into()),
-            port: param("port")?.parse().ok()?,
-            ipv6: param("ipv6").is_some_and(|v| v == "1" || v == "true"),
-            via_service: match param("via_service") {
-                Some(text) => Some(text.parse().ok()?),
-                None => None,
-            },
-        })
-    })();
+    let question = Question::from_query(query);
     let Some(question) = question else {
         return (
             "400 Bad Request",
@@ -169,51 +154,12 @@ fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str,
     };
     let records = stores
         .and_then(|s| s.records_dir.as_deref())
-        .map(cni_protocol::pod_record::read_all)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(ip, record)| (ip, record.pod))
-        .collect();
+        .map(crate::host::pod_records)
+        .unwrap_or_default();
     match crate::policy::explain::explain(&snapshot, records, &question) {
         Ok((_, text)) => ("200 OK", TEXT, text),
         Err(why) => ("400 Bad Request", TEXT, chain(&why) + "\n"),
     }
-}
-
-/// Decodes the `%XX` escapes (and `+` as a space) of a query value.
-pub fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let escaped = (bytes[i] == b'%')
-            .then(|| text.get(i + 1..i + 3))
-            .flatten()
-            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
-        match (escaped, bytes[i]) {
-            (Some(b), _) => {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-            (None, b'+') => out.push(b' '),
-            (None, b) => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Encodes a query value (everything but unreserved characters).
-pub fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Serves probes, metrics and `/explain` on `listener` until the runtime stops.
@@ -346,13 +292,5 @@ mod tests {
         s.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.0 200 OK\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\nready\n"), "{out}");
-    }
-
-    #[test]
-    fn query_values_round_trip() {
-        for text in ["x/a", "fd00::1", "a b&c=d%"] {
-            assert_eq!(percent_decode(&percent_encode(text)), text);
-        }
-        assert_eq!(percent_decode("a%2Fb+c%zz"), "a/b c%zz");
     }
 }

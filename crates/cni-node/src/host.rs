@@ -1,6 +1,7 @@
 //! What the agent reads of this host: over netlink its addresses and main-table
-//! routes (split into the agent's own and everyone else's) and the links' MTUs, and
-//! whether portmap is installed; the pod MTU chosen from them; and the kernel's
+//! routes (split into the agent's own and everyone else's; [`HostView`] is what the plan
+//! routes on) and the links' MTUs; whether portmap is installed; the bridge plugin's pod
+//! records; the pod MTU chosen from them ([`choose_mtu`]); and the kernel's
 //! notifications of link, address and route changes, which wake the reconciler.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,11 +20,54 @@ use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::plan::{HostRoute, HostView};
 use crate::wake::Wake;
 
 /// The main routing table's id.
 pub const MAIN_TABLE: u32 = 254;
+
+/// A route on this host that is not ours: what decides whether a node is on-link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoute {
+    /// Destination.
+    pub dst: IpNetwork,
+    /// Next hop, for a route through a gateway.
+    pub gw: Option<IpAddr>,
+}
+
+/// What the plan needs to know of this host.
+#[derive(Debug, Clone, Default)]
+pub struct HostView {
+    /// Every address on this host's links.
+    pub addresses: Vec<IpAddr>,
+    /// The main table's unicast routes, except the agent's own.
+    pub routes: Vec<HostRoute>,
+}
+
+impl HostView {
+    /// How this host reaches `ip`: the longest-prefix match of the main table.
+    pub(crate) fn reach(&self, ip: IpAddr) -> Reach {
+        let best = self
+            .routes
+            .iter()
+            .filter(|r| r.dst.is_ipv4() == ip.is_ipv4() && r.dst.contains(ip))
+            .max_by_key(|r| r.dst.prefix());
+        match best {
+            None => Reach::NoRoute,
+            Some(HostRoute { gw: Some(gw), .. }) => Reach::Gateway(*gw),
+            Some(HostRoute { gw: None, .. }) => Reach::OnLink,
+        }
+    }
+}
+
+/// How this host reaches an address.
+pub(crate) enum Reach {
+    /// On one of its links.
+    OnLink,
+    /// Through this gateway.
+    Gateway(IpAddr),
+    /// Not at all.
+    NoRoute,
+}
 
 /// One reading of the host.
 #[derive(Debug, Clone, Default)]
@@ -45,6 +89,10 @@ pub struct HostState {
     /// The links named like the agent's VXLAN devices, whatever they are, with what
     /// they hold.
     pub overlay: Vec<DeviceState>,
+    /// The bridge plugin's pod records, address -> pod (`namespace/name`), when the
+    /// agent reads them (NetworkPolicy enforced): a new pod's address is known here
+    /// before the API shows it.
+    pub pod_records: BTreeMap<IpAddr, String>,
 }
 
 /// A link with the name of one of the agent's VXLAN devices, as read.
@@ -103,6 +151,8 @@ pub struct Host {
     pub bin_dir: PathBuf,
     /// The names of the agent's VXLAN devices (none when the overlay is off).
     pub overlay_names: Vec<String>,
+    /// Where the bridge plugin leaves its pod records, when they are read.
+    pub records_dir: Option<PathBuf>,
 }
 
 impl HostReader for Host {
@@ -110,8 +160,20 @@ impl HostReader for Host {
         let mut state =
             read(&self.nl, self.protocol, &self.overlay_names, entries).map_err(Error::ReadHost)?;
         state.portmap_installed = self.bin_dir.join("portmap").is_file();
+        if let Some(dir) = &self.records_dir {
+            state.pod_records = pod_records(dir);
+        }
         Ok(state)
     }
+}
+
+/// The pod records in `dir`: address -> pod (`namespace/name`); a record that cannot be
+/// read is left out, as if the pod had none yet.
+pub fn pod_records(dir: &Path) -> BTreeMap<IpAddr, String> {
+    cni_protocol::pod_record::read_all(dir)
+        .into_iter()
+        .map(|(ip, record)| (ip, record.pod))
+        .collect()
 }
 
 /// What the host-events thread tells the reconciler about its VXLAN devices' entries,

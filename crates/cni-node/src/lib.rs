@@ -9,7 +9,9 @@
 //! - [`plan`]: the whole desired state as plain data, from a snapshot of the stores and
 //!   the host; [`reconcile`]: the one reconciler that applies the difference through
 //!   [`conflist`], [`overlay`] (the VXLAN devices), [`routes`] (routes and the tunnels'
-//!   entries) and [`egress`].
+//!   entries), [`egress`] and the policy tables.
+//! - [`policy`]: the policy tiers in packet order, one module per policy kind (its
+//!   store, readiness and compile), the kernel side and `explain`.
 //! - [`agent`]: how the parts meet (threads, wake-ups, retries); [`wake`]: the
 //!   coalescing wake-up; [`health`] and [`metrics`]: the probes' and Prometheus's
 //!   endpoint.

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, Result};
-use crate::reconcile::PolicyCounts;
+use crate::policy::datapath::PolicyCounts;
 
 /// The labels of a metric family: one name, one value.
 pub type Label = [(&'static str, &'static str); 1];

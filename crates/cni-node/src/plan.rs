@@ -2,8 +2,9 @@
 //! which pod CIDRs this node serves, its network config (bytes, MTU and why), which
 //! routes to other nodes it wants and how each is reached (straight to the node on this
 //! node's link, or encapsulated in VXLAN to a node behind a router), the VXLAN devices
-//! that takes, and which destinations are inside the cluster (never masqueraded).
-//! [`desired`] is the whole of it; no effects here.
+//! that takes, which destinations are inside the cluster (never masqueraded), and what
+//! each policy tier wants of the kernel ([`crate::policy::pipeline`]). [`desired`] is the
+//! whole of it; no effects here.
 //!
 //! Node data is checked before anything is routed on it: a kubelet writes its own
 //! Node's addresses, and one bad or hostile node must not capture another node's (or
@@ -19,48 +20,11 @@ use cni_protocol::ip::bounds;
 use ipnetwork::IpNetwork;
 
 use crate::conflist::{self, ConflistSettings};
-use crate::host::{self, HostState};
+use crate::host::{self, HostState, HostView, Reach};
 use crate::node::NodeInfo;
-
-/// A route on this host that is not ours: what decides whether a node is on-link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostRoute {
-    /// Destination.
-    pub dst: IpNetwork,
-    /// Next hop, for a route through a gateway.
-    pub gw: Option<IpAddr>,
-}
-
-/// What the plan needs to know of this host.
-#[derive(Debug, Clone, Default)]
-pub struct HostView {
-    /// Every address on this host's links.
-    pub addresses: Vec<IpAddr>,
-    /// The main table's unicast routes, except the agent's own.
-    pub routes: Vec<HostRoute>,
-}
-
-impl HostView {
-    /// How this host reaches `ip`: the longest-prefix match of the main table.
-    fn reach(&self, ip: IpAddr) -> Reach {
-        let best = self
-            .routes
-            .iter()
-            .filter(|r| r.dst.is_ipv4() == ip.is_ipv4() && r.dst.contains(ip))
-            .max_by_key(|r| r.dst.prefix());
-        match best {
-            None => Reach::NoRoute,
-            Some(HostRoute { gw: Some(gw), .. }) => Reach::Gateway(*gw),
-            Some(HostRoute { gw: None, .. }) => Reach::OnLink,
-        }
-    }
-}
-
-enum Reach {
-    OnLink,
-    Gateway(IpAddr),
-    NoRoute,
-}
+use crate::policy::compile::SHARE_FROM;
+use crate::policy::pipeline::{self, CompileContext, Pipeline};
+use crate::store::Snapshot;
 
 /// How another node's pod CIDR is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -525,14 +489,14 @@ pub struct Desired {
     pub config: Option<NetworkConfig>,
     /// The VXLAN devices the tunnels need (none when no peer is encapsulated).
     pub overlay: Vec<OverlayDevice>,
+    /// What each policy tier wants of the kernel, or what it waits for.
+    pub policy: Pipeline,
 }
 
-/// Computes the whole desired state from the node map, this host and the settings.
-pub fn desired(
-    nodes: &BTreeMap<String, NodeInfo>,
-    host: &HostState,
-    settings: &Settings,
-) -> Desired {
+/// Computes the whole desired state from a snapshot of the stores, this host and the
+/// settings.
+pub fn desired(snapshot: &Snapshot, host: &HostState, settings: &Settings) -> Desired {
+    let nodes = &*snapshot.nodes;
     let plan = plan(nodes, &host.view, &settings.plan);
     let overlay = settings
         .plan
@@ -560,10 +524,19 @@ pub fn desired(
             portmap: host.portmap_installed,
         }
     });
+    let policy = pipeline::compile(
+        &snapshot.policy,
+        CompileContext {
+            node: &settings.plan.node_name,
+            records: &host.pod_records,
+            share_from: settings.policy_shared_peer_ranges.unwrap_or(SHARE_FROM),
+        },
+    );
     Desired {
         plan,
         config,
         overlay,
+        policy,
     }
 }
 
@@ -626,6 +599,14 @@ fn overlay_devices(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::host::HostRoute;
+
+    fn nodes_only(nodes: BTreeMap<String, NodeInfo>) -> Snapshot {
+        Snapshot {
+            nodes: std::sync::Arc::new(nodes),
+            policy: pipeline::PolicyInputs::default(),
+        }
+    }
 
     fn node(name: &str, cidrs: &[&str], ips: &[&str]) -> NodeInfo {
         NodeInfo {
@@ -869,7 +850,11 @@ mod tests {
 
     #[test]
     fn the_desired_state_holds_the_config_with_its_mtu_and_portmap() {
-        let d = desired(&map(three()), &host_state(true), &whole_settings());
+        let d = desired(
+            &nodes_only(map(three())),
+            &host_state(true),
+            &whole_settings(),
+        );
         let config = d.config.expect("a config");
         assert_eq!(config.mtu, 1450);
         assert!(config.mtu_why.contains("ul0"), "{}", config.mtu_why);
@@ -885,7 +870,7 @@ mod tests {
             mtu: Some(1400),
             ..whole_settings()
         };
-        let config = desired(&map(three()), &host_state(false), &s)
+        let config = desired(&nodes_only(map(three())), &host_state(false), &s)
             .config
             .expect("a config");
         assert_eq!(
@@ -984,7 +969,7 @@ mod tests {
         };
         let mut h = host_state(false);
         h.address_indexes.insert("198.18.0.11".parse().unwrap(), 2);
-        let d = desired(&map(nodes.clone()), &h, &s);
+        let d = desired(&nodes_only(map(nodes.clone())), &h, &s);
         let config = d.config.expect("a config");
         assert_eq!(config.mtu, 1400, "1450 - 50: {}", config.mtu_why);
         assert!(
@@ -1009,11 +994,11 @@ mod tests {
             dst: "::/0".parse().unwrap(),
             gw: Some("fd00:18::1".parse().unwrap()),
         });
-        let d = desired(&map(nodes.clone()), &h, &s);
+        let d = desired(&nodes_only(map(nodes.clone())), &h, &s);
         assert_eq!(d.config.expect("a config").mtu, 1380);
         assert_eq!(d.overlay.len(), 2);
         // Nobody encapsulated: unchanged, no device.
-        let d = desired(&map(three()), &h, &s);
+        let d = desired(&nodes_only(map(three())), &h, &s);
         assert_eq!(d.config.expect("a config").mtu, 1450);
         assert!(d.overlay.is_empty());
     }
@@ -1021,7 +1006,60 @@ mod tests {
     #[test]
     fn no_config_until_this_node_has_a_pod_cidr() {
         let nodes = vec![node("n1", &[], &["198.18.0.11"])];
-        let d = desired(&map(nodes), &host_state(true), &whole_settings());
+        let d = desired(
+            &nodes_only(map(nodes)),
+            &host_state(true),
+            &whole_settings(),
+        );
         assert_eq!(d.config, None);
+    }
+
+    #[test]
+    fn the_desired_state_holds_each_policy_tier_and_a_waiting_one_holds_back_nothing() {
+        use crate::policy::model::tests::{cluster, policy};
+        use crate::policy::network_policy::{self, WAITING};
+        use crate::policy::pipeline::{PolicyInputs, Stage, Tier};
+        use std::sync::Arc;
+        let (mut pods, namespaces) = cluster();
+        // x/a runs on n1, and the API has no address of it yet: its pod record has.
+        pods.get_mut("x/a").unwrap().ips.clear();
+        let policies = [policy("x", "deny", serde_json::json!({"podSelector": {}}))]
+            .into_iter()
+            .collect();
+        let mut snapshot = nodes_only(map(three()));
+        snapshot.policy = PolicyInputs {
+            network_policy: Stage::Ready(network_policy::Snapshot {
+                pods: Arc::new(pods),
+                namespaces: Arc::new(namespaces),
+                policies: Arc::new(policies),
+            }),
+            ..PolicyInputs::default()
+        };
+        let mut host = host_state(true);
+        let recorded: IpAddr = "10.244.0.77".parse().unwrap();
+        host.pod_records.insert(recorded, "x/a".into());
+        let d = desired(&snapshot, &host, &whole_settings());
+        let want = d
+            .policy
+            .network_policy
+            .ready()
+            .expect("the tier is compiled");
+        assert!(
+            want.compiled.ingress.contains_key(&recorded),
+            "x/deny isolates x/a at its recorded address: {want:?}"
+        );
+        assert!(d.policy.waiting().is_empty());
+        assert_eq!(d.plan.routes.len(), 4);
+
+        // The tier's view is not complete: it waits; the routes and the config do not.
+        snapshot.policy.network_policy = Stage::Waiting(WAITING.to_owned());
+        let d = desired(&snapshot, &host, &whole_settings());
+        assert_eq!(
+            d.policy.waiting(),
+            vec![(Tier::NetworkPolicy, WAITING.to_owned())]
+        );
+        assert!(!d.policy.any_ready());
+        assert!(d.config.is_some());
+        assert_eq!(d.plan.routes.len(), 4);
     }
 }

@@ -1,8 +1,9 @@
 //! The one reconciler: reads the host, computes the whole desired state
 //! ([`crate::plan::desired`]) from a snapshot of the watched objects, and applies the
 //! difference: the network config, the VXLAN devices, the routes with the tunnels'
-//! entries, the egress rules. Each effect is behind a small trait ([`HostReader`],
-//! [`ConfigDir`], [`VxlanDevices`], [`RouteTable`], [`EgressRules`]) with in-memory
+//! entries, the egress rules, the policy tables. Each effect is behind a small trait
+//! ([`HostReader`], [`ConfigDir`], [`VxlanDevices`], [`RouteTable`], [`EgressRules`],
+//! [`PolicyDatapath`]) with in-memory
 //! fakes in the tests, so what it decides is tested without root.
 //!
 //! A step that fails does not stop the others (a route the kernel refuses must not keep
@@ -19,11 +20,6 @@ use std::time::{Duration, Instant};
 
 use ipnetwork::IpNetwork;
 
-use std::net::IpAddr;
-
-use cni_protocol::pod_record;
-
-use crate::agent::PolicySnapshot;
 use crate::egress::{self, EgressRules};
 use crate::error::{Error, chain};
 use crate::host::{DeviceEntries, EntriesWatch, HostReader, HostState};
@@ -31,9 +27,10 @@ use crate::node::NodeInfo;
 use crate::overlay::{self, VxlanDevices};
 use crate::plan::NextHop;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
-use crate::policy::compile::{Compiled, SHARE_FROM, compile_sharing};
-use crate::policy::model::View;
+use crate::policy::datapath::{PolicyCounts, PolicyDatapath};
+use crate::policy::pipeline::Pipeline;
 use crate::routes::{self, RouteChanges, RouteTable};
+use crate::store::Snapshot;
 
 /// Where the network config is written: a trait so the reconciler is tested without a
 /// file system.
@@ -67,26 +64,6 @@ impl ConfigDir for ConfDir {
     }
 }
 
-/// The NetworkPolicy table: a trait so the reconciler is tested without nf_tables.
-pub trait PolicyDatapath: Send {
-    /// Makes the kernel hold `want` (only the differences from what it holds) and
-    /// releases the addresses `want` judges from the pending sets; whether anything
-    /// changed.
-    fn apply(&mut self, want: Compiled) -> Result<bool, Error>;
-    /// Reads the kernel's table again (the resync: a hand edit is repaired by the next
-    /// apply).
-    fn reload(&mut self) -> Result<(), Error>;
-}
-
-/// What NetworkPolicy enforcement needs.
-#[allow(missing_debug_implementations)] // a trait object; Effects' Debug names the dir
-pub struct PolicyEffects {
-    /// The table.
-    pub datapath: Box<dyn PolicyDatapath>,
-    /// Where the bridge plugin leaves its pod records.
-    pub records_dir: PathBuf,
-}
-
 /// The effects the reconciler drives.
 pub struct Effects {
     /// The host's reader.
@@ -99,8 +76,8 @@ pub struct Effects {
     pub devices: Box<dyn VxlanDevices>,
     /// The egress rules, unless egress SNAT is off.
     pub egress: Option<Box<dyn EgressRules>>,
-    /// NetworkPolicy enforcement, unless it is off.
-    pub policy: Option<PolicyEffects>,
+    /// The policy tables, unless no policy kind is enforced.
+    pub policy: Option<Box<dyn PolicyDatapath>>,
 }
 
 impl std::fmt::Debug for Effects {
@@ -108,7 +85,7 @@ impl std::fmt::Debug for Effects {
         f.debug_struct("Effects")
             .field("config", &self.config.path())
             .field("egress", &self.egress.as_ref().map(|e| e.name()))
-            .field("policy", &self.policy.as_ref().map(|p| &p.records_dir))
+            .field("policy", &self.policy.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -130,19 +107,6 @@ pub struct Outcome {
     pub waiting: Vec<(&'static str, String)>,
     /// What the NetworkPolicy table holds.
     pub policy: PolicyCounts,
-}
-
-/// What the NetworkPolicy table holds after a pass.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PolicyCounts {
-    /// Local pod addresses isolated for ingress.
-    pub ingress: usize,
-    /// Local pod addresses isolated for egress.
-    pub egress: usize,
-    /// Profiles (what a set of pods allows), both directions.
-    pub profiles: usize,
-    /// Shared peer sets.
-    pub peer_sets: usize,
 }
 
 impl Outcome {
@@ -244,15 +208,10 @@ impl Reconciler {
         self
     }
 
-    /// One pass against the node map `nodes` and, when NetworkPolicy is enforced, the
-    /// objects it is judged on (`None` until their stores are complete); `resync`
-    /// re-reads what is cached of the kernel first.
-    pub fn reconcile(
-        &mut self,
-        nodes: &BTreeMap<String, NodeInfo>,
-        policy: Option<&PolicySnapshot>,
-        resync: bool,
-    ) -> Outcome {
+    /// One pass against a snapshot of the stores; `resync` re-reads what is cached of
+    /// the kernel first.
+    pub fn reconcile(&mut self, snapshot: &Snapshot, resync: bool) -> Outcome {
+        let nodes: &BTreeMap<String, NodeInfo> = &snapshot.nodes;
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
         let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
@@ -272,7 +231,7 @@ impl Reconciler {
             }
         };
         phases.lap("host");
-        let desired = plan::desired(nodes, &host, &self.settings);
+        let mut desired = plan::desired(snapshot, &host, &self.settings);
         self.report_skipped(&desired, nodes);
         outcome.skipped = desired.plan.skipped.len();
         phases.lap("plan");
@@ -344,7 +303,8 @@ impl Reconciler {
             outcome.egress_prefixes = egress::exempt_prefixes(&plan.in_cluster);
             phases.lap("egress");
         }
-        self.enforce_policy(policy, resync, &mut outcome, &mut phases);
+        let pipeline = std::mem::take(&mut desired.policy);
+        self.enforce_policy(pipeline, resync, &mut outcome, &mut phases);
         self.report_failures(&outcome);
         tracing::debug!("{}", phases.summary());
         outcome
@@ -372,62 +332,43 @@ impl Reconciler {
         }
     }
 
-    /// The NetworkPolicy step: compiles the view for this node's pods (their addresses
-    /// from the API and from the plugin's records) and brings the table in step.
+    /// The policy step: brings the tables in step with the pipeline's ready tiers; a
+    /// tier still waiting for its view keeps what the kernel holds for it.
     fn enforce_policy(
         &mut self,
-        snapshot: Option<&PolicySnapshot>,
+        pipeline: Pipeline,
         resync: bool,
         outcome: &mut Outcome,
         phases: &mut Phases,
     ) {
-        let Some(effects) = &mut self.effects.policy else {
+        let Some(datapath) = &mut self.effects.policy else {
             return;
         };
-        let Some(snapshot) = snapshot else {
-            outcome.waiting.push((
-                "policy",
-                "waiting for the first complete list of Pods, Namespaces and NetworkPolicies"
-                    .into(),
-            ));
+        outcome.waiting.extend(
+            pipeline
+                .waiting()
+                .into_iter()
+                .map(|(_, why)| ("policy", why)),
+        );
+        if !pipeline.any_ready() {
             return;
-        };
+        }
         if resync {
-            let reloaded = effects.datapath.reload();
+            let reloaded = datapath.reload();
             phases.lap("policy reload");
             if let Err(e) = reloaded {
                 outcome.failures.push(("policy", e));
                 return;
             }
         }
-        let records: BTreeMap<IpAddr, String> = pod_record::read_all(&effects.records_dir)
-            .into_iter()
-            .map(|(ip, record)| (ip, record.pod))
-            .collect();
-        phases.lap("pod records");
-        let view = View::with_records(
-            &snapshot.pods,
-            &snapshot.namespaces,
-            &snapshot.policies,
-            records,
-        );
-        phases.lap("policy view");
-        let compiled = compile_sharing(
-            &view,
-            &self.settings.plan.node_name,
-            self.settings
-                .policy_shared_peer_ranges
-                .unwrap_or(SHARE_FROM),
-        );
-        phases.lap("policy compile");
-        let counts = PolicyCounts {
-            ingress: compiled.ingress.len(),
-            egress: compiled.egress.len(),
-            profiles: compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
-            peer_sets: compiled.peer_sets.len(),
-        };
+        let counts = pipeline.counts();
         outcome.policy = counts;
-        match effects.datapath.apply(compiled) {
+        let problems = pipeline
+            .network_policy
+            .ready()
+            .map(|want| want.problems.clone())
+            .unwrap_or_default();
+        match datapath.apply(pipeline) {
             Ok(true) => tracing::info!(
                 "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {} \
                  profiles, {} shared peer sets",
@@ -440,12 +381,6 @@ impl Reconciler {
             Err(e) => outcome.failures.push(("policy", e)),
         }
         phases.lap("policy table");
-        let problems: BTreeMap<String, Vec<String>> = snapshot
-            .policies
-            .iter()
-            .filter(|(_, p)| !p.problems.is_empty())
-            .map(|(k, p)| (k.clone(), p.problems.clone()))
-            .collect();
         for (key, list) in &problems {
             if self.reported.policy_problems.get(key) != Some(list) {
                 tracing::warn!(
@@ -645,8 +580,9 @@ mod tests {
 
     use crate::conflist::ConflistSettings;
     use crate::host::HostState;
+    use crate::host::{HostRoute, HostView};
     use crate::overlay::fakes::NoDevices;
-    use crate::plan::{HostRoute, HostView, PlanSettings};
+    use crate::plan::PlanSettings;
 
     /// Everything the fakes were asked to do, in order.
     type Log = Arc<Mutex<Vec<String>>>;
@@ -808,6 +744,13 @@ mod tests {
         .collect()
     }
 
+    fn nodes_only(nodes: &BTreeMap<String, NodeInfo>) -> Snapshot {
+        Snapshot {
+            nodes: Arc::new(nodes.clone()),
+            policy: crate::policy::pipeline::PolicyInputs::default(),
+        }
+    }
+
     fn take(log: &Log) -> Vec<String> {
         std::mem::take(&mut *log.lock().unwrap())
     }
@@ -815,7 +758,7 @@ mod tests {
     #[test]
     fn one_pass_writes_the_config_routes_the_others_and_syncs_egress() {
         let mut f = fixture();
-        let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
+        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
         assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
         assert_eq!(
             take(&f.log),
@@ -839,7 +782,7 @@ mod tests {
     fn a_failing_step_does_not_stop_the_others_and_is_named() {
         let mut f = fixture();
         *f.writable.lock().unwrap() = false;
-        let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
+        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
         assert_eq!(outcome.failed_steps(), vec!["conflist"]);
         let text = chain(&outcome.failures[0].1);
         assert!(
@@ -856,7 +799,7 @@ mod tests {
         *f.writable.lock().unwrap() = true;
         assert!(
             f.reconciler
-                .reconcile(&two_nodes(), None, false)
+                .reconcile(&nodes_only(&two_nodes()), false)
                 .failures
                 .is_empty()
         );
@@ -867,7 +810,7 @@ mod tests {
     fn a_host_that_cannot_be_read_is_a_host_failure_and_nothing_is_touched() {
         let mut f = fixture();
         *f.host.lock().unwrap() = None;
-        let outcome = f.reconciler.reconcile(&two_nodes(), None, false);
+        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
         assert_eq!(outcome.failed_steps(), vec!["host"]);
         assert!(take(&f.log).is_empty());
     }
@@ -875,10 +818,10 @@ mod tests {
     #[test]
     fn the_uplink_mtu_reaches_the_config() {
         let mut f = fixture();
-        f.reconciler.reconcile(&two_nodes(), None, false);
+        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
         take(&f.log);
         f.host.lock().unwrap().as_mut().unwrap().address_mtus[0].1 = 1400;
-        f.reconciler.reconcile(&two_nodes(), None, false);
+        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
         assert_eq!(take(&f.log)[0], "write conflist");
         let file = f.file.lock().unwrap().clone().unwrap();
         let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
@@ -888,7 +831,7 @@ mod tests {
     #[test]
     fn routes_follow_nodes_that_come_and_go() {
         let mut f = fixture();
-        f.reconciler.reconcile(&two_nodes(), None, false);
+        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
         // The route is in the table now; n2 leaves and n3 comes.
         f.host.lock().unwrap().as_mut().unwrap().ours = vec![crate::routes::our_route(
             "10.244.2.0/24".parse().unwrap(),
@@ -899,7 +842,7 @@ mod tests {
         let mut nodes = two_nodes();
         nodes.remove("n2");
         nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
-        let outcome = f.reconciler.reconcile(&nodes, None, false);
+        let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
         let log = take(&f.log);
         assert_eq!(
             log[..2],
@@ -938,7 +881,7 @@ mod tests {
                 .filter(|l| l.starts_with("ReplaceFdb") || l.starts_with("ReplaceNeigh"))
                 .count()
         };
-        f.reconciler.reconcile(&nodes, None, false);
+        f.reconciler.reconcile(&nodes_only(&nodes), false);
         let log = take(&f.log);
         assert_eq!(entries(&log), 2, "{log:?}");
         assert!(
@@ -962,13 +905,13 @@ mod tests {
                 1, "cni-vx4", "vxlan", 4097, local, 1400, true,
             )];
         }
-        f.reconciler.reconcile(&nodes, None, false);
+        f.reconciler.reconcile(&nodes_only(&nodes), false);
         let log = take(&f.log);
         assert_eq!(entries(&log), 0, "{log:?}");
         // A resync reads them: gone by hand, written again.
         f.host.lock().unwrap().as_mut().unwrap().overlay[0].entries =
             Some(DeviceEntries::default());
-        f.reconciler.reconcile(&nodes, None, true);
+        f.reconciler.reconcile(&nodes_only(&nodes), true);
         assert_eq!(entries(&take(&f.log)), 2);
     }
 
@@ -977,7 +920,7 @@ mod tests {
         let mut f = fixture();
         let mut nodes = two_nodes();
         nodes.get_mut("n1").unwrap().pod_cidrs.clear();
-        let outcome = f.reconciler.reconcile(&nodes, None, false);
+        let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
         assert!(outcome.failures.is_empty());
         let log = take(&f.log);
         assert!(!log.contains(&"write conflist".to_owned()), "{log:?}");

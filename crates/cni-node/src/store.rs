@@ -16,7 +16,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::node::SlimNode;
+use crate::policy::pipeline::{PolicyInputs, PolicyStores};
 
 use kube::runtime::watcher::Event;
 
@@ -165,6 +168,46 @@ impl<K: Watched> Store<K> {
     /// Whether the view is empty.
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+}
+
+/// The stores of every watched kind.
+#[derive(Debug, Default)]
+pub struct Stores {
+    /// Nodes.
+    pub nodes: Arc<Mutex<Store<SlimNode>>>,
+    /// What policy is judged on: Pods, Namespaces and each enforced kind's own.
+    pub policy: PolicyStores,
+    /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
+    /// for `explain` to see new pods as the reconciler does.
+    pub records_dir: Option<std::path::PathBuf>,
+}
+
+/// Everything the plan is computed from, as of one moment.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// Nodes by name.
+    pub nodes: Items<SlimNode>,
+    /// Each policy kind's input, or what it still waits for.
+    pub policy: PolicyInputs,
+}
+
+/// A store's view, once it is complete.
+pub fn snapshot_of<K: Watched>(store: &Mutex<Store<K>>) -> Option<Items<K>> {
+    store
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .snapshot()
+}
+
+impl Stores {
+    /// A snapshot, once the Node store has its first complete list: the routes and the
+    /// conflist need nothing else, and each policy kind waits for its own stores alone.
+    pub fn snapshot(&self) -> Option<Snapshot> {
+        Some(Snapshot {
+            nodes: snapshot_of(&self.nodes)?,
+            policy: self.policy.snapshot(),
+        })
     }
 }
 

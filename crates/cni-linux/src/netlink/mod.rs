@@ -30,10 +30,11 @@ use cni_netlink::{Malformed, Socket, Writer};
 use crate::error::{Error, Result};
 use crate::netns::NetNs;
 
+pub use crate::oper_state::OperState;
 pub use addr::{Address, AddressOptions};
 pub use batch::{BATCH_CHANGES, Change};
 pub use bridge::VlanEntry;
-pub use link::{BridgePort, Link, OperState};
+pub use link::{BridgePort, Link};
 pub use neigh::{FdbEntry, Neighbour};
 pub use route::Route;
 pub use veth::VethPair;

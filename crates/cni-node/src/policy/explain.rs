@@ -1,13 +1,14 @@
 //! `cni-node explain`: whether NetworkPolicy lets a connection through and which
 //! policies decided it, from the running agent's own view (served on its health
 //! address), so an operator sees what the agent enforces, not what the API says now.
+//! The question travels as `/explain`'s query string, built and read here alone.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use super::model::{Side, View};
+use super::network_policy::Snapshot;
 use super::objects::{SCTP, TCP, UDP};
-use crate::agent::PolicySnapshot;
 use crate::error::{Error, Result};
 
 /// A question: from an address or a pod (`namespace/name`) to a pod.
@@ -29,10 +30,87 @@ pub struct Question {
     pub via_service: Option<IpAddr>,
 }
 
+impl Question {
+    /// The question as `/explain`'s query string: `from=..&to=..&protocol=..&port=..&ipv6=0|1`
+    /// and `&via_service=..` when asked.
+    pub fn query(&self) -> String {
+        let via_service = self
+            .via_service
+            .map(|s| format!("&via_service={}", percent_encode(&s.to_string())))
+            .unwrap_or_default();
+        format!(
+            "from={}&to={}&protocol={}&port={}&ipv6={}{via_service}",
+            percent_encode(&self.from),
+            percent_encode(&self.to),
+            percent_encode(&self.protocol),
+            self.port,
+            u8::from(self.ipv6)
+        )
+    }
+
+    /// The question a query string asks (the protocol TCP unless named); `None` when
+    /// `from`, `to` or `port` is missing or a value cannot be read.
+    pub fn from_query(query: &str) -> Option<Self> {
+        let param = |key: &str| {
+            query.split('&').find_map(|pair| {
+                let (k, v) = pair.split_once('=')?;
+                (k == key).then(|| percent_decode(v))
+            })
+        };
+        Some(Self {
+            from: param("from")?,
+            to: param("to")?,
+            protocol: param("protocol").unwrap_or_else(|| "TCP".into()),
+            port: param("port")?.parse().ok()?,
+            ipv6: param("ipv6").is_some_and(|v| v == "1" || v == "true"),
+            via_service: match param("via_service") {
+                Some(text) => Some(text.parse().ok()?),
+                None => None,
+            },
+        })
+    }
+}
+
+/// Decodes the `%XX` escapes (and `+` as a space) of a query value.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match (escaped, bytes[i]) {
+            (Some(b), _) => {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+            (None, b'+') => out.push(b' '),
+            (None, b) => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Encodes a query value (everything but unreserved characters).
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// The answer: allowed or not, and the explanation as text; `records` are this node's
 /// pod records (address -> pod), as the reconciler sees them.
 pub fn explain(
-    snapshot: &PolicySnapshot,
+    snapshot: &Snapshot,
     records: BTreeMap<IpAddr, String>,
     q: &Question,
 ) -> Result<(bool, String)> {
@@ -122,24 +200,12 @@ pub fn explain(
 /// Asks the agent listening on `agent` (its `--health-addr`): whether the connection
 /// is allowed, and the explanation; an error when the agent cannot answer.
 pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String)> {
-    use crate::health::percent_encode;
     use std::io::{Read as _, Write as _};
     let timeout = std::time::Duration::from_secs(5);
     let unreachable = |source| Error::AgentUnreachable { agent, source };
     let mut stream = std::net::TcpStream::connect_timeout(&agent, timeout).map_err(unreachable)?;
     let _ = stream.set_read_timeout(Some(timeout));
-    let via_service = q
-        .via_service
-        .map(|s| format!("&via_service={}", percent_encode(&s.to_string())))
-        .unwrap_or_default();
-    let request = format!(
-        "GET /explain?from={}&to={}&protocol={}&port={}&ipv6={}{via_service} HTTP/1.0\r\n\r\n",
-        percent_encode(&q.from),
-        percent_encode(&q.to),
-        percent_encode(&q.protocol),
-        q.port,
-        u8::from(q.ipv6)
-    );
+    let request = format!("GET /explain?{} HTTP/1.0\r\n\r\n", q.query());
     let mut reply = String::new();
     stream
         .write_all(request.as_bytes())
@@ -171,7 +237,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let snapshot = PolicySnapshot {
+        let snapshot = Snapshot {
             pods: Arc::new(pods),
             namespaces: Arc::new(namespaces),
             policies: Arc::new(policies),
@@ -228,7 +294,7 @@ mod tests {
                 json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "a"}}}]}]}),
             ),
         ];
-        let snapshot = |policies: &[(String, crate::policy::objects::PolicyInfo)]| PolicySnapshot {
+        let snapshot = |policies: &[(String, crate::policy::objects::PolicyInfo)]| Snapshot {
             pods: Arc::new(pods.clone()),
             namespaces: Arc::new(namespaces.clone()),
             policies: Arc::new(policies.iter().cloned().collect()),
@@ -275,5 +341,33 @@ mod tests {
         )
         .unwrap_err();
         assert!(matches!(e, Error::ExplainFamilies(..)), "{e}");
+    }
+
+    #[test]
+    fn query_values_round_trip() {
+        for text in ["x/a", "fd00::1", "a b&c=d%"] {
+            assert_eq!(percent_decode(&percent_encode(text)), text);
+        }
+        assert_eq!(percent_decode("a%2Fb+c%zz"), "a/b c%zz");
+    }
+
+    #[test]
+    fn a_question_survives_its_query_string() {
+        let q = Question {
+            from: "x/a b".into(),
+            to: "fd00::1".into(),
+            protocol: "UDP".into(),
+            port: 53,
+            ipv6: true,
+            via_service: Some("fd00::10".parse().unwrap()),
+        };
+        assert_eq!(Question::from_query(&q.query()), Some(q.clone()));
+        let plain = Question {
+            via_service: None,
+            ipv6: false,
+            ..q
+        };
+        assert_eq!(Question::from_query(&plain.query()), Some(plain));
+        assert_eq!(Question::from_query("from=a&to=b"), None, "no port");
     }
 }

@@ -1,12 +1,18 @@
-//! NetworkPolicy: the objects it is read from ([`objects`], [`selector`]), its
-//! meaning ([`model`], which `explain` and the tests use), and what the kernel must
-//! hold on this node ([`compile`]).
+//! Policy: the tiers a packet meets in order and the kinds that fill them
+//! ([`pipeline`]), one module per kind ([`network_policy`]: its store, readiness and
+//! compile), and the kernel side ([`datapath`]).
+//!
+//! NetworkPolicy's parts: the objects it is read from ([`objects`], [`selector`]), its
+//! meaning ([`model`], which `explain` and the tests use), what the kernel must hold on
+//! this node ([`compile`]), and the operator's question ([`explain`]).
 
 pub mod compile;
 pub mod datapath;
 pub mod explain;
 pub mod model;
+pub mod network_policy;
 pub mod objects;
+pub mod pipeline;
 pub mod selector;
 
 use serde_json::Value;

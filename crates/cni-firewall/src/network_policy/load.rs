@@ -1,0 +1,260 @@
+//! Reading the table back ([`PolicyTable::load`](super::PolicyTable::load)): its
+//! maps, sets and chains decoded into the state they hold, and whether it is laid
+//! out as this module lays it out (when not, it is made again whole).
+
+use super::*;
+
+/// Reads the table: its content, and whether it is laid out as this module makes
+/// it.
+pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
+    if !nl.has_table(NFPROTO_INET, TABLE)? {
+        return Ok(View::Absent);
+    }
+    let chains = nl.chains(NFPROTO_INET, TABLE)?;
+    let sets = nl.sets(NFPROTO_INET, TABLE)?;
+    let rules = nl.rules(NFPROTO_INET, TABLE, None)?;
+    let mut held = Held::default();
+    let mut rebuild = false;
+
+    let mut rules_of: BTreeMap<&str, Vec<&Vec<Expr>>> = BTreeMap::new();
+    for r in &rules {
+        rules_of.entry(r.chain.as_str()).or_default().push(&r.exprs);
+    }
+    let same_rules = |chain: &str, want: Vec<Vec<Expr>>| {
+        let have = rules_of.get(chain).map(Vec::as_slice).unwrap_or_default();
+        have.len() == want.len() && have.iter().zip(&want).all(|(h, w)| *h == w)
+    };
+    let mut bases = 0;
+    for chain in &chains {
+        let base = match chain.name.as_str() {
+            FORWARD => Some(Base::Forward),
+            INPUT => Some(Base::Input),
+            _ => None,
+        };
+        if let Some(base) = base {
+            bases += 1;
+            rebuild |= !base.hook_matches(chain.hook.as_ref())
+                || !same_rules(base.name(), base_rules(base));
+            continue;
+        }
+        match Direction::parse_chain(&chain.name) {
+            Some((direction, profile)) if chain.hook.is_none() => {
+                let have = rules_of
+                    .get(chain.name.as_str())
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                match decode_profile_rules(direction, profile, have) {
+                    Some(peers) => {
+                        let (profile_name, held_one) = (
+                            profile.to_owned(),
+                            HeldProfile {
+                                boxes: BTreeSet::new(),
+                                peers,
+                            },
+                        );
+                        held.profiles[direction.index()].insert(profile_name, held_one);
+                    }
+                    None => rebuild = true,
+                }
+            }
+            _ => rebuild = true,
+        }
+    }
+    rebuild |= bases != 2;
+
+    // Every set must be one this module makes, of the type it makes.
+    let mut fixed = 0;
+    for set in &sets {
+        let spec = match set.name.as_str() {
+            PENDING4 => pending_spec(Family::V4),
+            PENDING6 => pending_spec(Family::V6),
+            name => {
+                let map = DIRECTIONS.into_iter().find_map(|d| {
+                    FAMILIES
+                        .into_iter()
+                        .find(|f| d.map(*f) == name)
+                        .map(|f| map_spec(name, f))
+                });
+                if let Some(spec) = map {
+                    spec
+                } else if let Some((peer, family)) = parse_peer_set(name) {
+                    rebuild |= !set.matches(&peer_spec(name, family));
+                    held.peer_sets.entry(peer.to_owned()).or_default();
+                    continue;
+                } else {
+                    let Some((chain, family)) = name
+                        .strip_suffix("-v4")
+                        .map(|c| (c, Family::V4))
+                        .or_else(|| name.strip_suffix("-v6").map(|c| (c, Family::V6)))
+                    else {
+                        rebuild = true;
+                        continue;
+                    };
+                    let known = Direction::parse_chain(chain)
+                        .is_some_and(|(d, p)| held.profiles[d.index()].contains_key(p));
+                    rebuild |= !known || !set.matches(&box_spec(name, family));
+                    continue;
+                }
+            }
+        };
+        fixed += 1;
+        rebuild |= !set.matches(&spec);
+    }
+    rebuild |= fixed != 6;
+
+    // The addresses of every peer set, from both of its sets; every peer rule's set
+    // must be there.
+    let names: Vec<String> = held.peer_sets.keys().cloned().collect();
+    for name in names {
+        let mut addrs = BTreeSet::new();
+        for family in FAMILIES {
+            let set = peer_set(&name, family);
+            if !sets.iter().any(|s| s.name == set) {
+                rebuild = true;
+                continue;
+            }
+            for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
+                match addr_of(&e.key).filter(|ip| Family::of(*ip) == family) {
+                    Some(ip) => {
+                        addrs.insert(ip);
+                    }
+                    None => rebuild = true,
+                }
+            }
+        }
+        held.peer_sets.insert(name, addrs);
+    }
+    rebuild |= held.profiles.iter().any(|profiles| {
+        profiles
+            .values()
+            .any(|p| p.peers.iter().any(|r| !held.peer_sets.contains_key(&r.set)))
+    });
+
+    // The boxes of every profile, from both of its sets.
+    for direction in DIRECTIONS {
+        let i = direction.index();
+        let names: Vec<String> = held.profiles[i].keys().cloned().collect();
+        for name in names {
+            let mut boxes = BTreeSet::new();
+            for family in FAMILIES {
+                let set = direction.set(&name, family);
+                if !sets.iter().any(|s| s.name == set) {
+                    rebuild = true;
+                    continue;
+                }
+                for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
+                    match decode_box(&e, family) {
+                        Some(a) => {
+                            boxes.insert(a);
+                        }
+                        None => rebuild = true,
+                    }
+                }
+            }
+            if let Some(profile) = held.profiles[i].get_mut(&name) {
+                profile.boxes = boxes;
+            }
+        }
+    }
+
+    // The pods, from the maps: each must jump to a profile of its direction.
+    for direction in DIRECTIONS {
+        let i = direction.index();
+        for family in FAMILIES {
+            let map = direction.map(family);
+            if !sets.iter().any(|s| s.name == map) {
+                continue;
+            }
+            for e in nl.elements(NFPROTO_INET, TABLE, &map)? {
+                let ip = addr_of(&e.key).filter(|ip| Family::of(*ip) == family);
+                let profile = match &e.verdict {
+                    Some((VERDICT_JUMP, Some(chain))) => Direction::parse_chain(chain)
+                        .filter(|(d, p)| *d == direction && held.profiles[i].contains_key(*p))
+                        .map(|(_, p)| p.to_owned()),
+                    _ => None,
+                };
+                match (ip, profile) {
+                    (Some(ip), Some(profile)) => {
+                        held.pods[i].insert(ip, profile);
+                    }
+                    _ => rebuild = true,
+                }
+            }
+        }
+    }
+    Ok(View::Held { held, rebuild })
+}
+
+/// The peer rules of a profile chain whose rules are `have`, if they are exactly
+/// what [`profile_rules`] makes of them (sorted, without repeats).
+pub(super) fn decode_profile_rules(
+    direction: Direction,
+    profile: &str,
+    have: &[&Vec<Expr>],
+) -> Option<Vec<PeerRule>> {
+    let own = own_set_rules(direction, profile);
+    let (first, rest) = have.split_at_checked(own.len())?;
+    let (last, middle) = rest.split_last()?;
+    if !first.iter().zip(&own).all(|(h, w)| *h == w)
+        || **last != vec![verdict(VERDICT_DROP, None)]
+        || middle.len() % FAMILIES.len() != 0
+    {
+        return None;
+    }
+    let mut peers = Vec::new();
+    for pair in middle.chunks(FAMILIES.len()) {
+        let mut decoded = pair
+            .iter()
+            .zip(FAMILIES)
+            .map(|(rule, family)| decode_peer_rule(direction, family, rule));
+        let first = decoded.next()??;
+        if !decoded.all(|d| d.as_ref() == Some(&first)) {
+            return None;
+        }
+        peers.push(first);
+    }
+    (sorted_peers(&peers) == peers).then_some(peers)
+}
+
+/// The addresses in the pending sets, with the pods they were added for (none when
+/// the table or a set is missing).
+pub(super) fn read_pending(nl: &mut Nfnl) -> Result<BTreeMap<IpAddr, Option<String>>> {
+    let mut out = BTreeMap::new();
+    for family in FAMILIES {
+        match nl.elements(NFPROTO_INET, TABLE, family.pending()) {
+            Ok(elems) => out.extend(
+                elems
+                    .into_iter()
+                    .filter_map(|e| Some((addr_of(&e.key)?, e.comment))),
+            ),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
+/// The pending addresses that `judged` holds for the pod they were added for (or
+/// that were added without one).
+pub(super) fn releasable(
+    pending: &BTreeMap<IpAddr, Option<String>>,
+    judged: &BTreeMap<IpAddr, String>,
+) -> Vec<IpAddr> {
+    pending
+        .iter()
+        .filter(|(ip, pod)| {
+            judged
+                .get(ip)
+                .is_some_and(|j| pod.as_ref().is_none_or(|p| *p == pod_tag(j)))
+        })
+        .map(|(ip, _)| *ip)
+        .collect()
+}
+
+/// Whether every error in `e` is the kernel's "no such table, chain or set".
+pub(super) fn all_not_found(e: &Error) -> bool {
+    match e {
+        Error::Multiple(all) => all.iter().all(is_not_found),
+        e => is_not_found(e),
+    }
+}

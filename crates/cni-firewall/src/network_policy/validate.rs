@@ -1,0 +1,138 @@
+//! Checks of a desired [`PolicyState`] before anything is sent: names the kernel
+//! takes, profiles that exist, boxes sorted and disjoint; and its normal form, the
+//! [`Held`] state that is compared with what the kernel holds.
+
+use super::*;
+
+pub(super) fn invalid(what: String, reason: String) -> Error {
+    Error::InvalidPolicy { what, reason }
+}
+
+impl PolicyState {
+    pub(super) fn profiles(&self, direction: Direction) -> &BTreeMap<String, Profile> {
+        match direction {
+            Direction::Ingress => &self.ingress_profiles,
+            Direction::Egress => &self.egress_profiles,
+        }
+    }
+
+    pub(super) fn pods(&self, direction: Direction) -> &BTreeMap<IpAddr, String> {
+        match direction {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+}
+
+/// Checks every profile's name and boxes.
+pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
+    for direction in DIRECTIONS {
+        for (name, profile) in want.profiles(direction) {
+            let what = || format!("{} profile {name:?}", direction.name());
+            if !valid_name(name) {
+                return Err(invalid(
+                    what(),
+                    format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
+                ));
+            }
+            check_boxes(profile, &what)?;
+            for rule in &profile.peers {
+                rule.check(&what)?;
+                if !want.peer_sets.contains_key(&rule.set) {
+                    return Err(invalid(
+                        what(),
+                        format!("its peer set {:?} does not exist", rule.set),
+                    ));
+                }
+            }
+        }
+    }
+    for name in want.peer_sets.keys() {
+        if !valid_name(name) {
+            return Err(invalid(
+                format!("peer set {name:?}"),
+                format!("a peer set name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The error of a pod whose profile is not in the state.
+pub(super) fn no_such_profile(direction: Direction, ip: IpAddr, name: &str) -> Error {
+    invalid(
+        format!("{} of pod {ip}", direction.name()),
+        format!("its profile {name:?} does not exist"),
+    )
+}
+
+/// Checks `want` and puts it in the form the table is compared in.
+pub(super) fn normalize(want: &PolicyState) -> Result<Held> {
+    check_profiles(want)?;
+    let mut held = Held::default();
+    for direction in DIRECTIONS {
+        let i = direction.index();
+        let profiles = want.profiles(direction);
+        for (ip, name) in want.pods(direction) {
+            if !profiles.contains_key(name) {
+                return Err(no_such_profile(direction, *ip, name));
+            }
+        }
+        held.profiles[i] = profiles
+            .iter()
+            .map(|(name, p)| (name.clone(), held_profile(p)))
+            .collect();
+        held.pods[i] = want.pods(direction).clone();
+    }
+    held.peer_sets = want.peer_sets.clone();
+    Ok(held)
+}
+
+pub(super) fn held_profile(p: &Profile) -> HeldProfile {
+    HeldProfile {
+        boxes: p.allow.iter().cloned().collect(),
+        peers: sorted_peers(&p.peers),
+    }
+}
+
+/// Checks a profile's boxes one by one and for overlaps; `what` names the profile in
+/// the error.
+pub(super) fn check_boxes(profile: &Profile, what: &dyn Fn() -> String) -> Result<()> {
+    for a in &profile.allow {
+        a.check(what)?;
+    }
+    // Sorted by first address: a box can only overlap the ones after it that start
+    // before it ends. (The agent's boxes come sorted: then nothing is sorted here.)
+    let mut sorted: Vec<&Allow> = profile.allow.iter().collect();
+    if !is_sorted(&profile.allow) {
+        sorted.sort();
+    }
+    for (i, a) in sorted.iter().enumerate() {
+        for b in &sorted[i + 1..] {
+            if b.family() != a.family() || b.first > a.last {
+                break;
+            }
+            if a.overlaps(b) {
+                return Err(invalid(what(), format!("boxes {a} and {b} overlap")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a profile's (valid, so duplicate-free) boxes are the held ones: compared
+/// in order when they come sorted (one pass, no lookups), else looked up one by one.
+pub(super) fn same_boxes(held: &BTreeSet<Allow>, allow: &[Allow]) -> bool {
+    if held.len() != allow.len() {
+        return false;
+    }
+    if is_sorted(allow) {
+        held.iter().eq(allow.iter())
+    } else {
+        allow.iter().all(|a| held.contains(a))
+    }
+}
+
+pub(super) fn is_sorted(allow: &[Allow]) -> bool {
+    allow.windows(2).all(|w| w[0] <= w[1])
+}
