@@ -1,5 +1,6 @@
 //! Netlink (rtnetlink) client: links, bridges and their ports, veth pairs,
-//! VXLAN devices with their FDB and neighbour entries, addresses and routes.
+//! VXLAN devices with their FDB and neighbour entries, addresses and routes, and
+//! the traffic control (qdiscs, filters, ifb devices) of pod bandwidth limits.
 //! A [`Netlink`] handle talks to one network namespace, fixed when its socket
 //! is created; see [`Netlink::connect_in`].
 //!
@@ -17,6 +18,7 @@ mod neigh;
 mod netconf;
 mod route;
 mod rtnl;
+pub mod tc;
 mod veth;
 pub mod vxlan;
 mod wait;
