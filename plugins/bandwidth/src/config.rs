@@ -155,14 +155,6 @@ pub fn token_bucket(shape: Shape, ticks_per_usec: f64) -> Tbf {
     }
 }
 
-/// The buffer the kernel reports for one it was given: it keeps at most
-/// `u32::MAX` nanoseconds (about 4.29 s; a tick is 64 ns), so a longer bucket
-/// (containerd's default burst at a few Mbit/s is minutes long) reads back shorter.
-pub fn buffer_as_reported(buffer: u32) -> u32 {
-    let ns = (u64::from(buffer) << 6).min(u64::from(u32::MAX));
-    (ns >> 6) as u32
-}
-
 /// The ifb device of an attachment: `bwp` and the first 12 hex digits of the
 /// SHA-512 of network name and container ID, as the reference names it.
 pub fn ifb_name(network: &str, container_id: &str) -> String {
@@ -296,7 +288,7 @@ mod tests {
             (5_000_000_000, 126_000_000, 3_125)
         );
         // containerd's burst (2^32 - 1 bits) at 10 Mbit/s: 429 s, 6.7e9 ticks, which
-        // wraps in 32 bits as in the reference; the kernel keeps at most 4.29 s.
+        // wraps in 32 bits as in the reference.
         let huge = token_bucket(
             Shape {
                 rate: 10_000_000,
@@ -305,8 +297,6 @@ mod tests {
             15.625,
         );
         assert_eq!(huge.buffer, 2_415_919_079);
-        assert_eq!(buffer_as_reported(huge.buffer), 67_108_863);
-        assert_eq!(buffer_as_reported(156_250), 156_250);
         // At 1 byte/s and a burst near 4 GB the microseconds overflow 32 bits and
         // wrap, as the reference's do.
         let slow = token_bucket(

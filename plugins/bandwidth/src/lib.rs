@@ -278,9 +278,8 @@ fn check_tbf(host: &Netlink, link: &Link, want: &Tbf) -> Result<(), CniError> {
     if got.limit != want.limit {
         return mismatch("Limit", got.limit.into(), want.limit.into());
     }
-    let buffer = config::buffer_as_reported(want.buffer);
-    if got.buffer != buffer {
-        return mismatch("Buffer", got.buffer.into(), buffer.into());
+    if got.buffer != want.buffer {
+        return mismatch("Buffer", got.buffer.into(), want.buffer.into());
     }
     Ok(())
 }
