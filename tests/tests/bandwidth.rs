@@ -614,3 +614,137 @@ fn every_spec_version_is_spoken() {
         assert!(node.ifbs().is_empty());
     }
 }
+
+/// TCP payload per full-size segment, and what the token bucket counts for it
+/// (Ethernet 14, IPv4 20, TCP with timestamps 32 bytes of headers).
+const SEGMENT_PAYLOAD: f64 = 1448.0;
+const SEGMENT_ON_WIRE: f64 = 1514.0;
+
+/// Sends TCP as fast as it can from the netns `from` to `to` (a listener in `to_ns`)
+/// for 4.5 s and returns the rate the receiver saw in the 3 s after the first second
+/// (past the bucket's burst and slow start), counted as the token bucket counts it
+/// (with headers), in bit/s.
+fn tcp_rate(from: &Path, to_ns: &Path, to: std::net::SocketAddr) -> f64 {
+    use std::io::{Read as _, Write as _};
+    use std::time::{Duration, Instant};
+
+    use cni_blackbox::hostport::in_netns;
+
+    let listener = in_netns(to_ns, move || {
+        std::net::TcpListener::bind(to).unwrap_or_else(|e| panic!("bind {to}: {e}"))
+    });
+    let receiver = std::thread::spawn(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        let mut buf = vec![0u8; 1 << 16];
+        let mut first = None;
+        let (mut counted, window) = (0u64, (Duration::from_secs(1), Duration::from_secs(4)));
+        loop {
+            let n = stream.read(&mut buf).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let now = Instant::now();
+            let start = *first.get_or_insert(now);
+            let at = now - start;
+            if at >= window.0 && at < window.1 {
+                counted += n as u64;
+            }
+        }
+        counted as f64 * 8.0 / (window.1 - window.0).as_secs_f64()
+    });
+    let mut stream = in_netns(from, move || {
+        std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("connect {to}: {e}"))
+    });
+    let chunk = vec![0x5au8; 1 << 16];
+    let until = Instant::now() + Duration::from_millis(4500);
+    while Instant::now() < until {
+        if stream.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    drop(stream);
+    let goodput = receiver.join().expect("receiver");
+    goodput * SEGMENT_ON_WIRE / SEGMENT_PAYLOAD
+}
+
+#[test]
+fn shaping_holds_the_configured_rates_both_ways() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let gateway: std::net::SocketAddr = "10.98.0.1:5201".parse().unwrap();
+    let mut unshaped = Vec::new();
+    {
+        let pod = node.pod("1.0.0");
+        let pod_addr = pod_address(&pod, 5201);
+        unshaped.push(tcp_rate(node.host.path(), pod.netns.path(), pod_addr));
+        unshaped.push(tcp_rate(pod.netns.path(), node.host.path(), gateway));
+    }
+    for mbit in [8u64, 80] {
+        let rate = mbit * 1_000_000;
+        // A bucket of 10 ms at the rate (at least a few full-size frames).
+        let burst = (rate / 100).max(8 * 1514 * 4);
+        let pod = node.pod("1.0.0");
+        let limits = json!({"ingressRate": rate, "ingressBurst": burst, "egressRate": rate, "egressBurst": burst});
+        run(
+            None,
+            &node,
+            "ADD",
+            &pod,
+            &bandwidth_conf("1.0.0", &limits, Some(&pod.result)),
+        )
+        .assert_success();
+        let into = tcp_rate(node.host.path(), pod.netns.path(), pod_address(&pod, 5201));
+        let out_of = tcp_rate(pod.netns.path(), node.host.path(), gateway);
+        for (direction, measured) in [("into", into), ("out of", out_of)] {
+            cni_blackbox::measured::record(
+                &format!("bandwidth: TCP {direction} a pod limited to {mbit} Mbit/s"),
+                measured / 1e6,
+                "Mbit/s",
+            );
+            let ratio = measured / rate as f64;
+            assert!(
+                (0.9..=1.1).contains(&ratio),
+                "TCP {direction} the pod at {mbit} Mbit/s: {:.2} Mbit/s",
+                measured / 1e6
+            );
+            if mbit == 80 {
+                let free = if direction == "into" {
+                    unshaped[0]
+                } else {
+                    unshaped[1]
+                };
+                cni_blackbox::measured::record(
+                    &format!("bandwidth: TCP {direction} an unlimited pod"),
+                    free / 1e6,
+                    "Mbit/s",
+                );
+                assert!(
+                    free >= 5.0 * measured,
+                    "unlimited TCP {direction} a pod: {:.0} Mbit/s, not 5x {:.0}",
+                    free / 1e6,
+                    measured / 1e6
+                );
+            }
+        }
+        run(
+            None,
+            &node,
+            "DEL",
+            &pod,
+            &bandwidth_conf("1.0.0", &limits, None),
+        )
+        .assert_success();
+    }
+}
+
+/// The pod's IPv4 address from the bridge's result, with `port`.
+fn pod_address(pod: &Pod, port: u16) -> std::net::SocketAddr {
+    let cidr = pod.result["ips"][0]["address"].as_str().unwrap_or_default();
+    let ip = cidr.split('/').next().unwrap_or_default();
+    format!("{ip}:{port}")
+        .parse()
+        .unwrap_or_else(|e| panic!("pod address {cidr:?}: {e}"))
+}
