@@ -321,3 +321,37 @@ impl Drop for Undo<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(name: &str, kind: &str) -> Link {
+        Link {
+            index: 9,
+            name: name.to_owned(),
+            mac: None,
+            mtu: 1500,
+            kind: Some(kind.to_owned()),
+            controller: None,
+            up: true,
+            oper_state: cni_linux::OperState::Unknown,
+            promisc: false,
+            peer_index: None,
+            link_netnsid: None,
+            vlan_filtering: None,
+            bridge_port: None,
+            vxlan: None,
+        }
+    }
+
+    #[test]
+    fn only_the_plugins_own_ifb_devices_are_collected() {
+        assert!(is_plugin_ifb(&link(&ifb_name("net1", "ctr1"), "ifb")));
+        // Another kind, another prefix, another length, not hex.
+        assert!(!is_plugin_ifb(&link(&ifb_name("net1", "ctr1"), "dummy")));
+        assert!(!is_plugin_ifb(&link("ifb0", "ifb")));
+        assert!(!is_plugin_ifb(&link("bwp85373d34c68", "ifb")));
+        assert!(!is_plugin_ifb(&link("bwp85373d34c68z", "ifb")));
+    }
+}
