@@ -178,6 +178,10 @@ pub enum Reply {
     Neighbour(std::result::Result<Option<Neighbour>, Malformed>),
     /// RTM_NEWNETCONF: the forwarding setting, if it carries one.
     Forwarding(std::result::Result<Option<bool>, Malformed>),
+    /// RTM_NEWQDISC.
+    Qdisc(std::result::Result<tc::Qdisc, Malformed>),
+    /// RTM_NEWTFILTER.
+    Filter(std::result::Result<tc::Filter, Malformed>),
     /// A message type no request of this client decodes.
     Other,
 }
@@ -205,6 +209,8 @@ pub fn decode_reply(msg: &Message<'_>) -> Reply {
         }
         rtnl::RTM_NEWNEIGH => Reply::Neighbour(Neighbour::parse(msg.payload)),
         netconf::RTM_NEWNETCONF => Reply::Forwarding(netconf::forwarding_of(msg.payload)),
+        tc::RTM_NEWQDISC => Reply::Qdisc(tc::parse_qdisc(msg.payload)),
+        tc::RTM_NEWTFILTER => Reply::Filter(tc::parse_filter(msg.payload)),
         _ => Reply::Other,
     }
 }
@@ -407,6 +413,18 @@ pub(crate) mod tests {
         });
         let msg = messages(&arp).next().unwrap().unwrap();
         assert!(matches!(decode_reply(&msg), Reply::Neighbour(Ok(Some(n))) if n.ip.is_ipv4()));
+        let qdisc = message(tc::RTM_NEWQDISC, 0, |w| w.bytes(&[0; 8]));
+        let msg = messages(&qdisc).next().unwrap().unwrap();
+        assert_eq!(
+            decode_reply(&msg),
+            Reply::Qdisc(Err(Malformed("truncated tcmsg")))
+        );
+        let filter = message(tc::RTM_NEWTFILTER, 0, |w| {
+            w.bytes(&[0; 20]);
+            w.attr_str(1, "u32");
+        });
+        let msg = messages(&filter).next().unwrap().unwrap();
+        assert!(matches!(decode_reply(&msg), Reply::Filter(Ok(f)) if f.kind == "u32"));
         let other = message(99, 0, |_| {});
         let msg = messages(&other).next().unwrap().unwrap();
         assert_eq!(decode_reply(&msg), Reply::Other);

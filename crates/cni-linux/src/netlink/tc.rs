@@ -17,10 +17,10 @@ use super::rtnl::{
 };
 use crate::error::Result;
 
-const RTM_NEWQDISC: u16 = 36;
+pub(super) const RTM_NEWQDISC: u16 = 36;
 const RTM_DELQDISC: u16 = 37;
 const RTM_GETQDISC: u16 = 38;
-const RTM_NEWTFILTER: u16 = 44;
+pub(super) const RTM_NEWTFILTER: u16 = 44;
 const RTM_GETTFILTER: u16 = 46;
 
 const TCA_KIND: u16 = 1;
@@ -482,7 +482,7 @@ fn parse_tbf(options: &[u8]) -> std::result::Result<Tbf, Malformed> {
     Ok(tbf)
 }
 
-fn parse_qdisc(payload: &[u8]) -> std::result::Result<Qdisc, Malformed> {
+pub(super) fn parse_qdisc(payload: &[u8]) -> std::result::Result<Qdisc, Malformed> {
     let (header, rest) = TcMsg::parse(payload)?;
     let mut kind = String::new();
     let mut options: &[u8] = &[];
@@ -541,7 +541,7 @@ fn selects_all(sel: &[u8]) -> bool {
     sel.len() >= 32 && sel[2] == 1 && sel[16..20] == [0; 4]
 }
 
-fn parse_filter(payload: &[u8]) -> std::result::Result<Filter, Malformed> {
+pub(super) fn parse_filter(payload: &[u8]) -> std::result::Result<Filter, Malformed> {
     let (header, rest) = TcMsg::parse(payload)?;
     let mut filter = Filter {
         link: header.index,
