@@ -255,6 +255,15 @@ fn tbf_ingress_and_redirect_look_to_tc_as_the_same_made_with_tc() {
                     .all(|f| !f.redirects_all_to(theirs_ifb))
             );
 
+            // One dump of every link's qdiscs holds what the per-link dumps hold.
+            let all = nl.all_qdiscs().unwrap();
+            for link in [ours, theirs, ifb.index, theirs_ifb] {
+                let per_link = nl.qdiscs(link).unwrap();
+                assert!(!per_link.is_empty());
+                let from_all: Vec<_> = all.iter().filter(|q| q.link == link).cloned().collect();
+                assert_eq!(from_all, per_link, "link #{link}");
+            }
+
             // Deleting reads back as gone.
             nl.delete_qdisc(ours, HANDLE_INGRESS).unwrap();
             assert!(

@@ -184,7 +184,7 @@ impl Plugin for Bandwidth {
             .collect();
         let host = Netlink::connect().map_err(|e| linux(&e))?;
         let links = host.links().map_err(|e| linux(&e))?;
-        let redirected = redirect_targets(&host, &links)?;
+        let redirected = redirect_targets(&host)?;
         let mut errors = Vec::new();
         for link in links.iter().filter(|l| is_plugin_ifb(l)) {
             // An ifb that a pod's veth still redirects to is in use, whichever
@@ -220,26 +220,24 @@ fn is_plugin_ifb(link: &Link) -> bool {
 }
 
 /// The links that some link's ingress filters redirect every packet to.
-fn redirect_targets(host: &Netlink, links: &[Link]) -> Result<HashSet<u32>, CniError> {
+fn redirect_targets(host: &Netlink) -> Result<HashSet<u32>, CniError> {
+    let qdiscs = host.all_qdiscs().map_err(|e| linux(&e))?;
+    let with_ingress: HashSet<u32> = qdiscs
+        .iter()
+        .filter(|q| q.parent == HANDLE_INGRESS)
+        .map(|q| q.link)
+        .collect();
     let mut targets = HashSet::new();
-    for link in links {
-        let qdiscs = match host.qdiscs(link.index) {
-            Ok(q) => q,
-            // The link went away meanwhile.
-            Err(e) if e.is_not_found() => continue,
-            Err(e) => return Err(linux(&e)),
-        };
-        if !qdiscs.iter().any(|q| q.parent == HANDLE_INGRESS) {
-            continue;
-        }
-        match host.filters(link.index, INGRESS_QDISC) {
+    for link in with_ingress {
+        match host.filters(link, INGRESS_QDISC) {
             Ok(filters) => targets.extend(
                 filters
                     .iter()
                     .filter(|f| f.matches_all)
                     .flat_map(|f| f.mirred.iter().map(|m| m.target)),
             ),
-            Err(e) if e.is_not_found() => {}
+            // The link went away meanwhile.
+            Err(e) if e.is_not_found() || e.errno() == Some(cni_linux::Errno::EINVAL as i32) => {}
             Err(e) => return Err(linux(&e)),
         }
     }

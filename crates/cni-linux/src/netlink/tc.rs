@@ -260,13 +260,22 @@ impl Netlink {
 
     /// Every qdisc of `link` (a kernel dump covers every link: the others are skipped).
     pub fn qdiscs(&self, link: u32) -> Result<Vec<Qdisc>> {
+        self.dump_qdiscs(Some(link))
+    }
+
+    /// Every qdisc of every link, in one dump.
+    pub fn all_qdiscs(&self) -> Result<Vec<Qdisc>> {
+        self.dump_qdiscs(None)
+    }
+
+    fn dump_qdiscs(&self, link: Option<u32>) -> Result<Vec<Qdisc>> {
         let mut found = Vec::new();
         self.request(
             RTM_GETQDISC,
             NLM_F_REQUEST | NLM_F_DUMP,
             |w| {
                 TcMsg {
-                    index: link,
+                    index: link.unwrap_or(0),
                     ..TcMsg::default()
                 }
                 .write(w);
@@ -274,13 +283,16 @@ impl Netlink {
             |msg| {
                 if msg.ty == RTM_NEWQDISC {
                     let qdisc = parse_qdisc(msg.payload)?;
-                    if qdisc.link == link {
+                    if link.is_none_or(|l| l == qdisc.link) {
                         found.push(qdisc);
                     }
                 }
                 Ok(())
             },
-            || format!("failed to list the qdiscs of link #{link}"),
+            || match link {
+                Some(link) => format!("failed to list the qdiscs of link #{link}"),
+                None => "failed to list qdiscs".to_owned(),
+            },
         )?;
         Ok(found)
     }
