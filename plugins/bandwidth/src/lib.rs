@@ -6,10 +6,9 @@
 
 pub mod config;
 
-use std::collections::HashSet;
-
 use cni_linux::netlink::tc::{self, HANDLE_INGRESS, HANDLE_ROOT, INGRESS_QDISC, Tbf};
 use cni_linux::{Link, NetNs, Netlink};
+use cni_protocol::failpoint::hit;
 use cni_protocol::result::Interface;
 use cni_protocol::{CniError, CniResult, Plugin, Request, log};
 
@@ -89,6 +88,7 @@ impl Plugin for Bandwidth {
         let ticks = ticks_per_usec()?;
         let host = Netlink::connect().map_err(|e| linux(&e))?;
         let veth = host_interface(req, &result, &host)?;
+        hit("bandwidth/found-veth")?;
         // All or nothing: until disarmed, the guard removes what this ADD made.
         let mut undo = Undo {
             host: &host,
@@ -100,11 +100,13 @@ impl Plugin for Bandwidth {
             host.add_tbf(veth.index, &config::token_bucket(shape, ticks))
                 .map_err(|e| linux(&e))?;
             undo.veth_tbf = Some(veth.index);
+            hit("bandwidth/ingress-limited")?;
         }
         if let Some(shape) = limits.egress {
             let name = ifb_name(&req.config.name, &req.args.container_id);
             host.create_ifb(&name, veth.mtu).map_err(|e| linux(&e))?;
             undo.ifb = Some(name.clone());
+            hit("bandwidth/ifb-created")?;
             let ifb = host.require_link(&name).map_err(|e| linux(&e))?;
             result.interfaces.push(Interface {
                 name: name.clone(),
@@ -113,10 +115,13 @@ impl Plugin for Bandwidth {
             });
             host.add_ingress_qdisc(veth.index).map_err(|e| linux(&e))?;
             undo.veth_ingress = Some(veth.index);
+            hit("bandwidth/ingress-qdisc")?;
             host.add_redirect_filter(veth.index, ifb.index)
                 .map_err(|e| linux(&e))?;
+            hit("bandwidth/redirected")?;
             host.add_tbf(ifb.index, &config::token_bucket(shape, ticks))
                 .map_err(|e| linux(&e).context("create ifb qdisc"))?;
+            hit("bandwidth/egress-limited")?;
         }
         undo.disarm();
         log::info(&format!("limits on {}: {limits:?}", veth.name));
@@ -126,9 +131,11 @@ impl Plugin for Bandwidth {
     fn del(&self, req: &Request) -> Result<(), CniError> {
         // Only the ifb device is this plugin's own: the veth, with its qdiscs, goes
         // with the main plugin's DEL. No netns or prevResult is needed.
+        hit("bandwidth/del")?;
         let name = ifb_name(&req.config.name, &req.args.container_id);
         let host = Netlink::connect().map_err(|e| linux(&e))?;
-        delete_ifb(&host, &name)
+        delete_ifb(&host, &name)?;
+        hit("bandwidth/ifb-deleted")
     }
 
     fn check(&self, req: &Request) -> Result<(), CniError> {
@@ -178,7 +185,7 @@ impl Plugin for Bandwidth {
 
     fn gc(&self, req: &Request) -> Result<(), CniError> {
         let valid = req.config.valid_attachments()?;
-        let keep: HashSet<String> = valid
+        let keep: Vec<String> = valid
             .iter()
             .map(|a| ifb_name(&req.config.name, &a.container_id))
             .collect();
@@ -220,14 +227,18 @@ fn is_plugin_ifb(link: &Link) -> bool {
 }
 
 /// The links that some link's ingress filters redirect every packet to.
-fn redirect_targets(host: &Netlink) -> Result<HashSet<u32>, CniError> {
+fn redirect_targets(host: &Netlink) -> Result<Vec<u32>, CniError> {
     let qdiscs = host.all_qdiscs().map_err(|e| linux(&e))?;
-    let with_ingress: HashSet<u32> = qdiscs
+    // Plain lists: lookups among a node's few hundred links cost nothing next to the
+    // dumps.
+    let mut with_ingress: Vec<u32> = qdiscs
         .iter()
         .filter(|q| q.parent == HANDLE_INGRESS)
         .map(|q| q.link)
         .collect();
-    let mut targets = HashSet::new();
+    with_ingress.sort_unstable();
+    with_ingress.dedup();
+    let mut targets = Vec::new();
     for link in with_ingress {
         match host.filters(link, INGRESS_QDISC) {
             Ok(filters) => targets.extend(
@@ -236,7 +247,7 @@ fn redirect_targets(host: &Netlink) -> Result<HashSet<u32>, CniError> {
                     .filter(|f| f.matches_all)
                     .flat_map(|f| f.mirred.iter().map(|m| m.target)),
             ),
-            // The link went away meanwhile.
+            // The link or its ingress qdisc went away meanwhile.
             Err(e) if e.is_not_found() || e.errno() == Some(cni_linux::Errno::EINVAL as i32) => {}
             Err(e) => return Err(linux(&e)),
         }
