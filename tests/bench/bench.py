@@ -638,9 +638,10 @@ def commit():
     return head + ("+changes" if dirty else "")
 
 
-def write_run_info(out, started, load0, load1, scale):
+def write_run_info(out, started, load0, load1, scale, smoke):
     """machine.txt: what write-docs.py says about the run (key: value lines)."""
     with open(os.path.join(out, "machine.txt"), "w") as f:
+        f.write(f"run: {'smoke' if smoke else 'full'}\n")
         f.write(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}\n")
         f.write(f"machine: {machine()}\n")
         f.write(f"commit: {commit()}\n")
@@ -844,7 +845,7 @@ def main():
     scale = (f"{rounds} rounds x {per_round} pods per suite; {scale_pods} pods, windows of "
              f"{window}; portSecurity and podRecordDir {ps_pods} pods per network; "
              f"{conc_pods} pods {width} at a time")
-    write_run_info(a.out, started, load0, load1, scale)
+    write_run_info(a.out, started, load0, load1, scale, a.smoke)
     figs = plugin_figures(rows, conc_rows, size_rows, f"{scale_pods} pods ipMasq",
                           f"portSecurity {ps_pods} pods dual-stack", a.smoke)
     figs.update(record_figures(rows, f"podRecordDir {ps_pods} pods dual-stack"))

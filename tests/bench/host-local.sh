@@ -150,8 +150,11 @@ for size in "${SIZES[@]}"; do
     done
 done
 
+run=full
+[[ -n ${BENCH_SMOKE:-} && ${BENCH_SMOKE} != 0 || -n ${BENCH_QUICK:-} && ${BENCH_QUICK} != 0 ]] && run=smoke
 # machine.txt as bench.py writes it (write-docs.py reads it).
 {
+    echo "run: $run"
     echo "date: $(date -u -d "@$started" '+%Y-%m-%d %H:%M UTC')"
     echo "machine: $(/usr/bin/python3 -c 'import sys; sys.path.insert(0, "tests/bench"); import bench; print(bench.machine())')"
     echo "commit: $(/usr/bin/python3 -c 'import sys; sys.path.insert(0, "tests/bench"); import bench; print(bench.commit())')"
@@ -162,8 +165,6 @@ done
 
 # Recorded, not judged: no page states a target for host-local. The table goes where
 # judge.py puts its verdicts, so tests/bench/check.sh shows it with the rest.
-run=full
-[[ -n ${BENCH_SMOKE:-} && ${BENCH_SMOKE} != 0 || -n ${BENCH_QUICK:-} && ${BENCH_QUICK} != 0 ]] && run=smoke
 {
     echo "### host_local ($run run, recorded: no target)"
     echo

@@ -87,14 +87,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True)
     ap.add_argument("--ref", required=True)
-    ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 3)))
-    ap.add_argument("--pods", type=int, default=int(os.environ.get("BENCH_PODS", 30)))
+    ap.add_argument("--rounds", type=int, default=os.environ.get("BENCH_ROUNDS"))
+    ap.add_argument("--pods", type=int, default=os.environ.get("BENCH_PODS"))
     ap.add_argument("--out", default=os.environ.get("BENCH_OUT") or "target/bench")
     ap.add_argument("--smoke", "--quick", action="store_true",
                     help="reduced scale (tests/bench/check.sh --smoke)")
     args = ap.parse_args()
     # Smoke: 6 rounds of 3 pods, so that the suites alternate often.
-    rounds, pods = (6, 3) if args.smoke else (args.rounds, args.pods)
+    rounds = int(args.rounds or (6 if args.smoke else 3))
+    pods = int(args.pods or (3 if args.smoke else 30))
     out_dir = os.path.join(args.out, "portmap")
     os.makedirs(out_dir, exist_ok=True)
     bench.start_figures(args.out, "portmap")
@@ -152,7 +153,7 @@ def main():
                             "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2)})
     bench.write_csv(os.path.join(out_dir, "summary.csv"), summary)
     bench.write_run_info(out_dir, started, load0, os.getloadavg(),
-                         f"{rounds} rounds x {pods} pods per suite")
+                         f"{rounds} rounds x {pods} pods per suite", args.smoke)
     bench.write_figures(args.out, "portmap", portmap_figures(samples, args.smoke))
     if errors:
         print(f"\nerrors ({len(errors)}):")
