@@ -9,7 +9,8 @@
 # verdict table (judge.py appends them to $BENCH_OUT/verdicts.md, emptied here first) and
 # a last line naming every missed figure, and exits non-zero if any benchmark missed or
 # failed. The plugins are built once (the static release as shipped) for all benchmarks
-# that run them. A benchmark that is not in the tree is reported as not present.
+# that run them. A benchmark that is not in the tree is reported as not present, and with
+# --smoke one that has no reduced scale (does not read BENCH_SMOKE) as not run.
 # Environment: BENCH_OUT (default target/bench), BENCH_TARGETS, and each benchmark's own.
 set -euo pipefail
 
@@ -70,6 +71,13 @@ for bench in "${benches[@]}"; do
         absent+=("$bench")
         continue
     fi
+    if [[ -n ${BENCH_SMOKE:-} ]] && ! grep -q BENCH_SMOKE "$bench"; then
+        # A benchmark that knows no reduced scale would run at full scale here.
+        echo
+        echo "!!! $bench: has no smoke scale (no BENCH_SMOKE in it): NOT RUN"
+        absent+=("$bench (no smoke scale)")
+        continue
+    fi
     echo
     echo "==> $bench ($run run)"
     t0=$(date +%s)
@@ -89,7 +97,7 @@ echo "==> times"
 printf '  %s\n' "${timings[@]}"
 echo "  all: $(($(date +%s) - started)) s"
 for bench in "${absent[@]}"; do
-    echo "!!! $bench: not present"
+    echo "!!! $bench: not present or not run"
 done
 # Every MISSED row of the tables, by name.
 missed=$(awk -F' [|] ' '/MISSED/ { sub(/^[|] /, "", $1); printf "%s%s", sep, $1; sep = ", " }' "$verdicts")
