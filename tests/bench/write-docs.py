@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import sys
-import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
