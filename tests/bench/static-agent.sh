@@ -1,4 +1,4 @@
-# Sourced by the node agent's benchmarks (cluster.sh, network-policy.sh) from the
+# Sourced by the node agent's benchmarks (cluster.sh, network-policy.sh, agent-soak.sh) from the
 # repository's root: finds cargo, builds cni-node as the release builds it (static),
 # and sets `agent` to its path and `out` to the benchmarks' output directory
 # ($BENCH_OUT, default target/bench), made if missing.
