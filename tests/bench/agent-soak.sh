@@ -11,7 +11,8 @@
 #
 # The `agent-soak ...` line goes to $BENCH_OUT/agent-soak.txt (default target/bench)
 # and, as figures, to $BENCH_OUT/figures/agent_soak.tsv; the agent's log to
-# $BENCH_OUT/agent-soak.log, the test's output to agent-soak.out. Exits non-zero when
+# $BENCH_OUT/agent-soak.log, its samples (RSS, open files, threads, table elements,
+# routes) to agent-soak-samples.tsv, the test's output to agent-soak.out. Exits non-zero when
 # the test fails (a checkpoint that did not come back, an entry left for an object that
 # is gone) or a figure misses its target.
 #
@@ -34,6 +35,7 @@ mkdir -p "$out/figures"
 echo "agent-soak: ${seconds} s of churn"
 failed=0
 if ! CNI_RS_SOAK_SECONDS=$seconds CNI_RS_SOAK_AGENT_LOG=$out/agent-soak.log \
+    CNI_RS_SOAK_SAMPLES=$out/agent-soak-samples.tsv \
     CNI_NODE_BIN=$PWD/$agent \
     cargo test -p cni-blackbox --test agent_soak -- --nocapture \
     >"$out/agent-soak.out" 2>&1; then
@@ -44,6 +46,9 @@ fi
 grep '^agent-soak ' "$out/agent-soak.out" | tee -a "$out/agent-soak.txt" |
     awk '{ for (i = 2; i <= NF; i++) { split($i, kv, "="); printf "agent_soak.%s\t%s\n", kv[1], kv[2] } }' \
         >>"$out/figures/agent_soak.tsv"
+write_machine agent_soak "$seconds s of churn"
+cp "$out/agent-soak.txt" "$out/agent_soak/agent-soak.txt"
+[[ -f $out/agent-soak-samples.tsv ]] && cp "$out/agent-soak-samples.tsv" "$out/agent_soak/samples.tsv"
 echo "recorded in $out/agent-soak.txt and $out/figures/agent_soak.tsv"
 judged=0
 /usr/bin/python3 tests/bench/judge.py agent_soak || judged=$?

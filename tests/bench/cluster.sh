@@ -35,9 +35,9 @@ mkdir -p "$out/figures"
 : >"$out/figures/cluster.tsv"
 failed=0
 
-# run <test> <sizes...>: the test at each size; its line to cluster.txt, its figures to
+# measure <test> <sizes...>: the test at each size; its line to cluster.txt, its figures to
 # cluster.tsv (the last size's without the size in their names).
-run() {
+measure() {
     local test=$1 n last
     shift
     last=${*: -1}
@@ -56,7 +56,7 @@ run() {
                 for (i = 2; i <= NF; i++) {
                     split($i, kv, "=")
                     if (kv[1] == "mode") { mode = kv[2]; continue }
-                    if (kv[1] == "nodes") { if (n != judged) sized = n "_"; continue }
+                    if (kv[1] == "nodes" && n != judged) sized = n "_"
                     printf "cluster.%s_%s%s\t%s\n", mode, sized, kv[1], kv[2]
                 }
             }' >>"$out/figures/cluster.tsv"
@@ -64,11 +64,13 @@ run() {
 }
 
 # shellcheck disable=SC2086 # sizes are lists of words
-run the_agent_syncs_thousands_of_nodes $direct_sizes
+measure the_agent_syncs_thousands_of_nodes $direct_sizes
 if [[ -n $overlay_sizes ]]; then
     # shellcheck disable=SC2086
-    run the_agent_syncs_thousands_of_encapsulated_nodes $overlay_sizes
+    measure the_agent_syncs_thousands_of_encapsulated_nodes $overlay_sizes
 fi
+write_machine cluster "nodes: direct ${direct_sizes// /, }${overlay_sizes:+; VXLAN ${overlay_sizes// /, }}; 200 additions each"
+cp "$out/cluster.txt" "$out/cluster/cluster.txt"
 echo "recorded in $out/cluster.txt and $out/figures/cluster.tsv"
 judged=0
 /usr/bin/python3 tests/bench/judge.py cluster || judged=$?

@@ -62,6 +62,8 @@ for size in $sizes; do
             }
         }' >>"$out/figures/network_policy.tsv"
 done
+write_machine network_policy "pods:policies ${sizes// /, }; $changes changes; $connections connections per setup"
+cp "$out/network-policy.txt" "$out/network_policy/network-policy.txt"
 echo "recorded in $out/network-policy.txt and $out/figures/network_policy.tsv"
 judged=0
 /usr/bin/python3 tests/bench/judge.py network_policy || judged=$?

@@ -21,10 +21,16 @@ pub fn record(what: &str, value: f64, unit: &str) {
     let binary = std::env::current_exe()
         .ok()
         .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .map(|s| s.rsplit_once('-').map_or(s.clone(), |(name, _hash)| name.to_owned()))
+        .map(|s| {
+            s.rsplit_once('-')
+                .map_or(s.clone(), |(name, _hash)| name.to_owned())
+        })
         .unwrap_or_default();
     // One write per line with O_APPEND: lines of tests running at once do not interleave.
-    let line = format!("{binary}\t{}\t{value:.3}\t{unit}\n", what.replace(['\t', '\n'], " "));
+    let line = format!(
+        "{binary}\t{}\t{value:.3}\t{unit}\n",
+        what.replace(['\t', '\n'], " ")
+    );
     if let Ok(mut f) = OpenOptions::new().create(true).append(true).open(path) {
         let _ = f.write_all(line.as_bytes());
     }

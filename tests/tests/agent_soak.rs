@@ -23,7 +23,7 @@
 //!
 //! `CNI_RS_SOAK_SECONDS` (default 20) is the churn's duration; `CNI_NODE_BIN` picks the
 //! agent (the benchmark's static release build); `CNI_RS_SOAK_AGENT_LOG` keeps a copy
-//! of its log.
+//! of its log, `CNI_RS_SOAK_SAMPLES` a table of the samples.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -427,19 +427,39 @@ fn node_netns(prefix: &str) -> Netns {
     ns
 }
 
-/// Peak of `f` over the samples in `[from, to)` of the run.
-fn peak<T: Ord + Default + Copy>(
+/// The least and the most of `f` over the samples in `[from, to)` of the run.
+fn span(
     samples: &[Sample],
     from: Duration,
     to: Duration,
-    f: impl Fn(&Sample) -> T,
-) -> T {
-    samples
+    f: impl Fn(&Sample) -> u64,
+) -> (u64, u64) {
+    let values: Vec<u64> = samples
         .iter()
         .filter(|s| s.at >= from && s.at < to)
         .map(f)
-        .max()
-        .unwrap_or_default()
+        .collect();
+    (
+        values.iter().min().copied().unwrap_or_default(),
+        values.iter().max().copied().unwrap_or_default(),
+    )
+}
+
+/// Writes the samples as a table with a header, for the record.
+fn write_samples(path: &std::ffi::OsStr, samples: &[Sample]) {
+    let mut text = String::from("seconds\trss_kib\tfds\tthreads\telements\troutes\n");
+    for s in samples {
+        text.push_str(&format!(
+            "{:.1}\t{}\t{}\t{}\t{}\t{}\n",
+            s.at.as_secs_f64(),
+            s.rss_kib,
+            s.fds,
+            s.threads,
+            s.elements,
+            s.routes
+        ));
+    }
+    let _ = std::fs::write(path, text);
 }
 
 #[test]
@@ -657,21 +677,27 @@ fn the_agent_stays_flat_under_churn() {
 
     let left = end.entries_not_in(&baseline);
     let missing = baseline.entries_not_in(&end);
+    if let Some(keep) = std::env::var_os("CNI_RS_SOAK_SAMPLES") {
+        write_samples(&keep, &samples);
+    }
+    // Growth is what even the lowest sample of the last third holds above the highest
+    // of the first: a connection or a blocking thread that comes and goes is not
+    // growth, something that piles up with the work done is.
     let third = elapsed / 3;
-    let first = |f: fn(&Sample) -> u64| peak(&samples, Duration::ZERO, third, f);
-    let last = |f: fn(&Sample) -> u64| peak(&samples, elapsed - third, elapsed + third, f);
-    let rss_first = first(|s| s.rss_kib);
-    let rss_last = last(|s| s.rss_kib);
-    let fds_first = first(|s| s.fds as u64);
-    let fds_last = last(|s| s.fds as u64);
-    let threads_first = first(|s| s.threads);
-    let threads_last = last(|s| s.threads);
+    let first = |f: fn(&Sample) -> u64| span(&samples, Duration::ZERO, third, f);
+    let last = |f: fn(&Sample) -> u64| span(&samples, elapsed - third, elapsed + third, f);
+    let rss_first = first(|s| s.rss_kib).1;
+    let rss_last = last(|s| s.rss_kib).1;
+    let (_, fds_first) = first(|s| s.fds as u64);
+    let (fds_last, _) = last(|s| s.fds as u64);
+    let (_, threads_first) = first(|s| s.threads);
+    let (threads_last, _) = last(|s| s.threads);
     let elements_max = samples.iter().map(|s| s.elements).max().unwrap_or(0);
     let routes_max = samples.iter().map(|s| s.routes).max().unwrap_or(0);
     let settle_max = settle_times.iter().max().copied().unwrap_or_default();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "agent-soak seconds={:.0} rounds={rounds} changes={changes} changes_per_s={:.1} samples={} checkpoints={CHECKPOINTS} rss_first_third_mib={:.1} rss_last_third_mib={:.1} rss_growth_pct={:.1} rss_peak_mib={:.1} fds_first_third={fds_first} fds_last_third={fds_last} fd_growth={} threads_first_third={threads_first} threads_last_third={threads_last} thread_growth={} baseline_elements={} baseline_routes={} churn_elements_max={elements_max} churn_routes_max={routes_max} checkpoint_mismatches={} settle_max_ms={:.0} reconcile_failures={failures} left_entries={} missing_entries={}",
+        "agent-soak seconds={:.0} rounds={rounds} changes={changes} changes_per_s={:.1} samples={} checkpoints={CHECKPOINTS} rss_first_third_mib={:.1} rss_last_third_mib={:.1} rss_growth_pct={:.1} rss_peak_mib={:.1} fds_first_third_max={fds_first} fds_last_third_min={fds_last} fd_growth={} threads_first_third_max={threads_first} threads_last_third_min={threads_last} thread_growth={} baseline_elements={} baseline_routes={} churn_elements_max={elements_max} churn_routes_max={routes_max} checkpoint_mismatches={} settle_max_ms={:.0} reconcile_failures={failures} left_entries={} missing_entries={}",
         elapsed.as_secs_f64(),
         changes as f64 / elapsed.as_secs_f64(),
         samples.len(),
