@@ -163,7 +163,7 @@ fn churn_policy(r: u64) -> (String, String, Value) {
     let j = u32::try_from(r % u64::from(NAMESPACES)).unwrap_or(0);
     let name = format!("churn-{r}");
     let from = Ipv4Addr::new(172, 16, ((r >> 8) & 255) as u8, (r & 255) as u8);
-    let types = if r % 2 == 0 {
+    let types = if r.is_multiple_of(2) {
         json!(["Ingress"])
     } else {
         json!(["Ingress", "Egress"])
@@ -595,7 +595,8 @@ fn the_agent_stays_flat_under_churn() {
                     baseline.gauges
                 )),
             }
-            if checkpoint == CHECKPOINTS {
+            // A state that did not come back stays wrong: the run has its answer.
+            if checkpoint == CHECKPOINTS || !mismatches.is_empty() {
                 break;
             }
             checkpoint += 1;
@@ -697,10 +698,11 @@ fn the_agent_stays_flat_under_churn() {
     let settle_max = settle_times.iter().max().copied().unwrap_or_default();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "agent-soak seconds={:.0} rounds={rounds} changes={changes} changes_per_s={:.1} samples={} checkpoints={CHECKPOINTS} rss_first_third_mib={:.1} rss_last_third_mib={:.1} rss_growth_pct={:.1} rss_peak_mib={:.1} fds_first_third_max={fds_first} fds_last_third_min={fds_last} fd_growth={} threads_first_third_max={threads_first} threads_last_third_min={threads_last} thread_growth={} baseline_elements={} baseline_routes={} churn_elements_max={elements_max} churn_routes_max={routes_max} checkpoint_mismatches={} settle_max_ms={:.0} reconcile_failures={failures} left_entries={} missing_entries={}",
+        "agent-soak seconds={:.0} rounds={rounds} changes={changes} changes_per_s={:.1} samples={} checkpoints={} rss_first_third_mib={:.1} rss_last_third_mib={:.1} rss_growth_pct={:.1} rss_peak_mib={:.1} fds_first_third_max={fds_first} fds_last_third_min={fds_last} fd_growth={} threads_first_third_max={threads_first} threads_last_third_min={threads_last} thread_growth={} baseline_elements={} baseline_routes={} churn_elements_max={elements_max} churn_routes_max={routes_max} checkpoint_mismatches={} settle_max_ms={:.0} reconcile_failures={failures} left_entries={} missing_entries={}",
         elapsed.as_secs_f64(),
         changes as f64 / elapsed.as_secs_f64(),
         samples.len(),
+        settle_times.len() + mismatches.len(),
         rss_first as f64 / 1024.0,
         rss_last as f64 / 1024.0,
         (rss_last as f64 / rss_first.max(1) as f64 - 1.0) * 100.0,
@@ -716,8 +718,7 @@ fn the_agent_stays_flat_under_churn() {
     );
     assert!(
         mismatches.is_empty(),
-        "{} of {CHECKPOINTS} checkpoints did not come back to the baseline:\n{}\nagent log:\n{}",
-        mismatches.len(),
+        "a checkpoint did not come back to the baseline (the run stopped there):\n{}\nagent log:\n{}",
         mismatches.join("\n"),
         log_of(&log)
     );
