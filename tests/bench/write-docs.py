@@ -407,9 +407,10 @@ def network_policy_table(run):
         "initial_sync_ms")
     row("peak RSS after the sync / after the changes",
         f"{f('rss_after_sync_mib'):.1f} / {f('rss_peak_mib'):.1f} MiB", "rss_peak_mib")
-    row(f"change to rule p50 / p99 / max ({int(f('changes'))})",
-        f"{f('event_p50_ms'):.1f} / {f('event_p99_ms'):.1f} / {f('event_max_ms'):.1f} ms",
-        "event_p99_ms")
+    target, ok = met(run, "event_p99_ms")
+    rows.append((f"change to rule p50 / p99 / max ({int(f('changes'))})",
+                 f"{f('event_p50_ms'):.1f} / {f('event_p99_ms'):.1f} / {f('event_max_ms'):.1f} ms",
+                 f"p99 {target}", ok))
     for kind, what in (("policy_added", "policy added"), ("pod_label", "pod label changed"),
                        ("pod_added", "pod added on the node"),
                        ("namespace_label", "namespace label changed")):
@@ -423,7 +424,8 @@ def network_policy_table(run):
     rows.append((f"ratio {int(f('policies')):,} policies / none, p50 / p99",
                  f"{f('ratio_p50'):.2f} / {f('ratio_p99'):.2f}", f"{t50} / {t99}",
                  f"{m50} / {m99}"))
-    return table(["", f"{int(f('pods')):,} pods, {int(f('policies')):,} policies", "target",
+    # 100 pods a node; the two pods of the connection benchmark aside, as the docs say.
+    return table(["", f"{int(f('nodes')) * 100:,} pods, {int(f('policies')):,} policies", "target",
                   "met"], rows)
 
 
@@ -432,6 +434,19 @@ def network_policy_shape(run):
     return (f"{int(f('local_pods'))} local pods, {int(f('isolated_ingress'))} isolated for "
             f"ingress and {int(f('isolated_egress'))} for egress, by {int(f('profiles'))} "
             f"profiles")
+
+
+def network_policy_connection(run):
+    f = run.fig
+    return (f"{f('ratio_p50'):.2f}x the cost with none at p50 ({f('connect_policies_p50_us'):.1f} "
+            f"against {f('connect_none_p50_us'):.1f} µs)")
+
+
+def network_policy_control(run):
+    f = run.fig
+    return (f"at {int(f('nodes')) * 100:,} pods and {int(f('policies')):,} policies a change is in the "
+            f"kernel in {f('event_p50_ms'):.1f} ms p50, {f('event_p99_ms'):.1f} ms p99; initial "
+            f"sync {f('initial_sync_ms') / 1000:.2f} s, {f('rss_peak_mib'):.0f} MiB at most")
 
 
 def agent_soak_table(run):
@@ -482,6 +497,8 @@ GENERATORS = {
     "cluster.vxlan": cluster_vxlan,
     "network_policy.table": network_policy_table,
     "network_policy.shape": network_policy_shape,
+    "network_policy.connection": network_policy_connection,
+    "network_policy.control": network_policy_control,
     "agent_soak.table": agent_soak_table,
 }
 
