@@ -4,10 +4,10 @@
 #
 # Installs what the tests need (apt packages; crates come through cargo), then runs
 # format check, clippy, the API docs, a debug build of the plugins, the whole test suite,
-# every benchmark at its smoke scale judged against tests/bench/targets.toml, the check
-# that the docs' figures are those of the recorded benchmark runs, the fuzz targets for a
-# short time and the stock-kernel VM tier, and checks that the machine is left as it was
-# found. A green run ends with the benchmarks' verdict tables and the figures the tests
+# the check that the docs' figures are those of the recorded benchmark runs, every
+# benchmark at its smoke scale judged against tests/bench/targets.toml, the fuzz targets
+# for a short time and the stock-kernel VM tier, and checks that the machine is left as
+# it was found. A green run ends with the benchmarks' verdict tables and the figures the tests
 # measured.
 # With CI=true (set by .ci/run) root tests fail instead of skipping when a privilege is
 # missing; the variable is passed through to cargo test untouched.

@@ -15,7 +15,10 @@ included, and the CPU time of the process tree (see `timed`). Peak RSS is measur
 ru_maxrss would be wrong: a child forked from the driver reports the driver's (Python's) memory as
 its high-water mark at exec; GNU time is small, so what it reports is the plugin's.
 For a bridge call that figure is the larger of bridge and its IPAM child (wait4 reports
-the maximum over the process and the children it reaped). Nothing asserts on time.
+the maximum over the process and the children it reaped).
+
+The figures that tests/bench/targets.toml judges (`[plugins.*]`) are written to
+`<out>/figures/plugins.tsv` (see plugin_figures); run.sh then runs judge.py on them.
 """
 
 import argparse

@@ -22,7 +22,6 @@ portmap ADD with nothing to map (exec, parse, print), timed the same way.
 """
 
 import argparse
-import csv
 import json
 import os
 import sys

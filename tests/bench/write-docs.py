@@ -34,7 +34,6 @@ import os
 import re
 import shutil
 import sys
-import tomllib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -157,6 +156,22 @@ def table(header, rows):
 # --- generic parts: every benchmark has them ---------------------------------------------
 
 
+# What the figures recorded without a target are (a figure with one says it in
+# targets.toml); a benchmark may add its own.
+RECORDED_WHAT = {
+    "plugins.pods250_add_growth_ours": "250 pods: ADD p50 of the last 50 / the first 50, ours",
+    "plugins.pods250_add_growth_ref": "the same, the reference",
+    "plugins.pods250_add_growth_floor": "the same, the floor",
+    "plugins.podrecord_first_table_vs_without":
+        "podRecordDir: ADD p50 with it (and a NetworkPolicy table) / without, first 50",
+    "plugins.podrecord_last_table_vs_without": "the same, last 50",
+    "plugins.podrecord_first_no_table_vs_without":
+        "podRecordDir: ADD p50 with it (no NetworkPolicy table) / without, first 50",
+    "plugins.podrecord_last_no_table_vs_without": "the same, last 50",
+    "portmap.no_mappings_add_ms": "a portmap ADD with nothing to map, p50 (the floor of a call)",
+}
+
+
 def verdicts(run):
     """The run's figures against targets.toml (full-run bounds), and the figures it
     records without a target."""
@@ -166,7 +181,7 @@ def verdicts(run):
         target, value = t.get(name), run.figures.get(name)
         unit = target.get("unit", "") if target else ""
         b = judge.bound(target, False) if target else None
-        what = target.get("what", "") if target else ""
+        what = target.get("what", "") if target else RECORDED_WHAT.get(name, "")
         if b is None:
             rows.append((f"`{name}`", what, judge.fmt(value), unit, "-", "recorded"))
             continue
