@@ -363,6 +363,139 @@ def host_local_table(run):
                    r["del_prev_ref_ms"]) for r in run.csv("summary.csv")])
 
 
+# --- the node agent (tests/bench/cluster.sh, network-policy.sh, agent-soak.sh) ------------
+
+
+def met(run, name):
+    """The target of one figure in words and whether the run met it, as the docs show."""
+    t = targets(run.bench).get(f"{run.bench}.{name}")
+    b = judge.bound(t, False) if t else None
+    if b is None:
+        return "", ""
+    kind, limit = b
+    value = run.figures.get(f"{run.bench}.{name}")
+    ok = value is not None and (value <= limit if kind == "max" else value >= limit)
+    sign = "≤" if kind == "max" else "≥"
+    unit = t.get("unit", "")
+    unit = "" if unit in ("count", "ratio") else unit
+    return f"{sign} {judge.fmt(limit)} {unit}".strip(), "yes" if ok else "**no**"
+
+
+def cluster_table(run):
+    rows = []
+    for mode, label in (("direct", "direct"), ("vxlan", "VXLAN (FDB + neighbour + route each)")):
+        f = lambda k: run.fig(f"{mode}_{k}")  # noqa: E731
+        judged = [met(run, f"{mode}_{k}") for k in
+                  ("initial_sync_ms", "rss_peak_mib", "event_p99_ms", "healthz_max_ms")]
+        rows.append((f"{int(f('nodes')):,}", label, f"{f('initial_sync_ms'):,.0f} ms",
+                     f"{f('rss_peak_mib'):.1f} MiB",
+                     f"{f('event_p50_ms'):.1f} / {f('event_p99_ms'):.1f} / {f('event_max_ms'):.1f} ms",
+                     f"{f('healthz_max_ms'):.1f} ms ({int(f('healthz_probes'))} probes)",
+                     "all" if all(m == "yes" for _, m in judged) else
+                     "**no**: " + ", ".join(n for n, (_, m) in zip(
+                         ("sync", "RSS", "p99", "/healthz"), judged) if m != "yes")))
+    t = [met(run, f"direct_{k}")[0] for k in
+         ("initial_sync_ms", "rss_peak_mib", "event_p99_ms", "healthz_max_ms")]
+    rows.append(("", "target", t[0], t[1], f"p99 {t[2]}", t[3], ""))
+    return table(["#Nodes", "Mode", "Initial sync (start to every route in the kernel)",
+                  "Peak RSS", "Served change to route, p50 / p99 / max (200 additions)",
+                  "Slowest `/healthz` during the sync", "Targets met"], rows)
+
+
+def cluster_vxlan(run):
+    f = lambda k: run.fig(f"vxlan_{k}")  # noqa: E731
+    return (f"at {int(f('nodes')):,} encapsulated nodes the initial sync took "
+            f"{f('initial_sync_ms'):,.0f} ms at a peak RSS of {f('rss_peak_mib'):.1f} MiB, and "
+            f"a served change reached the kernel in {f('event_p50_ms'):.1f} / "
+            f"{f('event_p99_ms'):.1f} ms (p50 / p99)")
+
+
+def network_policy_table(run):
+    f = run.fig
+    rows = []
+
+    def row(what, value, name=None):
+        target, ok = met(run, name) if name else ("", "")
+        rows.append((what, value, target, ok))
+
+    row("initial sync (start to every local pod's entries)", f"{f('initial_sync_ms'):,.0f} ms",
+        "initial_sync_ms")
+    row("peak RSS after the sync / after the changes",
+        f"{f('rss_after_sync_mib'):.1f} / {f('rss_peak_mib'):.1f} MiB", "rss_peak_mib")
+    target, ok = met(run, "event_p99_ms")
+    rows.append((f"change to rule p50 / p99 / max ({int(f('changes'))})",
+                 f"{f('event_p50_ms'):.1f} / {f('event_p99_ms'):.1f} / {f('event_max_ms'):.1f} ms",
+                 f"p99 {target}", ok))
+    for kind, what in (("policy_added", "policy added"), ("pod_label", "pod label changed"),
+                       ("pod_added", "pod added on the node"),
+                       ("namespace_label", "namespace label changed")):
+        row(f"{what}, p50 (max)", f"{f(kind + '_p50_ms'):.1f} ({f(kind + '_max_ms'):.1f}) ms")
+    row("new connection, no policy, p50 / p99",
+        f"{f('connect_none_p50_us'):.1f} / {f('connect_none_p99_us'):.1f} µs")
+    row(f"new connection, {int(f('policies')):,} policies, p50 / p99",
+        f"{f('connect_policies_p50_us'):.1f} / {f('connect_policies_p99_us'):.1f} µs")
+    t50, m50 = met(run, "ratio_p50")
+    t99, m99 = met(run, "ratio_p99")
+    rows.append((f"ratio {int(f('policies')):,} policies / none, p50 / p99",
+                 f"{f('ratio_p50'):.2f} / {f('ratio_p99'):.2f}", f"{t50} / {t99}",
+                 f"{m50} / {m99}"))
+    # 100 pods a node; the two pods of the connection benchmark aside, as the docs say.
+    return table(["", f"{int(f('nodes')) * 100:,} pods, {int(f('policies')):,} policies", "target",
+                  "met"], rows)
+
+
+def network_policy_shape(run):
+    f = run.fig
+    return (f"{int(f('local_pods'))} local pods, {int(f('isolated_ingress'))} isolated for "
+            f"ingress and {int(f('isolated_egress'))} for egress, by {int(f('profiles'))} "
+            f"profiles")
+
+
+def network_policy_connection(run):
+    f = run.fig
+    return (f"{f('ratio_p50'):.2f}x the cost with none at p50 ({f('connect_policies_p50_us'):.1f} "
+            f"against {f('connect_none_p50_us'):.1f} µs)")
+
+
+def network_policy_control(run):
+    f = run.fig
+    return (f"at {int(f('nodes')) * 100:,} pods and {int(f('policies')):,} policies a change is in the "
+            f"kernel in {f('event_p50_ms'):.1f} ms p50, {f('event_p99_ms'):.1f} ms p99; initial "
+            f"sync {f('initial_sync_ms') / 1000:.2f} s, {f('rss_peak_mib'):.0f} MiB at most")
+
+
+def agent_soak_table(run):
+    f = run.fig
+    rows = []
+
+    def row(what, value, name=None):
+        target, ok = met(run, name) if name else ("", "")
+        rows.append((what, value, target, ok))
+
+    row("churn", f"{f('seconds'):,.0f} s, {int(f('rounds')):,} rounds, {int(f('changes')):,} "
+        f"changes ({f('changes_per_s'):.0f}/s), {int(f('samples'))} samples")
+    row("peak VmRSS, first third / last third",
+        f"{f('rss_first_third_mib'):.1f} / {f('rss_last_third_mib'):.1f} MiB "
+        f"({f('rss_growth_pct'):+.1f}%)", "rss_growth_pct")
+    row("open files, most in the first third / fewest in the last",
+        f"{int(f('fds_first_third_max'))} / {int(f('fds_last_third_min'))}", "fd_growth")
+    row("threads, most in the first third / fewest in the last",
+        f"{int(f('threads_first_third_max'))} / {int(f('threads_last_third_min'))}",
+        "thread_growth")
+    row("set and map elements, steady cluster / most during the churn",
+        f"{int(f('baseline_elements'))} / {int(f('churn_elements_max'))}")
+    row("routes, steady cluster / most during the churn",
+        f"{int(f('baseline_routes'))} / {int(f('churn_routes_max'))}")
+    row(f"checkpoints not back to the steady state (of {int(f('checkpoints'))}); slowest "
+        f"back", f"{int(f('checkpoint_mismatches'))}; {f('settle_max_ms'):,.0f} ms",
+        "checkpoint_mismatches")
+    row("entries left for objects that are gone / missing at the end",
+        f"{int(f('left_entries'))} / {int(f('missing_entries'))}", "left_entries")
+    row("failed reconciliations", f"{int(f('reconcile_failures'))}", "reconcile_failures")
+    row("peak RSS (VmHWM) at the end", f"{f('rss_peak_mib'):.1f} MiB")
+    return table(["", "measured", "target", "met"], rows)
+
+
 GENERATORS = {
     "plugins.latency": plugins_latency,
     "plugins.concurrent": plugins_concurrent,
@@ -375,6 +508,13 @@ GENERATORS = {
     "portmap.table": portmap_table,
     "portmap.readme": portmap_readme,
     "host_local.table": host_local_table,
+    "cluster.table": cluster_table,
+    "cluster.vxlan": cluster_vxlan,
+    "network_policy.table": network_policy_table,
+    "network_policy.shape": network_policy_shape,
+    "network_policy.connection": network_policy_connection,
+    "network_policy.control": network_policy_control,
+    "agent_soak.table": agent_soak_table,
 }
 
 
