@@ -9,8 +9,9 @@
 # verdict table (judge.py appends them to $BENCH_OUT/verdicts.md, emptied here first) and
 # a last line naming every missed figure, and exits non-zero if any benchmark missed or
 # failed. The plugins are built once (the static release as shipped) for all benchmarks
-# that run them. A benchmark that is not in the tree is reported as not present, and with
-# --smoke one that has no reduced scale (does not read BENCH_SMOKE) as not run.
+# that run them. A benchmark that is not in the tree, or (with --smoke) one that has no
+# reduced scale (does not read BENCH_SMOKE), fails the run: a figure nobody measures must
+# not pass.
 # Environment: BENCH_OUT (default target/bench), BENCH_TARGETS, and each benchmark's own.
 set -euo pipefail
 
@@ -47,8 +48,7 @@ if [[ -z ${BENCH_OURS_DIR:-} ]]; then
 fi
 export BENCH_OURS_DIR
 
-# The benchmarks in the order they run; the agent's and the settings' are written on
-# other branches and join when merged.
+# The benchmarks in the order they run: the plugins', then the node agent's.
 benches=(
     tests/bench/run.sh
     tests/bench/portmap.sh
@@ -98,6 +98,7 @@ printf '  %s\n' "${timings[@]}"
 echo "  all: $(($(date +%s) - started)) s"
 for bench in "${absent[@]}"; do
     echo "!!! $bench: not present or not run"
+    failed+=("$bench (not run)")
 done
 # Every MISSED row of the tables, by name.
 missed=$(awk -F' [|] ' '/MISSED/ { sub(/^[|] /, "", $1); printf "%s%s", sep, $1; sep = ", " }' "$verdicts")
