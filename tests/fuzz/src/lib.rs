@@ -308,7 +308,7 @@ pub fn cnitool_cache(data: &[u8]) {
                 Some(name.as_str())
             );
         }
-        Some(Err(why)) => assert!(!why.is_empty()),
+        Some(Err(why)) => assert!(!why.to_string().is_empty()),
         None => {}
     }
     for version in SUPPORTED_VERSIONS {
