@@ -33,6 +33,7 @@ use tower::{BoxError, ServiceBuilder};
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::policy::cluster_network_policy::{Availability, Served};
 use crate::store::{Store, Update, Watched};
 use crate::wake::Wake;
 
@@ -255,6 +256,17 @@ fn is_gone(e: &watcher::Error) -> bool {
     }
 }
 
+/// Whether the API refused a list or watch with `404 Not Found`: it does not serve the
+/// kind (a CRD that is not installed).
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}
+
 /// Keeps `store` in step with the API's objects of kind `K`, waking the reconciler on
 /// every change that matters; runs until the runtime stops.
 ///
@@ -271,12 +283,52 @@ pub async fn watch<K>(
 ) where
     K: Watched + kube::Resource<DynamicType = ()> + DeserializeOwned + Sync,
 {
+    watch_inner(api, config, store, wake, metrics, None).await;
+}
+
+/// As [`watch`], for a kind the API may not serve (a CRD that is not installed, or
+/// installed later): a `404` is said once in the log and recorded in `served`, and the
+/// kind is looked for again every `look_again` until it is served, without a restart.
+/// Its store stays incomplete meanwhile.
+pub async fn watch_optional<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    store: Arc<Mutex<Store<K>>>,
+    wake: Arc<Wake>,
+    metrics: Arc<Metrics>,
+    served: Arc<Served>,
+    look_again: Duration,
+) where
+    K: Watched + kube::Resource<DynamicType = ()> + DeserializeOwned + Sync,
+{
+    watch_inner(
+        api,
+        config,
+        store,
+        wake,
+        metrics,
+        Some((served, look_again)),
+    )
+    .await;
+}
+
+async fn watch_inner<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    store: Arc<Mutex<Store<K>>>,
+    wake: Arc<Wake>,
+    metrics: Arc<Metrics>,
+    optional: Option<(Arc<Served>, Duration)>,
+) where
+    K: Watched + kube::Resource<DynamicType = ()> + DeserializeOwned + Sync,
+{
     metrics.watching(K::KIND);
     loop {
         let mut stream = watcher::watcher(api.clone(), config.clone())
             .default_backoff()
             .boxed();
         let mut failures = 0u64;
+        let mut absent = false;
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
@@ -285,7 +337,25 @@ pub async fn watch<K>(
                     if !matches!(event, Event::Init) {
                         failures = 0;
                     }
+                    if let (Event::InitDone, Some((served, _))) = (&event, &optional)
+                        && served.set(Availability::Served) != Availability::Served
+                    {
+                        tracing::info!("the API serves {}: watched, not yet enforced", K::KIND);
+                    }
                     take(event, &store, &wake, &metrics);
+                }
+                Err(e) if optional.is_some() && is_not_found(&e) => {
+                    if let Some((served, look_again)) = &optional
+                        && served.set(Availability::Absent) != Availability::Absent
+                    {
+                        tracing::info!(
+                            "the API does not serve {} (its CRD is not installed);                              NetworkPolicy is enforced as before, and the kind is looked                              for again every {}s",
+                            K::KIND,
+                            look_again.as_secs()
+                        );
+                    }
+                    absent = true;
+                    break;
                 }
                 Err(e) if is_gone(&e) => {
                     // The client would retry the same too-old version forever (an HTTP
@@ -309,6 +379,9 @@ pub async fn watch<K>(
                     );
                 }
             }
+        }
+        if let (true, Some((_, look_again))) = (absent, &optional) {
+            tokio::time::sleep(*look_again).await;
         }
     }
 }

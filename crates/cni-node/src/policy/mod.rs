@@ -5,7 +5,15 @@
 //! NetworkPolicy's parts: the objects it is read from ([`objects`], [`selector`]), its
 //! meaning ([`model`], which `explain` and the tests use), what the kernel must hold on
 //! this node ([`compile`]), and the operator's question ([`explain`]).
+//!
+//! ClusterNetworkPolicy's parts ([`cluster_network_policy`]: its store and whether the
+//! API serves it): the objects ([`cluster_objects`]) and the tiers' meaning
+//! ([`cluster_model`]). It is watched, not yet enforced: the Admin and Baseline tiers
+//! stay off until a datapath consumes them.
 
+pub mod cluster_model;
+pub mod cluster_network_policy;
+pub mod cluster_objects;
 pub mod compile;
 pub mod datapath;
 pub mod explain;
