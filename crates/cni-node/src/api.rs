@@ -467,4 +467,70 @@ mod tests {
             kube::Error::Api(other)
         )));
     }
+
+    /// A kind whose CRD is absent: the watch records it absent and keeps looking, its
+    /// store stays incomplete; once the CRD is installed the watch finds the kind
+    /// without being restarted, and lists its objects.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_optional_kind_absent_at_first_is_found_once_its_crd_is_installed() {
+        use crate::policy::cluster_network_policy::Stores as ClusterStores;
+        use crate::policy::objects::SlimClusterNetworkPolicy;
+        use cni_kube_api::{ApiServer, Kind, cluster_network_policy};
+
+        let server = ApiServer::start("127.0.0.1:0".parse().unwrap());
+        server.uninstall_crd(Kind::ClusterNetworkPolicy);
+        let dir = std::env::temp_dir().join(format!("cni-node-api-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig);
+        let client = client(Some(&kubeconfig), &Arc::new(Connections::default()))
+            .await
+            .unwrap();
+        let stores = ClusterStores::default();
+        let wake = Arc::new(Wake::default());
+        let watching = tokio::spawn(watch_optional(
+            Api::<SlimClusterNetworkPolicy>::all(client),
+            watcher::Config::default(),
+            Arc::clone(&stores.policies),
+            wake,
+            Arc::new(Metrics::new()),
+            Arc::clone(&stores.served),
+            Duration::from_millis(100),
+        ));
+        let until = |what: &str, done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "never: {what}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        until("the kind is known absent", &|| {
+            stores.served.get() == Availability::Absent
+        });
+        // Several tries later it is still absent and nothing was listed.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(stores.served.get(), Availability::Absent);
+        assert!(crate::store::snapshot_of(&stores.policies).is_none());
+        assert_eq!(stores.status(), None);
+
+        server.install_crd(Kind::ClusterNetworkPolicy);
+        server.apply_cluster_network_policy(cluster_network_policy(
+            "deny-all",
+            serde_json::json!({"tier": "Admin", "priority": 1,
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}),
+        ));
+        until("the policy is listed", &|| {
+            crate::store::snapshot_of(&stores.policies).is_some_and(|p| p.contains_key("deny-all"))
+        });
+        assert_eq!(stores.served.get(), Availability::Served);
+        assert!(
+            stores
+                .status()
+                .unwrap()
+                .contains("watched (1 policies), not yet enforced")
+        );
+        watching.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

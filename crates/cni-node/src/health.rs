@@ -99,8 +99,10 @@ impl Health {
             ),
             "/readyz" => {
                 let (status, kind, mut body) = self.readyz();
-                // What is watched but not enforced, said where readiness is read.
+                // What is watched but not enforced, said where readiness is read: after
+                // `ready` (a 503's lines are the failing steps, one each).
                 let cluster = stores
+                    .filter(|_| status == OK)
                     .and_then(|s| s.policy.cluster_network_policy.as_ref())
                     .and_then(crate::policy::cluster_network_policy::Stores::status);
                 if let Some(line) = cluster {
