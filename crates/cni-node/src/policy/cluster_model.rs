@@ -41,6 +41,26 @@ pub struct NodePeer {
     pub addresses: Vec<IpAddr>,
 }
 
+impl NodePeer {
+    /// Reads a watched Node: its labels and every address of `status.addresses` that
+    /// is an IP address (hostnames are not).
+    pub fn from_slim(node: &crate::node::SlimNode) -> Self {
+        let addresses = node
+            .status
+            .addresses
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.get("address")?.as_str())
+            .filter_map(cni_protocol::ip::parse_ip)
+            .collect();
+        Self {
+            labels: node.metadata.labels.clone().unwrap_or_default(),
+            addresses,
+        }
+    }
+}
+
 /// A rule that matched a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleMatch {
