@@ -173,7 +173,17 @@ impl<'a> TieredView<'a> {
         let named: &[NamedPort] = dst_pod.map_or(&[], |p| &p.named_ports);
         let direction = |pod: &PodInfo, way: Way, side: Side, peer: IpAddr| Direction {
             pod: pod.key(),
-            decided: self.decide(pod, way, &side, peer, protocol, port, named),
+            decided: self.decide(
+                pod,
+                way,
+                &side,
+                &Connection {
+                    peer,
+                    protocol,
+                    port,
+                    named,
+                },
+            ),
             network_policy: side,
         };
         Verdict {
@@ -197,25 +207,15 @@ impl<'a> TieredView<'a> {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         pod: &PodInfo,
         way: Way,
         network: &Side,
-        peer: IpAddr,
-        protocol: u8,
-        port: u16,
-        named: &[NamedPort],
+        connection: &Connection<'_>,
     ) -> Decision {
         let mut passed = Vec::new();
-        let connection = Connection {
-            peer,
-            protocol,
-            port,
-            named,
-        };
-        if let Some(decided) = self.tier(Tier::Admin, pod, way, &connection, &mut passed) {
+        if let Some(decided) = self.tier(Tier::Admin, pod, way, connection, &mut passed) {
             return decided;
         }
         if !network.isolated_by.is_empty() {
@@ -232,7 +232,7 @@ impl<'a> TieredView<'a> {
                 passed,
             };
         }
-        if let Some(decided) = self.tier(Tier::Baseline, pod, way, &connection, &mut passed) {
+        if let Some(decided) = self.tier(Tier::Baseline, pod, way, connection, &mut passed) {
             return decided;
         }
         Decision {

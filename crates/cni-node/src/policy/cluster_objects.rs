@@ -421,9 +421,10 @@ fn read_protocol(entry: &Value) -> Result<ClusterPort, String> {
 }
 
 fn read_ports(value: &Value, protocol: u8) -> Result<ClusterPort, String> {
+    // Every port, 0 too (a protocol entry without a port matches all its traffic).
     let all = ClusterPort::Numbers {
         protocol,
-        first: 1,
+        first: 0,
         last: u16::MAX,
     };
     if !value.is_object() {
@@ -519,7 +520,7 @@ mod tests {
                 ClusterPort::Named("http".into()),
                 ClusterPort::Numbers {
                     protocol: UDP,
-                    first: 1,
+                    first: 0,
                     last: u16::MAX
                 },
             ]

@@ -8,9 +8,10 @@
 //!
 //! ClusterNetworkPolicy's parts ([`cluster_network_policy`]: its store and whether the
 //! API serves it): the objects ([`cluster_objects`]) and the tiers' meaning
-//! ([`cluster_model`]). It is watched, not yet enforced: the Admin and Baseline tiers
+//! ([`cluster_model`]), and what a datapath would load per tier ([`cluster_compile`]). It is watched, not yet enforced: the Admin and Baseline tiers
 //! stay off until a datapath consumes them.
 
+pub mod cluster_compile;
 pub mod cluster_model;
 pub mod cluster_network_policy;
 pub mod cluster_objects;
