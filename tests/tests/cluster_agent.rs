@@ -258,6 +258,29 @@ fn cluster_network_policy_crd_absent_ready_without_it_and_found_once_installed()
         "{log}"
     );
     assert_eq!(log.matches(ABSENT).count(), 1, "{log}");
+
+    // A policy with a peer the agent does not know: named once in the log.
+    cluster
+        .api
+        .apply_cluster_network_policy(cluster_network_policy(
+            "from-the-future",
+            serde_json::json!({"tier": "Baseline", "priority": 3,
+            "subject": {"namespaces": {}},
+            "ingress": [{"action": "Deny", "from": [{"galaxies": {}}]}]}),
+        ));
+    poll_health(host, "/readyz", Duration::from_secs(30), |a| {
+        Ok(a.status == 200 && a.body.contains("watched (2 policies)"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    const UNREADABLE: &str = "ClusterNetworkPolicy from-the-future cannot be read exactly";
+    assert!(
+        cluster_wait(Duration::from_secs(10), || host
+            .agent_log()
+            .contains(UNREADABLE)),
+        "{}",
+        host.agent_log()
+    );
+    assert_eq!(host.agent_log().matches(UNREADABLE).count(), 1);
 }
 
 #[test]

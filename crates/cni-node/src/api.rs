@@ -412,6 +412,24 @@ fn take<K: Watched>(event: Event<K>, store: &Mutex<Store<K>>, wake: &Wake, metri
             tracing::info!("{} {key} was deleted", K::KIND.to_lowercase());
         }
     }
+    let changed: Vec<String> = match &update {
+        Update::Applied { key } => vec![key.clone()],
+        Update::Listed { changed: true, .. } => store
+            .snapshot()
+            .map(|items| items.keys().cloned().collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    for key in changed {
+        let Some(problems) = store.get(&key).map(K::problems).filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        tracing::warn!(
+            "{} {key} cannot be read exactly, it is read failing closed: {}",
+            K::KIND,
+            problems.join("; ")
+        );
+    }
     metrics.objects(K::KIND, store.len());
     if update.changed() {
         wake.notify();

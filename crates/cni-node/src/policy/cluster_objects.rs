@@ -477,6 +477,10 @@ impl Watched for SlimClusterNetworkPolicy {
     fn key(&self) -> Option<String> {
         self.metadata.name.clone().filter(|n| !n.is_empty())
     }
+
+    fn problems(item: &ClusterPolicyInfo) -> &[String] {
+        &item.problems
+    }
 }
 
 #[cfg(test)]
