@@ -489,11 +489,40 @@ mod tests {
     /// A kind whose CRD is absent: the watch records it absent and keeps looking, its
     /// store stays incomplete; once the CRD is installed the watch finds the kind
     /// without being restarted, and lists its objects.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[tokio::test]
     async fn an_optional_kind_absent_at_first_is_found_once_its_crd_is_installed() {
         use crate::policy::cluster_network_policy::Stores as ClusterStores;
         use crate::policy::objects::SlimClusterNetworkPolicy;
         use cni_kube_api::{ApiServer, Kind, cluster_network_policy};
+
+        /// The log, kept: the runtime runs every task on this thread, so this
+        /// thread's subscriber hears the watch.
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Log {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        impl Log {
+            fn count(&self, what: &str) -> usize {
+                String::from_utf8_lossy(&self.0.lock().unwrap())
+                    .matches(what)
+                    .count()
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let _log = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
 
         let server = ApiServer::start("127.0.0.1:0".parse().unwrap());
         server.uninstall_crd(Kind::ClusterNetworkPolicy);
@@ -515,21 +544,33 @@ mod tests {
             Arc::clone(&stores.served),
             Duration::from_millis(100),
         ));
-        let until = |what: &str, done: &dyn Fn() -> bool| {
+        async fn until(what: &str, done: impl Fn() -> bool) {
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
             while !done() {
                 assert!(std::time::Instant::now() < deadline, "never: {what}");
-                std::thread::sleep(Duration::from_millis(20));
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
-        };
-        until("the kind is known absent", &|| {
+        }
+        until("the kind is known absent", || {
             stores.served.get() == Availability::Absent
-        });
-        // Several tries later it is still absent and nothing was listed.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        })
+        .await;
+        // Several tries later it is still absent, said once, and nothing was listed.
+        tokio::time::sleep(Duration::from_millis(600)).await;
         assert_eq!(stores.served.get(), Availability::Absent);
         assert!(crate::store::snapshot_of(&stores.policies).is_none());
         assert_eq!(stores.status(), None);
+        let absent = "the API does not serve ClusterNetworkPolicy";
+        assert_eq!(log.count(absent), 1);
+        let tries = server
+            .requests()
+            .iter()
+            .filter(|r| r.contains("clusternetworkpolicies"))
+            .count();
+        assert!(
+            tries >= 3,
+            "looked for {tries} times in 600 ms, every 100 ms"
+        );
 
         server.install_crd(Kind::ClusterNetworkPolicy);
         server.apply_cluster_network_policy(cluster_network_policy(
@@ -538,9 +579,10 @@ mod tests {
                 "subject": {"namespaces": {}},
                 "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}),
         ));
-        until("the policy is listed", &|| {
+        until("the policy is listed", || {
             crate::store::snapshot_of(&stores.policies).is_some_and(|p| p.contains_key("deny-all"))
-        });
+        })
+        .await;
         assert_eq!(stores.served.get(), Availability::Served);
         assert!(
             stores
@@ -548,6 +590,8 @@ mod tests {
                 .unwrap()
                 .contains("watched (1 policies), not yet enforced")
         );
+        assert_eq!(log.count(absent), 1);
+        assert_eq!(log.count("the API serves ClusterNetworkPolicy"), 1);
         watching.abort();
         let _ = std::fs::remove_dir_all(&dir);
     }
