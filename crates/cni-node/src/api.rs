@@ -412,23 +412,28 @@ fn take<K: Watched>(event: Event<K>, store: &Mutex<Store<K>>, wake: &Wake, metri
             tracing::info!("{} {key} was deleted", K::KIND.to_lowercase());
         }
     }
-    let changed: Vec<String> = match &update {
-        Update::Applied { key } => vec![key.clone()],
-        Update::Listed { changed: true, .. } => store
-            .snapshot()
-            .map(|items| items.keys().cloned().collect())
-            .unwrap_or_default(),
-        _ => Vec::new(),
+    let name_problems = |key: &str, item: &K::Item| {
+        let problems = K::problems(item);
+        if !problems.is_empty() {
+            tracing::warn!(
+                "{} {key} cannot be read exactly, it is read failing closed: {}",
+                K::KIND,
+                problems.join("; ")
+            );
+        }
     };
-    for key in changed {
-        let Some(problems) = store.get(&key).map(K::problems).filter(|p| !p.is_empty()) else {
-            continue;
-        };
-        tracing::warn!(
-            "{} {key} cannot be read exactly, it is read failing closed: {}",
-            K::KIND,
-            problems.join("; ")
-        );
+    match &update {
+        Update::Applied { key } => {
+            if let Some(item) = store.get(key) {
+                name_problems(key, item);
+            }
+        }
+        Update::Listed { changed: true, .. } => {
+            for (key, item) in store.snapshot().iter().flat_map(|items| items.iter()) {
+                name_problems(key, item);
+            }
+        }
+        _ => {}
     }
     metrics.objects(K::KIND, store.len());
     if update.changed() {
