@@ -26,6 +26,7 @@ use cni_blackbox::measured::record_duration;
 use cni_blackbox::probe::Answer;
 use cni_blackbox::require_root;
 use cni_blackbox::underlay::address;
+use cni_kube_api::{Kind, cluster_network_policy};
 use serde_json::Value;
 
 /// The steps `/readyz` names, one `<step>: <error>` line each (the agent's own list:
@@ -156,7 +157,8 @@ fn readyz_is_503_naming_the_failed_step_and_ready_through_the_retry_once_the_cau
     fs::create_dir_all(&host.conf_dir)
         .unwrap_or_else(|e| panic!("mkdir {}: {e}", host.conf_dir.display()));
     let (ready, took) = poll_health(host, "/readyz", Duration::from_secs(15), |a| {
-        Ok(a.status == 200 && a.body == "ready\n")
+        // `ready`, then what is only watched (ClusterNetworkPolicy) when the API serves it.
+        Ok(a.status == 200 && a.body.lines().next() == Some("ready"))
     })
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
     eprintln!("conf dir writable: /readyz {ready} after {took:?} (contract: 5 s)");
@@ -198,6 +200,87 @@ fn readyz_is_503_naming_the_failed_step_and_ready_through_the_retry_once_the_cau
         .unwrap_or_else(|e| panic!("sample {sample}: {e}\nagent log:\n{}", host.agent_log()));
         record_duration(READY_AFTER_RECOVERY, took);
     }
+}
+
+/// ClusterNetworkPolicy is optional: on an API without its CRD the agent starts, is
+/// ready (its `/readyz` says nothing of the kind), says once in its log that the kind
+/// is not served, and enforces NetworkPolicy as before; once the CRD is installed it
+/// finds the kind without a restart (it looks again every 30 s) and says, in its log
+/// and after `ready`, that it watches it and does not enforce it yet.
+#[test]
+fn cluster_network_policy_crd_absent_ready_without_it_and_found_once_installed() {
+    if !require_root() {
+        return;
+    }
+    let mut cluster = Cluster::without_nodes(1500);
+    cluster.api.uninstall_crd(Kind::ClusterNetworkPolicy);
+    cluster.add_host(1, 1500);
+    let host = &cluster.hosts[0];
+    let (_, took) = poll_health(host, "/readyz", Duration::from_secs(30), |a| {
+        Ok(a.status == 200 && a.body == "ready\n")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    eprintln!("ready without the ClusterNetworkPolicy CRD after {took:?}");
+    const ABSENT: &str = "the API does not serve ClusterNetworkPolicy";
+    assert!(
+        cluster_wait(Duration::from_secs(10), || host
+            .agent_log()
+            .contains(ABSENT)),
+        "the log never says the kind is not served:\n{}",
+        host.agent_log()
+    );
+    assert_eq!(
+        host.agent_log().matches(ABSENT).count(),
+        1,
+        "said more than once:\n{}",
+        host.agent_log()
+    );
+
+    cluster.api.install_crd(Kind::ClusterNetworkPolicy);
+    cluster
+        .api
+        .apply_cluster_network_policy(cluster_network_policy(
+            "deny-all",
+            serde_json::json!({"tier": "Admin", "priority": 1,
+            "subject": {"namespaces": {}},
+            "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}),
+        ));
+    // Found within the 30 s of the next look (a generous bound).
+    let (answer, took) = poll_health(host, "/readyz", Duration::from_secs(90), |a| {
+        Ok(a.status == 200
+            && a.body == "ready\nClusterNetworkPolicy: watched (1 policies), not yet enforced\n")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    eprintln!("CRD installed: /readyz {answer} after {took:?}");
+    let log = host.agent_log();
+    assert!(
+        log.contains("the API serves ClusterNetworkPolicy: watched, not yet enforced"),
+        "{log}"
+    );
+    assert_eq!(log.matches(ABSENT).count(), 1, "{log}");
+
+    // A policy with a peer the agent does not know: named once in the log.
+    cluster
+        .api
+        .apply_cluster_network_policy(cluster_network_policy(
+            "from-the-future",
+            serde_json::json!({"tier": "Baseline", "priority": 3,
+            "subject": {"namespaces": {}},
+            "ingress": [{"action": "Deny", "from": [{"galaxies": {}}]}]}),
+        ));
+    poll_health(host, "/readyz", Duration::from_secs(30), |a| {
+        Ok(a.status == 200 && a.body.contains("watched (2 policies)"))
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    const UNREADABLE: &str = "ClusterNetworkPolicy from-the-future cannot be read exactly";
+    assert!(
+        cluster_wait(Duration::from_secs(10), || host
+            .agent_log()
+            .contains(UNREADABLE)),
+        "{}",
+        host.agent_log()
+    );
+    assert_eq!(host.agent_log().matches(UNREADABLE).count(), 1);
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //! objects as the API server would hold them at that moment, for IPv4 and (where the
 //! subtest's expectations hold for it) IPv6, and must give upstream's verdict.
 //!
+//! The agent's own model (`cni_node::policy::cluster_model`, read from the same objects as
+//! the agent reads them) is held to the same subtests and to the oracle, direction by
+//! direction (tier, policy, rule, the Pass rules on the way), on random clusters.
+//!
 //! Then properties of the tiers on random ClusterNetworkPolicies over the same base
 //! (`PROPTEST_CASES` sets how many, default 200): the order the objects come in changes
 //! no verdict and no named decider; Pass rules alone change no verdict of the
@@ -156,10 +160,8 @@ impl Base {
             .collect()
     }
 
-    /// The oracle of the objects now; without the ClusterNetworkPolicies unless
-    /// `tiers`.
-    fn oracle(&self, tiers: bool) -> Result<Oracle, String> {
-        let pods = self.pod_objects();
+    /// The Namespaces and Nodes as the API server would hold them now.
+    fn namespace_and_node_objects(&self) -> (Vec<Value>, Vec<Value>) {
         let namespaces: Vec<Value> = self
             .namespace_labels
             .iter()
@@ -177,6 +179,26 @@ impl Base {
                 )
             })
             .collect();
+        (namespaces, nodes)
+    }
+
+    /// The agent's model of the objects now, ClusterNetworkPolicies included.
+    fn agent(&self) -> agent::Agent {
+        let (namespaces, nodes) = self.namespace_and_node_objects();
+        agent::Agent::new(
+            &self.pod_objects(),
+            &namespaces,
+            &nodes,
+            self.network_policies.values(),
+            self.cluster_policies.values(),
+        )
+    }
+
+    /// The oracle of the objects now; without the ClusterNetworkPolicies unless
+    /// `tiers`.
+    fn oracle(&self, tiers: bool) -> Result<Oracle, String> {
+        let pods = self.pod_objects();
+        let (namespaces, nodes) = self.namespace_and_node_objects();
         Oracle::with_cluster_network_policies(
             &pods,
             &namespaces,
@@ -248,6 +270,65 @@ fn run(case: &Case, with_cluster_policies: bool, outcome: &mut Outcome) {
     }
 }
 
+/// Runs `case` against the agent's model (`cni_node::policy::cluster_model`): each
+/// direction of each probe must be decided as the oracle decides it (tier, policy,
+/// rule, Pass rules on the way), and the connection must get upstream's verdict, with
+/// the node's reach of its own pods (the datapath's, before any tier) taken from the
+/// oracle.
+fn run_agent(case: &Case, outcome: &mut Outcome) {
+    let mut base = Base::new();
+    let fail = |outcome: &mut Outcome, e: String| outcome.wrong.push(format!("{}: {e}", case.name));
+    for action in &case.manifests {
+        if let Err(e) = base.act(action) {
+            return fail(outcome, e);
+        }
+    }
+    for step in &case.steps {
+        outcome.subtests += 1;
+        for action in &step.actions {
+            if let Err(e) = base.act(action) {
+                return fail(outcome, e);
+            }
+        }
+        let oracle = match base.oracle(true) {
+            Ok(oracle) => oracle,
+            Err(e) => return fail(outcome, format!("the oracle cannot read the objects: {e}")),
+        };
+        let agent = base.agent();
+        for probe in &step.probes {
+            for v6 in [false, true] {
+                if v6 && !step.ipv6 {
+                    continue;
+                }
+                outcome.probes += 1;
+                let (from, to) = (base.ip(probe.from, v6), base.ip(probe.to, v6));
+                let expected = oracle.verdict(from, to, probe.protocol, probe.port);
+                let got = agent.verdict(from, to, probe.protocol, probe.port);
+                let at = format!(
+                    "  {} / {:?}: {} -> {} {}/{} IPv{}",
+                    case.name,
+                    step.name,
+                    probe.from,
+                    probe.to,
+                    probe.protocol,
+                    probe.port,
+                    if v6 { 6 } else { 4 },
+                );
+                if let Err(e) = agent::same(&expected, &got) {
+                    outcome.wrong.push(format!("{at}: {e}"));
+                }
+                if agent::allowed(&got, expected.from_its_node) != probe.allowed {
+                    outcome.wrong.push(format!(
+                        "{at}: upstream says {}, the agent's model {:?}",
+                        if probe.allowed { "allowed" } else { "denied" },
+                        got
+                    ));
+                }
+            }
+        }
+    }
+}
+
 fn suite() -> Vec<Case> {
     let base = Base::new();
     let ip_of = |pod: &str| base.ip(pod, false);
@@ -285,6 +366,24 @@ fn the_oracle_agrees_with_every_conformance_subtest() {
     assert_eq!(cases.len(), 24);
 }
 
+#[test]
+fn the_agents_model_agrees_with_every_conformance_subtest() {
+    let cases = suite();
+    let mut outcome = Outcome::default();
+    for case in &cases {
+        run_agent(case, &mut outcome);
+    }
+    println!(
+        "{} conformance tests, {} steps, {} probes: {} disagreements of the agent's model",
+        cases.len(),
+        outcome.subtests,
+        outcome.probes,
+        outcome.wrong.len()
+    );
+    assert!(outcome.wrong.is_empty(), "{}", outcome.wrong.join("\n"));
+    assert!(outcome.probes > 0);
+}
+
 /// Without the ClusterNetworkPolicies every probe upstream expects denied is allowed
 /// (nothing else in the suite denies), so the tables above can fail.
 #[test]
@@ -316,6 +415,220 @@ fn without_the_cluster_policies_every_expected_denial_is_missed() {
         "only {} of {denials} expected denials were missed",
         outcome.wrong.len()
     );
+}
+
+// ---------------------------------------------------------------------------------
+// The agent's model, read from the same objects as the agent reads them.
+
+mod agent {
+    use std::collections::BTreeMap;
+    use std::net::IpAddr;
+
+    use cni_blackbox::policy_oracle::{self as oracle, Decision, Direction};
+    use cni_node::node::SlimNode;
+    use cni_node::policy::cluster_model::{self, NodePeer, TieredView};
+    use cni_node::policy::cluster_objects::{self, ClusterPolicyInfo};
+    use cni_node::policy::model::View;
+    use cni_node::policy::objects::{
+        PodInfo, PolicyInfo, SCTP, SlimClusterNetworkPolicy, SlimNamespace, SlimNetworkPolicy,
+        SlimPod, TCP, UDP,
+    };
+    use cni_node::policy::pipeline::Tier;
+    use cni_node::policy::selector::Labels;
+    use serde_json::Value;
+
+    /// The agent's items of some objects.
+    pub struct Agent {
+        pods: BTreeMap<String, PodInfo>,
+        namespaces: BTreeMap<String, Labels>,
+        policies: BTreeMap<String, PolicyInfo>,
+        cluster: BTreeMap<String, ClusterPolicyInfo>,
+        nodes: BTreeMap<String, NodePeer>,
+    }
+
+    fn slim<T: serde::de::DeserializeOwned>(value: &Value) -> T {
+        serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{e}: {value}"))
+    }
+
+    impl Agent {
+        pub fn new<'a>(
+            pods: &[Value],
+            namespaces: &[Value],
+            nodes: &[Value],
+            network_policies: impl IntoIterator<Item = &'a Value>,
+            cluster_policies: impl IntoIterator<Item = &'a Value>,
+        ) -> Self {
+            let mut agent = Self {
+                pods: BTreeMap::new(),
+                namespaces: BTreeMap::new(),
+                policies: BTreeMap::new(),
+                cluster: BTreeMap::new(),
+                nodes: BTreeMap::new(),
+            };
+            for pod in pods {
+                let info = PodInfo::from_slim(&slim::<SlimPod>(pod));
+                agent.pods.insert(info.key(), info);
+            }
+            for ns in namespaces {
+                let ns: SlimNamespace = slim(ns);
+                agent.namespaces.insert(
+                    ns.metadata.name.clone().unwrap_or_default(),
+                    ns.metadata.labels.clone().unwrap_or_default(),
+                );
+            }
+            for node in nodes {
+                let node: SlimNode = slim(node);
+                agent.nodes.insert(
+                    node.metadata.name.clone().unwrap_or_default(),
+                    NodePeer::from_slim(&node),
+                );
+            }
+            for policy in network_policies {
+                let info = PolicyInfo::from_slim(&slim::<SlimNetworkPolicy>(policy));
+                agent.policies.insert(info.key(), info);
+            }
+            for policy in cluster_policies {
+                let info = ClusterPolicyInfo::from_slim(&slim::<SlimClusterNetworkPolicy>(policy));
+                agent.cluster.insert(info.name.clone(), info);
+            }
+            agent
+        }
+
+        pub fn verdict(
+            &self,
+            from: IpAddr,
+            to: IpAddr,
+            protocol: &str,
+            port: u16,
+        ) -> cluster_model::Verdict {
+            let view = View::new(&self.pods, &self.namespaces, &self.policies);
+            let tiered = TieredView::new(&view, &self.cluster, &self.nodes);
+            let protocol = match protocol {
+                "TCP" => TCP,
+                "UDP" => UDP,
+                "SCTP" => SCTP,
+                other => panic!("protocol {other}"),
+            };
+            tiered.verdict(from, to, protocol, port)
+        }
+    }
+
+    /// Whether the connection passes, the node's reach of its own pods given.
+    pub fn allowed(verdict: &cluster_model::Verdict, from_its_node: bool) -> bool {
+        let allows =
+            |d: &Option<cluster_model::Direction>| d.as_ref().is_none_or(|d| d.decided.allowed);
+        verdict.same_pod || (allows(&verdict.egress) && (from_its_node || allows(&verdict.ingress)))
+    }
+
+    fn rule_text(rule: &oracle::RuleMatch) -> String {
+        format!(
+            "{:?} {} p{} #{} {:?} {:?}{}",
+            rule.tier,
+            rule.policy,
+            rule.priority,
+            rule.index,
+            rule.name,
+            rule.action,
+            if rule.failed_closed {
+                " failed closed"
+            } else {
+                ""
+            }
+        )
+    }
+
+    fn agent_rule_text(rule: &cluster_model::RuleMatch) -> String {
+        let action = match rule.action {
+            cluster_objects::Action::Accept => oracle::Action::Accept,
+            cluster_objects::Action::Deny => oracle::Action::Deny,
+            cluster_objects::Action::Pass => oracle::Action::Pass,
+        };
+        let tier = match rule.tier {
+            Tier::Admin => oracle::Tier::Admin,
+            Tier::NetworkPolicy => oracle::Tier::NetworkPolicy,
+            Tier::Baseline => oracle::Tier::Baseline,
+        };
+        format!(
+            "{tier:?} {} p{} #{} {:?} {action:?}{}",
+            rule.policy,
+            rule.priority,
+            rule.index,
+            rule.name,
+            if rule.failed_closed {
+                " failed closed"
+            } else {
+                ""
+            }
+        )
+    }
+
+    fn decision_text(d: &Decision) -> String {
+        format!(
+            "{:?} {} rule {:?} nps {:?} passed {:?}",
+            d.tier,
+            if d.allowed { "allowed" } else { "denied" },
+            d.rule.as_ref().map(rule_text),
+            d.network_policies,
+            d.passed.iter().map(rule_text).collect::<Vec<_>>()
+        )
+    }
+
+    fn agent_decision_text(d: &cluster_model::Decision) -> String {
+        let tier = match d.tier {
+            None => oracle::Tier::Default,
+            Some(Tier::Admin) => oracle::Tier::Admin,
+            Some(Tier::NetworkPolicy) => oracle::Tier::NetworkPolicy,
+            Some(Tier::Baseline) => oracle::Tier::Baseline,
+        };
+        format!(
+            "{tier:?} {} rule {:?} nps {:?} passed {:?}",
+            if d.allowed { "allowed" } else { "denied" },
+            d.rule.as_ref().map(agent_rule_text),
+            d.network_policies,
+            d.passed.iter().map(agent_rule_text).collect::<Vec<_>>()
+        )
+    }
+
+    fn direction_text(d: &Option<Direction>) -> Option<String> {
+        d.as_ref()
+            .map(|d| format!("{}: {}", d.pod, decision_text(&d.decided)))
+    }
+
+    fn agent_direction_text(d: &Option<cluster_model::Direction>) -> Option<String> {
+        d.as_ref()
+            .map(|d| format!("{}: {}", d.pod, agent_decision_text(&d.decided)))
+    }
+
+    /// Whether the agent's model decides each direction as the oracle does.
+    pub fn same(expected: &oracle::Verdict, got: &cluster_model::Verdict) -> Result<(), String> {
+        let pairs = [
+            (
+                "same pod",
+                format!("{}", expected.same_pod),
+                format!("{}", got.same_pod),
+            ),
+            (
+                "egress",
+                format!("{:?}", direction_text(&expected.egress)),
+                format!("{:?}", agent_direction_text(&got.egress)),
+            ),
+            (
+                "ingress",
+                format!("{:?}", direction_text(&expected.ingress)),
+                format!("{:?}", agent_direction_text(&got.ingress)),
+            ),
+        ];
+        let wrong: Vec<String> = pairs
+            .iter()
+            .filter(|(_, a, b)| a != b)
+            .map(|(what, a, b)| format!("{what}: the oracle {a}, the agent {b}"))
+            .collect();
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("; "))
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------
@@ -504,6 +817,92 @@ mod properties {
             failure_persistence: None,
             ..Config::default()
         })
+    }
+
+    /// NetworkPolicies a random cluster may hold beside its ClusterNetworkPolicies.
+    fn network_policies() -> impl Strategy<Value = Vec<(&'static str, Value)>> {
+        let slytherin =
+            json!({"namespaceSelector": {"matchLabels": {"conformance-house": "slytherin"}}});
+        let choices = vec![
+            (
+                "gryffindor",
+                json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"],
+                "ingress": [{"from": [slytherin.clone()]}], "egress": [{"to": [slytherin]}]}),
+            ),
+            (
+                "hufflepuff",
+                json!({"podSelector": {"matchLabels": {"apps.kubernetes.io/pod-index": "0"}},
+                "ingress": [{"ports": [{"port": "web"}]}]}),
+            ),
+            (
+                "ravenclaw",
+                json!({"podSelector": {}, "policyTypes": ["Egress"],
+                "egress": [{"to": [{"ipBlock": {"cidr": "10.244.0.0/16", "except": ["10.244.2.0/24"]}}]}]}),
+            ),
+            (
+                "slytherin",
+                json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+            ),
+        ];
+        proptest::collection::vec(select(choices), 0..=2)
+    }
+
+    /// The agent's model decides every direction of every probe between the base's
+    /// addresses (both families) as the oracle does, on random ClusterNetworkPolicies,
+    /// NetworkPolicies and namespace labels.
+    #[test]
+    fn the_agents_model_agrees_with_the_oracle_on_random_clusters() {
+        let strategy = (
+            policies(),
+            network_policies(),
+            proptest::option::of(select(&HOUSE_NAMES[..])),
+        );
+        let probes = std::cell::Cell::new(0usize);
+        runner()
+            .run(&strategy, |(cluster, nps, relabelled)| {
+                let mut base = Base::new();
+                for policy in &cluster {
+                    base.act(&Action::Apply(policy.clone())).map_err(TestCaseError::fail)?;
+                }
+                for (i, (house, spec)) in nps.iter().enumerate() {
+                    base.network_policies.insert(
+                        format!("{house}/np-{i}"),
+                        network_policy(&namespace(house), &format!("np-{i}"), spec.clone()),
+                    );
+                }
+                if let Some(house) = relabelled {
+                    // A namespace whose house label is another's.
+                    base.namespace_labels.insert(house, vec![("conformance-house", "slytherin")]);
+                }
+                let oracle = base.oracle(true).map_err(TestCaseError::fail)?;
+                let agent = base.agent();
+                for from in base.pods.keys() {
+                    for to in base.pods.keys() {
+                        for v6 in [false, true] {
+                            for (protocol, port) in PROBES {
+                                let (f, t) = (base.ip(from, v6), base.ip(to, v6));
+                                let expected = oracle.verdict(f, t, protocol, port);
+                                let got = agent.verdict(f, t, protocol, port);
+                                probes.set(probes.get() + 1);
+                                if let Err(e) = agent::same(&expected, &got) {
+                                    return Err(TestCaseError::fail(format!(
+                                        "{from} -> {to} {protocol}/{port} IPv{}: {e}\npolicies: {}\nnetwork policies: {:?}",
+                                        if v6 { 6 } else { 4 },
+                                        Value::from(cluster.clone()),
+                                        nps
+                                    )));
+                                }
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "{} probes: the agent's model and the oracle agree",
+            probes.get()
+        );
     }
 
     /// The order the API server lists the policies in changes nothing, not even which

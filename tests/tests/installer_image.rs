@@ -460,6 +460,7 @@ fn rbac_lets_the_agent_read_what_it_watches_and_nothing_else() {
         ("", "nodes"),
         ("", "pods"),
         ("networking.k8s.io", "networkpolicies"),
+        ("policy.networking.k8s.io", "clusternetworkpolicies"),
     ]
     .iter()
     .map(|(g, r)| {

@@ -25,7 +25,8 @@ use crate::host::Host;
 use crate::metrics::Metrics;
 use crate::node::SlimNode;
 use crate::plan::{OverlaySettings, PlanSettings, Settings};
-use crate::policy::objects::{SlimNamespace, SlimNetworkPolicy, SlimPod};
+use crate::policy::cluster_network_policy::LOOK_AGAIN_AFTER;
+use crate::policy::objects::{SlimClusterNetworkPolicy, SlimNamespace, SlimNetworkPolicy, SlimPod};
 use crate::policy::pipeline::PolicyStores;
 use crate::reconcile::{ConfDir, Effects, Reconciler};
 use crate::store::Stores;
@@ -263,6 +264,17 @@ pub async fn run(options: Options) -> Result<()> {
             Arc::clone(&wake),
             Arc::clone(&metrics),
         )));
+        if let Some(cluster) = &stores.policy.cluster_network_policy {
+            watches.push(tokio::spawn(api::watch_optional(
+                Api::<SlimClusterNetworkPolicy>::all(client.clone()),
+                config.clone(),
+                Arc::clone(&cluster.policies),
+                Arc::clone(&wake),
+                Arc::clone(&metrics),
+                Arc::clone(&cluster.served),
+                LOOK_AGAIN_AFTER,
+            )));
+        }
         watches.push(tokio::spawn(api::watch(
             Api::<SlimPod>::all(client),
             config,

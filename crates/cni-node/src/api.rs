@@ -33,6 +33,7 @@ use tower::{BoxError, ServiceBuilder};
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+use crate::policy::cluster_network_policy::{Availability, Served};
 use crate::store::{Store, Update, Watched};
 use crate::wake::Wake;
 
@@ -255,6 +256,17 @@ fn is_gone(e: &watcher::Error) -> bool {
     }
 }
 
+/// Whether the API refused a list or watch with `404 Not Found`: it does not serve the
+/// kind (a CRD that is not installed).
+fn is_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
+    }
+}
+
 /// Keeps `store` in step with the API's objects of kind `K`, waking the reconciler on
 /// every change that matters; runs until the runtime stops.
 ///
@@ -271,12 +283,52 @@ pub async fn watch<K>(
 ) where
     K: Watched + kube::Resource<DynamicType = ()> + DeserializeOwned + Sync,
 {
+    watch_inner(api, config, store, wake, metrics, None).await;
+}
+
+/// As [`watch`], for a kind the API may not serve (a CRD that is not installed, or
+/// installed later): a `404` is said once in the log and recorded in `served`, and the
+/// kind is looked for again every `look_again` until it is served, without a restart.
+/// Its store stays incomplete meanwhile.
+pub async fn watch_optional<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    store: Arc<Mutex<Store<K>>>,
+    wake: Arc<Wake>,
+    metrics: Arc<Metrics>,
+    served: Arc<Served>,
+    look_again: Duration,
+) where
+    K: Watched + kube::Resource<DynamicType = ()> + DeserializeOwned + Sync,
+{
+    watch_inner(
+        api,
+        config,
+        store,
+        wake,
+        metrics,
+        Some((served, look_again)),
+    )
+    .await;
+}
+
+async fn watch_inner<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    store: Arc<Mutex<Store<K>>>,
+    wake: Arc<Wake>,
+    metrics: Arc<Metrics>,
+    optional: Option<(Arc<Served>, Duration)>,
+) where
+    K: Watched + kube::Resource<DynamicType = ()> + DeserializeOwned + Sync,
+{
     metrics.watching(K::KIND);
     loop {
         let mut stream = watcher::watcher(api.clone(), config.clone())
             .default_backoff()
             .boxed();
         let mut failures = 0u64;
+        let mut absent = false;
         while let Some(item) = stream.next().await {
             match item {
                 Ok(event) => {
@@ -285,7 +337,25 @@ pub async fn watch<K>(
                     if !matches!(event, Event::Init) {
                         failures = 0;
                     }
+                    if let (Event::InitDone, Some((served, _))) = (&event, &optional)
+                        && served.set(Availability::Served) != Availability::Served
+                    {
+                        tracing::info!("the API serves {}: watched, not yet enforced", K::KIND);
+                    }
                     take(event, &store, &wake, &metrics);
+                }
+                Err(e) if optional.is_some() && is_not_found(&e) => {
+                    if let Some((served, look_again)) = &optional
+                        && served.set(Availability::Absent) != Availability::Absent
+                    {
+                        tracing::info!(
+                            "the API does not serve {} (its CRD is not installed);                              NetworkPolicy is enforced as before, and the kind is looked                              for again every {}s",
+                            K::KIND,
+                            look_again.as_secs()
+                        );
+                    }
+                    absent = true;
+                    break;
                 }
                 Err(e) if is_gone(&e) => {
                     // The client would retry the same too-old version forever (an HTTP
@@ -309,6 +379,9 @@ pub async fn watch<K>(
                     );
                 }
             }
+        }
+        if let (true, Some((_, look_again))) = (absent, &optional) {
+            tokio::time::sleep(*look_again).await;
         }
     }
 }
@@ -338,6 +411,29 @@ fn take<K: Watched>(event: Event<K>, store: &Mutex<Store<K>>, wake: &Wake, metri
         Update::Deleted { key } => {
             tracing::info!("{} {key} was deleted", K::KIND.to_lowercase());
         }
+    }
+    let name_problems = |key: &str, item: &K::Item| {
+        let problems = K::problems(item);
+        if !problems.is_empty() {
+            tracing::warn!(
+                "{} {key} cannot be read exactly, it is read failing closed: {}",
+                K::KIND,
+                problems.join("; ")
+            );
+        }
+    };
+    match &update {
+        Update::Applied { key } => {
+            if let Some(item) = store.get(key) {
+                name_problems(key, item);
+            }
+        }
+        Update::Listed { changed: true, .. } => {
+            for (key, item) in store.snapshot().iter().flat_map(|items| items.iter()) {
+                name_problems(key, item);
+            }
+        }
+        _ => {}
     }
     metrics.objects(K::KIND, store.len());
     if update.changed() {
@@ -393,5 +489,115 @@ mod tests {
         assert!(!is_gone(&watcher::Error::WatchStartFailed(
             kube::Error::Api(other)
         )));
+    }
+
+    /// A kind whose CRD is absent: the watch records it absent and keeps looking, its
+    /// store stays incomplete; once the CRD is installed the watch finds the kind
+    /// without being restarted, and lists its objects.
+    #[tokio::test]
+    async fn an_optional_kind_absent_at_first_is_found_once_its_crd_is_installed() {
+        use crate::policy::cluster_network_policy::Stores as ClusterStores;
+        use crate::policy::objects::SlimClusterNetworkPolicy;
+        use cni_kube_api::{ApiServer, Kind, cluster_network_policy};
+
+        /// The log, kept: the runtime runs every task on this thread, so this
+        /// thread's subscriber hears the watch.
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Log {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        impl Log {
+            fn count(&self, what: &str) -> usize {
+                String::from_utf8_lossy(&self.0.lock().unwrap())
+                    .matches(what)
+                    .count()
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let _log = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+
+        let server = ApiServer::start("127.0.0.1:0".parse().unwrap());
+        server.uninstall_crd(Kind::ClusterNetworkPolicy);
+        let dir = std::env::temp_dir().join(format!("cni-node-api-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig);
+        let client = client(Some(&kubeconfig), &Arc::new(Connections::default()))
+            .await
+            .unwrap();
+        let stores = ClusterStores::default();
+        let wake = Arc::new(Wake::default());
+        let watching = tokio::spawn(watch_optional(
+            Api::<SlimClusterNetworkPolicy>::all(client),
+            watcher::Config::default(),
+            Arc::clone(&stores.policies),
+            wake,
+            Arc::new(Metrics::new()),
+            Arc::clone(&stores.served),
+            Duration::from_millis(100),
+        ));
+        async fn until(what: &str, done: impl Fn() -> bool) {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while !done() {
+                assert!(std::time::Instant::now() < deadline, "never: {what}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        until("the kind is known absent", || {
+            stores.served.get() == Availability::Absent
+        })
+        .await;
+        // Several tries later it is still absent, said once, and nothing was listed.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(stores.served.get(), Availability::Absent);
+        assert!(crate::store::snapshot_of(&stores.policies).is_none());
+        assert_eq!(stores.status(), None);
+        let absent = "the API does not serve ClusterNetworkPolicy";
+        assert_eq!(log.count(absent), 1);
+        let tries = server
+            .requests()
+            .iter()
+            .filter(|r| r.contains("clusternetworkpolicies"))
+            .count();
+        assert!(
+            tries >= 3,
+            "looked for {tries} times in 600 ms, every 100 ms"
+        );
+
+        server.install_crd(Kind::ClusterNetworkPolicy);
+        server.apply_cluster_network_policy(cluster_network_policy(
+            "deny-all",
+            serde_json::json!({"tier": "Admin", "priority": 1,
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}),
+        ));
+        until("the policy is listed", || {
+            crate::store::snapshot_of(&stores.policies).is_some_and(|p| p.contains_key("deny-all"))
+        })
+        .await;
+        assert_eq!(stores.served.get(), Availability::Served);
+        assert!(
+            stores
+                .status()
+                .unwrap()
+                .contains("watched (1 policies), not yet enforced")
+        );
+        assert_eq!(log.count(absent), 1);
+        assert_eq!(log.count("the API serves ClusterNetworkPolicy"), 1);
+        watching.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

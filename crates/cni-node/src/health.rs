@@ -97,21 +97,20 @@ impl Health {
                 TEXT,
                 "the reconciler has not turned for too long\n".into(),
             ),
-            "/readyz" => match self.readiness() {
-                Readiness::Ready => (OK, TEXT, "ready\n".into()),
-                Readiness::WaitingForList => (
-                    UNAVAILABLE,
-                    TEXT,
-                    "waiting for the first list of Nodes from the API\n".into(),
-                ),
-                Readiness::NotReady(failures) => {
-                    let body = failures
-                        .iter()
-                        .map(|(step, error)| format!("{step}: {error}\n"))
-                        .collect();
-                    (UNAVAILABLE, TEXT, body)
+            "/readyz" => {
+                let (status, kind, mut body) = self.readyz();
+                // What is watched but not enforced, said where readiness is read: after
+                // `ready` (a 503's lines are the failing steps, one each).
+                let cluster = stores
+                    .filter(|_| status == OK)
+                    .and_then(|s| s.policy.cluster_network_policy.as_ref())
+                    .and_then(crate::policy::cluster_network_policy::Stores::status);
+                if let Some(line) = cluster {
+                    body.push_str(&line);
+                    body.push('\n');
                 }
-            },
+                (status, kind, body)
+            }
             "/explain" => explain(query, stores),
             "/metrics" => match metrics.encode() {
                 Ok(text) => (OK, metrics::CONTENT_TYPE, text),
@@ -122,6 +121,28 @@ impl Health {
                 TEXT,
                 "try /healthz, /readyz, /metrics or /explain\n".into(),
             ),
+        }
+    }
+
+    /// `/readyz` without what is only watched.
+    fn readyz(&self) -> (&'static str, &'static str, String) {
+        const TEXT: &str = "text/plain; charset=utf-8";
+        const OK: &str = "200 OK";
+        const UNAVAILABLE: &str = "503 Service Unavailable";
+        match self.readiness() {
+            Readiness::Ready => (OK, TEXT, "ready\n".into()),
+            Readiness::WaitingForList => (
+                UNAVAILABLE,
+                TEXT,
+                "waiting for the first list of Nodes from the API\n".into(),
+            ),
+            Readiness::NotReady(failures) => {
+                let body = failures
+                    .iter()
+                    .map(|(step, error)| format!("{step}: {error}\n"))
+                    .collect();
+                (UNAVAILABLE, TEXT, body)
+            }
         }
     }
 }

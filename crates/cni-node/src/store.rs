@@ -34,6 +34,12 @@ pub trait Watched: Clone + Debug + Send + 'static {
     fn read(&self) -> Option<(String, Self::Item)>;
     /// The key of an object (for a deletion).
     fn key(&self) -> Option<String>;
+    /// What of an item could not be read, for a kind whose problems the watch itself
+    /// names in the log (when the item comes or changes); the others name theirs where
+    /// they are used.
+    fn problems(_item: &Self::Item) -> &[String] {
+        &[]
+    }
 }
 
 /// The items of one kind by key.

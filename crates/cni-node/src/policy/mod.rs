@@ -5,7 +5,16 @@
 //! NetworkPolicy's parts: the objects it is read from ([`objects`], [`selector`]), its
 //! meaning ([`model`], which `explain` and the tests use), what the kernel must hold on
 //! this node ([`compile`]), and the operator's question ([`explain`]).
+//!
+//! ClusterNetworkPolicy's parts ([`cluster_network_policy`]: its store and whether the
+//! API serves it): the objects ([`cluster_objects`]) and the tiers' meaning
+//! ([`cluster_model`]), and what a datapath would load per tier ([`cluster_compile`]). It is watched, not yet enforced: the Admin and Baseline tiers
+//! stay off until a datapath consumes them.
 
+pub mod cluster_compile;
+pub mod cluster_model;
+pub mod cluster_network_policy;
+pub mod cluster_objects;
 pub mod compile;
 pub mod datapath;
 pub mod explain;

@@ -298,6 +298,28 @@ slim_resource!(
     k8s_openapi::NamespaceResourceScope
 );
 
+/// A ClusterNetworkPolicy (`policy.networking.k8s.io/v1alpha2`) as the watcher
+/// receives it: `spec` as loose JSON, read by
+/// [`super::cluster_objects::ClusterPolicyInfo::from_slim`].
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SlimClusterNetworkPolicy {
+    /// Its name.
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The whole `spec`.
+    #[serde(default)]
+    pub spec: Value,
+}
+
+slim_resource!(
+    SlimClusterNetworkPolicy,
+    "ClusterNetworkPolicy",
+    "v1alpha2",
+    "policy.networking.k8s.io",
+    "clusternetworkpolicies",
+    k8s_openapi::ClusterResourceScope
+);
+
 /// A port of a policy rule.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PortRef {
@@ -583,7 +605,7 @@ fn peer(entry: &Value) -> Result<Peer, Unreadable> {
     Ok(Peer::Pods { namespaces, pods })
 }
 
-fn parse_cidr(text: &str) -> Result<IpNetwork, Unreadable> {
+pub(crate) fn parse_cidr(text: &str) -> Result<IpNetwork, Unreadable> {
     let net =
         cni_protocol::ip::parse_cidr(text).ok_or_else(|| Unreadable::Cidr(text.to_owned()))?;
     IpNetwork::new(net.network(), net.prefix()).map_err(|_| Unreadable::Cidr(text.to_owned()))

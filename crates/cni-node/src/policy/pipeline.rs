@@ -172,13 +172,19 @@ pub struct PolicyStores {
     pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
     /// NetworkPolicy's own.
     pub network_policy: Option<network_policy::Stores>,
+    /// ClusterNetworkPolicy's own: watched beside NetworkPolicy, not yet enforced (its
+    /// tiers stay [`Stage::Off`]).
+    pub cluster_network_policy: Option<super::cluster_network_policy::Stores>,
 }
 
 impl PolicyStores {
-    /// Stores for the given kinds, none of them complete yet.
+    /// Stores for the given kinds, none of them complete yet. ClusterNetworkPolicy is
+    /// watched wherever NetworkPolicy is enforced.
     pub fn enforcing(network_policy: bool) -> Self {
         Self {
             network_policy: network_policy.then(network_policy::Stores::default),
+            cluster_network_policy: network_policy
+                .then(super::cluster_network_policy::Stores::default),
             ..Self::default()
         }
     }
