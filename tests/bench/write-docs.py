@@ -512,7 +512,7 @@ def soak_table(run):
         f"{int(f('kinds_grew'))}", "kinds_grew")
     row("address reservations left", f"{int(f('reservations_left'))}", "reservations_left")
     row("the pod's eth0 left", f"{int(f('pod_eth0_left'))}", "pod_eth0_left")
-    row("peak RSS of a plugin process", f"{f('plugin_rss_peak_mib'):.2f} MiB",
+    row("peak RSS of a plugin process, first cycle (later ones: the next row)", f"{f('plugin_rss_peak_mib'):.2f} MiB",
         "plugin_rss_peak_mib")
     row("peak RSS of the child processes, end / first tenth",
         f"{f('children_rss_growth'):.2f}", "children_rss_growth")
