@@ -554,7 +554,7 @@ def overlay_traffic_table(run):
         for family, flabel in (("ipv4", "IPv4"), ("ipv6", "IPv6")):
             g = lambda k: run.fig(f"{path}_{family}_{k}")  # noqa: E731
             rows.append((label, flabel, f"{g('tcp_gbit_s'):.2f} Gbit/s",
-                         f"{g('rr_p50_us'):.1f} / {g('rr_p99_us'):.1f} / {g('rr_max_us'):,.1f} µs"))
+                         f"{g('rr_p50_us'):,.1f} / {g('rr_p99_us'):,.1f} / {g('rr_max_us'):,.1f} µs"))
     return table(["Path", "Family", "TCP, one stream", "Round trip p50 / p99 / max"], rows)
 
 
