@@ -51,6 +51,7 @@ export BENCH_OURS_DIR
 # The benchmarks in the order they run: the plugins', then the node agent's.
 benches=(
     tests/bench/run.sh
+    tests/bench/soak.sh
     tests/bench/portmap.sh
     tests/bench/host-local.sh
     tests/bench/cluster.sh

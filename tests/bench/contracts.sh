@@ -52,6 +52,7 @@ tests=(
 
 echo "contracts: $samples samples each ($([[ $smoke == 1 ]] && echo smoke || echo full) run, debug build)"
 started=$(date +%s)
+load0=$(cut -d' ' -f1 /proc/loadavg)
 cargo test --quiet --no-run -p cni-blackbox --test cluster_agent
 CNI_RS_CONTRACT_SAMPLES=$samples CNI_RS_MEASURED=$measured \
     cargo test --quiet -p cni-blackbox --test cluster_agent -- --exact "${tests[@]}" \
@@ -85,4 +86,17 @@ with open(figures, "w", encoding="utf-8") as f:
         f.write(f"contracts.{name}_max_ms\t{max(values):.1f}\n")
 EOF
 echo "contracts: measured in $(( $(date +%s) - started )) s"
+# The run's circumstances, which tests/bench/write-docs.py puts beside the recorded figures.
+mkdir -p "$out/contracts"
+{
+    echo "run: $([[ $smoke == 1 ]] && echo smoke || echo full)"
+    echo "date: $(date -u -d "@$started" '+%Y-%m-%d %H:%M UTC')"
+    echo "machine: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1), $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
+    commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+    [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]] && commit+="+changes"
+    echo "commit: $commit"
+    echo "load: $load0 at the start, $(cut -d' ' -f1 /proc/loadavg) at the end"
+    echo "duration: $(($(date +%s) - started)) s"
+    echo "scale: $samples samples of each reaction, debug build"
+} >"$out/contracts/machine.txt"
 exec /usr/bin/python3 tests/bench/judge.py contracts

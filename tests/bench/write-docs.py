@@ -496,7 +496,82 @@ def agent_soak_table(run):
     return table(["", "measured", "target", "met"], rows)
 
 
+# --- soak of the plugins (tests/bench/soak.sh) ------------------------------------------
+
+
+def soak_table(run):
+    f = run.fig
+    rows = []
+
+    def row(what, value, name=None):
+        target, ok = met(run, name) if name else ("", "")
+        rows.append((what, value, target, ok))
+
+    row("cycles", f"{int(f('cycles')):,} in {f('seconds'):,.0f} s")
+    row("kinds of state grown (files, links, addresses, routes, neighbours, FDB, rules, pod)",
+        f"{int(f('kinds_grew'))}", "kinds_grew")
+    row("address reservations left", f"{int(f('reservations_left'))}", "reservations_left")
+    row("the pod's eth0 left", f"{int(f('pod_eth0_left'))}", "pod_eth0_left")
+    row("peak RSS of a plugin process, first cycle (later ones: the next row)", f"{f('plugin_rss_peak_mib'):.2f} MiB",
+        "plugin_rss_peak_mib")
+    row("peak RSS of the child processes, end / first tenth",
+        f"{f('children_rss_growth'):.2f}", "children_rss_growth")
+    row("ADD p50, first tenth / last tenth",
+        f"{f('add_p50_first_ms'):.1f} / {f('add_p50_last_ms'):.1f} ms")
+    row("DEL p50, first tenth / last tenth",
+        f"{f('del_p50_first_ms'):.1f} / {f('del_p50_last_ms'):.1f} ms")
+    row("ADD + DEL CPU time p50, last tenth / first", f"{f('add_del_cpu_last_vs_first'):.2f}",
+        "add_del_cpu_last_vs_first")
+    row("ADD + DEL wall time p50, last tenth / first", f"{f('add_del_wall_last_vs_first'):.2f}",
+        "add_del_wall_last_vs_first")
+    row("conntrack entries in the host netns at the end (not judged: a pod's own packets "
+        "expire by timeout)", f"{int(f('conntrack_entries_end'))}")
+    return table(["", "measured", "target", "met"], rows)
+
+
+# --- the agent's documented reactions (tests/bench/contracts.sh) ---------------------------
+
+
+def contracts_table(run):
+    f = run.fig
+    rows = []
+    for name, what in (("readyz_recovery", "`/readyz` 200 again after a failed step's cause went"),
+                       ("mtu_to_conflist", "uplink MTU change in the conflist"),
+                       ("route_back", "route of the agent's deleted by hand, back"),
+                       ("renumbered_watch", "renumbered node's watches follow the API again")):
+        target, ok = met(run, f"{name}_max_ms")
+        rows.append((what, f"{f(name + '_p50_ms'):,.0f} ms", f"{f(name + '_max_ms'):,.0f} ms",
+                     target, ok))
+    return table(["reaction", "#p50", "#slowest", "target (slowest)", "met"], rows)
+
+
+# --- pod to pod traffic, direct and VXLAN (tests/bench/overlay-traffic.sh) -----------------
+
+
+def overlay_traffic_table(run):
+    rows = []
+    for path, label in (("direct", "direct"), ("vxlan", "VXLAN")):
+        for family, flabel in (("ipv4", "IPv4"), ("ipv6", "IPv6")):
+            g = lambda k: run.fig(f"{path}_{family}_{k}")  # noqa: E731
+            rows.append((label, flabel, f"{g('tcp_gbit_s'):.2f} Gbit/s",
+                         f"{g('rr_p50_us'):,.1f} / {g('rr_p99_us'):,.1f} / {g('rr_max_us'):,.1f} µs"))
+    return table(["Path", "Family", "TCP, one stream", "Round trip p50 / p99 / max"], rows)
+
+
+def overlay_traffic_cost(run):
+    d = (run.fig("vxlan_ipv4_rr_p50_us") + run.fig("vxlan_ipv6_rr_p50_us")
+         - run.fig("direct_ipv4_rr_p50_us") - run.fig("direct_ipv6_rr_p50_us")) / 2
+    t = 1 - (run.fig("vxlan_ipv4_tcp_gbit_s") + run.fig("vxlan_ipv6_tcp_gbit_s")) / \
+        (run.fig("direct_ipv4_tcp_gbit_s") + run.fig("direct_ipv6_tcp_gbit_s"))
+    return (f"encapsulation cost {d:.1f} µs per round trip (p50, both families' mean) and "
+            f"{t * 100:.0f}% of one stream's throughput")
+
+
 GENERATORS = {
+    "soak.table": soak_table,
+    "contracts.table": contracts_table,
+    "overlay_traffic.table": overlay_traffic_table,
+    "overlay_traffic.cost": overlay_traffic_cost,
     "plugins.latency": plugins_latency,
     "plugins.concurrent": plugins_concurrent,
     "plugins.sizes": plugins_sizes,
