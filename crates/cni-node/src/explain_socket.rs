@@ -106,8 +106,13 @@ pub async fn bind(path: &Path) -> Result<(UnixListener, SocketFile)> {
     let listener = UnixListener::bind(path).map_err(failed)?;
     // Nothing is accepted before this (the peer check covers a connection made in
     // between); afterwards only the owner can even connect.
-    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(failed)?;
-    let meta = fs::symlink_metadata(path).map_err(failed)?;
+    let meta = fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .and_then(|()| fs::symlink_metadata(path))
+        .map_err(|e| {
+            // Not left behind open to whoever the mode let in.
+            let _ = fs::remove_file(path);
+            failed(e)
+        })?;
     Ok((
         listener,
         SocketFile {
