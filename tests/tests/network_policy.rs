@@ -1361,13 +1361,6 @@ fn upstream_cases_and_ours_match_the_model() {
                 {
                     let took = Instant::now();
                     let mut problems = explain_disagreements(&world, last);
-                    if let Some(cell) = last.cells.first() {
-                        problems.extend(explain_refused_on_health_address(
-                            &world,
-                            &world.members[cell.from].key(),
-                            &world.members[cell.to].key(),
-                        ));
-                    }
                     println!(
                         "explain: {} probes asked through the destination's agent in {}, {} \
                          disagreements",
@@ -1375,6 +1368,13 @@ fn upstream_cases_and_ours_match_the_model() {
                         seconds(took.elapsed()),
                         problems.len()
                     );
+                    if let Some(cell) = last.cells.first() {
+                        problems.extend(explain_refused_on_health_address(
+                            &world,
+                            &world.members[cell.from].key(),
+                            &world.members[cell.to].key(),
+                        ));
+                    }
                     // The table check at the end sees a policy's entries.
                     let seen: Vec<String> = world
                         .cluster
