@@ -3,10 +3,10 @@
 #
 #   deploy/release.sh [--out DIR] [--profile PROFILE]
 #
-# makes DIR/cni-plugins-rs-linux-amd64-v<version>.tgz (flat: bridge, host-local, loopback, portmap,
+# makes DIR/cni-plugins-rs-linux-amd64-v<version>.tgz (flat: bridge, host-local, loopback, portmap, bandwidth,
 # cni-installer, cni-node, README.md, LICENSE) and beside it .sha256 and .sha512 files holding
 # "<hash>  <file name>". DIR defaults to target/dist, PROFILE to release. bridge,
-# host-local, loopback and portmap are one multi-call executable (cni-plugins-rs), stored as hard
+# host-local, loopback, portmap and bandwidth are one multi-call executable (cni-plugins-rs), stored as hard
 # links of one file (tar keeps the link: one copy of the bytes in the archive).
 #
 # The binaries are linked statically against glibc (-C target-feature=+crt-static on
@@ -40,7 +40,7 @@ if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
 fi
 
 triple=x86_64-unknown-linux-gnu
-plugins=(bridge host-local loopback portmap)
+plugins=(bridge host-local loopback portmap bandwidth)
 multicall=cni-plugins-rs
 pkgid=$(cargo pkgid -p cni-installer)
 version=${pkgid##*[#@]}

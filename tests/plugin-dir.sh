@@ -38,7 +38,7 @@ case "$profile" in
 esac
 dir=$built/cni-bin
 mkdir -p "$dir"
-for plugin in bridge host-local loopback portmap; do
+for plugin in bridge host-local loopback portmap bandwidth; do
     ln -f "$built/cni-plugins-rs" "$dir/$plugin"
 done
 ln -f "$built/cnitool" "$dir/cnitool"

@@ -3,9 +3,12 @@
 # Run as root on Debian 12:  tests/run-all.sh
 #
 # Installs what the tests need (apt packages; crates come through cargo), then runs
-# format check, clippy, the API docs, a debug build of the plugins, the whole test suite, the
-# fuzz targets for a short time and the stock-kernel VM tier, and checks that the machine is
-# left as it was found.
+# format check, clippy, the API docs, a debug build of the plugins, the whole test suite,
+# the check that the docs' figures are those of the recorded benchmark runs, every
+# benchmark at its smoke scale judged against tests/bench/targets.toml, the fuzz targets
+# for a short time and the stock-kernel VM tier, and checks that the machine is left as
+# it was found. A green run ends with the benchmarks' verdict tables and the figures the tests
+# measured.
 # With CI=true (set by .ci/run) root tests fail instead of skipping when a privilege is
 # missing; the variable is passed through to cargo test untouched.
 set -euo pipefail
@@ -84,8 +87,25 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 step "cargo build (debug, plugin binaries)"
 cargo build --workspace --bins
 
+# Figures the tests measure (convergence times, gaps: cni_blackbox::measured) are
+# appended here and printed at the end of a green run.
+measured=$(mktemp /tmp/cni-rs-measured.XXXXXX)
+trap 'rm -f "$host_state" "$measured"' EXIT
+
 step "cargo test (CI=${CI:-unset})"
-cargo test --workspace --no-fail-fast
+CNI_RS_MEASURED=$measured cargo test --workspace --no-fail-fast
+
+step "the docs' figures are those of the recorded benchmark runs (tests/bench/write-docs.py --check)"
+/usr/bin/python3 tests/bench/write-docs.py --check
+
+# Every benchmark at its reduced scale, on the static release build as shipped, each
+# judged against its smoke bounds in tests/bench/targets.toml (docs/performance.md).
+step "benchmarks, smoke scale (tests/bench/check.sh --smoke)"
+bench_out=$(mktemp -d /tmp/cni-rs-bench.XXXXXX)
+trap 'rm -rf "$host_state" "$measured" "$bench_out"' EXIT
+bench_start=$(date +%s)
+BENCH_OUT=$bench_out tests/bench/check.sh --smoke
+echo "benchmark stage took $(($(date +%s) - bench_start)) s"
 
 # Coverage-guided fuzzing (AFL++ on the stable toolchain) of every parser of input,
 # netlink answers and cnitool's cache: each target for a short fixed time. Installs
@@ -110,5 +130,15 @@ fi
 
 step "the machine is as it was (tests/host-state.sh)"
 tests/host-state.sh compare "$host_state"
+
+step "benchmark verdicts (smoke run)"
+cat "$bench_out/verdicts.md"
+
+step "figures measured by the tests (test binary, what, value, unit)"
+if [[ -s $measured ]]; then
+    awk -F'\t' '{ printf "%-28s %s: %s %s\n", $1, $2, $3, $4 }' "$measured"
+else
+    echo "(none)"
+fi
 
 step "all checks passed"

@@ -15,7 +15,10 @@ included, and the CPU time of the process tree (see `timed`). Peak RSS is measur
 ru_maxrss would be wrong: a child forked from the driver reports the driver's (Python's) memory as
 its high-water mark at exec; GNU time is small, so what it reports is the plugin's.
 For a bridge call that figure is the larger of bridge and its IPAM child (wait4 reports
-the maximum over the process and the children it reaped). Nothing asserts on time.
+the maximum over the process and the children it reaped).
+
+The figures that tests/bench/targets.toml judges (`[plugins.*]`) are written to
+`<out>/figures/plugins.tsv` (see plugin_figures); run.sh then runs judge.py on them.
 """
 
 import argparse
@@ -40,6 +43,10 @@ BRIDGE = "cbr0"
 SUBNET4, GW4, PREFIX4 = "10.123.0.0/16", "10.123.0.1", 16
 SUBNET6, GW6, PREFIX6 = "fd00:123::/64", "fd00:123::1", 64
 ENV_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Our suite without masquerade in the nftables scenario: the baseline of what
+# masquerade on nftables adds, measured beside it.
+NO_MASQ = "no-masq"
 
 NAMESPACES = []  # every netns created, deleted on exit
 ROOT_NS = os.open("/proc/self/ns/net", os.O_RDONLY)
@@ -301,26 +308,10 @@ def run_sequential(scn, suites, rounds, per_round, data_root, rows, raw):
         summarize(scn["name"], s.name, samples, errors, rows, raw)
 
 
-def run_scale(scn, suites, pods, data_root, rows, raw, window):
-    """Many pods on one bridge: ADD all sequentially, compare the first and last window."""
-    for s in suites:
-        host, conf = scenario_host(s, scn, data_root)
-        samples, errors = [], []
-        run_pods(s, host, scn, conf, 0, pods, samples, errors, check=False)
-        ns_del([host])
-        adds = sorted((x for x in samples if x[0] == "ADD"), key=lambda x: x[1])
-        dels = sorted((x for x in samples if x[0] == "DEL"), key=lambda x: x[1])
-        for label, part in (("ADD first", adds[:window]), ("ADD last", adds[-window:]),
-                            ("DEL first", dels[:window]), ("DEL last", dels[-window:])):
-            summarize(scn["name"], s.name, [(label, x[1], x[2]) for x in part],
-                      [], rows, raw, ops=(label,))
-        if errors:
-            rows.append(error_row(scn["name"], s.name, errors))
-
-
-def run_interleaved_scale(scn, suites, pods, data_root, rows, raw, window):
-    """Many pods on one bridge per suite, the suites' ADDs interleaved pod by pod (so
-    the machine's state drifts alike for both); compares the first and last window."""
+def run_interleaved_scale(scn, suites, pods, data_root, rows, raw, window, dels=False):
+    """Many pods on one bridge per suite, the suites' calls interleaved pod by pod (the
+    order reversed every other pod, so that the machine's load and drift fall alike on
+    every suite); compares the first and last window of ADDs (and of DELs with `dels`)."""
     state = []
     for s in suites:
         host, conf = scenario_host(s, scn, data_root)
@@ -335,7 +326,11 @@ def run_interleaved_scale(scn, suites, pods, data_root, rows, raw, window):
                         ns_add(pod)
                     enter(host)
                     try:
-                        ok, ms, out = s.call("bridge", op, f"ctr{i}", pod, conf)
+                        if isinstance(s, Floor):
+                            ok, ms, out = (s.add(i, pod, scn["dual"], host) if op == "ADD"
+                                           else s.delete(i))
+                        else:
+                            ok, ms, out = s.call("bridge", op, f"ctr{i}", pod, conf)
                     finally:
                         enter(None)
                     record(op, i, ok, ms, out, samples, errors)
@@ -345,8 +340,11 @@ def run_interleaved_scale(scn, suites, pods, data_root, rows, raw, window):
         for s, host, *_ in state:
             ns_del([f"{TAG}-{s.name[:2]}{i}" for i in range(pods)] + [host])
     for s, _, _, samples, errors in state:
-        adds = sorted((x for x in samples if x[0] == "ADD"), key=lambda x: x[1])
-        for label, part in (("ADD first", adds[:window]), ("ADD last", adds[-window:])):
+        parts = []
+        for op in ("ADD", "DEL") if dels else ("ADD",):
+            done = sorted((x for x in samples if x[0] == op), key=lambda x: x[1])
+            parts += [(f"{op} first", done[:window]), (f"{op} last", done[-window:])]
+        for label, part in parts:
             summarize(scn["name"], s.name, [(label, x[1], x[2]) for x in part],
                       [], rows, raw, ops=(label,))
         if errors:
@@ -507,6 +505,19 @@ def print_tables(rows, conc_rows, size_rows, meta):
               f"| {fmt(cell(scn, op, 'ours', 'cpu_p50_ms'))} "
               f"| {fmt(cell(scn, op, 'ref', 'cpu_p50_ms'))} "
               f"| {fmt(cell(scn, op, 'floor', 'cpu_p50_ms'))} |")
+    nm = [(op, cell("ipMasq nftables", op, "ours", "p50_ms"),
+           cell("ipMasq nftables", op, NO_MASQ, "p50_ms"),
+           cell("ipMasq nftables", op, "ours", "mean_ms"),
+           cell("ipMasq nftables", op, NO_MASQ, "mean_ms")) for op in ("ADD", "DEL")]
+    if all(v is not None for x in nm for v in x[1:]):
+        print("\nipMasq nftables beside ours without masquerade (same run, rounds "
+              "alternating), wall ms:\n")
+        print("| op | with p50 | without p50 | added p50 | with mean | without mean "
+              "| added mean |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for op, w50, o50, wm, om in nm:
+            print(f"| {op} | {fmt(w50)} | {fmt(o50)} | {w50 - o50:+.2f} | {fmt(wm)} "
+                  f"| {fmt(om)} | {wm - om:+.2f} |")
     for suite, what in (("ps", "portSecurity"),
                         ("pr", "podRecordDir (records, and pending addresses in a "
                                "NetworkPolicy table)"),
@@ -601,13 +612,152 @@ def write_csv(path, rows):
 
 
 def machine():
+    """The machine in one line: CPU, CPUs, memory, kernel."""
     cpu = "unknown CPU"
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-    return f"{cpu}, {os.cpu_count()} CPUs, kernel {platform.release()}"
+    mem = "unknown memory"
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.0f} GiB"
+                break
+    return f"{cpu}, {os.cpu_count()} CPUs, {mem}, kernel {platform.release()}"
+
+
+def commit():
+    """The commit the run measured (with "+changes" when the tree differs from it)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def write_run_info(out, started, load0, load1, scale, smoke):
+    """machine.txt: what write-docs.py says about the run (key: value lines)."""
+    with open(os.path.join(out, "machine.txt"), "w") as f:
+        f.write(f"run: {'smoke' if smoke else 'full'}\n")
+        f.write(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}\n")
+        f.write(f"machine: {machine()}\n")
+        f.write(f"commit: {commit()}\n")
+        f.write(f"load: {load0[0]:.1f} at the start, {load1[0]:.1f} at the end\n")
+        f.write(f"duration: {time.time() - started:.0f} s\n")
+        f.write(f"scale: {scale}\n")
+
+
+def figures_path(out, bench):
+    return os.path.join(out, "figures", f"{bench}.tsv")
+
+
+def start_figures(out, bench):
+    """Empties the bench's figures file, so that a run that stops early leaves no old
+    figure behind for judge.py."""
+    path = figures_path(out, bench)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    open(path, "w").close()
+
+
+def write_figures(out, bench, figures):
+    """`<bench>.<figure><TAB><value>` lines for judge.py; None (not measured) is left out,
+    which judge.py counts as a miss."""
+    with open(figures_path(out, bench), "w") as f:
+        for name, value in figures.items():
+            if value is not None and math.isfinite(value):
+                f.write(f"{bench}.{name}\t{value:.6g}\n")
+
+
+def quotient(a, b):
+    if a is None or b is None or b <= 0 or not math.isfinite(a) or not math.isfinite(b):
+        return None
+    return a / b
+
+
+def plugin_figures(rows, conc_rows, size_rows, scale_name, ps_name, smoke):
+    """The figures targets.toml judges, from the run's summary rows.
+
+    A full run's latency figures are of wall time, as the docs state them. A smoke run's
+    are of CPU time of the process tree: on a machine shared with builds (load averages
+    of 5 to 12 on 2 CPUs while this was written) wall time moves by multiples from call
+    to call, CPU time by a few percent, and a slowdown of our own work still shows in it.
+    """
+    get = {(r["scenario"], r["op"], r["suite"]): r for r in rows if r["op"] != "errors"}
+
+    def f(scn, op, suite, field):
+        if smoke:
+            field = "cpu_p50_ms"
+        r = get.get((scn, op, suite))
+        return float(r[field]) if r else None
+
+    figs = {}
+    for key, scn in (("ipv4", "ipv4"), ("dual", "dual-stack")):
+        figs[f"{key}_add_vs_ref"] = quotient(f(scn, "ADD", "ours", "p50_ms"),
+                                             f(scn, "ADD", "ref", "p50_ms"))
+        figs[f"{key}_add_vs_floor"] = quotient(f(scn, "ADD", "ours", "p50_ms"),
+                                               f(scn, "ADD", "floor", "p50_ms"))
+        figs[f"{key}_check_vs_ref"] = quotient(f(scn, "CHECK", "ours", "p50_ms"),
+                                               f(scn, "CHECK", "ref", "p50_ms"))
+    # DEL by the mean: a veth's deletion lands on one of two kernel ticks 4 ms apart.
+    for key, scn in (("ipv4", "ipv4"), ("dual", "dual-stack"),
+                     ("masq_iptables", "ipMasq iptables"), ("masq_nftables", "ipMasq nftables")):
+        figs[f"{key}_del_vs_floor"] = quotient(f(scn, "DEL", "ours", "mean_ms"),
+                                               f(scn, "DEL", "floor", "mean_ms"))
+    scn = "ipMasq iptables"
+    figs["masq_iptables_add_vs_ref"] = quotient(f(scn, "ADD", "ours", "p50_ms"),
+                                                f(scn, "ADD", "ref", "p50_ms"))
+    figs["masq_iptables_del_vs_ref"] = quotient(f(scn, "DEL", "ours", "mean_ms"),
+                                                f(scn, "DEL", "ref", "mean_ms"))
+    scn = "ipMasq nftables"
+    for op, field in (("ADD", "p50_ms"), ("DEL", "mean_ms")):
+        a, b = f(scn, op, "ours", field), f(scn, op, NO_MASQ, field)
+        figs[f"masq_nftables_{op.lower()}_extra_ms"] = None if a is None or b is None else a - b
+    for end in ("first", "last"):
+        figs[f"pods250_add_{end}_vs_floor"] = quotient(
+            f(scale_name, f"ADD {end}", "ours", "p50_ms"),
+            f(scale_name, f"ADD {end}", "floor", "p50_ms"))
+    # Recorded, not judged: the growth from the first pods to the last, each suite's.
+    for suite in ("ours", "ref", "floor"):
+        figs[f"pods250_add_growth_{suite}"] = quotient(
+            f(scale_name, "ADD last", suite, "p50_ms"), f(scale_name, "ADD first", suite, "p50_ms"))
+    o = next((c for c in conc_rows if c["suite"] == "ours"), None)
+    r = next((c for c in conc_rows if c["suite"] == "ref"), None)
+    if o:
+        figs["concurrent_errors"] = float(o["errors"])
+        figs["concurrent_duplicates"] = float(o["duplicates"])
+        figs["concurrent_veths_left"] = float(o["veths_left"])
+    if o and r:
+        figs["concurrent_add_wall_vs_ref"] = quotient(o["add_wall_s"], r["add_wall_s"])
+        figs["concurrent_del_wall_vs_ref"] = quotient(o["del_wall_s"], r["del_wall_s"])
+    ours_sizes = [s for s in size_rows if s["suite"] == "ours"]
+    if ours_sizes and all(s["errors"] == 0 for s in ours_sizes):
+        figs["peak_rss_mib"] = max(s["peak_rss_kib"] for s in ours_sizes) / 1024
+    bridge = next((s for s in ours_sizes if s["binary"] == "bridge"), None)
+    if bridge:
+        figs["binary_bytes"] = float(bridge["bytes"])
+    for end in ("first", "last"):
+        figs[f"portsecurity_{end}_vs_without"] = quotient(
+            f(ps_name, f"ADD {end}", "ps", "p50_ms"), f(ps_name, f"ADD {end}", "ours", "p50_ms"))
+    return figs
+
+
+def record_figures(rows, pr_name):
+    """podRecordDir's figures: recorded, no target (docs/performance.md#podrecorddir)."""
+    get = {(r["scenario"], r["op"], r["suite"]): r for r in rows if r["op"] != "errors"}
+    figs = {}
+    for end in ("first", "last"):
+        base = get.get((pr_name, f"ADD {end}", "ours"))
+        for suite, key in (("pr", "table"), ("pn", "no_table")):
+            r = get.get((pr_name, f"ADD {end}", suite))
+            figs[f"podrecord_{end}_{key}_vs_without"] = quotient(
+                r and float(r["p50_ms"]), base and float(base["p50_ms"]))
+    return figs
 
 
 def main():
@@ -615,7 +765,8 @@ def main():
     ap.add_argument("--ours", required=True)
     ap.add_argument("--ref", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", "--quick", action="store_true",
+                    help="reduced scale (tests/bench/check.sh --smoke)")
     a = ap.parse_args()
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -623,11 +774,15 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     data_root = tempfile.mkdtemp(prefix="cni-bench-")
     ours, ref, floor = Plugins("ours", a.ours), Plugins("ref", a.ref), Floor()
-    if a.quick:
-        rounds, per_round, scale_pods, window, conc_pods, width = 1, 3, 12, 4, 16, 4
-        ps_pods = 12
+    # The smoke scale: enough samples per cell that the ratios' noise stays inside the
+    # smoke bounds of targets.toml, few enough that the whole run takes about a minute.
+    # Smoke rounds are of one pod per suite, so the suites alternate pod by pod and a
+    # burst of the machine's load falls on all of them alike.
+    if a.smoke:
+        rounds, per_round, scale_pods, window, conc_pods, width = 16, 1, 40, 10, 48, 8
+        ps_pods = 40
     else:
-        rounds, per_round, scale_pods, window, conc_pods, width = 3, 15, 250, 50, 200, 16
+        rounds, per_round, scale_pods, window, conc_pods, width = 5, 15, 250, 50, 200, 16
         ps_pods = 200
     rounds = int(os.environ.get("BENCH_ROUNDS", rounds))
     per_round = int(os.environ.get("BENCH_PODS", per_round))
@@ -637,6 +792,7 @@ def main():
         """BENCH_ONLY=ipv4,nftables,... runs only the parts whose names contain a word."""
         return not only or any(w in name for w in only)
 
+    start_figures(a.out, "plugins")
     load0 = os.getloadavg()
     started = time.time()
     rows, raw, conc_rows, size_rows = [], [], [], []
@@ -645,8 +801,10 @@ def main():
             ({"name": "ipv4", "dual": False, "masq": None}, [ours, ref, floor]),
             ({"name": "dual-stack", "dual": True, "masq": None}, [ours, ref, floor]),
             ({"name": "ipMasq iptables", "dual": False, "masq": "iptables"}, [ours, ref, floor]),
-            # The reference (1.1.1) has no nftables backend: ours only.
-            ({"name": "ipMasq nftables", "dual": False, "masq": "nftables"}, [ours, floor]),
+            # The reference (1.1.1) has no nftables backend: ours only, and ours without
+            # masquerade beside it, so that what masquerade adds is measured side by side.
+            ({"name": "ipMasq nftables", "dual": False, "masq": "nftables"},
+             [ours, floor, WithKeys(NO_MASQ, a.ours, {"ipMasq": False})]),
         ]
         for scn, suites in (x for x in scenarios if wanted(x[0]["name"])):
             log(f"== {scn['name']}: {rounds} rounds x {per_round} pods per suite")
@@ -654,7 +812,8 @@ def main():
         scn = {"name": f"{scale_pods} pods ipMasq", "dual": False, "masq": "iptables"}
         if wanted(scn["name"]):
             log(f"== {scn['name']} (first {window} vs last {window})")
-            run_scale(scn, [ours, ref, floor], scale_pods, data_root, rows, raw, window)
+            run_interleaved_scale(scn, [ours, ref, floor], scale_pods, data_root, rows, raw,
+                                  window, dels=True)
         scn = {"name": f"portSecurity {ps_pods} pods dual-stack", "dual": True, "masq": None}
         if wanted(scn["name"]):
             log(f"== {scn['name']} (ours without and with it, first {window} vs last {window})")
@@ -679,13 +838,21 @@ def main():
             run_concurrent(scn, [ours, ref], conc_pods, width, data_root, conc_rows)
         if wanted("sizes"):
             log("== binary sizes and peak RSS")
-            run_rss_sizes([ours, ref], 1 if a.quick else 5, data_root, size_rows)
+            run_rss_sizes([ours, ref], 1 if a.smoke else 5, data_root, size_rows)
     finally:
         cleanup()
         shutil.rmtree(data_root, ignore_errors=True)
     load1 = os.getloadavg()
     meta = (f"{machine()}; load average {load0[0]:.1f} at start, {load1[0]:.1f} at end; "
             f"{time.time() - started:.0f} s; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    scale = (f"{rounds} rounds x {per_round} pods per suite; {scale_pods} pods, windows of "
+             f"{window}; portSecurity and podRecordDir {ps_pods} pods per network; "
+             f"{conc_pods} pods {width} at a time")
+    write_run_info(a.out, started, load0, load1, scale, a.smoke)
+    figs = plugin_figures(rows, conc_rows, size_rows, f"{scale_pods} pods ipMasq",
+                          f"portSecurity {ps_pods} pods dual-stack", a.smoke)
+    figs.update(record_figures(rows, f"podRecordDir {ps_pods} pods dual-stack"))
+    write_figures(a.out, "plugins", figs)
     write_csv(os.path.join(a.out, "summary.csv"), rows)
     write_csv(os.path.join(a.out, "concurrent.csv"), conc_rows)
     write_csv(os.path.join(a.out, "sizes.csv"), size_rows)
@@ -693,8 +860,6 @@ def main():
         w = csv.writer(f)
         w.writerow(["scenario", "suite", "op", "pod", "ms", "cpu_ms"])
         w.writerows(raw)
-    with open(os.path.join(a.out, "machine.txt"), "w") as f:
-        f.write(meta + "\n")
     print_tables(rows, conc_rows, size_rows, meta)
     chart(rows, os.path.join(a.out, "bench.png"), meta)
     print(f"\nCSV and chart in {a.out}")

@@ -6,7 +6,11 @@ round, PODS pods get two host ports each (TCP and UDP) with ADD, then CHECK, the
 suites alternating round by round. The pods' addresses come from a made-up prevResult
 (portmap reads nothing else of a pod), so what is timed is the plugin and its firewall
 work: process start, iptables-save/iptables-restore (or the nf_tables transaction),
-conntrack. Timing and cleanup come from bench.py. Nothing asserts on time.
+conntrack. Timing and cleanup come from bench.py.
+
+It writes its figures to `$BENCH_OUT/figures/portmap.tsv` (p50 of wall time in a full
+run, of CPU time in a smoke run: see bench.plugin_figures) and a summary.csv and
+machine.txt beside them; portmap.sh judges them with judge.py.
 
 Suites: "ours iptables", "ref iptables" (the reference 1.1.1 has only iptables) and
 "ours nftables", each with one TCP host port per pod and with a TCP and a UDP one (a UDP
@@ -21,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (the shared timing and namespace helpers)
@@ -54,15 +59,46 @@ def conf(i, backend, udp, with_prev):
     return c
 
 
+def portmap_figures(samples, smoke):
+    """The figures targets.toml judges: p50 ratios against the reference on iptables
+    (TCP, TCP+UDP), ours on nftables against the same reference, and what portmap on
+    nftables adds to a pod's ADD with one TCP port (its whole call)."""
+    k = 1 if smoke else 0  # index into (wall ms, CPU ms)
+
+    def p50(suite, op):
+        got = [x[k] for x in samples.get((suite, op), [])]
+        return bench.pct(got, 50) if got else None
+
+    figs = {}
+    for backend in ("iptables", "nftables"):
+        for ports, key in (("tcp", ""), ("tcp+udp", "_udp")):
+            for op in ("ADD", "CHECK", "DEL"):
+                if backend == "nftables" and op == "ADD" and ports == "tcp":
+                    continue  # judged in ms below
+                figs[f"{backend}_{op.lower()}{key}_vs_ref"] = bench.quotient(
+                    p50(f"ours {backend} {ports}", op), p50(f"ref iptables {ports}", op))
+    figs["nftables_add_ms"] = p50("ours nftables tcp", "ADD")
+    figs["no_mappings_add_ms"] = p50("ours no mappings", "ADD")
+    return figs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True)
     ap.add_argument("--ref", required=True)
-    ap.add_argument("--rounds", type=int, default=int(os.environ.get("BENCH_ROUNDS", 3)))
-    ap.add_argument("--pods", type=int, default=int(os.environ.get("BENCH_PODS", 30)))
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rounds", type=int, default=os.environ.get("BENCH_ROUNDS"))
+    ap.add_argument("--pods", type=int, default=os.environ.get("BENCH_PODS"))
+    ap.add_argument("--out", default=os.environ.get("BENCH_OUT") or "target/bench")
+    ap.add_argument("--smoke", "--quick", action="store_true",
+                    help="reduced scale (tests/bench/check.sh --smoke)")
     args = ap.parse_args()
-    rounds, pods = (1, 3) if args.quick else (args.rounds, args.pods)
+    # Smoke: 6 rounds of 3 pods, so that the suites alternate often.
+    rounds = int(args.rounds or (6 if args.smoke else 3))
+    pods = int(args.pods or (3 if args.smoke else 30))
+    out_dir = os.path.join(args.out, "portmap")
+    os.makedirs(out_dir, exist_ok=True)
+    bench.start_figures(args.out, "portmap")
+    load0, started = os.getloadavg(), time.time()
     ours, ref = bench.Plugins("ours", args.ours), bench.Plugins("ref", args.ref)
     suites = [("ours no mappings", ours, "nftables", None)]
     for udp, ports in ((False, "tcp"), (True, "tcp+udp")):
@@ -85,7 +121,7 @@ def main():
                 try:
                     for op in ("ADD", "CHECK", "DEL"):
                         for i in range(pods):
-                            ok, (ms, _), out = plugins.call(
+                            ok, ms, out = plugins.call(
                                 "portmap", op, f"pm-{r}-{i}", "pmbench",
                                 conf(i, backend, udp, op != "DEL"))
                             # The reference 1.1.1 fails every CHECK with mappings
@@ -100,16 +136,24 @@ def main():
             bench.log(f"round {r + 1}/{rounds} done")
     finally:
         bench.cleanup()
-    print("| op | suite | n | p50 ms | p99 ms | p50 / ref iptables |")
-    print("|---|---|---|---|---|---|")
+    print("| op | suite | n | p50 ms | p99 ms | p50 / ref iptables | CPU p50 ms |")
+    print("|---|---|---|---|---|---|---|")
+    summary = []
     for op in ("ADD", "CHECK", "DEL"):
         for name, _, _, udp in suites:
             ref_suite = "ref iptables " + ("tcp+udp" if udp else "tcp")
-            ref = bench.pct(samples[(ref_suite, op)], 50)
-            ms = samples[(name, op)]
-            p50, p99 = bench.pct(ms, 50), bench.pct(ms, 99)
+            ref = bench.pct([x[0] for x in samples[(ref_suite, op)]], 50)
+            ms = [x[0] for x in samples[(name, op)]]
+            cpu = [x[1] for x in samples[(name, op)]]
+            p50, p99, cpu50 = bench.pct(ms, 50), bench.pct(ms, 99), bench.pct(cpu, 50)
             print(f"| {op} | {name} | {len(ms)} | {p50:.2f} | {p99:.2f} | "
-                  f"{bench.ratio(p50, ref)} |")
+                  f"{bench.ratio(p50, ref)} | {cpu50:.2f} |")
+            summary.append({"op": op, "suite": name, "n": len(ms), "p50_ms": round(p50, 2),
+                            "p99_ms": round(p99, 2), "cpu_p50_ms": round(cpu50, 2)})
+    bench.write_csv(os.path.join(out_dir, "summary.csv"), summary)
+    bench.write_run_info(out_dir, started, load0, os.getloadavg(),
+                         f"{rounds} rounds x {pods} pods per suite", args.smoke)
+    bench.write_figures(args.out, "portmap", portmap_figures(samples, args.smoke))
     if errors:
         print(f"\nerrors ({len(errors)}):")
         for e in errors[:20]:

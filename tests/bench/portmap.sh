@@ -4,12 +4,14 @@
 # Run as root:
 #
 #   tests/bench/portmap.sh                   # 3 rounds of 30 pods per suite
-#   BENCH_QUICK=1 tests/bench/portmap.sh     # smoke check: a handful of calls
+#   BENCH_SMOKE=1 tests/bench/portmap.sh     # 6 rounds of 3 pods (BENCH_QUICK=1 too)
 #
 # Environment: REFERENCE_DIR (default /usr/lib/cni), BENCH_OURS_DIR (default: build the
-# static release and use its cni-bin/), BENCH_ROUNDS, BENCH_PODS. Everything runs in
-# throwaway network namespaces, removed on exit. Prints a Markdown table (docs/performance.md, "portmap").
-# Nothing here asserts on time.
+# static release and use its cni-bin/), BENCH_ROUNDS, BENCH_PODS, BENCH_OUT (default
+# target/bench). Everything runs in throwaway network namespaces, removed on exit. Prints
+# a Markdown table (docs/performance.md, "portmap"), writes $BENCH_OUT/figures/portmap.tsv
+# and ends with tests/bench/judge.py portmap: non-zero if a figure misses its bound in
+# tests/bench/targets.toml or a call failed. BENCH_JUDGE=0 skips the judging.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -36,6 +38,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-quick=()
-[[ -n ${BENCH_QUICK:-} && ${BENCH_QUICK} != 0 ]] && quick=(--quick)
-/usr/bin/python3 tests/bench/portmap.py --ours "$BENCH_OURS_DIR" --ref "$REFERENCE_DIR" "${quick[@]}"
+out=${BENCH_OUT:-target/bench}
+smoke=()
+if [[ -n ${BENCH_SMOKE:-} && ${BENCH_SMOKE} != 0 || -n ${BENCH_QUICK:-} && ${BENCH_QUICK} != 0 ]]; then
+    export BENCH_SMOKE=1
+    smoke=(--smoke)
+fi
+status=0
+/usr/bin/python3 tests/bench/portmap.py --ours "$BENCH_OURS_DIR" --ref "$REFERENCE_DIR" \
+    --out "$out" "${smoke[@]}" || status=$?
+if [[ ${BENCH_JUDGE:-1} == 0 ]]; then
+    echo "portmap: not judged (BENCH_JUDGE=0)" >&2
+else
+    BENCH_OUT=$out /usr/bin/python3 tests/bench/judge.py portmap || status=1
+fi
+exit "$status"

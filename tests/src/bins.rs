@@ -4,7 +4,7 @@
 //! not depend on the plugins (it tests their binaries, not their libraries). So the first
 //! test that needs a binary runs `cargo build` for the multi-call plugin binary and
 //! cnitool, once per test process, then lays them out as they ship: a directory
-//! (`<target>/<profile>/cni-bin/`) in which `bridge`, `host-local`, `loopback` and `portmap` are hard
+//! (`<target>/<profile>/cni-bin/`) in which `bridge`, `host-local`, `loopback`, `portmap` and `bandwidth` are hard
 //! links of the one multi-call executable, plus `cnitool` and the node agent `cni-node`. If the combined build fails,
 //! each package is built on its own, so that the tests that can still run do (the others
 //! fail with the compiler output). Cargo itself reports where it put the executables (JSON
@@ -19,12 +19,13 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 /// Names in the binary directory (plugin names as `type` in a config, and `cnitool`), each
-/// with the package and bin target that provides it. The four plugins are one
+/// with the package and bin target that provides it. The five plugins are one
 /// executable; `cnitool` (the runtime-side tool, not a plugin) is built alongside so its
 /// tests find it in the same dir.
-pub const PLUGINS: [(&str, &str, &str); 6] = [
+pub const PLUGINS: [(&str, &str, &str); 7] = [
     ("loopback", "cni-plugins", MULTICALL),
     ("portmap", "cni-plugins", MULTICALL),
+    ("bandwidth", "cni-plugins", MULTICALL),
     ("host-local", "cni-plugins", MULTICALL),
     ("bridge", "cni-plugins", MULTICALL),
     ("cnitool", "cnitool", "cnitool"),

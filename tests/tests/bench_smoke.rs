@@ -1,10 +1,14 @@
-//! The benchmark (`tests/bench/run.sh`) in its quick mode, once: it must finish, write its
-//! CSV files and chart with every suite and scenario in them, see no failed plugin call,
-//! and leave no namespace or temporary file behind. No assertion on time: timing belongs
-//! to the benchmark's own output.
+//! The benchmarks (`tests/bench/run.sh`, `portmap.sh`) at their smoke scale, once each:
+//! they must finish, write their CSV files, chart and figures with every suite, scenario
+//! and judged figure in them, see no failed plugin call, and leave no namespace or
+//! temporary file behind.
 //!
-//! It runs on the debug binaries the harness builds (`BENCH_OURS_DIR`), so CI does not
-//! pay for a release build; `TMPDIR` and the namespace tag are this test's own, so
+//! They run on the debug binaries the harness builds (`BENCH_OURS_DIR`), whose timings
+//! and size mean nothing, so the judging is skipped (`BENCH_JUDGE=0`) and nothing here
+//! asserts on time: `tests/bench/check.sh --smoke`, which the test command runs after
+//! `cargo test`, judges the release build. What this test adds is that every figure
+//! `tests/bench/targets.toml` judges is still measured, so a benchmark that stopped
+//! measuring one fails here first. `TMPDIR` and the namespace tag are this test's own, so
 //! "nothing left" is checked exactly.
 
 use std::collections::BTreeSet;
@@ -34,6 +38,40 @@ fn csv_rows(path: &std::path::Path) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The figures `tests/bench/targets.toml` judges for `bench` (its `[<bench>.<figure>]`
+/// tables), as `<bench>.<figure>`.
+fn judged_figures(bench: &str) -> Vec<String> {
+    let path = workspace_root().join("tests/bench/targets.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let prefix = format!("[{bench}.");
+    text.lines()
+        .filter_map(|l| l.trim().strip_prefix(&prefix)?.strip_suffix(']'))
+        .map(|figure| format!("{bench}.{figure}"))
+        .collect()
+}
+
+/// Asserts that the benchmark wrote a finite value for every figure targets.toml judges.
+fn assert_every_figure_measured(out_dir: &std::path::Path, bench: &str) {
+    let path = out_dir.join("figures").join(format!("{bench}.tsv"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let measured: BTreeSet<&str> = text
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once('\t')?;
+            value.parse::<f64>().ok()?.is_finite().then_some(name)
+        })
+        .collect();
+    let judged = judged_figures(bench);
+    assert!(!judged.is_empty(), "no [{bench}.*] targets");
+    let missing: Vec<&String> = judged
+        .iter()
+        .filter(|f| !measured.contains(f.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "not measured: {missing:?} in:\n{text}");
+}
+
 #[test]
 fn quick_benchmark_completes_and_writes_its_csv() {
     if !require_root() {
@@ -47,7 +85,12 @@ fn quick_benchmark_completes_and_writes_its_csv() {
     let script = workspace_root().join("tests/bench/run.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .env("BENCH_QUICK", "1")
+        .env("BENCH_SMOKE", "1")
+        // Fewer rounds than check.sh's smoke run: only completeness is checked here.
+        .env("BENCH_ROUNDS", "2")
+        .env("BENCH_PODS", "1")
+        .env("BENCH_JUDGE", "0")
+        .env_remove("BENCH_ONLY")
         .env("BENCH_OURS_DIR", bins)
         .env("BENCH_OUT", out_dir.path())
         .env("BENCH_TAG", &tag)
@@ -132,6 +175,7 @@ fn quick_benchmark_completes_and_writes_its_csv() {
     let png = std::fs::metadata(out_dir.path().join("bench.png"))
         .unwrap_or_else(|e| panic!("no chart: {e}"));
     assert!(png.len() > 1000, "chart of {} bytes", png.len());
+    assert_every_figure_measured(out_dir.path(), "plugins");
 
     let left = netns_names(&tag);
     assert!(left.is_empty(), "namespaces left: {left:?}");
@@ -141,7 +185,7 @@ fn quick_benchmark_completes_and_writes_its_csv() {
     assert!(files.is_empty(), "temporary files left: {files:?}");
 }
 
-/// The portmap benchmark (`tests/bench/portmap.sh`) in its quick mode: every suite
+/// The portmap benchmark (`tests/bench/portmap.sh`) at its smoke scale: every suite
 /// (ours on both backends, the reference; TCP and TCP+UDP host ports) in the table, no
 /// failed call, no namespace left.
 #[test]
@@ -150,10 +194,15 @@ fn quick_portmap_benchmark_completes() {
         return;
     }
     let tag = unique_name("cps").replace('-', "");
+    let out_dir = TempDir::new("cnibb-bench-pm-out");
     let script = workspace_root().join("tests/bench/portmap.sh");
     let out = Command::new("bash")
         .arg(&script)
-        .env("BENCH_QUICK", "1")
+        .env("BENCH_SMOKE", "1")
+        .env("BENCH_ROUNDS", "1")
+        .env("BENCH_PODS", "3")
+        .env("BENCH_JUDGE", "0")
+        .env("BENCH_OUT", out_dir.path())
         .env("BENCH_OURS_DIR", bin_dir())
         .env("BENCH_TAG", &tag)
         .output()
@@ -178,6 +227,7 @@ fn quick_portmap_benchmark_completes() {
         stdout.contains("| ADD | ours no mappings | 3 |"),
         "no floor row in:\n{stdout}"
     );
+    assert_every_figure_measured(out_dir.path(), "portmap");
     let left = netns_names(&tag);
     assert!(left.is_empty(), "namespaces left: {left:?}");
 }

@@ -36,7 +36,7 @@ use nix::fcntl::{Flock, FlockArg};
 use serde_json::json;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
-const PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", "portmap"];
+const PLUGINS: [&str; 5] = ["bridge", "host-local", "loopback", "portmap", "bandwidth"];
 /// The reference Go plugins (Debian's containernetworking-plugins).
 const REFERENCE_DIR: &str = "/usr/lib/cni";
 /// Cgroup dirs the cgroupfs manager creates; removed at the end if they were not there.
@@ -271,7 +271,11 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
         &volume,
         &image,
     ]);
-    assert_eq!(again.matches(": unchanged, v").count(), 4, "{again}");
+    assert_eq!(
+        again.matches(": unchanged, v").count(),
+        PLUGINS.len(),
+        "{again}"
+    );
     assert_eq!(
         PLUGINS
             .iter()
@@ -287,7 +291,14 @@ fn release_image_installs_onto_a_node_while_a_plugin_runs() {
     names.sort();
     assert_eq!(
         names,
-        ["bridge", "host-local", "loopback", "portmap", "tuning"]
+        [
+            "bandwidth",
+            "bridge",
+            "host-local",
+            "loopback",
+            "portmap",
+            "tuning"
+        ]
     );
 
     // The DaemonSet's container: install, sleep, and exit 0 on SIGTERM (pid 1, no shell).
@@ -523,6 +534,7 @@ impl Release {
                 "./",
                 "./LICENSE",
                 "./README.md",
+                "./bandwidth",
                 "./bridge",
                 "./cni-installer",
                 "./cni-node",

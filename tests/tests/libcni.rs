@@ -819,6 +819,64 @@ fn our_portmap_through_libcni_on_both_backends() {
     });
 }
 
+/// Our bandwidth after our bridge, its limits from the `bandwidth` capability as
+/// containerd fills it from the pod annotations (burst 2^32 - 1 bits): the veth and an
+/// ifb device get their token buckets, CHECK passes until the ifb is deleted by hand,
+/// and DEL (bandwidth first, as libcni goes backwards) leaves no link.
+#[test]
+fn our_bandwidth_through_libcni_from_capability_args() {
+    if !require_root() {
+        return;
+    }
+    check_cases(&VERSIONS, |version| {
+        let lab = Lab::new();
+        let ranges = json!([[{"subnet": "10.46.0.0/24"}]]);
+        let conflist = lab.conflist(
+            version,
+            &[
+                lab.bridge_plugin(&ranges, true),
+                json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}),
+            ],
+        );
+        let burst = u64::from(u32::MAX);
+        let caps = json!({"bandwidth": {
+            "ingressRate": 10_000_000, "ingressBurst": burst,
+            "egressRate": 20_000_000, "egressBurst": burst
+        }});
+        let result = lab.add(&conflist, Some(&caps));
+        let interfaces = result["interfaces"].as_array().cloned().unwrap_or_default();
+        let ifb = interfaces
+            .iter()
+            .filter_map(|i| i["name"].as_str())
+            .find(|n| n.starts_with("bwp"))
+            .unwrap_or_else(|| panic!("no ifb in the result: {result:#}"))
+            .to_owned();
+        let details = kernel::ip_json(&lab.host, &["-d", "link", "show", "dev", &ifb]);
+        assert_eq!(
+            details[0]["linkinfo"]["info_kind"], "ifb",
+            "{version}: {details}"
+        );
+        let qdiscs = lab.host.exec_ok(&["tc", "qdisc", "show"]);
+        assert!(qdiscs.contains("rate 10Mbit"), "{version}: {qdiscs}");
+        assert!(
+            qdiscs.contains(&format!("tbf 1: dev {ifb} root")),
+            "{version}: {qdiscs}"
+        );
+        assert!(qdiscs.contains("rate 20Mbit"), "{version}: {qdiscs}");
+        assert_check(&lab, version, &conflist, Some(&caps));
+        if *version != "0.3.1" {
+            lab.host.exec_ok(&["ip", "link", "del", &ifb]);
+            lab.libcni("check", &conflist, Some(&caps)).assert_failure();
+        }
+        lab.libcni("del", &conflist, Some(&caps)).assert_success();
+        assert!(
+            kernel::link(&lab.host, &ifb).is_none(),
+            "{version}: {ifb} survived DEL"
+        );
+        assert_all_gone(&lab, &result_addresses(&result), "after DEL");
+    });
+}
+
 /// Runtime capability args: `ips` (host-local, e.g. a static pod IP) and `mac`
 /// (bridge), with kubelet's CNI_ARGS.
 #[test]

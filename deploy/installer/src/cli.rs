@@ -10,7 +10,7 @@ use crate::InstallError;
 pub const USAGE: &str = "\
 Usage: cni-installer [OPTIONS]
 
-Installs the cni-plugins-rs binaries (bridge, host-local, loopback, portmap: one multi-call
+Installs the cni-plugins-rs binaries (bridge, host-local, loopback, portmap, bandwidth: one multi-call
 executable, installed as hard links of one file) into a CNI bin directory. The file is
 written beside its targets and each name is renamed over its target, so a plugin that
 is running at that moment keeps running. Names that already are that file are left

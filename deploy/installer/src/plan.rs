@@ -4,7 +4,7 @@
 use cni_build_stamp::Stamp;
 
 /// The binaries installed, by file name.
-pub const PLUGINS: [&str; 4] = ["bridge", "host-local", "loopback", "portmap"];
+pub const PLUGINS: [&str; 5] = ["bridge", "host-local", "loopback", "portmap", "bandwidth"];
 
 /// What an installed file is.
 #[derive(Debug, Clone, PartialEq, Eq)]

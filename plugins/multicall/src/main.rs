@@ -1,4 +1,4 @@
-//! The one shipped executable: `bridge`, `host-local`, `loopback` and `portmap` in one multi-call
+//! The one shipped executable: `bridge`, `host-local`, `loopback`, `portmap` and `bandwidth` in one multi-call
 //! binary, installed under each plugin's name (hard links of one file). It runs the plugin
 //! it is started as, and runs an IPAM delegate that `CNI_PATH` resolves to this same file
 //! in-process instead of exec'ing it (see `cni_protocol::inproc`).
@@ -6,7 +6,7 @@
 use cni_protocol::inproc::Builtin;
 
 /// Every plugin of the suite, by its installed name.
-static PLUGINS: [Builtin; 4] = [
+static PLUGINS: [Builtin; 5] = [
     Builtin {
         name: "bridge",
         plugin: &cni_bridge::Bridge,
@@ -22,6 +22,10 @@ static PLUGINS: [Builtin; 4] = [
     Builtin {
         name: "portmap",
         plugin: &cni_portmap::Portmap,
+    },
+    Builtin {
+        name: "bandwidth",
+        plugin: &cni_bandwidth::Bandwidth,
     },
 ];
 

@@ -197,9 +197,9 @@ fn walk_attrs(data: &[u8], depth: u8) {
 
 /// A datagram the kernel could send on a rtnetlink socket: split into messages as the
 /// socket does, each decoded as the client's requests decode it (link with its VXLAN
-/// settings, bridge port VLANs, address, route, FDB entry, neighbour, forwarding
-/// setting, error and extended ack), and its attributes walked at the offsets of the
-/// family headers.
+/// settings, bridge port VLANs, address, route, FDB entry, neighbour, qdisc, filter,
+/// forwarding setting, error and extended ack), and its attributes walked at the offsets
+/// of the family headers.
 pub fn netlink(data: &[u8]) {
     let mut framed = 0;
     for msg in messages(data) {
@@ -244,6 +244,14 @@ pub fn netlink(data: &[u8]) {
             }
             Reply::Neighbour(Ok(Some(neighbour))) => {
                 let _ = neighbour.is_permanent();
+            }
+            Reply::Qdisc(Ok(qdisc)) => {
+                assert!(!qdisc.kind.contains('\0'), "{qdisc:?}");
+                assert_eq!(qdisc.tbf.is_some(), qdisc.kind == "tbf", "{qdisc:?}");
+            }
+            Reply::Filter(Ok(filter)) => {
+                let _ = filter.redirects_all_to(1);
+                assert!(!filter.matches_all || filter.kind == "u32", "{filter:?}");
             }
             _ => {}
         }
@@ -300,7 +308,7 @@ pub fn cnitool_cache(data: &[u8]) {
                 Some(name.as_str())
             );
         }
-        Some(Err(why)) => assert!(!why.is_empty()),
+        Some(Err(why)) => assert!(!why.to_string().is_empty()),
         None => {}
     }
     for version in SUPPORTED_VERSIONS {

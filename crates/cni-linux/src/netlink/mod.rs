@@ -1,5 +1,6 @@
 //! Netlink (rtnetlink) client: links, bridges and their ports, veth pairs,
-//! VXLAN devices with their FDB and neighbour entries, addresses and routes.
+//! VXLAN devices with their FDB and neighbour entries, addresses and routes, and
+//! the traffic control (qdiscs, filters, ifb devices) of pod bandwidth limits.
 //! A [`Netlink`] handle talks to one network namespace, fixed when its socket
 //! is created; see [`Netlink::connect_in`].
 //!
@@ -17,6 +18,7 @@ mod neigh;
 mod netconf;
 mod route;
 mod rtnl;
+pub mod tc;
 mod veth;
 pub mod vxlan;
 mod wait;
@@ -177,6 +179,10 @@ pub enum Reply {
     Neighbour(std::result::Result<Option<Neighbour>, Malformed>),
     /// RTM_NEWNETCONF: the forwarding setting, if it carries one.
     Forwarding(std::result::Result<Option<bool>, Malformed>),
+    /// RTM_NEWQDISC.
+    Qdisc(std::result::Result<tc::Qdisc, Malformed>),
+    /// RTM_NEWTFILTER.
+    Filter(std::result::Result<tc::Filter, Malformed>),
     /// A message type no request of this client decodes.
     Other,
 }
@@ -204,6 +210,8 @@ pub fn decode_reply(msg: &Message<'_>) -> Reply {
         }
         rtnl::RTM_NEWNEIGH => Reply::Neighbour(Neighbour::parse(msg.payload)),
         netconf::RTM_NEWNETCONF => Reply::Forwarding(netconf::forwarding_of(msg.payload)),
+        tc::RTM_NEWQDISC => Reply::Qdisc(tc::parse_qdisc(msg.payload)),
+        tc::RTM_NEWTFILTER => Reply::Filter(tc::parse_filter(msg.payload)),
         _ => Reply::Other,
     }
 }
@@ -406,6 +414,18 @@ pub(crate) mod tests {
         });
         let msg = messages(&arp).next().unwrap().unwrap();
         assert!(matches!(decode_reply(&msg), Reply::Neighbour(Ok(Some(n))) if n.ip.is_ipv4()));
+        let qdisc = message(tc::RTM_NEWQDISC, 0, |w| w.bytes(&[0; 8]));
+        let msg = messages(&qdisc).next().unwrap().unwrap();
+        assert_eq!(
+            decode_reply(&msg),
+            Reply::Qdisc(Err(Malformed("truncated tcmsg")))
+        );
+        let filter = message(tc::RTM_NEWTFILTER, 0, |w| {
+            w.bytes(&[0; 20]);
+            w.attr_str(1, "u32");
+        });
+        let msg = messages(&filter).next().unwrap().unwrap();
+        assert!(matches!(decode_reply(&msg), Reply::Filter(Ok(f)) if f.kind == "u32"));
         let other = message(99, 0, |_| {});
         let msg = messages(&other).next().unwrap().unwrap();
         assert_eq!(decode_reply(&msg), Reply::Other);
