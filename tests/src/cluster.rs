@@ -14,7 +14,8 @@
 //! an event path alone), so no test passes thanks to a resync faster than a real node's.
 //!
 //! Every agent serves its health endpoint on its own namespace's loopback
-//! ([`HEALTH_ADDR`], the agent's default), which [`Host::health`] asks.
+//! ([`HEALTH_ADDR`], the agent's default), which [`Host::health`] asks, and `explain`
+//! on a socket in its node's directory ([`Host::explain_socket`]).
 //!
 //! Everything is removed on drop (agents killed, pods deleted, namespaces and files
 //! gone), also when a test panics.
@@ -150,6 +151,9 @@ pub struct Host {
     /// `--pod-record-dir`: the node's own, as on a real node (the default is a path of
     /// the machine, which every test's nodes would share).
     pub record_dir: PathBuf,
+    /// `--explain-socket`: the node's own (the default is a path of the machine, which
+    /// every test's nodes would share).
+    pub explain_socket: PathBuf,
     /// cnitool's cache.
     pub cache_dir: PathBuf,
     /// The agent's stderr, appended to across restarts.
@@ -206,6 +210,10 @@ impl Host {
             .arg(format!("--cni-bin-dir={}", bin_dir().display()))
             .arg(format!("--ipam-data-dir={}", self.data_dir.display()))
             .arg(format!("--pod-record-dir={}", self.record_dir.display()))
+            .arg(format!(
+                "--explain-socket={}",
+                self.explain_socket.display()
+            ))
             .args(
                 self.resync_secs
                     .map(|secs| format!("--resync-interval={secs}")),
@@ -553,6 +561,7 @@ impl Cluster {
             conf_dir: base.join("net.d"),
             data_dir: base.join("ipam"),
             record_dir: base.join("pods"),
+            explain_socket: base.join("explain.sock"),
             cache_dir: base.join("cache"),
             log: base.join("cni-node.log"),
             resync_secs: None,

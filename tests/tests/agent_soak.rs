@@ -518,6 +518,10 @@ fn the_agent_stays_flat_under_churn() {
             "--pod-record-dir={}",
             dir.path().join("pods").display()
         ))
+        .arg(format!(
+            "--explain-socket={}",
+            dir.path().join("explain.sock").display()
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))

@@ -163,6 +163,10 @@ fn sync(overlay: bool) {
             "--pod-record-dir={}",
             dir.path().join("pods").display()
         ))
+        .arg(format!(
+            "--explain-socket={}",
+            dir.path().join("explain.sock").display()
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap_or_else(|e| panic!("{e}")))

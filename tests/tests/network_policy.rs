@@ -47,7 +47,8 @@
 //! here has none, which the test checks and says): the SCTP cases' truth tables check
 //! the model, and their policies are probed on TCP and UDP.
 //!
-//! Beside the matrix: `cni-node explain` asked about every probe of one case, the
+//! Beside the matrix: `cni-node explain` asked about every probe of one case (on each
+//! agent's explain socket; the health address refuses `/explain`), the
 //! policy table empty once every policy is gone, a node reaching its own pods under
 //! default deny, established flows cut or kept by a new policy (a TCP connection for
 //! the cut; numbered UDP datagrams every 10 ms, echoed, for a drop shorter than TCP's
@@ -1182,6 +1183,7 @@ fn explain_disagreements(world: &World, converged: &Converged) -> Vec<String> {
             format!("--to={}", to.key()),
             format!("--protocol={}", cell.protocol.name()),
             format!("--port={}", cell.port),
+            format!("--explain-socket={}", node.explain_socket.display()),
         ];
         if cell.v6 {
             args.push("--ipv6".into());
@@ -1212,6 +1214,44 @@ fn explain_disagreements(world: &World, converged: &Converged) -> Vec<String> {
                 )),
             },
             Err(e) => problems.push(format!("{what}: cannot run cni-node explain: {e}")),
+        }
+    }
+    problems
+}
+
+/// Every agent's health address (which any pod can reach) refuses `/explain` with a
+/// 404 that says where explain went, while its socket answers the same question;
+/// returns what was wrong.
+fn explain_refused_on_health_address(world: &World, from: &str, to: &str) -> Vec<String> {
+    let agent = plugin_path("cni-node");
+    let mut problems = Vec::new();
+    for host in &world.cluster.hosts {
+        match host.health(&format!(
+            "/explain?from={from}&to={to}&protocol=TCP&port=80"
+        )) {
+            Ok(a) if a.status == 404 && a.body.contains("--explain-socket") => {}
+            Ok(a) => problems.push(format!(
+                "node {}: /explain on the health address answered {}: {}",
+                host.n, a.status, a.body
+            )),
+            Err(e) => problems.push(format!("node {}: health address: {e}", host.n)),
+        }
+        let asked = std::process::Command::new(&agent)
+            .args(["explain", "--from", from, "--to", to, "--port", "80"])
+            .arg(format!(
+                "--explain-socket={}",
+                host.explain_socket.display()
+            ))
+            .output();
+        match asked {
+            Ok(out) if matches!(out.status.code(), Some(0 | 1)) => {}
+            Ok(out) => problems.push(format!(
+                "node {}: explain on the socket exited {:?}: {}",
+                host.n,
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr)
+            )),
+            Err(e) => problems.push(format!("node {}: cannot run cni-node explain: {e}", host.n)),
         }
     }
     problems
@@ -1320,7 +1360,7 @@ fn upstream_cases_and_ours_match_the_model() {
                     && let Some(last) = steps.last().map(|s| &s.converged)
                 {
                     let took = Instant::now();
-                    let problems = explain_disagreements(&world, last);
+                    let mut problems = explain_disagreements(&world, last);
                     println!(
                         "explain: {} probes asked through the destination's agent in {}, {} \
                          disagreements",
@@ -1328,6 +1368,13 @@ fn upstream_cases_and_ours_match_the_model() {
                         seconds(took.elapsed()),
                         problems.len()
                     );
+                    if let Some(cell) = last.cells.first() {
+                        problems.extend(explain_refused_on_health_address(
+                            &world,
+                            &world.members[cell.from].key(),
+                            &world.members[cell.to].key(),
+                        ));
+                    }
                     // The table check at the end sees a policy's entries.
                     let seen: Vec<String> = world
                         .cluster

@@ -448,6 +448,10 @@ impl Agent {
             .arg(format!("--cni-conf-dir={}", dir.join("net.d").display()))
             .arg(format!("--cni-bin-dir={}", dir.display()))
             .arg(format!("--pod-record-dir={}", dir.join("pods").display()))
+            .arg(format!(
+                "--explain-socket={}",
+                dir.join("explain.sock").display()
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}")))

@@ -2,8 +2,8 @@
 //! runtime; the host's kernel notifications arrive on a thread of their own; the
 //! reconciler runs on another thread, one pass at a time, woken by either (changes
 //! that arrive meanwhile collapse into one more pass), by a retry after a failure, or
-//! by the slow resync that repairs what was changed by hand. The probes and metrics
-//! are served on the runtime and never wait for a pass.
+//! by the slow resync that repairs what was changed by hand. The probes and metrics,
+//! and `explain` on its own socket, are served on the runtime and never wait for a pass.
 //!
 //! Nothing is removed on the word of a broken watch: a store changes only through
 //! watch events and complete lists; until the Nodes' first complete list nothing at all
@@ -164,6 +164,20 @@ pub async fn run(options: Options) -> Result<()> {
             Arc::clone(&stores),
         ));
     }
+    // Held to the end of this function: a clean stop removes the socket.
+    let explain_socket = match &options.explain_socket.0 {
+        Some(path) => {
+            let (listener, file) = crate::explain_socket::bind(path).await?;
+            tokio::spawn(crate::explain_socket::serve(
+                listener,
+                file.owner(),
+                Arc::clone(&stores),
+            ));
+            tracing::info!("explain is answered on {}", file.path().display());
+            Some(file)
+        }
+        None => None,
+    };
     let mut term = signal(SignalKind::terminate()).map_err(|source| Error::Signal {
         signal: "SIGTERM",
         source,
@@ -296,6 +310,7 @@ pub async fn run(options: Options) -> Result<()> {
     // A pass in progress ends on its own (each step is one netlink request, one file
     // rename or one firewall transaction); the thread is not cut off mid-step.
     let _ = tokio::task::spawn_blocking(move || reconciler_thread.join()).await;
+    drop(explain_socket);
     Ok(())
 }
 

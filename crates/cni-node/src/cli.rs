@@ -22,7 +22,8 @@ VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, a
 a pod MTU that fits the node's uplink and the encapsulation.
 Stopping it leaves routes and rules in place; the next start reconciles them.
 
-/healthz, /readyz and /metrics (Prometheus) are served on --health-addr.
+/healthz, /readyz and /metrics (Prometheus) are served on --health-addr;
+`cni-node explain` is answered on --explain-socket, a unix socket only root reaches.
 The log goes to stderr; RUST_LOG (e.g. RUST_LOG=debug) overrides --verbose.";
 
 /// Which egress SNAT rules to keep.
@@ -101,8 +102,9 @@ impl Cli {
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
     /// Says whether NetworkPolicy lets a connection through and which policies
-    /// decided it, as the agent running on this node sees it; exits 0 when allowed, 1
-    /// when denied
+    /// decided it, as the agent running on this node sees it (asked on its
+    /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
+    /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
 }
 
@@ -129,9 +131,14 @@ pub struct ExplainArgs {
     /// judged (reaching its own address directly is not)
     #[arg(long, value_name = "IP")]
     pub via_service: Option<IpAddr>,
-    /// The running agent's --health-addr
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:9743")]
-    pub agent: SocketAddr,
+    /// The running agent's --explain-socket
+    #[arg(
+        long = "explain-socket",
+        value_name = "PATH",
+        default_value = crate::explain_socket::DEFAULT_PATH,
+        value_parser = socket_path
+    )]
+    pub explain_socket: PathBuf,
 }
 
 /// The agent's settings.
@@ -234,6 +241,16 @@ pub struct Options {
         value_parser = health_addr
     )]
     pub health_addr: HealthAddr,
+
+    /// Where `cni-node explain` is answered: a unix socket made root-only (0600), a
+    /// stale one left by a killed agent replaced, removed at a clean stop; or "off"
+    #[arg(
+        long = "explain-socket",
+        value_name = "PATH",
+        default_value = crate::explain_socket::DEFAULT_PATH,
+        value_parser = explain_socket
+    )]
+    pub explain_socket: ExplainSocket,
 
     /// How often, in seconds, routes and rules are checked and repaired even without a
     /// change from the API or the host
@@ -340,6 +357,30 @@ pub struct Options {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HealthAddr(pub Option<SocketAddr>);
 
+/// `--explain-socket`: a path or off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExplainSocket(pub Option<PathBuf>);
+
+fn explain_socket(text: &str) -> Result<ExplainSocket, &'static str> {
+    if text == "off" {
+        return Ok(ExplainSocket(None));
+    }
+    socket_path(text)
+        .map(|p| ExplainSocket(Some(p)))
+        .map_err(|_| "expected a path of at most 107 bytes (a unix socket's limit) or off")
+}
+
+fn socket_path(text: &str) -> Result<PathBuf, &'static str> {
+    if text.is_empty()
+        || text.len() > crate::explain_socket::MAX_PATH_LEN
+        || text.ends_with('/')
+        || text.contains('\0')
+    {
+        return Err("expected a path of at most 107 bytes (a unix socket's limit)");
+    }
+    Ok(PathBuf::from(text))
+}
+
 fn non_empty(text: &str) -> Result<String, &'static str> {
     if text.is_empty() {
         return Err("must not be empty");
@@ -403,6 +444,7 @@ fn interface_name(name: &str) -> Result<String, &'static str> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+    use std::path::Path;
 
     fn parse(args: &[&str]) -> Result<Options, clap::Error> {
         Cli::parse_args(
@@ -439,6 +481,10 @@ mod tests {
             o.health_addr,
             HealthAddr(Some(SocketAddr::from(([127, 0, 0, 1], 9743))))
         );
+        assert_eq!(
+            o.explain_socket,
+            ExplainSocket(Some(PathBuf::from("/run/cni-node/explain.sock")))
+        );
         assert_eq!(o.resync, Duration::from_secs(10));
         assert_eq!(o.page_size, 250);
         assert_eq!(o.log_format, LogFormat::Text);
@@ -472,6 +518,7 @@ mod tests {
             "--route-protocol",
             "201",
             "--health-addr=off",
+            "--explain-socket=off",
             "--resync-interval=3",
             "--page-size=50",
             "--verbose",
@@ -504,6 +551,7 @@ mod tests {
         assert_eq!(o.masquerade, MasqueradeBackend::Iptables);
         assert_eq!(o.route_protocol, 201);
         assert_eq!(o.health_addr, HealthAddr(None));
+        assert_eq!(o.explain_socket, ExplainSocket(None));
         assert_eq!(o.resync, Duration::from_secs(3));
         assert_eq!(o.page_size, 50);
         assert!(o.verbose);
@@ -545,6 +593,11 @@ mod tests {
                 "a-very-long-bridge-name",
             ),
             (&["--resync-interval=0"][..], "--resync-interval", "0"),
+            (
+                &["--explain-socket=/run/x/"][..],
+                "--explain-socket",
+                "/run/x/",
+            ),
             (&["--log-format=xml"][..], "--log-format", "xml"),
             (&["--overlay=gre"][..], "--overlay", "gre"),
             (&["--vxlan-vni=16777216"][..], "--vxlan-vni", "16777216"),
@@ -586,7 +639,11 @@ mod tests {
             .map(std::ffi::OsString::from),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(cli.command, Some(Subcommand::Explain(ref e)) if e.via_service.is_none()));
+        assert!(
+            matches!(cli.command, Some(Subcommand::Explain(ref e)) if e.via_service.is_none()
+                && e.explain_socket == Path::new("/run/cni-node/explain.sock")),
+            "{cli:?}"
+        );
         let hairpin = Cli::parse_args(
             [
                 "cni-node",
@@ -610,6 +667,49 @@ mod tests {
         let help = Cli::command().render_long_help().to_string();
         assert!(help.contains("NODE_NAME"), "{help}");
         assert!(help.contains("--resync-interval"), "{help}");
+    }
+
+    /// The agent and `cni-node explain` meet at the same socket unless both are told
+    /// another; a path a unix socket cannot have is refused when the command is read.
+    #[test]
+    fn the_explain_socket_is_one_path_for_agent_and_command() {
+        let explain = |extra: &[&str]| {
+            let mut args = vec!["cni-node", "explain", "--from=x/a", "--to=y/b", "--port=80"];
+            args.extend_from_slice(extra);
+            Cli::parse_args(args.into_iter().map(std::ffi::OsString::from)).map(|cli| {
+                match cli.command {
+                    Some(Subcommand::Explain(e)) => e.explain_socket,
+                    other => panic!("{other:?}"),
+                }
+            })
+        };
+        assert_eq!(
+            run(&[]).explain_socket.0.as_deref(),
+            Some(explain(&[]).unwrap().as_path())
+        );
+        assert_eq!(
+            run(&["--explain-socket", "/tmp/n1/explain.sock"]).explain_socket,
+            ExplainSocket(Some(PathBuf::from("/tmp/n1/explain.sock")))
+        );
+        assert_eq!(
+            explain(&["--explain-socket=/tmp/n1/explain.sock"]).unwrap(),
+            Path::new("/tmp/n1/explain.sock")
+        );
+        let long = format!("--explain-socket=/{}", "x".repeat(107));
+        let e = run_err(&[&long]);
+        assert!(
+            e.contains("--explain-socket") && e.contains("107 bytes"),
+            "{e}"
+        );
+        assert!(explain(&[&long]).is_err());
+        assert!(explain(&["--explain-socket="]).is_err());
+        let fits = format!("/{}", "x".repeat(106));
+        assert_eq!(
+            run(&[&format!("--explain-socket={fits}")]).explain_socket,
+            ExplainSocket(Some(PathBuf::from(fits)))
+        );
+        // The health address's old explain flag is gone, not silently ignored.
+        assert!(explain(&["--agent=127.0.0.1:9743"]).is_err());
     }
 
     #[test]

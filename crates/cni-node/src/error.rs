@@ -192,21 +192,45 @@ pub enum Error {
     #[error("{0} and {1} are of different families")]
     ExplainFamilies(IpAddr, IpAddr),
 
+    /// The explain socket could not be made.
+    #[error("cannot serve explain on {path}")]
+    ExplainSocket {
+        /// The socket's path.
+        path: PathBuf,
+        /// What the file system or bind(2) said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Another process answers on the explain socket's path.
+    #[error(
+        "another cni-node answers on the explain socket {0} (give this one another \
+         --explain-socket, or off)"
+    )]
+    ExplainSocketInUse(PathBuf),
+
+    /// Something other than a socket is at the explain socket's path.
+    #[error("{0} is not a socket; the explain socket is not made over it")]
+    ExplainSocketNotOurs(PathBuf),
+
     /// `cni-node explain` could not talk to the agent.
-    #[error("cannot ask the agent at {agent} (its --health-addr)")]
+    #[error(
+        "cannot ask the agent at {socket} (its --explain-socket: run as root in the \
+         agent's pod or on its node)"
+    )]
     AgentUnreachable {
-        /// The agent's address.
-        agent: SocketAddr,
+        /// The agent's explain socket.
+        socket: PathBuf,
         /// What the connection said.
         #[source]
         source: io::Error,
     },
 
     /// The agent did not answer the question.
-    #[error("the agent at {agent} answered: {answer}")]
+    #[error("the agent at {socket} answered: {answer}")]
     AgentRefused {
-        /// The agent's address.
-        agent: SocketAddr,
+        /// The agent's explain socket.
+        socket: PathBuf,
         /// Its answer.
         answer: String,
     },

@@ -2,19 +2,31 @@
 //! `/healthz` (the reconciler is turning), `/readyz` (the last reconciliation succeeded
 //! in every step, or what failed) and `/metrics`. It runs on the async runtime, never
 //! on the reconciler's thread, so it answers at once whatever the reconciler is doing.
-//! A few lines of HTTP/1.0 are all a probe needs, so no server framework.
+//! A few lines of HTTP/1.0 are all a probe needs, so no server framework; the explain
+//! socket speaks the same ([`respond`]). Whatever reaches the health address (any pod,
+//! in the DaemonSet) reads it, so it holds counts and failures, never `explain`'s
+//! answers, which name pods and policies ([`crate::explain_socket`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 use crate::error::chain;
 use crate::metrics::{self, Metrics};
-use crate::policy::explain::Question;
 use crate::store::Stores;
+
+/// An answer: status line, content type, body.
+pub type Reply = (&'static str, &'static str, String);
+
+/// The content type of the text answers.
+pub const TEXT: &str = "text/plain; charset=utf-8";
+
+/// What `/explain` on the health address says instead of an answer.
+pub const EXPLAIN_MOVED: &str = "explain is not served here: run `cni-node explain` as root \
+in the agent's pod or on its node, which asks the agent's --explain-socket\n";
 
 /// Where the agent stands, as `/readyz` tells it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,16 +90,9 @@ impl Health {
             <= self.stale_after.as_secs()
     }
 
-    /// Status line, content type and body for a request path and query; `/explain`
-    /// reads the stores.
-    fn answer_with(
-        &self,
-        path: &str,
-        query: &str,
-        metrics: &Metrics,
-        stores: Option<&Stores>,
-    ) -> (&'static str, &'static str, String) {
-        const TEXT: &str = "text/plain; charset=utf-8";
+    /// Status line, content type and body for a request path; `stores` adds what is
+    /// watched but not enforced to a 200 `/readyz`.
+    fn answer(&self, path: &str, metrics: &Metrics, stores: Option<&Stores>) -> Reply {
         const OK: &str = "200 OK";
         const UNAVAILABLE: &str = "503 Service Unavailable";
         match path {
@@ -111,22 +116,21 @@ impl Health {
                 }
                 (status, kind, body)
             }
-            "/explain" => explain(query, stores),
             "/metrics" => match metrics.encode() {
                 Ok(text) => (OK, metrics::CONTENT_TYPE, text),
                 Err(e) => ("500 Internal Server Error", TEXT, chain(&e) + "\n"),
             },
+            "/explain" => ("404 Not Found", TEXT, EXPLAIN_MOVED.into()),
             _ => (
                 "404 Not Found",
                 TEXT,
-                "try /healthz, /readyz, /metrics or /explain\n".into(),
+                "try /healthz, /readyz or /metrics\n".into(),
             ),
         }
     }
 
     /// `/readyz` without what is only watched.
-    fn readyz(&self) -> (&'static str, &'static str, String) {
-        const TEXT: &str = "text/plain; charset=utf-8";
+    fn readyz(&self) -> Reply {
         const OK: &str = "200 OK";
         const UNAVAILABLE: &str = "503 Service Unavailable";
         match self.readiness() {
@@ -147,43 +151,7 @@ impl Health {
     }
 }
 
-/// `/explain?from=..&to=..&protocol=..&port=..[&ipv6=1][&via_service=..]`: 200 with the explanation
-/// (its first word `allowed` or `denied`), 400 for a bad question, 503 before the
-/// agent's NetworkPolicy view is complete.
-fn explain(query: &str, stores: Option<&Stores>) -> (&'static str, &'static str, String) {
-    const TEXT: &str = "text/plain; charset=utf-8";
-    let snapshot = stores
-        .and_then(Stores::snapshot)
-        .and_then(|s| s.policy.network_policy.ready().cloned());
-    let Some(snapshot) = snapshot else {
-        return (
-            "503 Service Unavailable",
-            TEXT,
-            "the agent has no complete view of Pods, Namespaces and NetworkPolicies yet \
-             (or does not enforce NetworkPolicy)\n"
-                .into(),
-        );
-    };
-    let question = Question::from_query(query);
-    let Some(question) = question else {
-        return (
-            "400 Bad Request",
-            TEXT,
-            "usage: /explain?from=POD|IP&to=POD|IP&protocol=TCP&port=N[&ipv6=1][&via_service=IP]\n"
-                .into(),
-        );
-    };
-    let records = stores
-        .and_then(|s| s.records_dir.as_deref())
-        .map(crate::host::pod_records)
-        .unwrap_or_default();
-    match crate::policy::explain::explain(&snapshot, records, &question) {
-        Ok((_, text)) => ("200 OK", TEXT, text),
-        Err(why) => ("400 Bad Request", TEXT, chain(&why) + "\n"),
-    }
-}
-
-/// Serves probes, metrics and `/explain` on `listener` until the runtime stops.
+/// Serves probes and metrics on `listener` until the runtime stops.
 pub async fn serve(
     listener: TcpListener,
     health: Arc<Health>,
@@ -206,18 +174,21 @@ pub async fn serve(
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                respond(stream, &health, &metrics, &stores),
+                respond(stream, "GET /healthz, /readyz or /metrics", |path, _| {
+                    health.answer(path, &metrics, Some(&stores))
+                }),
             )
             .await;
         });
     }
 }
 
-async fn respond(
-    mut stream: TcpStream,
-    health: &Health,
-    metrics: &Metrics,
-    stores: &Stores,
+/// Reads one request from `stream` and writes `answer(path, query)`'s reply, or a 400
+/// naming `usage` for a request that is not a GET or HEAD.
+pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+    usage: &str,
+    answer: impl FnOnce(&str, &str) -> Reply,
 ) -> std::io::Result<()> {
     let mut buf = [0u8; 1024];
     let mut len = 0;
@@ -235,13 +206,9 @@ async fn respond(
     let (status, content_type, body) = match (method, path) {
         (Some("GET" | "HEAD"), Some(target)) => {
             let (path, query) = target.split_once('?').unwrap_or((target, ""));
-            health.answer_with(path, query, metrics, Some(stores))
+            answer(path, query)
         }
-        _ => (
-            "400 Bad Request",
-            "text/plain",
-            "GET /healthz, /readyz or /metrics\n".into(),
-        ),
+        _ => ("400 Bad Request", "text/plain", format!("{usage}\n")),
     };
     let mut reply = format!(
         "HTTP/1.0 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\
@@ -258,34 +225,32 @@ async fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::TcpStream;
 
     #[test]
     fn ready_only_while_the_last_reconcile_succeeded() {
         let h = Health::new(Duration::from_secs(30));
         let m = Metrics::new();
-        assert_eq!(h.answer_with("/healthz", "", &m, None).0, "200 OK");
-        let (status, _, body) = h.answer_with("/readyz", "", &m, None);
+        assert_eq!(h.answer("/healthz", &m, None).0, "200 OK");
+        let (status, _, body) = h.answer("/readyz", &m, None);
         assert_eq!(status, "503 Service Unavailable");
         assert!(body.contains("waiting for the first list"), "{body}");
         h.set(Readiness::Ready);
-        assert_eq!(h.answer_with("/readyz", "", &m, None).2, "ready\n");
+        assert_eq!(h.answer("/readyz", &m, None).2, "ready\n");
         h.set(Readiness::NotReady(vec![
             ("conflist", "cannot write /x: Permission denied".into()),
             ("egress", "nft said no".into()),
         ]));
-        let (status, _, body) = h.answer_with("/readyz", "", &m, None);
+        let (status, _, body) = h.answer("/readyz", &m, None);
         assert_eq!(status, "503 Service Unavailable");
         assert_eq!(
             body,
             "conflist: cannot write /x: Permission denied\negress: nft said no\n"
         );
         h.heartbeat.store(0, Ordering::Relaxed);
-        assert_eq!(
-            h.answer_with("/healthz", "", &m, None).0,
-            "503 Service Unavailable"
-        );
-        assert_eq!(h.answer_with("/", "", &m, None).0, "404 Not Found");
-        let (status, content_type, body) = h.answer_with("/metrics", "", &m, None);
+        assert_eq!(h.answer("/healthz", &m, None).0, "503 Service Unavailable");
+        assert_eq!(h.answer("/", &m, None).0, "404 Not Found");
+        let (status, content_type, body) = h.answer("/metrics", &m, None);
         assert_eq!((status, content_type), ("200 OK", metrics::CONTENT_TYPE));
         assert!(
             body.contains("# TYPE cni_node_reconciles counter"),
@@ -313,5 +278,14 @@ mod tests {
         s.read_to_string(&mut out).await.unwrap();
         assert!(out.starts_with("HTTP/1.0 200 OK\r\n"), "{out}");
         assert!(out.ends_with("\r\n\r\nready\n"), "{out}");
+        // Explain's answers name pods and policies: not on an address any pod reaches.
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /explain?from=x/a&to=y/b&port=80 HTTP/1.0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        assert!(out.starts_with("HTTP/1.0 404 Not Found\r\n"), "{out}");
+        assert!(out.ends_with(EXPLAIN_MOVED), "{out}");
     }
 }

@@ -14,7 +14,8 @@
 //!   store, readiness and compile), the kernel side and `explain`.
 //! - [`agent`]: how the parts meet (threads, wake-ups, retries); [`wake`]: the
 //!   coalescing wake-up; [`health`] and [`metrics`]: the probes' and Prometheus's
-//!   endpoint.
+//!   endpoint; [`explain_socket`]: where `explain` is answered, for root on this node
+//!   only.
 
 pub mod agent;
 pub mod api;
@@ -22,6 +23,7 @@ pub mod cli;
 pub mod conflist;
 pub mod egress;
 pub mod error;
+pub mod explain_socket;
 pub mod health;
 pub mod host;
 pub mod logging;
@@ -91,7 +93,7 @@ fn explain(args: &cli::ExplainArgs) -> ExitCode {
         ipv6: args.ipv6,
         via_service: args.via_service,
     };
-    match policy::explain::ask(args.agent, &question) {
+    match explain_socket::ask(&args.explain_socket, &question) {
         Ok((allowed, text)) => {
             print!("{text}");
             if allowed {

@@ -681,6 +681,10 @@ impl NodeAgent {
             .arg(format!("--bridge={}", node.bridge()))
             .arg(format!("--network-name={NETWORK}"))
             .arg(format!("--pod-record-dir={}", records.display()))
+            .arg(format!(
+                "--explain-socket={}",
+                node.scratch("explain.sock").display()
+            ))
             .arg("--verbose")
             .env_remove("KUBECONFIG")
             .stdin(std::process::Stdio::null())

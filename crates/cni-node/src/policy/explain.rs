@@ -1,7 +1,8 @@
 //! `cni-node explain`: whether NetworkPolicy lets a connection through and which
-//! policies decided it, from the running agent's own view (served on its health
-//! address), so an operator sees what the agent enforces, not what the API says now.
-//! The question travels as `/explain`'s query string, built and read here alone.
+//! policies decided it, from the running agent's own view (served on its explain
+//! socket, [`crate::explain_socket`]), so an operator sees what the agent enforces, not
+//! what the API says now. The question travels as `/explain`'s query string, built and
+//! read here alone.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -195,30 +196,6 @@ pub fn explain(
     side(&mut text, "egress of the source", &verdict.egress);
     side(&mut text, "ingress of the destination", &verdict.ingress);
     Ok((allowed, text))
-}
-
-/// Asks the agent listening on `agent` (its `--health-addr`): whether the connection
-/// is allowed, and the explanation; an error when the agent cannot answer.
-pub fn ask(agent: std::net::SocketAddr, q: &Question) -> Result<(bool, String)> {
-    use std::io::{Read as _, Write as _};
-    let timeout = std::time::Duration::from_secs(5);
-    let unreachable = |source| Error::AgentUnreachable { agent, source };
-    let mut stream = std::net::TcpStream::connect_timeout(&agent, timeout).map_err(unreachable)?;
-    let _ = stream.set_read_timeout(Some(timeout));
-    let request = format!("GET /explain?{} HTTP/1.0\r\n\r\n", q.query());
-    let mut reply = String::new();
-    stream
-        .write_all(request.as_bytes())
-        .and_then(|()| stream.read_to_string(&mut reply))
-        .map_err(unreachable)?;
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    if !head.starts_with("HTTP/1.0 200") {
-        return Err(Error::AgentRefused {
-            agent,
-            answer: body.trim_end().to_owned(),
-        });
-    }
-    Ok((body.starts_with("allowed"), body.to_owned()))
 }
 
 #[cfg(test)]
