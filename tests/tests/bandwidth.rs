@@ -625,6 +625,38 @@ const SEGMENT_ON_WIRE: f64 = 1514.0;
 /// (past the bucket's burst and slow start), counted as the token bucket counts it
 /// (with headers), in bit/s.
 fn tcp_rate(from: &Path, to_ns: &Path, to: std::net::SocketAddr) -> f64 {
+    use std::time::Duration;
+    tcp_rate_in(
+        from,
+        to_ns,
+        to,
+        Duration::from_millis(4500),
+        (Duration::from_secs(1), Duration::from_secs(4)),
+    )
+}
+
+/// The same, but over the first second of the transfer: what a bucket's burst lets
+/// through before its rate holds.
+fn tcp_first_second_rate(from: &Path, to_ns: &Path, to: std::net::SocketAddr) -> f64 {
+    use std::time::Duration;
+    tcp_rate_in(
+        from,
+        to_ns,
+        to,
+        Duration::from_millis(1500),
+        (Duration::ZERO, Duration::from_secs(1)),
+    )
+}
+
+/// Sends TCP for `send_for` and returns the rate the receiver saw in `window` (from
+/// its first byte), with headers, in bit/s.
+fn tcp_rate_in(
+    from: &Path,
+    to_ns: &Path,
+    to: std::net::SocketAddr,
+    send_for: std::time::Duration,
+    window: (std::time::Duration, std::time::Duration),
+) -> f64 {
     use std::io::{Read as _, Write as _};
     use std::time::{Duration, Instant};
 
@@ -637,7 +669,7 @@ fn tcp_rate(from: &Path, to_ns: &Path, to: std::net::SocketAddr) -> f64 {
         let (mut stream, _) = listener.accept().expect("accept");
         let mut buf = vec![0u8; 1 << 16];
         let mut first = None;
-        let (mut counted, window) = (0u64, (Duration::from_secs(1), Duration::from_secs(4)));
+        let mut counted = 0u64;
         loop {
             let n = stream.read(&mut buf).unwrap_or(0);
             if n == 0 {
@@ -657,7 +689,7 @@ fn tcp_rate(from: &Path, to_ns: &Path, to: std::net::SocketAddr) -> f64 {
             .unwrap_or_else(|e| panic!("connect {to}: {e}"))
     });
     let chunk = vec![0x5au8; 1 << 16];
-    let until = Instant::now() + Duration::from_millis(4500);
+    let until = Instant::now() + send_for;
     while Instant::now() < until {
         if stream.write_all(&chunk).is_err() {
             break;
@@ -747,4 +779,80 @@ fn pod_address(pod: &Pod, port: u16) -> std::net::SocketAddr {
     format!("{ip}:{port}")
         .parse()
         .unwrap_or_else(|e| panic!("pod address {cidr:?}: {e}"))
+}
+
+/// containerd's runtime config for the pod annotations `10M` both ways: 2^32-1 bits of
+/// burst with each rate.
+fn containerd_10m() -> Value {
+    let burst = u64::from(u32::MAX);
+    json!({"runtimeConfig": {"bandwidth": {
+        "ingressRate": 10_000_000, "ingressBurst": burst,
+        "egressRate": 10_000_000, "egressBurst": burst,
+    }}})
+}
+
+#[test]
+fn the_runtimes_burst_passes_the_first_second_at_line_rate_unless_capped() {
+    if !require_root() {
+        return;
+    }
+    let node = Node::new();
+    let gateway: std::net::SocketAddr = "10.98.0.1:5202".parse().unwrap();
+    let rate = 10e6;
+    // What the cni-node conflist chains: 20 ms of the pod's rate.
+    for cap in [
+        None,
+        Some(json!({"maxBurstMs": 20})),
+        Some(json!({"maxBurst": 200_000})),
+    ] {
+        let mut limits = containerd_10m();
+        if let Some(cap) = &cap {
+            for (k, v) in cap.as_object().into_iter().flatten() {
+                limits[k] = v.clone();
+            }
+        }
+        let pod = node.pod("1.0.0");
+        run(
+            None,
+            &node,
+            "ADD",
+            &pod,
+            &bandwidth_conf("1.0.0", &limits, Some(&pod.result)),
+        )
+        .assert_success();
+        let into =
+            tcp_first_second_rate(node.host.path(), pod.netns.path(), pod_address(&pod, 5202));
+        let out_of = tcp_first_second_rate(pod.netns.path(), node.host.path(), gateway);
+        let named = cap.as_ref().map_or("no cap".to_owned(), Value::to_string);
+        for (direction, measured) in [("into", into), ("out of", out_of)] {
+            cni_blackbox::measured::record(
+                &format!(
+                    "bandwidth: first second of TCP {direction} a 10 Mbit/s pod with containerd's burst, {named}"
+                ),
+                measured / 1e6,
+                "Mbit/s",
+            );
+            if cap.is_some() {
+                assert!(
+                    measured <= 1.15 * rate && measured >= 0.5 * rate,
+                    "first second {direction} the pod with {named}: {:.2} Mbit/s, not within +15% of 10",
+                    measured / 1e6
+                );
+            } else {
+                assert!(
+                    measured >= 5.0 * rate,
+                    "first second {direction} the pod without a cap: {:.2} Mbit/s, expected the burst far above 10",
+                    measured / 1e6
+                );
+            }
+        }
+        run(
+            None,
+            &node,
+            "DEL",
+            &pod,
+            &bandwidth_conf("1.0.0", &limits, None),
+        )
+        .assert_success();
+    }
 }

@@ -57,6 +57,7 @@ pub fn settings(options: &Options) -> Settings {
                 .as_ref()
                 .map(|d| d.to_string_lossy().into_owned()),
             portmap: false,
+            bandwidth: false,
             pod_record_dir: options
                 .network_policy
                 .then(|| options.pod_record_dir.to_string_lossy().into_owned()),

@@ -16,7 +16,7 @@ Kubernetes Node objects";
 const LONG_ABOUT: &str = "\
 The cni-plugins-rs node agent. Watches the Kubernetes Node objects and keeps this
 node in step with them: the CNI network config for its pod CIDRs (bridge +
-host-local, portmap when installed, loopback), a route to every other node's pod
+host-local, portmap and bandwidth when installed, loopback), a route to every other node's pod
 CIDR via that node's InternalIP when it is on this node's link, else through a
 VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, and
 a pod MTU that fits the node's uplink and the encapsulation.

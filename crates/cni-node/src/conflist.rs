@@ -19,13 +19,26 @@ pub struct ConflistSettings {
     pub ipam_data_dir: Option<String>,
     /// Whether a `portmap` plugin is installed, so hostPorts work.
     pub portmap: bool,
+    /// Whether a `bandwidth` plugin is installed, so the pod annotations
+    /// `kubernetes.io/ingress-bandwidth` and `egress-bandwidth` are enforced.
+    pub bandwidth: bool,
     /// Where the bridge plugin records each new pod's addresses for NetworkPolicy
     /// (`podRecordDir`), when the agent enforces it.
     pub pod_record_dir: Option<String>,
 }
 
+/// The cap on the burst the runtime passes with the pod annotations (2^32-1 bits from
+/// containerd, which would let a `10M` pod send its first ~500 MB at line rate): what
+/// the pod's own rate sends in 20 ms, at least 4 packets. A fixed number of bits cannot
+/// serve every rate (a burst that keeps a 1 Mbit/s pod's first second within its
+/// limit starves a 1 Gbit/s bucket below what the kernel's timer needs), a time can: 20
+/// ms adds at most 2% to the first second of any rate and is well above the timer's
+/// tick, so fast pods still reach their rate.
+pub const BANDWIDTH_MAX_BURST_MS: u64 = 20;
+
 /// The conflist's bytes: our `bridge` with `host-local` (one range set per pod CIDR,
-/// a default route per family), then `portmap` when installed, then `loopback`.
+/// a default route per family), then `portmap` and `bandwidth` when installed, then
+/// `loopback`.
 ///
 /// `ipMasq` is off: masquerading by the bridge would also NAT pod-to-pod traffic to
 /// other nodes; the agent masquerades only what leaves the cluster.
@@ -66,6 +79,13 @@ pub fn render(pod_cidrs: &[IpNetwork], mtu: u32, settings: &ConflistSettings) ->
         plugins.push(json!({
             "type": "portmap",
             "capabilities": { "portMappings": true },
+        }));
+    }
+    if settings.bandwidth {
+        plugins.push(json!({
+            "type": "bandwidth",
+            "capabilities": { "bandwidth": true },
+            "maxBurstMs": BANDWIDTH_MAX_BURST_MS,
         }));
     }
     plugins.push(json!({ "type": "loopback" }));
@@ -126,6 +146,7 @@ mod tests {
             bridge: "cni0".into(),
             ipam_data_dir: None,
             portmap,
+            bandwidth: portmap,
             pod_record_dir: None,
         }
     }
@@ -153,6 +174,7 @@ mod tests {
                         },
                     },
                     {"type": "portmap", "capabilities": {"portMappings": true}},
+                    {"type": "bandwidth", "capabilities": {"bandwidth": true}, "maxBurstMs": 20},
                     {"type": "loopback"},
                 ],
             })

@@ -84,6 +84,8 @@ pub struct HostState {
     pub default_route_link: Option<(u32, String)>,
     /// Whether a `portmap` plugin is in the CNI bin dir.
     pub portmap_installed: bool,
+    /// Whether a `bandwidth` plugin is in the CNI bin dir.
+    pub bandwidth_installed: bool,
     /// The index of the link holding each address.
     pub address_indexes: BTreeMap<IpAddr, u32>,
     /// The links named like the agent's VXLAN devices, whatever they are, with what
@@ -160,6 +162,7 @@ impl HostReader for Host {
         let mut state =
             read(&self.nl, self.protocol, &self.overlay_names, entries).map_err(Error::ReadHost)?;
         state.portmap_installed = self.bin_dir.join("portmap").is_file();
+        state.bandwidth_installed = self.bin_dir.join("bandwidth").is_file();
         if let Some(dir) = &self.records_dir {
             state.pod_records = pod_records(dir);
         }

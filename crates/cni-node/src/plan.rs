@@ -515,6 +515,7 @@ pub fn desired(snapshot: &Snapshot, host: &HostState, settings: &Settings) -> De
         };
         let conflist = ConflistSettings {
             portmap: host.portmap_installed,
+            bandwidth: host.bandwidth_installed,
             ..settings.conflist.clone()
         };
         NetworkConfig {
@@ -830,6 +831,7 @@ mod tests {
                 bridge: "cni0".into(),
                 ipam_data_dir: None,
                 portmap: false,
+                bandwidth: false,
                 pod_record_dir: None,
             },
             policy_shared_peer_ranges: None,
@@ -844,6 +846,7 @@ mod tests {
                 ("fd00:18::11".parse().unwrap(), 1450, "ul0".into()),
             ],
             portmap_installed: portmap,
+            bandwidth_installed: portmap,
             ..HostState::default()
         }
     }
@@ -863,6 +866,7 @@ mod tests {
         assert_eq!(json["name"], "pods");
         assert_eq!(json["plugins"][0]["mtu"], 1450);
         assert_eq!(json["plugins"][1]["type"], "portmap");
+        assert_eq!(json["plugins"][2]["type"], "bandwidth");
         assert_eq!(d.plan.routes.len(), 4);
 
         // --mtu wins; without portmap installed it is not chained.

@@ -1,7 +1,8 @@
 //! The bandwidth plugin's configuration: the four limits (`ingressRate`,
 //! `ingressBurst`, `egressRate`, `egressBurst`, in bits per second and bits) from the
 //! config itself or from `runtimeConfig.bandwidth`, their validation, and the token
-//! bucket parameters the reference computes from them. Pure: no kernel, no files.
+//! bucket parameters the reference computes from them, and our own caps on the burst
+//! the runtime passes (`maxBurst`, `maxBurstMs`). Pure: no kernel, no files.
 
 use cni_linux::netlink::tc::Tbf;
 use cni_protocol::CniError;
@@ -27,6 +28,46 @@ pub struct Shape {
     pub burst: u64,
 }
 
+/// The smallest `maxBurst`: one 1500-byte packet, less than which a token bucket
+/// never lets a full-size packet through.
+pub const MIN_MAX_BURST: u64 = 1500 * 8;
+
+/// The largest `maxBurstMs`: a minute, far beyond any cap worth having.
+pub const MAX_MAX_BURST_MS: u64 = 60_000;
+
+/// How many packets of the veth's MTU a burst derived from `maxBurstMs` holds at
+/// least, so that a slow pod's bucket still passes back-to-back full-size packets.
+pub const MIN_BURST_PACKETS: u64 = 4;
+
+/// Our caps on the burst that `runtimeConfig.bandwidth` passes (containerd passes
+/// 2^32-1 bits, CRI-O nearly 4 GB, with every annotation). Not the reference's keys.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BurstCap {
+    /// `maxBurst`: at most this many bits.
+    pub bits: Option<u64>,
+    /// `maxBurstMs`: at most what the direction's rate sends in this many
+    /// milliseconds, but never less than [`MIN_BURST_PACKETS`] packets of the MTU.
+    pub millis: Option<u64>,
+}
+
+impl BurstCap {
+    /// The burst `shape` gets on a link of `mtu` bytes: the smaller of its own and
+    /// every cap; a shape under every cap is kept as it is.
+    pub fn apply(&self, shape: Shape, mtu: u32) -> Shape {
+        let mut burst = shape.burst;
+        if let Some(bits) = self.bits {
+            burst = burst.min(bits);
+        }
+        if let Some(ms) = self.millis {
+            let floor = MIN_BURST_PACKETS * u64::from(mtu.max(1500)) * 8;
+            let at_rate =
+                u64::try_from(u128::from(shape.rate) * u128::from(ms) / 1000).unwrap_or(u64::MAX);
+            burst = burst.min(at_rate.max(floor));
+        }
+        Shape { burst, ..shape }
+    }
+}
+
 /// What the plugin is asked to limit; `None` for a direction without a limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -34,6 +75,9 @@ pub struct Limits {
     pub ingress: Option<Shape>,
     /// Traffic out of the pod (redirected to an ifb device with a token bucket).
     pub egress: Option<Shape>,
+    /// The caps still to apply to both shapes (set only when they came from
+    /// `runtimeConfig.bandwidth`), which need the veth's MTU.
+    pub cap: BurstCap,
 }
 
 impl Limits {
@@ -41,6 +85,41 @@ impl Limits {
     pub fn is_empty(&self) -> bool {
         self.ingress.is_none() && self.egress.is_none()
     }
+
+    /// The limits to install on a veth of `mtu` bytes: the caps applied.
+    pub fn for_mtu(&self, mtu: u32) -> Limits {
+        Limits {
+            ingress: self.ingress.map(|s| self.cap.apply(s, mtu)),
+            egress: self.egress.map(|s| self.cap.apply(s, mtu)),
+            cap: BurstCap::default(),
+        }
+    }
+}
+
+/// Reads our `maxBurst` and `maxBurstMs` from the top of the config.
+fn parse_cap(conf: &Value) -> Result<BurstCap, CniError> {
+    let read = |key: &str, min: u64, max: u64, unit: &str| -> Result<Option<u64>, CniError> {
+        match conf.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+                _ => Err(CniError::invalid_config(format!(
+                    "failed to parse network configuration: {key} must be a whole number of \
+                     {unit} from {min} to {max}, not {v}"
+                ))),
+            },
+        }
+    };
+    Ok(BurstCap {
+        // The top is the largest burst the 4 GB rule lets through.
+        bits: read(
+            "maxBurst",
+            MIN_MAX_BURST,
+            u64::from(u32::MAX) * 8 - 1,
+            "bits (one 1500-byte packet to just under 4 GB)",
+        )?,
+        millis: read("maxBurstMs", 1, MAX_MAX_BURST_MS, "milliseconds")?,
+    })
 }
 
 /// One direction's two keys as read, before validation.
@@ -53,7 +132,10 @@ struct Raw {
 /// Reads the limits from the config. The config's own keys win over
 /// `runtimeConfig.bandwidth` as soon as one of them is present (even 0), as in the
 /// reference, where they fill one embedded entry that replaces the runtime's.
+/// `maxBurst` and `maxBurstMs` cap only what the runtime passes: a burst in the
+/// config itself is the operator's own choice for every pod and is used as written.
 pub fn parse(raw: &Value) -> Result<Limits, CniError> {
+    let cap = parse_cap(raw)?;
     let mut conf = raw.clone();
     canonicalize_keys(&mut conf, &["runtimeConfig", "bandwidth"]);
     canonicalize_keys(&mut conf, &LIMIT_KEYS);
@@ -97,6 +179,11 @@ pub fn parse(raw: &Value) -> Result<Limits, CniError> {
     Ok(Limits {
         ingress: validate(ingress, prefix, "ingress")?,
         egress: validate(egress, prefix, "egress")?,
+        cap: if prefix.is_empty() {
+            BurstCap::default()
+        } else {
+            cap
+        },
     })
 }
 
@@ -191,15 +278,15 @@ mod tests {
             limits(conf).unwrap(),
             Limits {
                 ingress: Some(MBIT8),
-                egress: None
+                ..Limits::default()
             }
         );
         let runtime = json!({"runtimeConfig": {"bandwidth": {"egressRate": 8_000_000, "egressBurst": 80_000}}});
         assert_eq!(
             limits(runtime).unwrap(),
             Limits {
-                ingress: None,
-                egress: Some(MBIT8)
+                egress: Some(MBIT8),
+                ..Limits::default()
             }
         );
         // One key of the config, even 0, replaces the whole runtime entry.
@@ -263,6 +350,101 @@ mod tests {
         // Just under 4 GB is fine.
         let max = json!({"ingressRate": 8, "ingressBurst": 34_359_738_359u64});
         assert!(limits(max).is_ok());
+    }
+
+    /// containerd's runtime config for the annotations `10M` both ways.
+    fn containerd_10m(extra: Value) -> Value {
+        let mut conf = json!({"runtimeConfig": {"bandwidth": {
+            "ingressRate": 10_000_000, "ingressBurst": u64::from(u32::MAX),
+            "egressRate": 10_000_000, "egressBurst": u64::from(u32::MAX),
+        }}});
+        if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
+            c.extend(e.clone());
+        }
+        conf
+    }
+
+    fn bursts(conf: Value, mtu: u32) -> (u64, u64) {
+        let l = limits(conf).unwrap().for_mtu(mtu);
+        (l.ingress.unwrap().burst, l.egress.unwrap().burst)
+    }
+
+    #[test]
+    fn without_a_cap_the_runtimes_burst_is_kept() {
+        let huge = u64::from(u32::MAX);
+        assert_eq!(bursts(containerd_10m(json!({})), 1500), (huge, huge));
+    }
+
+    #[test]
+    fn max_burst_caps_the_runtimes_burst() {
+        let conf = containerd_10m(json!({"maxBurst": 200_000}));
+        assert_eq!(bursts(conf, 1500), (200_000, 200_000));
+        // A smaller burst from the runtime stays as it is.
+        let small = json!({"maxBurst": 200_000, "runtimeConfig": {"bandwidth": {"ingressRate": 8_000_000, "ingressBurst": 80_000}}});
+        assert_eq!(limits(small).unwrap().for_mtu(1500).ingress, Some(MBIT8));
+    }
+
+    #[test]
+    fn max_burst_ms_caps_at_the_rate_with_a_floor_of_packets() {
+        // 20 ms of 10 Mbit/s.
+        let conf = containerd_10m(json!({"maxBurstMs": 20}));
+        assert_eq!(bursts(conf.clone(), 1500), (200_000, 200_000));
+        // 20 ms of 1 Mbit/s is under 4 packets: the floor, of the veth's MTU.
+        let slow = json!({"maxBurstMs": 20, "runtimeConfig": {"bandwidth": {"egressRate": 1_000_000, "egressBurst": 4_294_967_295u64}}});
+        let floor = |mtu: u64| MIN_BURST_PACKETS * mtu * 8;
+        assert_eq!(
+            limits(slow.clone())
+                .unwrap()
+                .for_mtu(1500)
+                .egress
+                .unwrap()
+                .burst,
+            floor(1500)
+        );
+        assert_eq!(
+            limits(slow).unwrap().for_mtu(9000).egress.unwrap().burst,
+            floor(9000)
+        );
+        // Both keys: the smaller cap.
+        let both = containerd_10m(json!({"maxBurstMs": 20, "maxBurst": 100_000}));
+        assert_eq!(bursts(both, 1500), (100_000, 100_000));
+        // 40 Gbit/s for a minute does not overflow.
+        let fast = json!({"maxBurstMs": 60_000, "runtimeConfig": {"bandwidth": {"ingressRate": 40_000_000_000u64, "ingressBurst": 80_000}}});
+        assert_eq!(
+            limits(fast).unwrap().for_mtu(1500).ingress.unwrap().burst,
+            80_000
+        );
+    }
+
+    #[test]
+    fn a_burst_in_the_config_itself_is_not_capped() {
+        let conf = json!({"maxBurst": 20_000, "maxBurstMs": 1, "ingressRate": 8_000_000, "ingressBurst": 80_000});
+        assert_eq!(limits(conf).unwrap().for_mtu(1500).ingress, Some(MBIT8));
+    }
+
+    #[test]
+    fn bad_caps_are_refused_naming_the_key() {
+        let bits = "failed to parse network configuration: maxBurst must be a whole number of bits (one 1500-byte packet to just under 4 GB) from 12000 to 34359738359, not";
+        let ms = "failed to parse network configuration: maxBurstMs must be a whole number of milliseconds from 1 to 60000, not";
+        let cases = [
+            (json!({"maxBurst": -1}), format!("{bits} -1")),
+            (json!({"maxBurst": "1M"}), format!("{bits} \"1M\"")),
+            (json!({"maxBurst": 1.5}), format!("{bits} 1.5")),
+            (json!({"maxBurst": 11_999}), format!("{bits} 11999")),
+            (
+                json!({"maxBurst": 34_359_738_360u64}),
+                format!("{bits} 34359738360"),
+            ),
+            (json!({"maxBurstMs": 0}), format!("{ms} 0")),
+            (json!({"maxBurstMs": 60_001}), format!("{ms} 60001")),
+            (json!({"maxBurstMs": true}), format!("{ms} true")),
+        ];
+        for (conf, want) in cases {
+            // Refused with or without limits, so a mistake shows on the first ADD.
+            assert_eq!(limits(conf.clone()).unwrap_err(), want, "{conf}");
+        }
+        assert!(limits(json!({"maxBurst": 12_000, "maxBurstMs": 60_000})).is_ok());
+        assert!(limits(json!({"maxBurst": 34_359_738_359u64})).is_ok());
     }
 
     #[test]

@@ -88,6 +88,7 @@ impl Plugin for Bandwidth {
         let ticks = ticks_per_usec()?;
         let host = Netlink::connect().map_err(|e| linux(&e))?;
         let veth = host_interface(req, &result, &host)?;
+        let limits = limits.for_mtu(veth.mtu);
         hit("bandwidth/found-veth")?;
         // All or nothing: until disarmed, the guard removes what this ADD made.
         let mut undo = Undo {
@@ -147,6 +148,7 @@ impl Plugin for Bandwidth {
         let ticks = ticks_per_usec()?;
         let host = Netlink::connect().map_err(|e| linux(&e))?;
         let veth = host_interface(req, &prev, &host)?;
+        let limits = limits.for_mtu(veth.mtu);
         if let Some(shape) = limits.ingress {
             let want = config::token_bucket(shape, ticks);
             check_tbf(&host, &veth, &want)?;

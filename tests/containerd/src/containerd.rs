@@ -173,7 +173,7 @@ impl Containerd {
         fs::read_to_string(self.path("containerd.log")).unwrap_or_default()
     }
 
-    /// The plugins containerd may run: our four as shipped, one copy of the multi-call
+    /// The plugins containerd may run: our five as shipped, one copy of the multi-call
     /// binary hard-linked under each name (so the bridge runs host-local in-process).
     /// `bin_dir` must hold `loopback` even though the conflist's own loopback entry is
     /// optional, because containerd sets up each pod's `lo` with it too.
@@ -181,7 +181,7 @@ impl Containerd {
         let first = self.path("bin").join("bridge");
         let from = bin_dir().join("bridge");
         fs::copy(&from, &first).unwrap_or_else(|e| panic!("copy {}: {e}", from.display()));
-        for plugin in ["host-local", "loopback", "portmap"] {
+        for plugin in ["host-local", "loopback", "portmap", "bandwidth"] {
             fs::hard_link(&first, self.path("bin").join(plugin))
                 .unwrap_or_else(|e| panic!("link {plugin} to {}: {e}", first.display()));
         }

@@ -183,6 +183,19 @@ impl Cri {
         cgroup_parent: &str,
         ports: &[HostPort],
     ) -> Result<String, String> {
+        self.run_annotated_pod_sandbox(pod, cgroup_parent, ports, &[])
+    }
+
+    /// [`Cri::run_pod_sandbox`] with the Pod's `annotations` on the sandbox config, as
+    /// kubelet copies them (containerd reads `kubernetes.io/ingress-bandwidth` and
+    /// `kubernetes.io/egress-bandwidth` there for the `bandwidth` capability).
+    pub fn run_annotated_pod_sandbox(
+        &self,
+        pod: &PodMeta<'_>,
+        cgroup_parent: &str,
+        ports: &[HostPort],
+        annotations: &[(&str, &str)],
+    ) -> Result<String, String> {
         let mut client = self.client.clone();
         let config = PodSandboxConfig {
             metadata: Some(PodSandboxMetadata {
@@ -203,6 +216,10 @@ impl Cri {
                 .collect(),
             labels: pod
                 .labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect::<HashMap<_, _>>(),
+            annotations: annotations
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect::<HashMap<_, _>>(),
