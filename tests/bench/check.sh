@@ -52,6 +52,7 @@ export BENCH_OURS_DIR
 benches=(
     tests/bench/run.sh
     tests/bench/portmap.sh
+    tests/bench/bandwidth.sh
     tests/bench/host-local.sh
     tests/bench/cluster.sh
     tests/bench/network-policy.sh
