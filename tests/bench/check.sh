@@ -53,6 +53,7 @@ benches=(
     tests/bench/run.sh
     tests/bench/soak.sh
     tests/bench/portmap.sh
+    tests/bench/bandwidth.sh
     tests/bench/host-local.sh
     tests/bench/cluster.sh
     tests/bench/network-policy.sh

@@ -352,6 +352,23 @@ def portmap_readme(run):
             f"{run.fig('nftables_add_ms'):.1f} ms on nftables")
 
 
+# --- bandwidth (tests/bench/bandwidth.sh) ----------------------------------------------
+
+
+def bandwidth_table(run):
+    rows = {(r["op"], r["suite"]): r for r in run.csv("summary.csv")}
+    out = []
+    for op, label in (("ADD", "ADD"), ("DEL", "DEL"), ("ping", "ping under load")):
+        o, r = rows.get((op, "ours")), rows.get((op, "ref"))
+        if not (o and r):
+            continue
+        ratio = f"{float(o['p50_ms']) / float(r['p50_ms']):.2f}"
+        ratio99 = f"{float(o['p99_ms']) / float(r['p99_ms']):.2f}"
+        out.append((label, f"{num(o['p50_ms'])} / {num(o['p99_ms'])}",
+                    f"{num(r['p50_ms'])} / {num(r['p99_ms'])}", ratio, ratio99))
+    return table(["", "ours", "reference", "#ours / ref p50", "#ours / ref p99"], out)
+
+
 # --- host-local (tests/bench/host-local.sh) --------------------------------------------
 
 
@@ -582,6 +599,7 @@ GENERATORS = {
     "plugins.size-bytes": plugins_size_bytes,
     "portmap.table": portmap_table,
     "portmap.readme": portmap_readme,
+    "bandwidth.table": bandwidth_table,
     "host_local.table": host_local_table,
     "cluster.table": cluster_table,
     "cluster.vxlan": cluster_vxlan,
