@@ -487,7 +487,7 @@ fn io_outcome(e: &std::io::Error) -> Outcome {
 pub const SEQUENCE_INTERVAL: Duration = Duration::from_millis(10);
 
 /// How long [`Sequence::finish`] waits for the echoes of the last datagrams.
-const SEQUENCE_DRAIN: Duration = Duration::from_millis(500);
+pub const SEQUENCE_DRAIN: Duration = Duration::from_millis(500);
 
 /// A UDP flow that does not rely on retransmission to hide a drop: a numbered datagram
 /// every [`SEQUENCE_INTERVAL`] from a namespace to a [`Servers`] port, which echoes it;
