@@ -379,6 +379,56 @@ mod tests {
 
     /// The loop with fakes: waits for a complete list, reports a failing step, retries
     /// it without a resync tick, and becomes ready once the step can succeed.
+    /// The reconcile loop on its own thread, as the agent runs it, with a resync far away
+    /// (whatever a test sees is the wake or the retry), and what a test drives it with.
+    struct Running {
+        stores: Arc<Stores>,
+        wake: Arc<Wake>,
+        health: Arc<Health>,
+        metrics: Arc<Metrics>,
+        thread: std::thread::JoinHandle<()>,
+    }
+
+    fn run_loop(reconciler: Reconciler, stores: Stores) -> Running {
+        let stores = Arc::new(stores);
+        let wake = Arc::new(Wake::default());
+        let health = Health::new(Duration::from_secs(60));
+        let metrics = Arc::new(Metrics::new());
+        let thread = {
+            let (stores, wake, health, metrics) = (
+                Arc::clone(&stores),
+                Arc::clone(&wake),
+                Arc::clone(&health),
+                Arc::clone(&metrics),
+            );
+            std::thread::spawn(move || {
+                reconcile_loop(
+                    reconciler,
+                    &stores,
+                    &wake,
+                    &health,
+                    &metrics,
+                    Duration::from_secs(3600),
+                );
+            })
+        };
+        Running {
+            stores,
+            wake,
+            health,
+            metrics,
+            thread,
+        }
+    }
+
+    /// The Nodes store complete with one node, `n1`.
+    fn list_one_node(stores: &Stores) {
+        let mut nodes = stores.nodes.lock().unwrap();
+        nodes.apply(Event::Init);
+        nodes.apply(Event::InitApply(node_event("n1", "10.244.1.0/24")));
+        nodes.apply(Event::InitDone);
+    }
+
     #[test]
     fn the_loop_waits_for_a_list_retries_failures_and_then_is_ready() {
         let refuse = Arc::new(Mutex::new(true));
@@ -400,40 +450,19 @@ mod tests {
                 policy: None,
             },
         );
-        let stores = Arc::new(Stores::default());
-        let wake = Arc::new(Wake::default());
-        let health = Health::new(Duration::from_secs(60));
-        let metrics = Arc::new(Metrics::new());
-        let thread = {
-            let (stores, wake, health, metrics) = (
-                Arc::clone(&stores),
-                Arc::clone(&wake),
-                Arc::clone(&health),
-                Arc::clone(&metrics),
-            );
-            std::thread::spawn(move || {
-                // A resync far away: whatever happens below is the wake or the retry.
-                reconcile_loop(
-                    reconciler,
-                    &stores,
-                    &wake,
-                    &health,
-                    &metrics,
-                    Duration::from_secs(3600),
-                );
-            })
-        };
+        let Running {
+            stores,
+            wake,
+            health,
+            metrics,
+            thread,
+        } = run_loop(reconciler, Stores::default());
         // A change before any complete list does nothing.
         wake.notify();
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(health.readiness(), Readiness::WaitingForList);
 
-        {
-            let mut nodes = stores.nodes.lock().unwrap();
-            nodes.apply(Event::Init);
-            nodes.apply(Event::InitApply(node_event("n1", "10.244.1.0/24")));
-            nodes.apply(Event::InitDone);
-        }
+        list_one_node(&stores);
         wake.notify();
         let failing = wait_for(&health, |r| matches!(r, Readiness::NotReady(_)));
         let Readiness::NotReady(failures) = failing else {
@@ -505,37 +534,20 @@ mod tests {
                 policy: Some(Box::new(Tables(Arc::clone(&applied)))),
             },
         );
-        let stores = Arc::new(Stores {
-            policy: PolicyStores::enforcing(true),
-            ..Stores::default()
-        });
-        let wake = Arc::new(Wake::default());
-        let health = Health::new(Duration::from_secs(60));
-        let metrics = Arc::new(Metrics::new());
-        let thread = {
-            let (stores, wake, health, metrics) = (
-                Arc::clone(&stores),
-                Arc::clone(&wake),
-                Arc::clone(&health),
-                Arc::clone(&metrics),
-            );
-            std::thread::spawn(move || {
-                reconcile_loop(
-                    reconciler,
-                    &stores,
-                    &wake,
-                    &health,
-                    &metrics,
-                    Duration::from_secs(3600),
-                );
-            })
-        };
-        {
-            let mut nodes = stores.nodes.lock().unwrap();
-            nodes.apply(Event::Init);
-            nodes.apply(Event::InitApply(node_event("n1", "10.244.1.0/24")));
-            nodes.apply(Event::InitDone);
-        }
+        let Running {
+            stores,
+            wake,
+            health,
+            thread,
+            ..
+        } = run_loop(
+            reconciler,
+            Stores {
+                policy: PolicyStores::enforcing(true),
+                ..Stores::default()
+            },
+        );
+        list_one_node(&stores);
         // Pods and Namespaces are listed; NetworkPolicies never are.
         complete(&stores.policy.pods);
         complete(&stores.policy.namespaces);
