@@ -17,41 +17,6 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-
-[[ $(id -u) -eq 0 ]] || { echo "error: run as root (network namespaces)" >&2; exit 1; }
-REFERENCE_DIR=${REFERENCE_DIR:-/usr/lib/cni}
-[[ -x $REFERENCE_DIR/bandwidth ]] || {
-    echo "error: no reference bandwidth in $REFERENCE_DIR (apt-get install containernetworking-plugins)" >&2
-    exit 1
-}
-if [[ -z ${BENCH_OURS_DIR:-} ]]; then
-    if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
-        # shellcheck source=/dev/null
-        . "${HOME:-/root}/.cargo/env"
-    fi
-    echo "==> cargo build --release (static, as deploy/release.sh ships it)" >&2
-    BENCH_OURS_DIR=$(tests/plugin-dir.sh static)
-fi
-export BENCH_TAG=${BENCH_TAG:-cw$$}
-cleanup() {
-    for ns in $(ip netns list | awk '{print $1}' | grep "^${BENCH_TAG}-" || true); do
-        ip netns delete "$ns" 2>/dev/null || true
-    done
-}
-trap cleanup EXIT
-
-out=${BENCH_OUT:-target/bench}
-smoke=()
-if [[ -n ${BENCH_SMOKE:-} && ${BENCH_SMOKE} != 0 || -n ${BENCH_QUICK:-} && ${BENCH_QUICK} != 0 ]]; then
-    export BENCH_SMOKE=1
-    smoke=(--smoke)
-fi
-status=0
-/usr/bin/python3 tests/bench/bandwidth.py --ours "$BENCH_OURS_DIR" --ref "$REFERENCE_DIR" \
-    --out "$out" "${smoke[@]}" || status=$?
-if [[ ${BENCH_JUDGE:-1} == 0 ]]; then
-    echo "bandwidth: not judged (BENCH_JUDGE=0)" >&2
-else
-    BENCH_OUT=$out /usr/bin/python3 tests/bench/judge.py bandwidth || status=1
-fi
-exit "$status"
+# shellcheck source=tests/bench/chained-plugin.sh
+. tests/bench/chained-plugin.sh
+chained_plugin_bench bandwidth cw tests/bench/bandwidth.py
