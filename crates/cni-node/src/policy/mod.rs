@@ -10,6 +10,9 @@
 //! API serves it): the objects ([`cluster_objects`]) and the tiers' meaning
 //! ([`cluster_model`]), and what a datapath would load per tier ([`cluster_compile`]). It is watched, not yet enforced: the Admin and Baseline tiers
 //! stay off until a datapath consumes them.
+//!
+//! What each verdict of the kernel's table is accounted to ([`verdicts`]): the names of
+//! the chains that count and log verdicts, read by `/metrics` and the deny log.
 
 pub mod cluster_compile;
 pub mod cluster_model;
@@ -23,6 +26,7 @@ pub mod network_policy;
 pub mod objects;
 pub mod pipeline;
 pub mod selector;
+pub mod verdicts;
 
 use serde_json::Value;
 

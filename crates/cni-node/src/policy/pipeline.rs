@@ -23,7 +23,7 @@ use super::objects::{SlimNamespace, SlimPod};
 use crate::store::{Items, Store, snapshot_of};
 
 /// The tiers, in the order a packet meets them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tier {
     /// ClusterNetworkPolicy's Admin tier: before NetworkPolicy, and may decide for it.
     Admin,
