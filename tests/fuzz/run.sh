@@ -20,7 +20,7 @@ cd "$here"
 
 seconds=${FUZZ_SECONDS:-25}
 jobs=${FUZZ_JOBS:-$(nproc)}
-all_targets=(netconf result host_local bridge_config netlink nftables cnitool_cache)
+all_targets=(netconf result host_local bridge_config bandwidth_config netlink nftables cnitool_cache)
 if (($#)); then targets=("$@"); else targets=("${all_targets[@]}"); fi
 for t in "${targets[@]}"; do
     [[ -d seeds/$t ]] || { echo "error: no target $t (no seeds/$t)" >&2; exit 2; }

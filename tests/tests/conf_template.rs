@@ -1,8 +1,9 @@
 //! The containerd `conf_template` we ship (`deploy/kubernetes/containerd-cni.conflist.tmpl`),
 //! rendered as containerd renders it (Go's text/template with `PodCIDR`, `PodCIDRRanges`,
 //! `Routes`; the renderer is `tests/interop/conf-template`), makes a pod the way
-//! containerd's libcni runs the list: our `bridge` (with `host-local`), then `loopback`
-//! with the bridge's result, in throwaway host and pod namespaces. Single- and dual-stack
+//! containerd's libcni runs the list: our `bridge` (with `host-local`), then `portmap`,
+//! `bandwidth` and `loopback` with the bridge's result, in throwaway host and pod
+//! namespaces. Single- and dual-stack
 //! nodes. The rendered `dataDir` is pointed at a temp dir (the template leaves the
 //! default, /var/lib/cni/networks, which belongs to the machine).
 
@@ -81,7 +82,12 @@ fn rendered_template_has_our_plugins_and_every_pod_cidr() {
         .iter()
         .filter_map(|p| p["type"].as_str())
         .collect();
-    assert_eq!(types, ["bridge", "portmap", "loopback"]);
+    assert_eq!(types, ["bridge", "portmap", "bandwidth", "loopback"]);
+    // The pod annotations reach the plugin, and containerd's 2^32-1 bit burst is capped
+    // to what the rate sends in 20 ms, as cni-node's own conflist does.
+    let bandwidth = &dual["plugins"][2];
+    assert_eq!(bandwidth["capabilities"], json!({"bandwidth": true}));
+    assert_eq!(bandwidth["maxBurstMs"], json!(20));
     let ipam = &dual["plugins"][0]["ipam"];
     assert_eq!(ipam["type"], "host-local");
     assert_eq!(
@@ -153,7 +159,62 @@ fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
         result,
         "portmap passes the bridge's result on"
     );
-    let loopback_conf = plugin_conf(2, Some(&result));
+    // bandwidth with the pod annotations, as containerd passes them: its burst of
+    // 2^32-1 bits is capped by the template's `maxBurstMs`.
+    let mut bandwidth_conf = plugin_conf(2, Some(&result));
+    bandwidth_conf["runtimeConfig"] = json!({"bandwidth": {
+        "ingressRate": 10_000_000u64, "ingressBurst": 4_294_967_295u64,
+        "egressRate": 10_000_000u64, "egressBurst": 4_294_967_295u64,
+    }});
+    let shaped = Plugin::new("bandwidth", &host)
+        .command("ADD")
+        .attachment(&id, &pod, "eth0")
+        .config(&bandwidth_conf)
+        .run();
+    shaped.assert_success();
+    // As the reference does, bandwidth adds its ifb device to the result; the rest of
+    // the list, and DEL, get the result with it.
+    let bridge_result = result;
+    let result = shaped.json();
+    let mut without_ifb = result.clone();
+    let ifb = without_ifb["interfaces"]
+        .as_array_mut()
+        .and_then(|interfaces| interfaces.pop())
+        .expect("an interface added by bandwidth");
+    assert!(
+        ifb["name"].as_str().is_some_and(|n| n.starts_with("bwp")),
+        "bandwidth's last interface is not its ifb device: {ifb}"
+    );
+    assert_eq!(
+        without_ifb, bridge_result,
+        "bandwidth passes the bridge's result on"
+    );
+    let host_veth = result["interfaces"][1]["name"]
+        .as_str()
+        .expect("the host veth in the result")
+        .to_owned();
+    let qdiscs = String::from_utf8_lossy(
+        &host
+            .exec(&["tc", "qdisc", "show", "dev", &host_veth])
+            .stdout,
+    )
+    .into_owned();
+    // 10 Mbit/s for 20 ms is 25 kB; the reference would keep containerd's 512 MB.
+    assert!(
+        qdiscs.contains("qdisc tbf") && qdiscs.contains("burst 25000b"),
+        "no 10 Mbit/s bucket with a 20 ms burst on {host_veth}:\n{qdiscs}"
+    );
+    let ifbs = || {
+        kernel::links(&host)
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
+            .filter(|n| n.starts_with("bwp"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ifbs().len(), 1, "one ifb device for the pod's egress");
+    let loopback_conf = plugin_conf(3, Some(&result));
     let chained = Plugin::new("loopback", &host)
         .command("ADD")
         .attachment(&id, &pod, "eth0")
@@ -200,6 +261,7 @@ fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
     // containerd deletes in reverse order, with the cached result.
     for (name, conf) in [
         ("loopback", &loopback_conf),
+        ("bandwidth", &bandwidth_conf),
         ("portmap", &portmap_conf),
         ("bridge", &plugin_conf(0, Some(&result))),
     ] {
@@ -211,6 +273,11 @@ fn rendered_template_makes_a_dual_stack_pod_with_our_plugins() {
             .assert_success_silent();
     }
     assert!(kernel::link(&pod, "eth0").is_none(), "eth0 left after DEL");
+    assert!(
+        ifbs().is_empty(),
+        "ifb devices left after DEL: {:?}",
+        ifbs()
+    );
     assert_eq!(
         cni_blackbox::ipam::reservations(&data.path().join("k8s-pod-network")).len(),
         0,

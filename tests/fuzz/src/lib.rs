@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use cni_bandwidth::config::{self as bandwidth, Shape};
 use cni_bridge::config::BridgeConf;
 use cni_host_local::config::IpamConfig;
 use cni_host_local::range::to_u128;
@@ -25,11 +26,12 @@ use cnitool::cache::{Entry, cached_result, file_path, listed_entry};
 pub type Target = fn(&[u8]);
 
 /// Every target, by the name of its binary and seed directory.
-pub const TARGETS: [(&str, Target); 7] = [
+pub const TARGETS: [(&str, Target); 8] = [
     ("netconf", netconf),
     ("result", result),
     ("host_local", host_local),
     ("bridge_config", bridge_config),
+    ("bandwidth_config", bandwidth_config),
     ("netlink", netlink),
     ("nftables", nftables),
     ("cnitool_cache", cnitool_cache),
@@ -172,6 +174,50 @@ pub fn bridge_config(data: &[u8]) {
     if let Ok(c) = BridgeConf::load(&req) {
         assert!(c.vlan <= 4094);
         assert!(!(c.hairpin_mode && c.promisc_mode));
+    }
+}
+
+/// The bandwidth plugin's limits from any config: `config::parse` turns every input
+/// into limits or an error naming a key; accepted limits are within the reference's
+/// rules (a rate and a burst of at least 8, a burst under 4 GB unless it came from the
+/// runtime and was capped), the caps only ever lower a burst, and the token bucket of
+/// any accepted shape, on any MTU and scheduler clock, is computed without a panic.
+pub fn bandwidth_config(data: &[u8]) {
+    let Ok(raw) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let Ok(limits) = bandwidth::parse(&raw) else {
+        return;
+    };
+    // The MTUs and clocks a real node has: the kernel's 1 GHz and the older 64 ns tick.
+    for mtu in [0, 68, 1500, 9000, u32::MAX] {
+        let capped = limits.for_mtu(mtu);
+        for (before, after) in [
+            (limits.ingress, capped.ingress),
+            (limits.egress, capped.egress),
+        ] {
+            assert_eq!(before.is_some(), after.is_some(), "a cap removed a limit");
+            if let (Some(before), Some(after)) = (before, after) {
+                assert_eq!(before.rate, after.rate, "a cap changed a rate");
+                assert!(after.burst <= before.burst, "a cap raised a burst");
+                check_shape(before);
+                check_shape(after);
+            }
+        }
+    }
+}
+
+/// What an accepted shape satisfies, and its token bucket computed on both clocks.
+fn check_shape(shape: Shape) {
+    assert!(shape.rate >= 8, "rate {} accepted", shape.rate);
+    assert!(shape.burst >= 8, "burst {} accepted", shape.burst);
+    assert!(
+        shape.burst / 8 < u64::from(u32::MAX),
+        "burst {} accepted",
+        shape.burst
+    );
+    for ticks_per_usec in [1.0, 15.625, 1000.0] {
+        let _ = bandwidth::token_bucket(shape, ticks_per_usec);
     }
 }
 
