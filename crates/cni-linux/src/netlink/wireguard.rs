@@ -15,8 +15,8 @@
 //! A change larger than one request is cut as wireguard-tools cuts it, with one
 //! difference that keeps replacements whole: a peer that does not fit in what is left
 //! of a request starts the next one, and only a peer whose allowed IPs alone exceed a
-//! request (over 2,000 prefixes) is cut, its later parts adding (with
-//! `WGPEER_F_UPDATE_ONLY`) to what the first part replaced.
+//! request (about 1,600 IPv6 or 2,300 IPv4 prefixes) is cut, its later parts adding
+//! (with `WGPEER_F_UPDATE_ONLY`) to what the first part replaced.
 //!
 //! A device's number and name are per network namespace: a [`Wireguard`] handle talks
 //! to the namespace its socket was opened in ([`Wireguard::open_in`]).
@@ -266,7 +266,7 @@ impl Wireguard {
     }
 
     /// [`Wireguard::set_peer`] for many peers, in as few requests as they fit in (about
-    /// 800 peers with one IPv4 and one IPv6 prefix each per request).
+    /// 400 peers with an endpoint and one IPv4 and one IPv6 prefix each per request).
     pub fn set_peers(&mut self, ifname: &str, peers: &[WgPeerConfig]) -> Result<()> {
         let changes: Vec<PeerChange<'_>> = peers.iter().map(PeerChange::Set).collect();
         self.set(ifname, None, &changes, || {
