@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use ipnetwork::IpNetwork;
 
 use crate::egress::{self, EgressRules};
+use crate::encryption::step::{EncryptionCounts, EncryptionEffects, Step as EncryptionStep};
 use crate::error::{Error, chain};
 use crate::host::{DeviceEntries, EntriesWatch, HostReader, HostState};
 use crate::node::NodeInfo;
@@ -78,6 +79,9 @@ pub struct Effects {
     pub egress: Option<Box<dyn EgressRules>>,
     /// The policy tables, unless no policy kind is enforced.
     pub policy: Option<Box<dyn PolicyDatapath>>,
+    /// WireGuard, the annotation and the strict table; `None`: no encryption step at
+    /// all (the tests of other steps).
+    pub encryption: Option<EncryptionEffects>,
 }
 
 impl std::fmt::Debug for Effects {
@@ -86,6 +90,7 @@ impl std::fmt::Debug for Effects {
             .field("config", &self.config.path())
             .field("egress", &self.egress.as_ref().map(|e| e.name()))
             .field("policy", &self.policy.is_some())
+            .field("encryption", &self.encryption)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +112,10 @@ pub struct Outcome {
     pub waiting: Vec<(&'static str, String)>,
     /// What the NetworkPolicy table holds.
     pub policy: PolicyCounts,
+    /// Routes through the WireGuard device, IPv4 and IPv6.
+    pub encrypted: (usize, usize),
+    /// What the encryption step counted.
+    pub encryption: EncryptionCounts,
 }
 
 impl Outcome {
@@ -186,11 +195,21 @@ pub struct Reconciler {
     entries: Option<BTreeMap<u32, DeviceEntries>>,
     /// Told by the host's notifications that an entry of the devices was deleted.
     entries_watch: Option<Arc<EntriesWatch>>,
+    /// The encryption step.
+    encryption: Option<EncryptionStep>,
 }
 
 impl Reconciler {
     /// A reconciler that has done nothing yet.
-    pub fn new(settings: Settings, protocol: u8, effects: Effects) -> Self {
+    pub fn new(settings: Settings, protocol: u8, mut effects: Effects) -> Self {
+        let encryption = effects.encryption.take().map(|e| {
+            EncryptionStep::new(
+                settings.plan.encryption.clone(),
+                settings.encryption_device.clone(),
+                settings.plan.node_name.clone(),
+                e,
+            )
+        });
         Self {
             settings,
             protocol,
@@ -198,6 +217,7 @@ impl Reconciler {
             reported: Reported::default(),
             entries: None,
             entries_watch: None,
+            encryption,
         }
     }
 
@@ -216,7 +236,7 @@ impl Reconciler {
         let mut phases = Phases::start();
         let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
         let read_entries = resync || lost || self.entries.is_none();
-        let host = match self.effects.host.read(read_entries) {
+        let mut host = match self.effects.host.read(read_entries) {
             Ok(mut host) => {
                 self.known_entries(&mut host, read_entries);
                 if let Some(watch) = &self.entries_watch {
@@ -231,6 +251,10 @@ impl Reconciler {
             }
         };
         phases.lap("host");
+        if let Some(step) = &mut self.encryption {
+            step.before_plan(snapshot, &mut host, resync, &mut outcome.failures);
+            phases.lap("encryption");
+        }
         let mut desired = plan::desired(snapshot, &host, &self.settings);
         self.report_skipped(&desired, nodes);
         outcome.skipped = desired.plan.skipped.len();
@@ -256,6 +280,9 @@ impl Reconciler {
             .extend(devices.failed.into_iter().map(|e| ("overlay", e)));
         phases.lap("overlay");
 
+        if let Some(step) = &mut self.encryption {
+            step.write_peers(&desired.plan, &mut outcome.failures);
+        }
         let mut changes = routes::reconcile(
             self.effects.routes.as_ref(),
             &host,
@@ -266,6 +293,7 @@ impl Reconciler {
         self.report_routes(&changes);
         outcome.routes = routes_after(&host, &changes, self.protocol);
         outcome.tunnels = changes.tunnels;
+        outcome.encrypted = changes.encrypted;
         self.entries = changes.entries_after.take();
         for failure in changes.failed {
             let step = if matches!(failure, Error::VxlanEntry(_)) {
@@ -282,6 +310,16 @@ impl Reconciler {
             outcome
                 .failures
                 .extend(removed.failed.into_iter().map(|e| ("overlay", e)));
+        }
+        if let Some(step) = &mut self.encryption {
+            outcome.encryption = step.after_routes(
+                &desired.plan,
+                &host,
+                resync,
+                self.effects.devices.as_ref(),
+                &mut outcome.failures,
+            );
+            phases.lap("encryption peers");
         }
 
         if let Some(rules) = &self.effects.egress {
@@ -700,6 +738,7 @@ mod tests {
             devices: Box::new(NoDevices),
             egress: Some(Box::new(FakeEgress(Arc::clone(&log)))),
             policy: None,
+            encryption: None,
         };
         let settings = Settings {
             plan: PlanSettings {
@@ -713,6 +752,7 @@ mod tests {
                 ..ConflistSettings::default()
             },
             policy_shared_peer_ranges: None,
+            encryption_device: String::new(),
         };
         Fixture {
             log,
@@ -731,6 +771,7 @@ mod tests {
                 pod_cidrs: vec![cidr.parse().unwrap()],
                 internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
                 problems: Vec::new(),
+                wireguard_key: None,
             },
         )
     }
