@@ -811,6 +811,7 @@ mod tests {
                     gw: Some("198.18.0.1".parse().unwrap()),
                 },
             ],
+            wireguard: None,
         }
     }
 
@@ -1237,5 +1238,222 @@ mod tests {
         assert!(!d.policy.any_ready());
         assert!(d.config.is_some());
         assert_eq!(d.plan.routes.len(), 4);
+    }
+
+    fn key(n: u8) -> Key {
+        Key([n; 32])
+    }
+
+    fn keyed(mut node: NodeInfo, n: u8) -> NodeInfo {
+        node.wireguard_key = Some(Ok(key(n)));
+        node
+    }
+
+    fn encryption_on(strict: bool) -> PlanSettings {
+        PlanSettings {
+            encryption: Some(EncryptionSettings {
+                strict,
+                ..EncryptionSettings::default()
+            }),
+            ..overlay_on()
+        }
+    }
+
+    /// This node with its device ready (index 9) and its key published or not.
+    fn wg_host(own: &[&str], published: bool) -> HostView {
+        HostView {
+            wireguard: Some(crate::encryption::LocalEncryption {
+                index: 9,
+                public_key: key(1),
+                port: 51830,
+                published,
+            }),
+            ..host(own)
+        }
+    }
+
+    fn encrypted(device: u32, endpoint: &str) -> NextHop {
+        NextHop::Encrypted(Encrypted {
+            device,
+            endpoint: endpoint.parse().unwrap(),
+        })
+    }
+
+    #[test]
+    fn nodes_that_publish_a_key_are_peers_whose_pod_cidrs_go_through_the_device() {
+        // n2 publishes a key, n3 does not; n4 is behind a router (VXLAN without
+        // encryption) and publishes one.
+        let mut nodes = three();
+        nodes[0] = keyed(nodes[0].clone(), 1);
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        nodes.push(keyed(node("n4", &["10.244.4.0/24"], &["203.0.113.4"]), 4));
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], true),
+            &encryption_on(false),
+        );
+        // n2: both families through the device, one peer with both CIDRs, endpoint its
+        // IPv4 InternalIP (this node's underlay is IPv4).
+        assert_eq!(
+            p.routes[&"10.244.2.0/24".parse().unwrap()],
+            encrypted(9, "198.18.0.12")
+        );
+        assert_eq!(
+            p.routes[&"fd00:244:0:2::/64".parse().unwrap()],
+            encrypted(9, "198.18.0.12")
+        );
+        let peer = &p.peers[&key(2)];
+        assert_eq!(peer.node, "n2");
+        assert_eq!(peer.endpoint, "198.18.0.12:51830".parse().unwrap());
+        assert_eq!(
+            peer.allowed_ips,
+            vec![
+                "10.244.2.0/24".parse::<IpNetwork>().unwrap(),
+                "fd00:244:0:2::/64".parse().unwrap()
+            ]
+        );
+        // n4 behind a gateway is encrypted too, not encapsulated in VXLAN.
+        assert_eq!(
+            p.routes[&"10.244.4.0/24".parse().unwrap()],
+            encrypted(9, "203.0.113.4")
+        );
+        // n3 without a key: as before, in clear, and said so.
+        assert_eq!(route(&p, "10.244.3.0/24").as_deref(), Some("198.18.0.13"));
+        assert!(
+            p.clear["n3"].contains("publishes no WireGuard key"),
+            "{:?}",
+            p.clear
+        );
+        assert_eq!(p.peers.len(), 2);
+        assert_eq!(p.keyed.len(), 3, "n2's two CIDRs and n4's: {:?}", p.keyed);
+        assert_eq!(p.remote.len(), 5);
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    }
+
+    #[test]
+    fn until_this_nodes_key_is_published_peers_are_set_but_routes_stay_clear() {
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], false),
+            &encryption_on(false),
+        );
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+        assert!(p.peers.contains_key(&key(2)), "{:?}", p.peers);
+        assert!(p.clear["n2"].contains("not on its Node object yet"));
+        // Without a device at all (no WireGuard in this kernel): no peers, clear.
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let p = plan(
+            &map(nodes),
+            &host(&["198.18.0.11", "fd00:18::11"]),
+            &encryption_on(true),
+        );
+        assert!(p.peers.is_empty());
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+        assert!(
+            p.clear["n2"].contains("device is not ready"),
+            "{:?}",
+            p.clear
+        );
+        // Strict mode still knows n2 publishes a key: its traffic must come encrypted.
+        assert_eq!(p.keyed.len(), 2);
+    }
+
+    #[test]
+    fn a_changed_key_changes_the_peer_and_a_removed_node_leaves_the_peers() {
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        nodes[2] = keyed(nodes[2].clone(), 3);
+        let h = wg_host(&["198.18.0.11", "fd00:18::11"], true);
+        let before = plan(&map(nodes.clone()), &h, &encryption_on(false));
+        nodes[1] = keyed(nodes[1].clone(), 7);
+        let after = plan(&map(nodes.clone()), &h, &encryption_on(false));
+        assert!(!after.peers.contains_key(&key(2)));
+        assert_eq!(
+            after.peers[&key(7)].allowed_ips,
+            before.peers[&key(2)].allowed_ips
+        );
+        assert_eq!(after.peers[&key(3)], before.peers[&key(3)], "n3 untouched");
+        // Renumbered: the endpoint moves.
+        nodes[1].internal_ips[0] = "198.18.0.42".parse().unwrap();
+        let moved = plan(&map(nodes.clone()), &h, &encryption_on(false));
+        assert_eq!(
+            moved.peers[&key(7)].endpoint,
+            "198.18.0.42:51830".parse().unwrap()
+        );
+        nodes.remove(1);
+        let gone = plan(&map(nodes), &h, &encryption_on(false));
+        assert_eq!(gone.peers.keys().copied().collect::<Vec<_>>(), [key(3)]);
+    }
+
+    #[test]
+    fn a_bad_or_shared_key_is_reached_in_clear_with_the_reason() {
+        let mut nodes = three();
+        nodes[1].wireguard_key = Some(Err("not base64".into()));
+        nodes[2] = keyed(nodes[2].clone(), 1); // this node's own key
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], true),
+            &encryption_on(false),
+        );
+        assert!(p.peers.is_empty(), "{:?}", p.peers);
+        assert!(p.clear["n2"].contains("not a WireGuard key (not base64)"));
+        assert!(
+            p.clear["n3"].contains("also another node's"),
+            "{:?}",
+            p.clear
+        );
+        assert_eq!(route(&p, "10.244.3.0/24").as_deref(), Some("198.18.0.13"));
+    }
+
+    #[test]
+    fn with_encryption_off_nothing_changes() {
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], true),
+            &settings(),
+        );
+        assert!(p.peers.is_empty() && p.clear.is_empty() && p.keyed.is_empty());
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+    }
+
+    #[test]
+    fn the_pod_mtu_drops_by_wireguards_overhead_or_the_overlays_where_lower() {
+        let s = |mtu| Settings {
+            plan: encryption_on(false),
+            mtu,
+            ..whole_settings()
+        };
+        let mut h = host_state(false);
+        h.view.wireguard = wg_host(&[], true).wireguard;
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let d = desired(&nodes_only(map(nodes.clone())), &h, &s(None));
+        let config = d.config.expect("a config");
+        assert_eq!(config.mtu, 1390, "1450 - 60: {}", config.mtu_why);
+        assert!(
+            config.mtu_why.contains("minus 60 for WireGuard over IPv4"),
+            "{}",
+            config.mtu_why
+        );
+        // An explicit --mtu is kept.
+        let config = desired(&nodes_only(map(nodes.clone())), &h, &s(Some(1500)))
+            .config
+            .expect("a config");
+        assert_eq!(config.mtu, 1500);
+        // An IPv6 underlay: 80.
+        let mut v6 = nodes.clone();
+        for n in &mut v6 {
+            n.internal_ips.retain(IpAddr::is_ipv6);
+        }
+        let d = desired(&nodes_only(map(v6)), &h, &s(None));
+        assert_eq!(d.config.expect("a config").mtu, 1370);
+        // No peer encrypted: the uplink's, as before.
+        let d = desired(&nodes_only(map(three())), &h, &s(None));
+        assert_eq!(d.config.expect("a config").mtu, 1450);
     }
 }

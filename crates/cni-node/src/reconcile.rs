@@ -716,6 +716,7 @@ mod tests {
                     dst: "198.18.0.0/24".parse().unwrap(),
                     gw: None,
                 }],
+                wireguard: None,
             },
             address_mtus: vec![("198.18.0.11".parse().unwrap(), 1450, "ul0".into())],
             ..HostState::default()
