@@ -137,12 +137,11 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!(
+        std::env::temp_dir().join(format!(
             "cni-node-key-{name}-{}-{:?}",
             std::process::id(),
             std::time::SystemTime::now()
-        ));
-        dir
+        ))
     }
 
     struct Removed(PathBuf);
