@@ -76,7 +76,10 @@ pub fn path(state_dir: &Path) -> PathBuf {
 pub fn load_or_create(state_dir: &Path) -> Result<(Key, bool)> {
     let file = path(state_dir);
     match read(&file)? {
-        Some(key) => Ok((key, false)),
+        Some(key) => {
+            root_only(state_dir)?;
+            Ok((key, false))
+        }
         None => Ok((write_new(state_dir)?, true)),
     }
 }
@@ -100,6 +103,21 @@ pub fn read(file: &Path) -> Result<Option<Key>> {
     };
     let text = std::str::from_utf8(&text).map_err(|_| bad("not text".to_owned()))?;
     Key::from_base64(text).map(Some).map_err(bad)
+}
+
+/// Makes `state_dir` root-only if it is not (a hostPath the kubelet made is `0755`).
+fn root_only(state_dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let fail = |source| Error::KeyFile {
+        action: "protect",
+        path: path(state_dir),
+        source,
+    };
+    let mode = fs::metadata(state_dir).map_err(fail)?.mode();
+    if mode & 0o077 != 0 {
+        fs::set_permissions(state_dir, Permissions::from_mode(0o700)).map_err(fail)?;
+    }
+    Ok(())
 }
 
 /// Writes a new private key into `state_dir` (made `0700` first), atomically, `0600`.
@@ -180,6 +198,10 @@ mod tests {
         let dir = temp_dir("wide");
         let _guard = Removed(dir.clone());
         fs::create_dir_all(&dir).unwrap();
+        fs::set_permissions(&dir, Permissions::from_mode(0o755)).unwrap();
+        load_or_create(&dir).unwrap();
+        assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
+        // Opened wide again after the key was made: made root-only at the next read.
         fs::set_permissions(&dir, Permissions::from_mode(0o755)).unwrap();
         load_or_create(&dir).unwrap();
         assert_eq!(fs::metadata(&dir).unwrap().mode() & 0o777, 0o700);
