@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Stock-kernel tier: the bridge VLAN tests on Debian's own kernel (docs/testing.md).
+# Stock-kernel tier: the bridge VLAN and WireGuard tests on Debian's own kernel
+# (docs/testing.md).
 # Run as root on Debian 12:  tests/vm/run-vlan-tier.sh      (tests/run-all.sh calls it)
 #
-# The development and CI machines run a kernel without bridge VLAN filtering, so the
-# `vlan`, `vlanTrunk` and `preserveDefaultVlan` keys can only be observed elsewhere. This
-# script boots Debian's stock kernel with virtme-ng under pure emulation
-# (`vng --disable-kvm`: this machine's KVM cannot boot a stock kernel), with the host's
-# files visible read-only and one directory shared read-write for the logs, and runs
-# inside it only the tests that need VLAN filtering, built here beforehand:
+# The development and CI machines run a kernel without bridge VLAN filtering and without
+# WireGuard, so the `vlan`, `vlanTrunk` and `preserveDefaultVlan` keys and the agent's
+# encryption can only be observed elsewhere. This script boots Debian's stock kernel
+# with virtme-ng under pure emulation (`vng --disable-kvm`: this machine's KVM cannot
+# boot a stock kernel), with the host's files visible read-only and one directory
+# shared read-write for the logs, and runs inside it, in one boot, only the tests that
+# need that kernel, built here beforehand:
 #   - tests/tests/bridge_vlan.rs (the plugin binaries: port VLANs, traffic, DEL);
-#   - the `vlan` tests of crates/cni-linux/tests/netlink.rs (the netlink calls).
-# CNI_RS_REQUIRE_VLAN=1 in the guest makes a kernel without VLAN filtering a failure.
+#   - the `vlan` tests of crates/cni-linux/tests/netlink.rs (the netlink calls);
+#   - crates/cni-linux/tests/wireguard.rs (WireGuard devices, peers, a tunnel).
+# CNI_RS_REQUIRE_VLAN=1 and CNI_RS_REQUIRE_WIREGUARD=1 in the guest make a kernel
+# without VLAN filtering or WireGuard a failure.
 # Exit status: the tests' (0 = all passed); 1 for a setup or guest failure.
 #
 # Nothing is installed into /boot or /lib/modules and no bootloader or initramfs hook
@@ -131,15 +135,16 @@ plugins=$(cargo build -q --bins -p cni-plugins \
     --message-format=json-render-diagnostics | executables)
 tests=$(cargo test -q --no-run -p cni-blackbox --test bridge_vlan \
     --message-format=json-render-diagnostics | executables)
-netlink_tests=$(cargo test -q --no-run -p cni-linux --test netlink \
+netlink_tests=$(cargo test -q --no-run -p cni-linux --test netlink --test wireguard \
     --message-format=json-render-diagnostics | executables)
 multicall=$(awk '$1 == "cni-plugins-rs" {print $2}' <<<"$plugins")
 vlan_test=$(awk '$1 == "bridge_vlan" {print $2}' <<<"$tests")
 netlink_test=$(awk '$1 == "netlink" {print $2}' <<<"$netlink_tests")
-[[ -x $multicall && -x $vlan_test && -x $netlink_test ]] ||
-    die "cargo did not report the executables (cni-plugins-rs=$multicall bridge_vlan=$vlan_test netlink=$netlink_test)"
+wireguard_test=$(awk '$1 == "wireguard" {print $2}' <<<"$netlink_tests")
+[[ -x $multicall && -x $vlan_test && -x $netlink_test && -x $wireguard_test ]] ||
+    die "cargo did not report the executables (cni-plugins-rs=$multicall bridge_vlan=$vlan_test netlink=$netlink_test wireguard=$wireguard_test)"
 bin_dir=$(dirname "$multicall")
-echo "built in $(($(date +%s) - build_start)) s: $bin_dir, $vlan_test, $netlink_test"
+echo "built in $(($(date +%s) - build_start)) s: $bin_dir, $vlan_test, $netlink_test, $wireguard_test"
 
 # --- stage: stripped copies (debug builds are ~50 MB, mostly debug info, and every
 # byte crosses 9p under emulation); the plugins are hard links of the one multi-call
@@ -153,6 +158,7 @@ for p in host-local loopback; do
 done
 strip -o "$out/bridge_vlan" "$vlan_test"
 strip -o "$out/netlink" "$netlink_test"
+strip -o "$out/wireguard" "$wireguard_test"
 
 step "boot $kernel under emulation (timeout ${timeout_s} s)"
 guest_cmd="$root/tests/vm/vlan-tier-guest.sh $out CI=${CI:-}"
@@ -181,7 +187,7 @@ if [[ ! -f $out/rc ]]; then
 fi
 rc=$(cat "$out/rc")
 if [[ $rc -ne 0 ]]; then
-    echo "[vlan tier] FAILED: the VLAN tests failed in the stock kernel (exit $rc)" >&2
+    echo "[vlan tier] FAILED: the VLAN or WireGuard tests failed in the stock kernel (exit $rc)" >&2
     exit "$rc"
 fi
 echo "[vlan tier] passed"
