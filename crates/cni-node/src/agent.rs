@@ -268,9 +268,10 @@ pub async fn run(options: Options) -> Result<()> {
                 None
             },
             encryption: Some(EncryptionEffects {
-                kernel: encryption
-                    .is_some()
-                    .then(crate::encryption::device::open_kernel),
+                kernel: match &encryption {
+                    Some(_) => Some(crate::encryption::device::open_kernel()?),
+                    None => None,
+                },
                 publisher: Box::new(crate::encryption::annotation::ApiPublisher {
                     client: client.clone(),
                     runtime: tokio::runtime::Handle::current(),

@@ -275,7 +275,7 @@ pub enum Error {
         what: String,
         /// The kernel's answer.
         #[source]
-        source: io::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// A link with the WireGuard device's name is not a WireGuard device.

@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
+use cni_linux::Netlink;
+use cni_linux::netlink::wireguard::{WgPeerConfig, Wireguard};
 use ipnetwork::IpNetwork;
 
 use super::{Key, PeerSpec};
@@ -157,12 +159,125 @@ impl KnownPeers {
     }
 }
 
-/// The kernel's WireGuard as the agent reaches it.
-pub fn open_kernel() -> Box<dyn WireguardKernel> {
-    Box::new(Unsupported)
+/// The kernel's WireGuard as the agent reaches it: the link over rtnetlink, keys and
+/// peers over the `wireguard` generic netlink family.
+pub fn open_kernel() -> Result<Box<dyn WireguardKernel>> {
+    Ok(Box::new(Kernel {
+        nl: Netlink::connect().map_err(Error::Netlink)?,
+        wg: None,
+    }))
 }
 
-/// The real kernel, until the WireGuard netlink client is wired in: no WireGuard.
+/// The real kernel.
+#[derive(Debug)]
+pub struct Kernel {
+    nl: Netlink,
+    /// The generic netlink handle, once the family is found (looked up again on each
+    /// pass until then: a module loaded later is found).
+    wg: Option<Wireguard>,
+}
+
+impl Kernel {
+    fn wg(&mut self, device: &str) -> Result<&mut Wireguard> {
+        if self.wg.is_none() {
+            self.wg = Some(Wireguard::open().map_err(|e| kernel_error(device, "open", e))?);
+        }
+        self.wg.as_mut().ok_or_else(|| unreachable_error(device))
+    }
+}
+
+fn unreachable_error(device: &str) -> Error {
+    Error::Wireguard {
+        device: device.to_owned(),
+        what: "open".to_owned(),
+        source: "no handle".into(),
+    }
+}
+
+/// [`Error::NoWireguard`] for a kernel without it, else what was asked and the answer.
+fn kernel_error(device: &str, what: &str, e: cni_linux::Error) -> Error {
+    if e.is_no_wireguard() {
+        return Error::NoWireguard;
+    }
+    Error::Wireguard {
+        device: device.to_owned(),
+        what: what.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+impl WireguardKernel for Kernel {
+    fn check(&mut self) -> Result<()> {
+        self.wg("").map(|_| ())
+    }
+    fn create(&mut self, name: &str, mtu: u32) -> Result<u32> {
+        let fail = |what| move |e| kernel_error(name, what, e);
+        self.nl
+            .create_wireguard(name, Some(mtu))
+            .map_err(fail("create"))?;
+        let index = self.nl.require_link(name).map_err(fail("find"))?.index;
+        self.nl.set_up(index).map_err(fail("set up"))?;
+        Ok(index)
+    }
+    fn delete(&mut self, name: &str, index: u32) -> Result<()> {
+        self.nl
+            .delete_link(index)
+            .map_err(|e| kernel_error(name, "delete", e))
+    }
+    fn set_link(&mut self, name: &str, index: u32, mtu: u32) -> Result<()> {
+        let fail = |what| move |e| kernel_error(name, what, e);
+        self.nl
+            .set_mtu(index, mtu)
+            .map_err(fail("set the MTU of"))?;
+        self.nl.set_up(index).map_err(fail("set up"))
+    }
+    fn device(&mut self, name: &str) -> Result<DeviceState> {
+        let device = self
+            .wg(name)?
+            .device(name)
+            .map_err(|e| kernel_error(name, "read", e))?;
+        Ok(DeviceState {
+            public_key: device.public_key.map(Key),
+            listen_port: device.listen_port,
+            peers: device
+                .peers
+                .into_iter()
+                .map(|p| PeerState {
+                    public_key: Key(p.public_key),
+                    endpoint: p.endpoint,
+                    allowed_ips: p.allowed_ips,
+                    last_handshake: p.last_handshake,
+                    rx_bytes: p.rx_bytes,
+                    tx_bytes: p.tx_bytes,
+                })
+                .collect(),
+        })
+    }
+    fn set_device(&mut self, name: &str, private_key: &Key, port: u16) -> Result<()> {
+        self.wg(name)?
+            .set_device(name, &private_key.0, port, 0)
+            .map_err(|e| kernel_error(name, "set the key and port of", e))
+    }
+    fn set_peer(&mut self, name: &str, peer: &PeerSpec) -> Result<()> {
+        let config = WgPeerConfig {
+            public_key: peer.public_key.0,
+            endpoint: Some(peer.endpoint),
+            allowed_ips: peer.allowed_ips.clone(),
+            persistent_keepalive: None,
+        };
+        self.wg(name)?
+            .set_peer(name, &config)
+            .map_err(|e| kernel_error(name, "set a peer of", e))
+    }
+    fn remove_peer(&mut self, name: &str, public_key: &Key) -> Result<()> {
+        self.wg(name)?
+            .remove_peer(name, &public_key.0)
+            .map_err(|e| kernel_error(name, "remove a peer of", e))
+    }
+}
+
+/// A kernel without WireGuard: every request is [`Error::NoWireguard`] (the tests'
+/// stand-in for this machine's kernel).
 #[derive(Debug, Default)]
 pub struct Unsupported;
 
@@ -247,7 +362,7 @@ pub mod fakes {
         Error::Wireguard {
             device: name.to_owned(),
             what: "find".to_owned(),
-            source: std::io::Error::from_raw_os_error(19),
+            source: Box::new(std::io::Error::from_raw_os_error(19)),
         }
     }
 

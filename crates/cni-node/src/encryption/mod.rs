@@ -41,10 +41,8 @@ pub const DEFAULT_DEVICE: &str = "cni-wg0";
 /// The default state directory (the key file's).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/cni-node";
 
-/// WireGuard's overhead over an IPv4 underlay: 20 (IPv4) + 8 (UDP) + 32 (WireGuard).
-pub const OVERHEAD_V4: u32 = 60;
-/// Over an IPv6 underlay: 40 + 8 + 32.
-pub const OVERHEAD_V6: u32 = 80;
+/// WireGuard's overhead over an IPv4 underlay (20 + 8 + 32) and an IPv6 one (40 + 8 + 32).
+pub use cni_linux::netlink::wireguard::{OVERHEAD_V4, OVERHEAD_V6};
 
 /// The encryption settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -402,7 +402,7 @@ impl Step {
                     Error::Wireguard {
                         device: self.device.clone(),
                         what: "delete".to_owned(),
-                        source: std::io::Error::other(source.to_string()),
+                        source: Box::new(source),
                     },
                 )),
             }
