@@ -446,4 +446,50 @@ mod tests {
         );
         assert!(last.is_some_and(|t| t > 1.7e9), "{text}");
     }
+
+    #[test]
+    fn encryption_is_a_few_series_whatever_the_number_of_peers() {
+        let m = Metrics::new();
+        m.encryption(
+            (3, 1),
+            &EncryptionCounts {
+                enabled: true,
+                peers: 3,
+                without_key: 2,
+                handshakes: Some((vec![1, 2, 2, 2, 3, 3], 3, 0)),
+                bytes: (100, 40),
+            },
+        );
+        m.encryption(
+            (3, 1),
+            &EncryptionCounts {
+                bytes: (5, 5),
+                ..EncryptionCounts::default()
+            },
+        );
+        let text = m.encode().unwrap();
+        for (series, want) in [
+            ("cni_node_encrypted_routes{family=\"ipv4\"}", 3.0),
+            ("cni_node_encrypted_routes{family=\"ipv6\"}", 1.0),
+            ("cni_node_wireguard_peers", 0.0),
+            (
+                "cni_node_wireguard_peers_handshake_within_seconds{le=\"120\"}",
+                2.0,
+            ),
+            (
+                "cni_node_wireguard_peers_handshake_within_seconds{le=\"+Inf\"}",
+                3.0,
+            ),
+            ("cni_node_wireguard_peers_never_handshaken", 0.0),
+            ("cni_node_wireguard_sent_bytes_total", 105.0),
+            ("cni_node_wireguard_received_bytes_total", 45.0),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series}:\n{text}");
+        }
+        let handshake_series = text
+            .lines()
+            .filter(|l| l.starts_with("cni_node_wireguard_peers_handshake_within_seconds{"))
+            .count();
+        assert_eq!(handshake_series, HANDSHAKE_BUCKETS.len() + 1);
+    }
 }

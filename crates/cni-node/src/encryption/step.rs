@@ -346,12 +346,16 @@ impl Step {
             }
         }
         if let Some(local) = self.local
-            && let Some(peers) = self.peers.of(local.index).map(<[PeerState]>::to_vec)
+            && let Some(peers) = self.peers.of(local.index)
         {
             counts.peers = peers.len();
+            // What was read of the kernel at this resync (handshakes and bytes are not
+            // followed between reads).
             if resync || self.bytes.is_empty() {
-                counts.handshakes = Some(handshake_ages(&peers, SystemTime::now()));
-                counts.bytes = self.byte_deltas(&peers);
+                counts.handshakes = Some(handshake_ages(peers, SystemTime::now()));
+                let (bytes, seen) = byte_deltas(&self.bytes, peers);
+                counts.bytes = bytes;
+                self.bytes = seen;
             }
         }
         let strict = self.settings.as_ref().filter(|s| s.strict);
@@ -410,25 +414,6 @@ impl Step {
         counts
     }
 
-    /// Bytes sent and received since the last read; a new peer counts from the read
-    /// that first saw it.
-    fn byte_deltas(&mut self, peers: &[PeerState]) -> (u64, u64) {
-        let mut delta = (0, 0);
-        let mut now = BTreeMap::new();
-        for p in peers {
-            let (tx, rx) = self
-                .bytes
-                .get(&p.public_key)
-                .copied()
-                .unwrap_or((p.tx_bytes, p.rx_bytes));
-            delta.0 += p.tx_bytes.saturating_sub(tx);
-            delta.1 += p.rx_bytes.saturating_sub(rx);
-            now.insert(p.public_key, (p.tx_bytes, p.rx_bytes));
-        }
-        self.bytes = now;
-        delta
-    }
-
     /// Logs the nodes reached in clear when that changes.
     fn report_clear(&mut self, plan: &Plan) {
         if self.settings.is_none() {
@@ -466,6 +451,26 @@ pub fn device_mtu(host: &HostState, own_internal_ips: &[std::net::IpAddr]) -> u3
     uplink.saturating_sub(overhead(sample))
 }
 
+/// Bytes sent and received since the last read (`before`, by peer), and what was read
+/// now; a peer not seen before counts from now.
+fn byte_deltas(
+    before: &BTreeMap<Key, (u64, u64)>,
+    peers: &[PeerState],
+) -> ((u64, u64), BTreeMap<Key, (u64, u64)>) {
+    let mut delta = (0u64, 0u64);
+    let mut now = BTreeMap::new();
+    for p in peers {
+        let (tx, rx) = before
+            .get(&p.public_key)
+            .copied()
+            .unwrap_or((p.tx_bytes, p.rx_bytes));
+        delta.0 = delta.0.saturating_add(p.tx_bytes.saturating_sub(tx));
+        delta.1 = delta.1.saturating_add(p.rx_bytes.saturating_sub(rx));
+        now.insert(p.public_key, (p.tx_bytes, p.rx_bytes));
+    }
+    (delta, now)
+}
+
 /// Peers by the age of their last handshake at `now`: cumulative counts per bound of
 /// [`HANDSHAKE_BUCKETS`], all peers, and those that never had one.
 pub fn handshake_ages(peers: &[PeerState], now: SystemTime) -> (Vec<usize>, usize, usize) {
@@ -484,4 +489,47 @@ pub fn handshake_ages(peers: &[PeerState], now: SystemTime) -> (Vec<usize>, usiz
         }
     }
     (buckets, peers.len(), never)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(n: u8, handshake_secs_ago: Option<u64>, tx: u64, rx: u64) -> PeerState {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        PeerState {
+            public_key: Key([n; 32]),
+            endpoint: None,
+            allowed_ips: Vec::new(),
+            last_handshake: handshake_secs_ago.map(|s| now - Duration::from_secs(s)),
+            rx_bytes: rx,
+            tx_bytes: tx,
+        }
+    }
+
+    #[test]
+    fn handshake_ages_are_counted_in_a_few_cumulative_buckets() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
+        let peers = [
+            peer(1, Some(5), 0, 0),
+            peer(2, Some(150), 0, 0),
+            peer(3, Some(5000), 0, 0),
+            peer(4, None, 0, 0),
+        ];
+        let (buckets, all, never) = handshake_ages(&peers, now);
+        // <=30, <=120, <=180, <=300, <=900, <=3600
+        assert_eq!(buckets, vec![1, 1, 2, 2, 2, 2]);
+        assert_eq!((all, never), (4, 1));
+    }
+
+    #[test]
+    fn bytes_count_what_moved_since_the_last_read() {
+        let first = [peer(1, None, 100, 50)];
+        let (delta, seen) = byte_deltas(&BTreeMap::new(), &first);
+        assert_eq!(delta, (0, 0), "a new peer counts from now");
+        let second = [peer(1, None, 160, 90), peer(2, None, 7, 7)];
+        let (delta, seen) = byte_deltas(&seen, &second);
+        assert_eq!(delta, (60, 40));
+        assert_eq!(seen.len(), 2);
+    }
 }
