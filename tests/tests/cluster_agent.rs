@@ -31,7 +31,15 @@ use serde_json::Value;
 
 /// The steps `/readyz` names, one `<step>: <error>` line each (the agent's own list:
 /// `crates/cni-node/src/metrics.rs`).
-const STEPS: [&str; 6] = ["host", "conflist", "overlay", "routes", "egress", "policy"];
+const STEPS: [&str; 7] = [
+    "host",
+    "conflist",
+    "encryption",
+    "overlay",
+    "routes",
+    "egress",
+    "policy",
+];
 
 /// How long the agent must have made no pass before a test changes something, so that
 /// nothing but the change can wake it.

@@ -49,6 +49,16 @@ pub enum OverlayMode {
     Off,
 }
 
+/// Whether pod traffic between nodes is encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EncryptionMode {
+    /// Not encrypted (a key this node published before is taken off its Node, its
+    /// device deleted).
+    Off,
+    /// Through kernel WireGuard, to every node that publishes a key.
+    Wireguard,
+}
+
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -94,6 +104,12 @@ impl Cli {
                  or --node-name <NAME>",
             ));
         }
+        if cli.options.encryption_strict && cli.options.encryption == EncryptionMode::Off {
+            return Err(Self::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--encryption-strict needs --encryption wireguard",
+            ));
+        }
         Ok(cli)
     }
 }
@@ -101,11 +117,23 @@ impl Cli {
 /// What else `cni-node` does.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
+    /// Replaces this node's WireGuard private key with a new one in --state-dir; the
+    /// running agent puts it on its device and publishes the new public key, and the
+    /// other nodes follow within seconds; prints the new public key
+    RotateKey(RotateKeyArgs),
     /// Says whether NetworkPolicy lets a connection through and which policies
     /// decided it, as the agent running on this node sees it (asked on its
     /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
     /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
+}
+
+/// `cni-node rotate-key`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct RotateKeyArgs {
+    /// The running agent's --state-dir
+    #[arg(long = "state-dir", value_name = "DIR", default_value = crate::encryption::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 /// `cni-node explain`.
@@ -342,6 +370,49 @@ pub struct Options {
     )]
     pub vxlan_device: String,
 
+    /// Encrypt pod traffic to other nodes that also do (a node without a key is still
+    /// reached in clear, unless --encryption-strict)
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        default_value_t = EncryptionMode::Off
+    )]
+    pub encryption: EncryptionMode,
+
+    /// Never send pod traffic to another node in clear, and drop clear pod traffic from
+    /// nodes that publish a key (needs --encryption wireguard)
+    #[arg(long = "encryption-strict")]
+    pub encryption_strict: bool,
+
+    /// The WireGuard device's name
+    #[arg(
+        long = "wireguard-device",
+        value_name = "NAME",
+        default_value = crate::encryption::DEFAULT_DEVICE,
+        value_parser = interface_name
+    )]
+    pub wireguard_device: String,
+
+    /// The WireGuard device's UDP port, the same on every node (Calico and flannel use
+    /// 51820, flannel 51821 too, Cilium 51871)
+    #[arg(
+        long = "wireguard-port",
+        value_name = "PORT",
+        default_value_t = crate::encryption::DEFAULT_PORT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub wireguard_port: u16,
+
+    /// Where the agent keeps its state across restarts: the WireGuard private key
+    /// (root-only)
+    #[arg(
+        long = "state-dir",
+        value_name = "DIR",
+        default_value = crate::encryption::DEFAULT_STATE_DIR
+    )]
+    pub state_dir: PathBuf,
+
     /// How log lines are written
     #[arg(
         long = "log-format",
@@ -492,6 +563,46 @@ mod tests {
         assert_eq!(o.overlay, OverlayMode::Vxlan);
         assert_eq!((o.vxlan_vni, o.vxlan_port), (4097, 4789));
         assert_eq!(o.vxlan_device, "cni-vx");
+        assert_eq!(o.encryption, EncryptionMode::Off);
+        assert!(!o.encryption_strict);
+        assert_eq!(
+            (o.wireguard_device.as_str(), o.wireguard_port),
+            ("cni-wg0", 51830)
+        );
+        assert_eq!(o.state_dir, PathBuf::from("/var/lib/cni-node"));
+    }
+
+    #[test]
+    fn encryption_options() {
+        let o = run(&[
+            "--encryption=wireguard",
+            "--encryption-strict",
+            "--wireguard-device",
+            "wg9",
+            "--wireguard-port=51999",
+            "--state-dir=/s",
+        ]);
+        assert_eq!(o.encryption, EncryptionMode::Wireguard);
+        assert!(o.encryption_strict);
+        assert_eq!(
+            (o.wireguard_device.as_str(), o.wireguard_port),
+            ("wg9", 51999)
+        );
+        assert_eq!(o.state_dir, PathBuf::from("/s"));
+        let e = run_err(&["--encryption-strict"]);
+        assert!(e.contains("--encryption wireguard"), "{e}");
+        assert!(run_err(&["--encryption=ipsec"]).contains("ipsec"));
+        assert!(run_err(&["--wireguard-port=0"]).contains("--wireguard-port"));
+        let cli = Cli::parse_args(
+            ["cni-node", "rotate-key", "--state-dir", "/k"].map(std::ffi::OsString::from),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            cli.command,
+            Some(Subcommand::RotateKey(RotateKeyArgs {
+                state_dir: PathBuf::from("/k")
+            }))
+        );
     }
 
     #[test]

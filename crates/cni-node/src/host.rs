@@ -41,6 +41,9 @@ pub struct HostView {
     pub addresses: Vec<IpAddr>,
     /// The main table's unicast routes, except the agent's own.
     pub routes: Vec<HostRoute>,
+    /// This node's WireGuard device, when it is ready to encrypt (filled in by the
+    /// reconciler's encryption step, not read with the rest).
+    pub wireguard: Option<crate::encryption::LocalEncryption>,
 }
 
 impl HostView {
@@ -316,6 +319,54 @@ pub fn notify_records(dir: &Path, wake: Arc<Wake>) -> Result<()> {
         })
         .map_err(|source| Error::Thread {
             name: "pod-records",
+            source,
+        })?;
+    Ok(())
+}
+
+/// Wakes the reconciler whenever the WireGuard key file in `dir` is replaced
+/// (`cni-node rotate-key`), from a thread of its own blocked on inotify. The directory
+/// is made root-only if missing, so it can be watched before the first key.
+pub fn notify_key_dir(dir: &Path, wake: Arc<Wake>) -> Result<()> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    use std::os::unix::fs::DirBuilderExt;
+    let fail = |source: std::io::Error| Error::KeyFile {
+        action: "watch",
+        path: crate::encryption::key::path(dir),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(fail)?;
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| fail(e.into()))?;
+    inotify
+        .add_watch(
+            dir,
+            AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_DELETE,
+        )
+        .map_err(|e| fail(e.into()))?;
+    std::thread::Builder::new()
+        .name("key-file".into())
+        .spawn(move || {
+            loop {
+                match inotify.read_events() {
+                    Ok(events) if events.is_empty() => {}
+                    Ok(_) => wake.notify(),
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            "cannot read the key file's notifications ({e}); the resync still \
+                             reads the key"
+                        );
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        })
+        .map_err(|source| Error::Thread {
+            name: "key-file",
             source,
         })?;
     Ok(())

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::encryption::{ANNOTATION, Key};
 use crate::logging::short;
 use crate::store::Watched;
 
@@ -83,6 +84,9 @@ pub struct NodeInfo {
     pub internal_ips: Vec<IpAddr>,
     /// What was wrong with its data; a node with problems is not routed to.
     pub problems: Vec<String>,
+    /// The WireGuard public key it publishes, or why its annotation is not a key (the
+    /// node is then reached in clear).
+    pub wireguard_key: Option<Result<Key, String>>,
 }
 
 impl NodeInfo {
@@ -94,12 +98,26 @@ impl NodeInfo {
         };
         info.read_pod_cidrs(&node.spec);
         info.read_addresses(&node.status.addresses);
+        info.wireguard_key = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+            .map(|text| Key::from_base64(text));
         info
     }
 
     /// The pod CIDR of one family.
     pub fn pod_cidr(&self, v4: bool) -> Option<IpNetwork> {
         self.pod_cidrs.iter().copied().find(|n| n.is_ipv4() == v4)
+    }
+
+    /// The WireGuard public key it publishes, when it is one.
+    pub fn key(&self) -> Option<Key> {
+        self.wireguard_key
+            .as_ref()
+            .and_then(|k| k.as_ref().ok())
+            .copied()
     }
 
     /// The InternalIP of one family.
