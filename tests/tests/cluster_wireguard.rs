@@ -223,6 +223,11 @@ fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() 
     }
     let started = Instant::now();
     let (mut cluster, _router, places) = two_segments(&[1, 2], &[3], MTU);
+    record_duration(
+        "wireguard cluster: underlay, router and 3 node namespaces made",
+        started.elapsed(),
+    );
+    let agents = Instant::now();
     for (n, place) in &places {
         cluster.api.apply_node(node_at(*n, place));
     }
@@ -258,12 +263,17 @@ fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() 
     }
     record_duration(
         "wireguard cluster: 3 agents started until every route goes through the device",
-        started.elapsed(),
+        agents.elapsed(),
     );
+    let pods = Instant::now();
     for host in &mut cluster.hosts {
         host.add_pod();
     }
 
+    record_duration(
+        "wireguard cluster: 3 pods added with cnitool",
+        pods.elapsed(),
+    );
     let capture = Capture::start(&cluster.underlay);
     let crossing = Instant::now();
     cluster.check_pod_to_pod();
@@ -334,4 +344,68 @@ fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() 
         "count",
     );
     record_duration("wireguard cluster: whole test", started.elapsed());
+}
+
+/// An Ethernet frame carrying an IP packet of `protocol` from `src` to `dst` whose first
+/// payload bytes are `l4`.
+fn frame(src: &str, dst: &str, protocol: u8, l4: &[u8]) -> Vec<u8> {
+    let (src, dst): (IpAddr, IpAddr) = (src.parse().unwrap(), dst.parse().unwrap());
+    let mut f = vec![0u8; 12];
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 0, 0, 0, 0, 0, 64, protocol, 0, 0]);
+            f.extend_from_slice(&s.octets());
+            f.extend_from_slice(&d.octets());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0, 0, 0, protocol, 64]);
+            f.extend_from_slice(&s.octets());
+            f.extend_from_slice(&d.octets());
+        }
+        _ => panic!("mixed families"),
+    }
+    f.extend_from_slice(l4);
+    f
+}
+
+#[test]
+fn the_capture_verdict_tells_wireguard_from_anything_in_clear() {
+    let nodes: Vec<IpAddr> = ["198.18.0.11", "198.19.0.13", "fd00:18::11"]
+        .iter()
+        .map(|ip| ip.parse().unwrap())
+        .collect();
+    let [hi, lo] = PORT.to_be_bytes();
+    let wg_ports = [hi, lo, hi, lo];
+    let pod_ports = [0x30, 0x39, 0x30, 0x39];
+    let verdict = |src, dst, protocol, l4: &[u8]| classify(&frame(src, dst, protocol, l4), &nodes);
+    assert_eq!(
+        verdict("198.18.0.11", "198.19.0.13", 17, &wg_ports),
+        Frame::Wireguard
+    );
+    assert_eq!(
+        verdict("fd00:18::11", "fd00:18::11", 17, &wg_ports),
+        Frame::Wireguard
+    );
+    assert_eq!(verdict("198.18.0.11", API_V4, 6, &pod_ports), Frame::Api);
+    assert_eq!(
+        verdict("fe80::1", "ff02::1:ff00:11", 58, &[135]),
+        Frame::Control
+    );
+    let mut arp = vec![0u8; 12];
+    arp.extend_from_slice(&[0x08, 0x06, 0, 1]);
+    assert_eq!(classify(&arp, &nodes), Frame::Control);
+    // Pod traffic in clear, other ports between nodes, a node talking to a stranger, an
+    // ICMP error: all failures.
+    for (src, dst, protocol, l4) in [
+        ("10.244.1.2", "10.244.3.2", 17, &pod_ports[..]),
+        ("198.18.0.11", "198.19.0.13", 17, &pod_ports[..]),
+        ("198.18.0.11", "198.18.0.99", 17, &wg_ports[..]),
+        ("198.18.0.11", "198.19.0.13", 1, &[3, 4][..]),
+        ("fd00:244:0:1::2", "fd00:244:0:3::2", 58, &[128][..]),
+    ] {
+        assert!(
+            matches!(verdict(src, dst, protocol, l4), Frame::Other(_)),
+            "{src} -> {dst} protocol {protocol}"
+        );
+    }
 }
