@@ -645,6 +645,23 @@ fn u64_ne(v: &[u8]) -> std::result::Result<u64, Malformed> {
     })?))
 }
 
+/// Decodes a datagram of GET_DEVICE dump messages as [`Wireguard::device`] does (every
+/// message of a family's type), so that the decoder can be driven with
+/// arbitrary bytes from outside the crate (the fuzz targets in `tests/fuzz`); the
+/// client itself never calls this.
+#[doc(hidden)]
+pub fn decode_dump(datagram: &[u8]) -> std::result::Result<WgDevice, Malformed> {
+    let mut device = WgDevice::default();
+    for msg in cni_netlink::messages(datagram) {
+        let msg = msg?;
+        // Below 0x10 (`NLMSG_MIN_TYPE`): netlink's own messages, never a family's.
+        if msg.ty >= 0x10 {
+            add_dump_message(&mut device, msg.payload)?;
+        }
+    }
+    Ok(device)
+}
+
 /// Adds one message of a GET_DEVICE dump (payload after the netlink header) to
 /// `device`: the settings the first message carries, and the peers, a peer that
 /// repeats the last one's key continuing its allowed IPs.
@@ -1090,11 +1107,7 @@ mod tests {
     }
 
     fn decode(dump: &[u8]) -> std::result::Result<WgDevice, Malformed> {
-        let mut device = WgDevice::default();
-        for msg in messages(dump) {
-            add_dump_message(&mut device, msg?.payload)?;
-        }
-        Ok(device)
+        decode_dump(dump)
     }
 
     #[test]
