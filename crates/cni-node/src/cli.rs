@@ -18,8 +18,9 @@ The cni-plugins-rs node agent. Watches the Kubernetes Node objects and keeps thi
 node in step with them: the CNI network config for its pod CIDRs (bridge +
 host-local, portmap and bandwidth when installed, loopback), a route to every other node's pod
 CIDR via that node's InternalIP when it is on this node's link, else through a
-VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, and
-a pod MTU that fits the node's uplink and the encapsulation.
+VXLAN device (--overlay), with --encryption wireguard through a WireGuard device
+to every node that publishes a key, masquerading of pod traffic that leaves the
+cluster, and a pod MTU that fits the node's uplink and the encapsulation.
 Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr;
