@@ -1239,4 +1239,46 @@ mod tests {
         );
         assert_eq!(outcome.encryption.without_key, 2);
     }
+
+    #[test]
+    fn a_rotated_key_goes_on_the_device_and_is_published_while_the_routes_stay_on_it() {
+        let mut e = encrypting(false, None);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (old, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", old.public());
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        e.kernel.take_log();
+        take(&e.f.log);
+        e.published.lock().unwrap().clear();
+
+        let new = crate::encryption::key::rotate(&e.state_dir).unwrap();
+        assert_ne!(new, old.public());
+        // The API still shows the old key.
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            e.kernel.take_log(),
+            vec![format!("key cni-wg0 {new:?} port 51830")]
+        );
+        assert_eq!(*e.published.lock().unwrap(), vec![Some(new.to_base64())]);
+        let log = take(&e.f.log);
+        // (The fake host does not show what was written: the route is asked for again,
+        // and must be the one through the device, never the clear one.)
+        assert!(
+            log.iter()
+                .any(|l| l.starts_with("route 10.244.2.0/24 dev #"))
+                && !log.iter().any(|l| l.starts_with("route 10.244.2.0/24 via")),
+            "the route stays on the device: {log:?}"
+        );
+        assert_eq!(outcome.encrypted, (1, 0));
+        // The API shows the new key: nothing more to do.
+        let nodes = with_key(nodes, "n1", new);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
+        assert_eq!(e.published.lock().unwrap().len(), 1);
+        assert_eq!(outcome.encrypted, (1, 0));
+    }
 }

@@ -89,6 +89,10 @@ pub struct Step {
     reported_clear: BTreeMap<String, String>,
     /// This node's device, as this pass found it.
     local: Option<LocalEncryption>,
+    /// The public key the device had before this agent put another on it (a
+    /// rotation): while the API still shows that one, the peers are about to follow,
+    /// and the routes stay on the device rather than flap to clear and back.
+    replaced: Option<Key>,
 }
 
 impl Step {
@@ -112,6 +116,7 @@ impl Step {
             strict_checked: false,
             reported_clear: BTreeMap::new(),
             local: None,
+            replaced: None,
         }
     }
 
@@ -136,11 +141,17 @@ impl Step {
         };
         match self.prepare(&settings, me, host, resync) {
             Ok(local) => {
-                let published = me.and_then(NodeInfo::key) == Some(local.public_key);
+                let shown = me.and_then(NodeInfo::key);
+                let published = shown == Some(local.public_key);
+                let rotating = shown.is_some() && shown == self.replaced;
+                if published {
+                    self.replaced = None;
+                }
+                let published = published || rotating;
                 let local = LocalEncryption { published, ..local };
                 self.local = Some(local);
                 host.view.wireguard = Some(local);
-                if !published
+                if shown != Some(local.public_key)
                     && let Err(e) = self.publish(Some(local.public_key.to_base64()), resync)
                 {
                     failures.push((STEP, e));
@@ -221,6 +232,9 @@ impl Step {
             let device = kernel.device(name)?;
             if device.public_key != Some(public) || device.listen_port != settings.port {
                 kernel.set_device(name, &private, settings.port)?;
+                if device.public_key != Some(public) {
+                    self.replaced = device.public_key;
+                }
                 tracing::info!(
                     "encryption: {name} has the key {} and port {}{}",
                     public.to_base64(),
