@@ -227,3 +227,46 @@ fn strict_mode_sends_no_pod_traffic_in_clear_and_takes_none_from_a_keyed_node() 
         "pods of one node are not touched"
     );
 }
+
+/// `cni-node rotate-key` writes a new root-only key into the state directory (made
+/// root-only) and prints its public key; a second rotation gives another key; over a
+/// file that holds no key it writes one.
+#[test]
+fn rotate_key_writes_a_new_root_only_key_and_prints_its_public_key() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = cni_blackbox::TempDir::new("cnibb-wg-key");
+    let state = dir.path().join("state");
+    let rotate = || {
+        let out = std::process::Command::new(cni_blackbox::plugin_path("cni-node"))
+            .args(["rotate-key", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap_or_else(|e| panic!("run cni-node rotate-key: {e}"));
+        assert!(
+            out.status.success(),
+            "rotate-key: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let first = rotate();
+    assert_eq!(first.len(), 44, "{first:?}");
+    let file = state.join("wireguard.key");
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    let dir_mode = std::fs::metadata(&state)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .mode();
+    assert_eq!(dir_mode & 0o777, 0o700);
+    let second = rotate();
+    assert_ne!(first, second);
+    // Over a file that holds no key (which the agent refuses to use), rotation is the
+    // way out: a new key.
+    std::fs::write(&file, "garbage").unwrap_or_else(|e| panic!("{e}"));
+    let third = rotate();
+    assert_eq!(third.len(), 44, "{third:?}");
+    assert_ne!(
+        std::fs::read_to_string(&file).unwrap_or_default(),
+        "garbage"
+    );
+}
