@@ -123,7 +123,7 @@ fn on_a_kernel_without_wireguard_the_agent_says_so_and_routes_in_clear() {
             "node {n} log:\n{log}"
         );
         assert!(
-            log.contains("is reached in clear"),
+            log.contains("reached in clear: "),
             "node {n} log says which nodes go in clear:\n{log}"
         );
         assert_eq!(

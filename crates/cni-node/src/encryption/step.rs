@@ -433,15 +433,30 @@ impl Step {
         if self.settings.is_none() {
             return;
         }
+        // Grouped by reason: at thousands of nodes, one reason (this node's device not
+        // ready, say) is one line, not one per node.
+        let mut news: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, why) in &plan.clear {
             if self.reported_clear.get(name) != Some(why) {
-                tracing::warn!("encryption: node {name} is reached in clear: {why}");
+                news.entry(why.as_str()).or_default().push(name.as_str());
             }
         }
-        for name in self.reported_clear.keys() {
-            if !plan.clear.contains_key(name) && plan.peers.values().any(|p| &p.node == name) {
-                tracing::info!("encryption: node {name} is reached through WireGuard");
-            }
+        for (why, names) in news {
+            tracing::warn!("encryption: {} reached in clear: {why}", some_nodes(&names));
+        }
+        let encrypted: Vec<&str> = self
+            .reported_clear
+            .keys()
+            .filter(|name| {
+                !plan.clear.contains_key(*name) && plan.peers.values().any(|p| &p.node == *name)
+            })
+            .map(String::as_str)
+            .collect();
+        if !encrypted.is_empty() {
+            tracing::info!(
+                "encryption: {} reached through WireGuard",
+                some_nodes(&encrypted)
+            );
         }
         self.reported_clear = plan.clear.clone();
     }
@@ -449,6 +464,21 @@ impl Step {
     /// The key file's directory, for `rotate-key`'s wake-up.
     pub fn state_dir(&self) -> Option<&Path> {
         self.settings.as_ref().map(|s| s.state_dir.as_path())
+    }
+}
+
+/// `node n2 is`, `nodes n2, n3 are`, `5000 nodes (n1, ..., n8 and 4992 more) are`.
+fn some_nodes(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    match names {
+        [one] => format!("node {one} is"),
+        _ if names.len() <= SHOWN => format!("nodes {} are", names.join(", ")),
+        _ => format!(
+            "{} nodes ({} and {} more) are",
+            names.len(),
+            names[..SHOWN].join(", "),
+            names.len() - SHOWN
+        ),
     }
 }
 
@@ -534,6 +564,18 @@ mod tests {
         // <=30, <=120, <=180, <=300, <=900, <=3600
         assert_eq!(buckets, vec![1, 1, 2, 2, 2, 2]);
         assert_eq!((all, never), (4, 1));
+    }
+
+    #[test]
+    fn many_nodes_are_named_in_one_short_line() {
+        assert_eq!(some_nodes(&["n2"]), "node n2 is");
+        assert_eq!(some_nodes(&["n2", "n3"]), "nodes n2, n3 are");
+        let many: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(
+            some_nodes(&many),
+            "20 nodes (n0, n1, n2, n3, n4, n5, n6, n7 and 12 more) are"
+        );
     }
 
     #[test]
