@@ -257,6 +257,25 @@ mod tests {
     }
 
     #[test]
+    fn the_wireguard_key_annotation_is_read_and_a_bad_one_says_why() {
+        let key = |annotations: Value| {
+            info(json!({"metadata": {"name": "n1", "annotations": annotations}})).wireguard_key
+        };
+        let k = crate::encryption::Key([9; 32]);
+        assert_eq!(key(json!({ANNOTATION: k.to_base64()})), Some(Ok(k)));
+        assert_eq!(key(json!({"other": "x"})), None);
+        let bad = key(json!({ANNOTATION: "c2hvcnQ="}));
+        assert_eq!(bad, Some(Err("5 bytes, a key has 32".to_owned())));
+        // A bad key is no problem of the node's routing: it is still routed, in clear.
+        let node = info(
+            json!({"metadata": {"name": "n1", "annotations": {ANNOTATION: "!"}},
+            "spec": {"podCIDRs": ["10.244.1.0/24"]}}),
+        );
+        assert!(node.problems.is_empty(), "{:?}", node.problems);
+        assert_eq!(node.key(), None);
+    }
+
+    #[test]
     fn a_dual_stack_node_gives_both_cidrs_and_addresses() {
         let node = info(json!({
             "metadata": {"name": "n1", "resourceVersion": "7"},
