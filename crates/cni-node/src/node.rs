@@ -78,15 +78,15 @@ impl k8s_openapi::Metadata for SlimNode {
 pub struct NodeInfo {
     /// `metadata.name`.
     pub name: String,
+    /// The WireGuard public key it publishes, or why its annotation is not a key (the
+    /// node is then reached in clear).
+    pub wireguard_key: Option<Result<Key, String>>,
     /// Its pod CIDRs, at most one per family, network addresses (host bits zero).
     pub pod_cidrs: Vec<IpNetwork>,
     /// Its `InternalIP` addresses, at most one per family.
     pub internal_ips: Vec<IpAddr>,
     /// What was wrong with its data; a node with problems is not routed to.
     pub problems: Vec<String>,
-    /// The WireGuard public key it publishes, or why its annotation is not a key (the
-    /// node is then reached in clear).
-    pub wireguard_key: Option<Result<Key, String>>,
 }
 
 impl NodeInfo {
@@ -96,14 +96,14 @@ impl NodeInfo {
             name: node.metadata.name.clone().unwrap_or_default(),
             ..Self::default()
         };
-        info.read_pod_cidrs(&node.spec);
-        info.read_addresses(&node.status.addresses);
         info.wireguard_key = node
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(ANNOTATION))
             .map(|text| Key::from_base64(text));
+        info.read_pod_cidrs(&node.spec);
+        info.read_addresses(&node.status.addresses);
         info
     }
 
