@@ -118,15 +118,15 @@ impl Cli {
 /// What else `cni-node` does.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
-    /// Replaces this node's WireGuard private key with a new one in --state-dir; the
-    /// running agent puts it on its device and publishes the new public key, and the
-    /// other nodes follow within seconds; prints the new public key
-    RotateKey(RotateKeyArgs),
     /// Says whether NetworkPolicy lets a connection through and which policies
     /// decided it, as the agent running on this node sees it (asked on its
     /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
     /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
+    /// Replaces this node's WireGuard private key with a new one in --state-dir; the
+    /// running agent puts it on its device and publishes the new public key, and the
+    /// other nodes follow within seconds; prints the new public key
+    RotateKey(RotateKeyArgs),
 }
 
 /// `cni-node rotate-key`.
