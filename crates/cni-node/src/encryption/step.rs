@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::annotation::Publisher;
 use super::device::{KnownPeers, PeerState, WireguardKernel, peer_changes};
 use super::strict::{StrictPolicy, StrictRules};
-use super::{EncryptionSettings, Key, LocalEncryption, key, overhead};
+use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, key};
 use crate::error::{Error, Result};
 use crate::host::{self, HostState};
 use crate::node::NodeInfo;
@@ -183,7 +183,7 @@ impl Step {
         resync: bool,
     ) -> Result<LocalEncryption> {
         let kernel = self.effects.kernel.as_mut().ok_or(Error::NoWireguard)?;
-        kernel.check()?;
+        kernel.check(&settings.device)?;
         let (private, made) = key::load_or_create(&settings.state_dir)?;
         let public = private.public();
         if made {
@@ -486,13 +486,12 @@ fn some_nodes(names: &[&str]) -> String {
 /// endpoints use.
 pub fn device_mtu(host: &HostState, own_internal_ips: &[std::net::IpAddr]) -> u32 {
     let (uplink, _) = host::choose_mtu(host, own_internal_ips);
-    let v4 = super::underlay_v4(own_internal_ips);
-    let sample = if v4 {
-        std::net::IpAddr::from([0, 0, 0, 0])
+    let cut = if super::underlay_v4(own_internal_ips) {
+        OVERHEAD_V4
     } else {
-        std::net::IpAddr::from([0u16; 8])
+        OVERHEAD_V6
     };
-    uplink.saturating_sub(overhead(sample))
+    uplink.saturating_sub(cut)
 }
 
 /// Bytes sent and received since the last read (`before`, by peer), and what was read
