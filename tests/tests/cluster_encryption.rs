@@ -226,6 +226,30 @@ fn strict_mode_sends_no_pod_traffic_in_clear_and_takes_none_from_a_keyed_node() 
         Ok(a.v4),
         "pods of one node are not touched"
     );
+
+    // Strict mode off (the agent started again without it): its table goes, and pod
+    // traffic between the nodes flows in clear again.
+    let host = cluster.host(1);
+    host.extra_args.retain(|a| a != "--encryption-strict");
+    let kubeconfig = cluster.kubeconfig.clone();
+    cluster.host(1).start_agent(&kubeconfig);
+    let strict = &cluster.hosts[0];
+    wait(Duration::from_secs(10), "the strict table removed", || {
+        !strict
+            .ns
+            .exec_ok(&["nft", "list", "tables"])
+            .contains("cni_node_encryption")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", strict.agent_log()));
+    let (a, remote) = (&strict.pods[0], &cluster.hosts[1].pods[0]);
+    assert_eq!(
+        source_seen_within(&a.ns, &remote.ns, remote.v4, short),
+        Ok(a.v4)
+    );
+    assert_eq!(
+        source_seen_within(&remote.ns, &a.ns, a.v6, short),
+        Ok(remote.v6)
+    );
 }
 
 /// `cni-node rotate-key` writes a new root-only key into the state directory (made
