@@ -123,7 +123,7 @@ fn on_a_kernel_without_wireguard_the_agent_says_so_and_routes_in_clear() {
             "node {n} log:\n{log}"
         );
         assert!(
-            log.contains("is reached in clear"),
+            log.contains("reached in clear: "),
             "node {n} log says which nodes go in clear:\n{log}"
         );
         assert_eq!(
@@ -225,5 +225,72 @@ fn strict_mode_sends_no_pod_traffic_in_clear_and_takes_none_from_a_keyed_node() 
         source_seen_within(&a.ns, &b.ns, b.v4, short),
         Ok(a.v4),
         "pods of one node are not touched"
+    );
+
+    // Strict mode off (the agent started again without it): its table goes, and pod
+    // traffic between the nodes flows in clear again.
+    let host = cluster.host(1);
+    host.extra_args.retain(|a| a != "--encryption-strict");
+    let kubeconfig = cluster.kubeconfig.clone();
+    cluster.host(1).start_agent(&kubeconfig);
+    let strict = &cluster.hosts[0];
+    wait(Duration::from_secs(10), "the strict table removed", || {
+        !strict
+            .ns
+            .exec_ok(&["nft", "list", "tables"])
+            .contains("cni_node_encryption")
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", strict.agent_log()));
+    let (a, remote) = (&strict.pods[0], &cluster.hosts[1].pods[0]);
+    assert_eq!(
+        source_seen_within(&a.ns, &remote.ns, remote.v4, short),
+        Ok(a.v4)
+    );
+    assert_eq!(
+        source_seen_within(&remote.ns, &a.ns, a.v6, short),
+        Ok(remote.v6)
+    );
+}
+
+/// `cni-node rotate-key` writes a new root-only key into the state directory (made
+/// root-only) and prints its public key; a second rotation gives another key; over a
+/// file that holds no key it writes one.
+#[test]
+fn rotate_key_writes_a_new_root_only_key_and_prints_its_public_key() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = cni_blackbox::TempDir::new("cnibb-wg-key");
+    let state = dir.path().join("state");
+    let rotate = || {
+        let out = std::process::Command::new(cni_blackbox::plugin_path("cni-node"))
+            .args(["rotate-key", "--state-dir"])
+            .arg(&state)
+            .output()
+            .unwrap_or_else(|e| panic!("run cni-node rotate-key: {e}"));
+        assert!(
+            out.status.success(),
+            "rotate-key: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let first = rotate();
+    assert_eq!(first.len(), 44, "{first:?}");
+    let file = state.join("wireguard.key");
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(meta.mode() & 0o777, 0o600);
+    let dir_mode = std::fs::metadata(&state)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .mode();
+    assert_eq!(dir_mode & 0o777, 0o700);
+    let second = rotate();
+    assert_ne!(first, second);
+    // Over a file that holds no key (which the agent refuses to use), rotation is the
+    // way out: a new key.
+    std::fs::write(&file, "garbage").unwrap_or_else(|e| panic!("{e}"));
+    let third = rotate();
+    assert_eq!(third.len(), 44, "{third:?}");
+    assert_ne!(
+        std::fs::read_to_string(&file).unwrap_or_default(),
+        "garbage"
     );
 }

@@ -133,8 +133,13 @@ pub fn sync(policy: &StrictPolicy) -> Result<bool> {
     Ok(true)
 }
 
-/// Removes the table; nothing to do when it is absent. Returns whether it was there.
+/// Removes the table; nothing to do when it is absent, or when this kernel has no
+/// usable nf_tables (then there can be none: an iptables-only host never had strict
+/// mode). Returns whether it was there.
 pub fn remove() -> Result<bool> {
+    if !nfnetlink::usable() {
+        return Ok(false);
+    }
     let mut nl = Nfnl::open()?;
     if !nl.has_table(NFPROTO_INET, TABLE)? {
         return Ok(false);

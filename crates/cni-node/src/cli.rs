@@ -18,8 +18,9 @@ The cni-plugins-rs node agent. Watches the Kubernetes Node objects and keeps thi
 node in step with them: the CNI network config for its pod CIDRs (bridge +
 host-local, portmap and bandwidth when installed, loopback), a route to every other node's pod
 CIDR via that node's InternalIP when it is on this node's link, else through a
-VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, and
-a pod MTU that fits the node's uplink and the encapsulation.
+VXLAN device (--overlay), with --encryption wireguard through a WireGuard device
+to every node that publishes a key, masquerading of pod traffic that leaves the
+cluster, and a pod MTU that fits the node's uplink and the encapsulation.
 Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr;
@@ -117,15 +118,15 @@ impl Cli {
 /// What else `cni-node` does.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
-    /// Replaces this node's WireGuard private key with a new one in --state-dir; the
-    /// running agent puts it on its device and publishes the new public key, and the
-    /// other nodes follow within seconds; prints the new public key
-    RotateKey(RotateKeyArgs),
     /// Says whether NetworkPolicy lets a connection through and which policies
     /// decided it, as the agent running on this node sees it (asked on its
     /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
     /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
+    /// Replaces this node's WireGuard private key with a new one in --state-dir; the
+    /// running agent puts it on its device and publishes the new public key, and the
+    /// other nodes follow within seconds; prints the new public key
+    RotateKey(RotateKeyArgs),
 }
 
 /// `cni-node rotate-key`.

@@ -91,8 +91,8 @@ pub struct HostState {
     pub bandwidth_installed: bool,
     /// The index of the link holding each address.
     pub address_indexes: BTreeMap<IpAddr, u32>,
-    /// The links named like the agent's VXLAN devices, whatever they are, with what
-    /// they hold.
+    /// The links named like the agent's VXLAN devices and its WireGuard device,
+    /// whatever they are, with what they hold.
     pub overlay: Vec<DeviceState>,
     /// The bridge plugin's pod records, address -> pod (`namespace/name`), when the
     /// agent reads them (NetworkPolicy enforced): a new pod's address is known here
@@ -154,7 +154,7 @@ pub struct Host {
     pub protocol: u8,
     /// The CNI bin dir.
     pub bin_dir: PathBuf,
-    /// The names of the agent's VXLAN devices (none when the overlay is off).
+    /// The names of the agent's VXLAN devices and of its WireGuard device.
     pub overlay_names: Vec<String>,
     /// Where the bridge plugin leaves its pod records, when they are read.
     pub records_dir: Option<PathBuf>,

@@ -225,6 +225,9 @@ impl Metrics {
         for family in ["ipv4", "ipv6"] {
             let _ = m.encrypted_routes.get_or_create(&[("family", family)]);
         }
+        for bound in HANDSHAKE_BUCKET_LABELS.iter().chain(&["+Inf"]) {
+            let _ = m.wireguard_handshakes.get_or_create(&[("le", bound)]);
+        }
         for direction in ["ingress", "egress"] {
             let _ = m.policy_isolated.get_or_create(&[("direction", direction)]);
         }

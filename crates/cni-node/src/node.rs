@@ -78,15 +78,15 @@ impl k8s_openapi::Metadata for SlimNode {
 pub struct NodeInfo {
     /// `metadata.name`.
     pub name: String,
+    /// The WireGuard public key it publishes, or why its annotation is not a key (the
+    /// node is then reached in clear).
+    pub wireguard_key: Option<Result<Key, String>>,
     /// Its pod CIDRs, at most one per family, network addresses (host bits zero).
     pub pod_cidrs: Vec<IpNetwork>,
     /// Its `InternalIP` addresses, at most one per family.
     pub internal_ips: Vec<IpAddr>,
     /// What was wrong with its data; a node with problems is not routed to.
     pub problems: Vec<String>,
-    /// The WireGuard public key it publishes, or why its annotation is not a key (the
-    /// node is then reached in clear).
-    pub wireguard_key: Option<Result<Key, String>>,
 }
 
 impl NodeInfo {
@@ -96,14 +96,14 @@ impl NodeInfo {
             name: node.metadata.name.clone().unwrap_or_default(),
             ..Self::default()
         };
-        info.read_pod_cidrs(&node.spec);
-        info.read_addresses(&node.status.addresses);
         info.wireguard_key = node
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(ANNOTATION))
             .map(|text| Key::from_base64(text));
+        info.read_pod_cidrs(&node.spec);
+        info.read_addresses(&node.status.addresses);
         info
     }
 
@@ -254,6 +254,25 @@ mod tests {
     fn info(node: Value) -> NodeInfo {
         let slim: SlimNode = serde_json::from_value(node).unwrap();
         NodeInfo::from_slim(&slim)
+    }
+
+    #[test]
+    fn the_wireguard_key_annotation_is_read_and_a_bad_one_says_why() {
+        let key = |annotations: Value| {
+            info(json!({"metadata": {"name": "n1", "annotations": annotations}})).wireguard_key
+        };
+        let k = crate::encryption::Key([9; 32]);
+        assert_eq!(key(json!({ANNOTATION: k.to_base64()})), Some(Ok(k)));
+        assert_eq!(key(json!({"other": "x"})), None);
+        let bad = key(json!({ANNOTATION: "c2hvcnQ="}));
+        assert_eq!(bad, Some(Err("5 bytes, a key has 32".to_owned())));
+        // A bad key is no problem of the node's routing: it is still routed, in clear.
+        let node = info(
+            json!({"metadata": {"name": "n1", "annotations": {ANNOTATION: "!"}},
+            "spec": {"podCIDRs": ["10.244.1.0/24"]}}),
+        );
+        assert!(node.problems.is_empty(), "{:?}", node.problems);
+        assert_eq!(node.key(), None);
     }
 
     #[test]

@@ -782,10 +782,10 @@ mod tests {
     fn node(name: &str, cidrs: &[&str], ips: &[&str]) -> NodeInfo {
         NodeInfo {
             name: name.into(),
+            wireguard_key: None,
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
             internal_ips: ips.iter().map(|c| c.parse().unwrap()).collect(),
             problems: Vec::new(),
-            wireguard_key: None,
         }
     }
 

@@ -769,10 +769,10 @@ mod tests {
             name.to_owned(),
             NodeInfo {
                 name: name.into(),
+                wireguard_key: None,
                 pod_cidrs: vec![cidr.parse().unwrap()],
                 internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
                 problems: Vec::new(),
-                wireguard_key: None,
             },
         )
     }
@@ -795,178 +795,6 @@ mod tests {
 
     fn take(log: &Log) -> Vec<String> {
         std::mem::take(&mut *log.lock().unwrap())
-    }
-
-    #[test]
-    fn one_pass_writes_the_config_routes_the_others_and_syncs_egress() {
-        let mut f = fixture();
-        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
-        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
-        assert_eq!(
-            take(&f.log),
-            vec![
-                "write conflist",
-                "route 10.244.2.0/24 via 198.18.0.12 table 254",
-                "egress 10.244.1.0/24 exempt 10.244.1.0/24, 10.244.2.0/24",
-            ]
-        );
-        assert_eq!(outcome.routes, (1, 0));
-        assert_eq!(
-            outcome.egress_prefixes, 2,
-            "10.244.1.0/24 and 10.244.2.0/24"
-        );
-        let file = f.file.lock().unwrap().clone().unwrap();
-        let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
-        assert_eq!(json["plugins"][0]["mtu"], 1450);
-    }
-
-    #[test]
-    fn a_failing_step_does_not_stop_the_others_and_is_named() {
-        let mut f = fixture();
-        *f.writable.lock().unwrap() = false;
-        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
-        assert_eq!(outcome.failed_steps(), vec!["conflist"]);
-        let text = chain(&outcome.failures[0].1);
-        assert!(
-            text.starts_with("cannot write /etc/cni/net.d/10-test.conflist: "),
-            "{text}"
-        );
-        let log = take(&f.log);
-        assert!(
-            log.iter().any(|l| l.starts_with("route 10.244.2.0/24")),
-            "{log:?}"
-        );
-        assert!(log.iter().any(|l| l.starts_with("egress")), "{log:?}");
-        // Once the directory is writable again the next pass succeeds.
-        *f.writable.lock().unwrap() = true;
-        assert!(
-            f.reconciler
-                .reconcile(&nodes_only(&two_nodes()), false)
-                .failures
-                .is_empty()
-        );
-        assert!(f.file.lock().unwrap().is_some());
-    }
-
-    #[test]
-    fn a_host_that_cannot_be_read_is_a_host_failure_and_nothing_is_touched() {
-        let mut f = fixture();
-        *f.host.lock().unwrap() = None;
-        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
-        assert_eq!(outcome.failed_steps(), vec!["host"]);
-        assert!(take(&f.log).is_empty());
-    }
-
-    #[test]
-    fn the_uplink_mtu_reaches_the_config() {
-        let mut f = fixture();
-        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
-        take(&f.log);
-        f.host.lock().unwrap().as_mut().unwrap().address_mtus[0].1 = 1400;
-        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
-        assert_eq!(take(&f.log)[0], "write conflist");
-        let file = f.file.lock().unwrap().clone().unwrap();
-        let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
-        assert_eq!(json["plugins"][0]["mtu"], 1400);
-    }
-
-    #[test]
-    fn routes_follow_nodes_that_come_and_go() {
-        let mut f = fixture();
-        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
-        // The route is in the table now; n2 leaves and n3 comes.
-        f.host.lock().unwrap().as_mut().unwrap().ours = vec![crate::routes::our_route(
-            "10.244.2.0/24".parse().unwrap(),
-            "198.18.0.12".parse().unwrap(),
-            77,
-        )];
-        take(&f.log);
-        let mut nodes = two_nodes();
-        nodes.remove("n2");
-        nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
-        let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
-        let log = take(&f.log);
-        assert_eq!(
-            log[..2],
-            [
-                "delete 10.244.2.0/24 via 198.18.0.12 table 254".to_owned(),
-                "route 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
-            ]
-        );
-        assert_eq!(outcome.routes, (1, 0));
-    }
-
-    #[test]
-    fn vxlan_entries_are_written_once_and_read_back_only_on_a_resync() {
-        let mut f = fixture();
-        f.reconciler.settings.plan.overlay = Some(crate::plan::OverlaySettings {
-            enabled: true,
-            vni: 4097,
-            port: 4789,
-            device_prefix: "cni-vx".into(),
-        });
-        f.host
-            .lock()
-            .unwrap()
-            .as_mut()
-            .unwrap()
-            .view
-            .routes
-            .push(HostRoute {
-                dst: "0.0.0.0/0".parse().unwrap(),
-                gw: Some("198.18.0.1".parse().unwrap()),
-            });
-        let mut nodes = two_nodes();
-        nodes.extend([node("n3", "10.244.3.0/24", "203.0.113.3")]);
-        let entries = |log: &[String]| {
-            log.iter()
-                .filter(|l| l.starts_with("ReplaceFdb") || l.starts_with("ReplaceNeigh"))
-                .count()
-        };
-        f.reconciler.reconcile(&nodes_only(&nodes), false);
-        let log = take(&f.log);
-        assert_eq!(entries(&log), 2, "{log:?}");
-        assert!(
-            log.contains(&"route 10.244.3.0/24 via 10.244.3.0 dev #1 onlink table 254".to_owned()),
-            "{log:?}"
-        );
-        // The kernel now has the device (index 1, made by NoDevices) and the route;
-        // a pass that does not read the entries trusts what it wrote.
-        let local: IpAddr = "198.18.0.11".parse().unwrap();
-        {
-            let mut host = f.host.lock().unwrap();
-            let host = host.as_mut().unwrap();
-            host.address_indexes.insert(local, 2);
-            host.ours = vec![crate::routes::tunnel_route(
-                "10.244.3.0/24".parse().unwrap(),
-                "10.244.3.0".parse().unwrap(),
-                1,
-                77,
-            )];
-            host.overlay = vec![crate::overlay::fakes::device(
-                1, "cni-vx4", "vxlan", 4097, local, 1400, true,
-            )];
-        }
-        f.reconciler.reconcile(&nodes_only(&nodes), false);
-        let log = take(&f.log);
-        assert_eq!(entries(&log), 0, "{log:?}");
-        // A resync reads them: gone by hand, written again.
-        f.host.lock().unwrap().as_mut().unwrap().overlay[0].entries =
-            Some(DeviceEntries::default());
-        f.reconciler.reconcile(&nodes_only(&nodes), true);
-        assert_eq!(entries(&take(&f.log)), 2);
-    }
-
-    #[test]
-    fn without_a_pod_cidr_no_config_is_written_but_routes_are_kept() {
-        let mut f = fixture();
-        let mut nodes = two_nodes();
-        nodes.get_mut("n1").unwrap().pod_cidrs.clear();
-        let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
-        assert!(outcome.failures.is_empty());
-        let log = take(&f.log);
-        assert!(!log.contains(&"write conflist".to_owned()), "{log:?}");
-        assert!(f.file.lock().unwrap().is_none());
     }
 
     /// What the fake publisher was asked to write, and whether it refuses.
@@ -1238,5 +1066,219 @@ mod tests {
             ]
         );
         assert_eq!(outcome.encryption.without_key, 2);
+    }
+
+    #[test]
+    fn a_rotated_key_goes_on_the_device_and_is_published_while_the_routes_stay_on_it() {
+        let mut e = encrypting(false, None);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (old, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", old.public());
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        e.kernel.take_log();
+        take(&e.f.log);
+        e.published.lock().unwrap().clear();
+
+        let new = crate::encryption::key::rotate(&e.state_dir).unwrap();
+        assert_ne!(new, old.public());
+        // The API still shows the old key.
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            e.kernel.take_log(),
+            vec![format!("key cni-wg0 {new:?} port 51830")]
+        );
+        assert_eq!(*e.published.lock().unwrap(), vec![Some(new.to_base64())]);
+        let log = take(&e.f.log);
+        // (The fake host does not show what was written: the route is asked for again,
+        // and must be the one through the device, never the clear one.)
+        assert!(
+            log.iter()
+                .any(|l| l.starts_with("route 10.244.2.0/24 dev #"))
+                && !log.iter().any(|l| l.starts_with("route 10.244.2.0/24 via")),
+            "the route stays on the device: {log:?}"
+        );
+        assert_eq!(outcome.encrypted, (1, 0));
+        // The API shows the new key: nothing more to do.
+        let nodes = with_key(nodes, "n1", new);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
+        assert_eq!(e.published.lock().unwrap().len(), 1);
+        assert_eq!(outcome.encrypted, (1, 0));
+    }
+
+    #[test]
+    fn one_pass_writes_the_config_routes_the_others_and_syncs_egress() {
+        let mut f = fixture();
+        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            take(&f.log),
+            vec![
+                "write conflist",
+                "route 10.244.2.0/24 via 198.18.0.12 table 254",
+                "egress 10.244.1.0/24 exempt 10.244.1.0/24, 10.244.2.0/24",
+            ]
+        );
+        assert_eq!(outcome.routes, (1, 0));
+        assert_eq!(
+            outcome.egress_prefixes, 2,
+            "10.244.1.0/24 and 10.244.2.0/24"
+        );
+        let file = f.file.lock().unwrap().clone().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
+        assert_eq!(json["plugins"][0]["mtu"], 1450);
+    }
+
+    #[test]
+    fn a_failing_step_does_not_stop_the_others_and_is_named() {
+        let mut f = fixture();
+        *f.writable.lock().unwrap() = false;
+        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
+        assert_eq!(outcome.failed_steps(), vec!["conflist"]);
+        let text = chain(&outcome.failures[0].1);
+        assert!(
+            text.starts_with("cannot write /etc/cni/net.d/10-test.conflist: "),
+            "{text}"
+        );
+        let log = take(&f.log);
+        assert!(
+            log.iter().any(|l| l.starts_with("route 10.244.2.0/24")),
+            "{log:?}"
+        );
+        assert!(log.iter().any(|l| l.starts_with("egress")), "{log:?}");
+        // Once the directory is writable again the next pass succeeds.
+        *f.writable.lock().unwrap() = true;
+        assert!(
+            f.reconciler
+                .reconcile(&nodes_only(&two_nodes()), false)
+                .failures
+                .is_empty()
+        );
+        assert!(f.file.lock().unwrap().is_some());
+    }
+
+    #[test]
+    fn a_host_that_cannot_be_read_is_a_host_failure_and_nothing_is_touched() {
+        let mut f = fixture();
+        *f.host.lock().unwrap() = None;
+        let outcome = f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
+        assert_eq!(outcome.failed_steps(), vec!["host"]);
+        assert!(take(&f.log).is_empty());
+    }
+
+    #[test]
+    fn the_uplink_mtu_reaches_the_config() {
+        let mut f = fixture();
+        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
+        take(&f.log);
+        f.host.lock().unwrap().as_mut().unwrap().address_mtus[0].1 = 1400;
+        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
+        assert_eq!(take(&f.log)[0], "write conflist");
+        let file = f.file.lock().unwrap().clone().unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&file).unwrap();
+        assert_eq!(json["plugins"][0]["mtu"], 1400);
+    }
+
+    #[test]
+    fn routes_follow_nodes_that_come_and_go() {
+        let mut f = fixture();
+        f.reconciler.reconcile(&nodes_only(&two_nodes()), false);
+        // The route is in the table now; n2 leaves and n3 comes.
+        f.host.lock().unwrap().as_mut().unwrap().ours = vec![crate::routes::our_route(
+            "10.244.2.0/24".parse().unwrap(),
+            "198.18.0.12".parse().unwrap(),
+            77,
+        )];
+        take(&f.log);
+        let mut nodes = two_nodes();
+        nodes.remove("n2");
+        nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
+        let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
+        let log = take(&f.log);
+        assert_eq!(
+            log[..2],
+            [
+                "delete 10.244.2.0/24 via 198.18.0.12 table 254".to_owned(),
+                "route 10.244.3.0/24 via 198.18.0.13 table 254".to_owned(),
+            ]
+        );
+        assert_eq!(outcome.routes, (1, 0));
+    }
+
+    #[test]
+    fn vxlan_entries_are_written_once_and_read_back_only_on_a_resync() {
+        let mut f = fixture();
+        f.reconciler.settings.plan.overlay = Some(crate::plan::OverlaySettings {
+            enabled: true,
+            vni: 4097,
+            port: 4789,
+            device_prefix: "cni-vx".into(),
+        });
+        f.host
+            .lock()
+            .unwrap()
+            .as_mut()
+            .unwrap()
+            .view
+            .routes
+            .push(HostRoute {
+                dst: "0.0.0.0/0".parse().unwrap(),
+                gw: Some("198.18.0.1".parse().unwrap()),
+            });
+        let mut nodes = two_nodes();
+        nodes.extend([node("n3", "10.244.3.0/24", "203.0.113.3")]);
+        let entries = |log: &[String]| {
+            log.iter()
+                .filter(|l| l.starts_with("ReplaceFdb") || l.starts_with("ReplaceNeigh"))
+                .count()
+        };
+        f.reconciler.reconcile(&nodes_only(&nodes), false);
+        let log = take(&f.log);
+        assert_eq!(entries(&log), 2, "{log:?}");
+        assert!(
+            log.contains(&"route 10.244.3.0/24 via 10.244.3.0 dev #1 onlink table 254".to_owned()),
+            "{log:?}"
+        );
+        // The kernel now has the device (index 1, made by NoDevices) and the route;
+        // a pass that does not read the entries trusts what it wrote.
+        let local: IpAddr = "198.18.0.11".parse().unwrap();
+        {
+            let mut host = f.host.lock().unwrap();
+            let host = host.as_mut().unwrap();
+            host.address_indexes.insert(local, 2);
+            host.ours = vec![crate::routes::tunnel_route(
+                "10.244.3.0/24".parse().unwrap(),
+                "10.244.3.0".parse().unwrap(),
+                1,
+                77,
+            )];
+            host.overlay = vec![crate::overlay::fakes::device(
+                1, "cni-vx4", "vxlan", 4097, local, 1400, true,
+            )];
+        }
+        f.reconciler.reconcile(&nodes_only(&nodes), false);
+        let log = take(&f.log);
+        assert_eq!(entries(&log), 0, "{log:?}");
+        // A resync reads them: gone by hand, written again.
+        f.host.lock().unwrap().as_mut().unwrap().overlay[0].entries =
+            Some(DeviceEntries::default());
+        f.reconciler.reconcile(&nodes_only(&nodes), true);
+        assert_eq!(entries(&take(&f.log)), 2);
+    }
+
+    #[test]
+    fn without_a_pod_cidr_no_config_is_written_but_routes_are_kept() {
+        let mut f = fixture();
+        let mut nodes = two_nodes();
+        nodes.get_mut("n1").unwrap().pod_cidrs.clear();
+        let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty());
+        let log = take(&f.log);
+        assert!(!log.contains(&"write conflist".to_owned()), "{log:?}");
+        assert!(f.file.lock().unwrap().is_none());
     }
 }

@@ -52,8 +52,9 @@ pub struct DeviceState {
 
 /// What the agent asks of the kernel's WireGuard.
 pub trait WireguardKernel: Send {
-    /// `Err(Error::NoWireguard)` when this kernel has no WireGuard.
-    fn check(&mut self) -> Result<()>;
+    /// `Err(Error::NoWireguard)` when this kernel has no WireGuard (`name`: the device
+    /// the agent will ask for, for messages).
+    fn check(&mut self, name: &str) -> Result<()>;
     /// Makes the device (kind `wireguard`) with `mtu`, up; returns its index.
     fn create(&mut self, name: &str, mtu: u32) -> Result<u32>;
     /// Deletes the link `index` (the agent's device, named `name`).
@@ -180,7 +181,10 @@ pub struct Kernel {
 impl Kernel {
     fn wg(&mut self, device: &str) -> Result<&mut Wireguard> {
         if self.wg.is_none() {
-            self.wg = Some(Wireguard::open().map_err(|e| kernel_error(device, "open", e))?);
+            self.wg = Some(
+                Wireguard::open()
+                    .map_err(|e| kernel_error(device, "reach the kernel's WireGuard for", e))?,
+            );
         }
         self.wg.as_mut().ok_or_else(|| unreachable_error(device))
     }
@@ -207,8 +211,8 @@ fn kernel_error(device: &str, what: &str, e: cni_linux::Error) -> Error {
 }
 
 impl WireguardKernel for Kernel {
-    fn check(&mut self) -> Result<()> {
-        self.wg("").map(|_| ())
+    fn check(&mut self, name: &str) -> Result<()> {
+        self.wg(name).map(|_| ())
     }
     fn create(&mut self, name: &str, mtu: u32) -> Result<u32> {
         let fail = |what| move |e| kernel_error(name, what, e);
@@ -282,7 +286,7 @@ impl WireguardKernel for Kernel {
 pub struct Unsupported;
 
 impl WireguardKernel for Unsupported {
-    fn check(&mut self) -> Result<()> {
+    fn check(&mut self, _: &str) -> Result<()> {
         Err(Error::NoWireguard)
     }
     fn create(&mut self, _: &str, _: u32) -> Result<u32> {
@@ -367,7 +371,7 @@ pub mod fakes {
     }
 
     impl WireguardKernel for FakeKernel {
-        fn check(&mut self) -> Result<()> {
+        fn check(&mut self, _: &str) -> Result<()> {
             Ok(())
         }
         fn create(&mut self, name: &str, mtu: u32) -> Result<u32> {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::annotation::Publisher;
 use super::device::{KnownPeers, PeerState, WireguardKernel, peer_changes};
 use super::strict::{StrictPolicy, StrictRules};
-use super::{EncryptionSettings, Key, LocalEncryption, key, overhead};
+use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, key};
 use crate::error::{Error, Result};
 use crate::host::{self, HostState};
 use crate::node::NodeInfo;
@@ -89,6 +89,10 @@ pub struct Step {
     reported_clear: BTreeMap<String, String>,
     /// This node's device, as this pass found it.
     local: Option<LocalEncryption>,
+    /// The public key the device had before this agent put another on it (a
+    /// rotation): while the API still shows that one, the peers are about to follow,
+    /// and the routes stay on the device rather than flap to clear and back.
+    replaced: Option<Key>,
 }
 
 impl Step {
@@ -112,6 +116,7 @@ impl Step {
             strict_checked: false,
             reported_clear: BTreeMap::new(),
             local: None,
+            replaced: None,
         }
     }
 
@@ -136,11 +141,17 @@ impl Step {
         };
         match self.prepare(&settings, me, host, resync) {
             Ok(local) => {
-                let published = me.and_then(NodeInfo::key) == Some(local.public_key);
+                let shown = me.and_then(NodeInfo::key);
+                let published = shown == Some(local.public_key);
+                let rotating = shown.is_some() && shown == self.replaced;
+                if published {
+                    self.replaced = None;
+                }
+                let published = published || rotating;
                 let local = LocalEncryption { published, ..local };
                 self.local = Some(local);
                 host.view.wireguard = Some(local);
-                if !published
+                if shown != Some(local.public_key)
                     && let Err(e) = self.publish(Some(local.public_key.to_base64()), resync)
                 {
                     failures.push((STEP, e));
@@ -172,7 +183,7 @@ impl Step {
         resync: bool,
     ) -> Result<LocalEncryption> {
         let kernel = self.effects.kernel.as_mut().ok_or(Error::NoWireguard)?;
-        kernel.check()?;
+        kernel.check(&settings.device)?;
         let (private, made) = key::load_or_create(&settings.state_dir)?;
         let public = private.public();
         if made {
@@ -221,6 +232,9 @@ impl Step {
             let device = kernel.device(name)?;
             if device.public_key != Some(public) || device.listen_port != settings.port {
                 kernel.set_device(name, &private, settings.port)?;
+                if device.public_key != Some(public) {
+                    self.replaced = device.public_key;
+                }
                 tracing::info!(
                     "encryption: {name} has the key {} and port {}{}",
                     public.to_base64(),
@@ -419,15 +433,30 @@ impl Step {
         if self.settings.is_none() {
             return;
         }
+        // Grouped by reason: at thousands of nodes, one reason (this node's device not
+        // ready, say) is one line, not one per node.
+        let mut news: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (name, why) in &plan.clear {
             if self.reported_clear.get(name) != Some(why) {
-                tracing::warn!("encryption: node {name} is reached in clear: {why}");
+                news.entry(why.as_str()).or_default().push(name.as_str());
             }
         }
-        for name in self.reported_clear.keys() {
-            if !plan.clear.contains_key(name) && plan.peers.values().any(|p| &p.node == name) {
-                tracing::info!("encryption: node {name} is reached through WireGuard");
-            }
+        for (why, names) in news {
+            tracing::warn!("encryption: {} reached in clear: {why}", some_nodes(&names));
+        }
+        let encrypted: Vec<&str> = self
+            .reported_clear
+            .keys()
+            .filter(|name| {
+                !plan.clear.contains_key(*name) && plan.peers.values().any(|p| &p.node == *name)
+            })
+            .map(String::as_str)
+            .collect();
+        if !encrypted.is_empty() {
+            tracing::info!(
+                "encryption: {} reached through WireGuard",
+                some_nodes(&encrypted)
+            );
         }
         self.reported_clear = plan.clear.clone();
     }
@@ -438,17 +467,31 @@ impl Step {
     }
 }
 
+/// `node n2 is`, `nodes n2, n3 are`, `5000 nodes (n1, ..., n8 and 4992 more) are`.
+fn some_nodes(names: &[&str]) -> String {
+    const SHOWN: usize = 8;
+    match names {
+        [one] => format!("node {one} is"),
+        _ if names.len() <= SHOWN => format!("nodes {} are", names.join(", ")),
+        _ => format!(
+            "{} nodes ({} and {} more) are",
+            names.len(),
+            names[..SHOWN].join(", "),
+            names.len() - SHOWN
+        ),
+    }
+}
+
 /// The device's MTU: the uplink's minus WireGuard's overhead over the underlay the
 /// endpoints use.
 pub fn device_mtu(host: &HostState, own_internal_ips: &[std::net::IpAddr]) -> u32 {
     let (uplink, _) = host::choose_mtu(host, own_internal_ips);
-    let v4 = super::underlay_v4(own_internal_ips);
-    let sample = if v4 {
-        std::net::IpAddr::from([0, 0, 0, 0])
+    let cut = if super::underlay_v4(own_internal_ips) {
+        OVERHEAD_V4
     } else {
-        std::net::IpAddr::from([0u16; 8])
+        OVERHEAD_V6
     };
-    uplink.saturating_sub(overhead(sample))
+    uplink.saturating_sub(cut)
 }
 
 /// Bytes sent and received since the last read (`before`, by peer), and what was read
@@ -520,6 +563,18 @@ mod tests {
         // <=30, <=120, <=180, <=300, <=900, <=3600
         assert_eq!(buckets, vec![1, 1, 2, 2, 2, 2]);
         assert_eq!((all, never), (4, 1));
+    }
+
+    #[test]
+    fn many_nodes_are_named_in_one_short_line() {
+        assert_eq!(some_nodes(&["n2"]), "node n2 is");
+        assert_eq!(some_nodes(&["n2", "n3"]), "nodes n2, n3 are");
+        let many: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(
+            some_nodes(&many),
+            "20 nodes (n0, n1, n2, n3, n4, n5, n6, n7 and 12 more) are"
+        );
     }
 
     #[test]
