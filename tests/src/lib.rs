@@ -55,6 +55,7 @@ pub mod podman;
 pub mod policy_oracle;
 pub mod privilege;
 pub mod probe;
+pub mod segments;
 pub mod tempdir;
 pub mod underlay;
 

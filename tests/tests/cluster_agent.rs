@@ -31,7 +31,15 @@ use serde_json::Value;
 
 /// The steps `/readyz` names, one `<step>: <error>` line each (the agent's own list:
 /// `crates/cni-node/src/metrics.rs`).
-const STEPS: [&str; 6] = ["host", "conflist", "overlay", "routes", "egress", "policy"];
+const STEPS: [&str; 7] = [
+    "host",
+    "conflist",
+    "encryption",
+    "overlay",
+    "routes",
+    "egress",
+    "policy",
+];
 
 /// How long the agent must have made no pass before a test changes something, so that
 /// nothing but the change can wake it.
@@ -671,7 +679,7 @@ fn parse_labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String>
 }
 
 /// The metric families of the contract, as they appear in samples, with their type.
-const FAMILIES: [(&str, &str); 13] = [
+const FAMILIES: [(&str, &str); 20] = [
     ("cni_node_reconciles_total", "counter"),
     ("cni_node_reconcile_duration_seconds", "histogram"),
     ("cni_node_reconcile_failures_total", "counter"),
@@ -688,6 +696,13 @@ const FAMILIES: [(&str, &str); 13] = [
     ("cni_node_host_events_total", "counter"),
     ("cni_node_policy_profiles", "gauge"),
     ("cni_node_policy_peer_sets", "gauge"),
+    ("cni_node_encrypted_routes", "gauge"),
+    ("cni_node_wireguard_peers", "gauge"),
+    ("cni_node_wireguard_peers_without_key", "gauge"),
+    ("cni_node_wireguard_peers_handshake_within_seconds", "gauge"),
+    ("cni_node_wireguard_peers_never_handshaken", "gauge"),
+    ("cni_node_wireguard_sent_bytes_total", "counter"),
+    ("cni_node_wireguard_received_bytes_total", "counter"),
 ];
 
 /// `GET /metrics` of `host`'s agent, parsed.

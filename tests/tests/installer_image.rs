@@ -415,9 +415,10 @@ fn daemonset_serves_probes_and_metrics_where_the_kubelet_and_a_scraper_reach_the
 }
 
 #[test]
-fn rbac_lets_the_agent_read_what_it_watches_and_nothing_else() {
+fn rbac_lets_the_agent_read_what_it_watches_patch_nodes_and_nothing_else() {
     // The ClusterRole's rules, flattened to (group, resource) -> verbs: exactly get,
-    // list and watch on what the agent watches, no other resource, no other verb.
+    // list and watch on what the agent watches, patch on nodes (its own Node's WireGuard
+    // key annotation), no other resource, no other verb.
     let path = workspace_root().join("deploy/kubernetes/rbac.yaml");
     let manifest = fs::read_to_string(&path).expect("read rbac.yaml");
     let role = manifest
@@ -464,11 +465,12 @@ fn rbac_lets_the_agent_read_what_it_watches_and_nothing_else() {
     ]
     .iter()
     .map(|(g, r)| {
-        (
-            (*g).to_owned(),
-            (*r).to_owned(),
-            "get,list,watch".to_owned(),
-        )
+        let verbs = if *r == "nodes" {
+            "get,list,watch,patch"
+        } else {
+            "get,list,watch"
+        };
+        ((*g).to_owned(), (*r).to_owned(), verbs.to_owned())
     })
     .collect();
     want.sort();

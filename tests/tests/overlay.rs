@@ -17,55 +17,19 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{
-    Cluster, Host, PROTO, Segment, WITHOUT_RESYNC, node_name, node_v4, node_v6, pod_cidr_v4,
-    pod_cidr_v6, wait,
+    Cluster, PROTO, WITHOUT_RESYNC, node_name, pod_cidr_v4, pod_cidr_v6, wait,
 };
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::measured::record_duration;
-use cni_blackbox::underlay::{address, attach, source_seen};
+use cni_blackbox::segments::{
+    Place, ROUTER_B_V4, ROUTER_B_V6, b_v4, df_ping, node_at, on_a, on_b, segment_a_routes,
+    two_segments,
+};
+use cni_blackbox::underlay::{address, source_seen};
 use cni_blackbox::{Netns, require_root};
-use cni_kube_api::realistic_node;
-
-/// The router's addresses on segment A (the harness's underlay) and on segment B.
-const ROUTER_A_V4: &str = "198.18.0.254";
-const ROUTER_A_V6: &str = "fd00:18::fe";
-const ROUTER_B_V4: &str = "198.19.0.254";
-const ROUTER_B_V6: &str = "fd00:19::fe";
 
 /// The underlay MTU; the pod MTU is this minus 70 while IPv6 peers are encapsulated.
 const MTU: u32 = 1500;
-
-/// Node `n`'s addresses on segment B.
-fn b_v4(n: u8) -> String {
-    format!("198.19.0.{}", 10 + n)
-}
-fn b_v6(n: u8) -> String {
-    format!("fd00:19::{:x}", 0x10 + n)
-}
-
-/// Where a node is and its InternalIPs.
-#[derive(Debug, Clone)]
-struct Place {
-    segment: char,
-    v4: String,
-    v6: String,
-}
-
-fn on_a(n: u8) -> Place {
-    Place {
-        segment: 'A',
-        v4: node_v4(n),
-        v6: node_v6(n),
-    }
-}
-
-fn on_b(n: u8) -> Place {
-    Place {
-        segment: 'B',
-        v4: b_v4(n),
-        v6: b_v6(n),
-    }
-}
 
 /// The first address of a pod CIDR: a node's VTEP address.
 fn vtep(cidr: &str) -> String {
@@ -138,119 +102,6 @@ fn ifindex(ns: &Netns, dev: &str) -> Option<u32> {
         .ok()
 }
 
-/// The Node object of node `n` at `place`.
-fn node_at(n: u8, place: &Place) -> serde_json::Value {
-    realistic_node(
-        &node_name(n),
-        &[&pod_cidr_v4(n), &pod_cidr_v6(n)],
-        &[&place.v4, &place.v6],
-        40,
-    )
-}
-
-/// One `ping` with DF set and `size` bytes of payload from `from` to `to`.
-fn df_ping(from: &Netns, to: IpAddr, size: u32) -> Result<(), String> {
-    let family = if to.is_ipv4() { "-4" } else { "-6" };
-    let size = size.to_string();
-    let to = to.to_string();
-    let out = from.exec(&[
-        "ping", family, "-n", "-c", "1", "-W", "2", "-M", "do", "-s", &size, &to,
-    ]);
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ping -M do -s {size} {to}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
-/// Segment B's bridge and the router between the segments; the API server's
-/// namespace answers segment B through the router.
-fn second_segment(cluster: &Cluster) -> Netns {
-    let ul = &cluster.underlay;
-    ul.exec_ok(&[
-        "ip", "link", "add", "ulbr2", "mtu", "1500", "type", "bridge",
-    ]);
-    ul.exec_ok(&["ip", "link", "set", "ulbr2", "up"]);
-    let router = Netns::new("cnibb-ovl-router");
-    attach(ul, "ulbr", &router, "rtr-a");
-    address(&router, ROUTER_A_V4, "24");
-    address(&router, ROUTER_A_V6, "64");
-    ul.exec_ok(&[
-        "ip",
-        "link",
-        "add",
-        "rtr-b",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "ul1",
-        "netns",
-        router.name(),
-    ]);
-    ul.exec_ok(&["ip", "link", "set", "rtr-b", "master", "ulbr2", "up"]);
-    router.exec_ok(&["ip", "link", "set", "ul1", "up"]);
-    router.exec_ok(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{ROUTER_B_V4}/24"),
-        "dev",
-        "ul1",
-    ]);
-    router.exec_ok(&[
-        "ip",
-        "addr",
-        "add",
-        &format!("{ROUTER_B_V6}/64"),
-        "dev",
-        "ul1",
-        "nodad",
-    ]);
-    router.exec_ok(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-    router.exec_ok(&["sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
-    ul.exec_ok(&["ip", "route", "add", "198.19.0.0/24", "via", ROUTER_A_V4]);
-    router
-}
-
-/// A node on segment A, with routes to segment B through the router.
-fn host_on_a(cluster: &Cluster, n: u8) -> Host {
-    let host = cluster.new_host(n, MTU);
-    segment_a_routes(&host.ns);
-    host
-}
-
-fn segment_a_routes(ns: &Netns) {
-    ns.exec_ok(&["ip", "route", "add", "198.19.0.0/24", "via", ROUTER_A_V4]);
-    ns.exec_ok(&[
-        "ip",
-        "-6",
-        "route",
-        "add",
-        "fd00:19::/64",
-        "via",
-        ROUTER_A_V6,
-    ]);
-}
-
-fn host_on_b(cluster: &Cluster, n: u8) -> Host {
-    cluster.new_host_on(
-        n,
-        MTU,
-        &Segment {
-            bridge: "ulbr2",
-            v4: b_v4(n),
-            v6: b_v6(n),
-            gateway_v4: ROUTER_B_V4.to_owned(),
-            gateway_v6: ROUTER_B_V6.to_owned(),
-        },
-    )
-}
-
 /// Pings `to` from `from` every 10 ms `count` times; the longest run of lost replies,
 /// in ms, and how many arrived.
 fn ping_gap(from: &Netns, to: IpAddr, count: u32) -> std::process::Child {
@@ -295,32 +146,13 @@ fn longest_gap_ms(child: std::process::Child, count: u32) -> (u32, usize) {
     (longest * 10, seqs.len())
 }
 
-/// The cluster with nodes `on_a` on segment A and `on_b` on segment B (namespaces, no
-/// Node objects or agents yet), the router, and where each node is.
-fn two_segments(on_a_nodes: &[u8], on_b_nodes: &[u8]) -> (Cluster, Netns, BTreeMap<u8, Place>) {
-    let mut cluster = Cluster::without_nodes(MTU);
-    let router = second_segment(&cluster);
-    let mut places: BTreeMap<u8, Place> = BTreeMap::new();
-    for &n in on_a_nodes {
-        let host = host_on_a(&cluster, n);
-        cluster.hosts.push(host);
-        places.insert(n, on_a(n));
-    }
-    for &n in on_b_nodes {
-        let host = host_on_b(&cluster, n);
-        cluster.hosts.push(host);
-        places.insert(n, on_b(n));
-    }
-    (cluster, router, places)
-}
-
 #[test]
 fn nodes_behind_a_router_are_reached_through_vxlan_and_the_overlay_follows_every_change() {
     if !require_root() {
         return;
     }
     let started = Instant::now();
-    let (mut cluster, router, mut places) = two_segments(&[1, 2], &[3, 4]);
+    let (mut cluster, router, mut places) = two_segments(&[1, 2], &[3, 4], MTU);
     // Someone else's VXLAN device on node 1, with an entry of its own.
     let n1 = &cluster.hosts[0].ns;
     n1.exec_ok(&[
@@ -684,7 +516,7 @@ fn neighbour_notification_a_vxlan_fdb_or_neighbour_entry_deleted_by_hand_is_back
     if !require_root() {
         return;
     }
-    let (mut cluster, _router, places) = two_segments(&[1], &[3]);
+    let (mut cluster, _router, places) = two_segments(&[1], &[3], MTU);
     for (n, place) in &places {
         cluster.api.apply_node(node_at(*n, place));
     }
@@ -898,7 +730,7 @@ fn traffic_direct_and_encapsulated() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
-    let (mut cluster, _router, places) = two_segments(&[1, 2], &[3]);
+    let (mut cluster, _router, places) = two_segments(&[1, 2], &[3], MTU);
     for (n, place) in &places {
         cluster.api.apply_node(node_at(*n, place));
     }

@@ -1,6 +1,6 @@
 //! Firewall side of the CNI plugins: IP masquerade rules on iptables or
 //! nftables, the bridge plugin's MAC spoof check, the portmap plugin's host ports and
-//! the node agent's egress SNAT, the bridge's port security, named exactly like the
+//! the node agent's egress SNAT and strict encryption, the bridge's port security, named exactly like the
 //! reference plugins' rules so operators and the reference plugins recognise
 //! them, and the node agent's NetworkPolicy datapath.
 //!
@@ -10,7 +10,8 @@
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
 //!
-//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`),
+//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`,
+//! `strict_encryption`),
 //! over what they share: the nf_tables client (`nfnetlink`), the expressions and chains
 //! several features build alike (`nft_build`), the iptables-save/restore reader-writer
 //! (`iptables`) and the choice between the two tools ([`Backend`]).
@@ -29,6 +30,7 @@ pub mod network_policy;
 mod nfnetlink;
 mod nft_build;
 pub mod port_security;
+pub mod strict_encryption;
 
 pub use backend::Backend;
 pub use error::{Error, Result};

@@ -91,6 +91,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The kernel has no WireGuard: the generic netlink family `wireguard` does not
+    /// resolve, or links of kind `wireguard` are refused (a kernel built without it, or
+    /// whose module cannot load). See [`Error::is_no_wireguard`].
+    #[error(
+        "the kernel has no WireGuard (no \"wireguard\" generic netlink family or link kind: \
+         a kernel built without CONFIG_WIREGUARD, or its module cannot load)"
+    )]
+    NoWireguard {
+        /// The kernel's answer: ENOENT from the family lookup, EOPNOTSUPP from a link
+        /// creation.
+        #[source]
+        source: io::Error,
+    },
     /// A link that must exist was not found.
     #[error("link {name:?} not found")]
     LinkNotFound {
@@ -161,10 +174,7 @@ impl Error {
     /// The errno behind this error as a positive number, if there is one.
     pub fn errno(&self) -> Option<i32> {
         match self {
-            Self::Netlink { source, .. } => source.raw_os_error().or_else(|| {
-                let refusal = source.get_ref()?.downcast_ref::<Explained>()?;
-                Some(refusal.errno)
-            }),
+            Self::Netlink { source, .. } | Self::NoWireguard { source } => source_errno(source),
             Self::NetnsOpen { source, .. }
             | Self::NetnsThread { source, .. }
             | Self::Connect { source }
@@ -186,6 +196,11 @@ impl Error {
     /// a kernel built without it).
     pub fn is_unsupported(&self) -> bool {
         self.errno() == Some(Errno::EOPNOTSUPP as i32)
+    }
+
+    /// True when the kernel has no WireGuard ([`Error::NoWireguard`]).
+    pub fn is_no_wireguard(&self) -> bool {
+        matches!(self, Self::NoWireguard { .. })
     }
 
     /// True when a link, address or route the request named does not exist.
@@ -236,6 +251,15 @@ impl Error {
             source,
         }
     }
+}
+
+/// The errno of a netlink failure's source: in the `io::Error` itself, or in the
+/// kernel's explained refusal it wraps.
+pub(crate) fn source_errno(source: &io::Error) -> Option<i32> {
+    source.raw_os_error().or_else(|| {
+        let refusal = source.get_ref()?.downcast_ref::<Explained>()?;
+        Some(refusal.errno)
+    })
 }
 
 /// A refusal with the kernel's explanation: printed as the errno is, then the

@@ -1,7 +1,7 @@
 //! The Linux side of the CNI plugins: network namespaces ([`netns`]),
 //! netlink operations on links, bridges, veth pairs, VXLAN devices and their
-//! FDB and neighbour entries, addresses and routes ([`netlink`]), and sysctls
-//! ([`sysctl`]).
+//! FDB and neighbour entries, addresses and routes, WireGuard devices and their
+//! peers ([`netlink`], [`netlink::wireguard`]), and sysctls ([`sysctl`]).
 //!
 //! Namespace discipline: no long-lived thread ever calls `setns`. Work
 //! inside another netns either uses a netlink socket created there
@@ -17,7 +17,8 @@ pub use cni_protocol::mac::{self, MacAddr};
 pub use error::{Error, Result};
 pub use netlink::{
     Address, AddressOptions, BridgePort, Change, Family, FdbEntry, Link, Neighbour, Netlink,
-    OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry, Vxlan, VxlanInfo,
+    OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry, Vxlan, VxlanInfo, WgDevice, WgKey,
+    WgPeer, WgPeerConfig, Wireguard,
 };
 pub use netns::NetNs;
 /// The errno type behind [`Error::errno`], to name errnos rather than write numbers.

@@ -17,8 +17,10 @@ use kube::Api;
 use kube::runtime::watcher;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::cli::{Options, OverlayMode};
+use crate::cli::{EncryptionMode, Options, OverlayMode};
 use crate::conflist::ConflistSettings;
+use crate::encryption::EncryptionSettings;
+use crate::encryption::step::EncryptionEffects;
 use crate::error::{Error, Result, chain};
 use crate::health::{Health, Readiness};
 use crate::host::Host;
@@ -47,6 +49,7 @@ pub fn settings(options: &Options) -> Settings {
             cluster_cidrs: options.cluster_cidrs.clone(),
             no_masquerade: options.no_masquerade.clone(),
             overlay: Some(overlay_settings(options)),
+            encryption: encryption_settings(options),
         },
         mtu: options.mtu,
         conflist: ConflistSettings {
@@ -63,7 +66,18 @@ pub fn settings(options: &Options) -> Settings {
                 .then(|| options.pod_record_dir.to_string_lossy().into_owned()),
         },
         policy_shared_peer_ranges: usize::try_from(options.policy_shared_peer_ranges).ok(),
+        encryption_device: options.wireguard_device.clone(),
     }
+}
+
+/// The encryption settings with `--encryption wireguard`, else `None`.
+pub fn encryption_settings(options: &Options) -> Option<EncryptionSettings> {
+    (options.encryption == EncryptionMode::Wireguard).then(|| EncryptionSettings {
+        device: options.wireguard_device.clone(),
+        port: options.wireguard_port,
+        strict: options.encryption_strict,
+        state_dir: options.state_dir.clone(),
+    })
 }
 
 /// The overlay's settings (with `--overlay off` not enabled: the agent still knows
@@ -113,6 +127,7 @@ pub fn reconcile_loop(
         metrics.owned(v4, v6, outcome.egress_prefixes, outcome.skipped);
         metrics.tunnels(outcome.tunnels.0, outcome.tunnels.1);
         metrics.policy(outcome.policy);
+        metrics.encryption(outcome.encrypted, &outcome.encryption);
         let mut not_ready: Vec<(&'static str, String)> = outcome
             .failures
             .iter()
@@ -210,6 +225,18 @@ pub async fn run(options: Options) -> Result<()> {
     if options.network_policy {
         host::notify_records(&options.pod_record_dir, Arc::clone(&wake))?;
     }
+    let encryption = encryption_settings(&options);
+    if let Some(settings) = &encryption {
+        // `cni-node rotate-key` replaces the key file: the agent hears it at once.
+        host::notify_key_dir(&settings.state_dir, Arc::clone(&wake))?;
+        tracing::info!(
+            "encryption: WireGuard on {} (port {}){}, key in {}",
+            settings.device,
+            settings.port,
+            if settings.strict { ", strict" } else { "" },
+            crate::encryption::key::path(&settings.state_dir).display()
+        );
+    }
     let reconciler = Reconciler::new(
         settings(&options),
         options.route_protocol,
@@ -220,7 +247,11 @@ pub async fn run(options: Options) -> Result<()> {
                 bin_dir: options.bin_dir.clone(),
                 overlay_names: {
                     let overlay = overlay_settings(&options);
-                    vec![overlay.device_name(false), overlay.device_name(true)]
+                    vec![
+                        overlay.device_name(false),
+                        overlay.device_name(true),
+                        options.wireguard_device.clone(),
+                    ]
                 },
                 records_dir,
             }),
@@ -236,6 +267,17 @@ pub async fn run(options: Options) -> Result<()> {
             } else {
                 None
             },
+            encryption: Some(EncryptionEffects {
+                kernel: match &encryption {
+                    Some(_) => Some(crate::encryption::device::open_kernel()?),
+                    None => None,
+                },
+                publisher: Box::new(crate::encryption::annotation::ApiPublisher {
+                    client: client.clone(),
+                    runtime: tokio::runtime::Handle::current(),
+                }),
+                strict: Box::new(crate::encryption::strict::Table),
+            }),
         },
     )
     .with_entries_watch(entries_watch);
@@ -448,6 +490,7 @@ mod tests {
                 devices: Box::new(crate::overlay::fakes::NoDevices),
                 egress: None,
                 policy: None,
+                encryption: None,
             },
         );
         let Running {
@@ -532,6 +575,7 @@ mod tests {
                 devices: Box::new(crate::overlay::fakes::NoDevices),
                 egress: None,
                 policy: Some(Box::new(Tables(Arc::clone(&applied)))),
+                encryption: None,
             },
         );
         let Running {

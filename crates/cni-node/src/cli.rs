@@ -18,8 +18,9 @@ The cni-plugins-rs node agent. Watches the Kubernetes Node objects and keeps thi
 node in step with them: the CNI network config for its pod CIDRs (bridge +
 host-local, portmap and bandwidth when installed, loopback), a route to every other node's pod
 CIDR via that node's InternalIP when it is on this node's link, else through a
-VXLAN device (--overlay), masquerading of pod traffic that leaves the cluster, and
-a pod MTU that fits the node's uplink and the encapsulation.
+VXLAN device (--overlay), with --encryption wireguard through a WireGuard device
+to every node that publishes a key, masquerading of pod traffic that leaves the
+cluster, and a pod MTU that fits the node's uplink and the encapsulation.
 Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr;
@@ -47,6 +48,16 @@ pub enum OverlayMode {
     Vxlan,
     /// Not at all: such nodes are skipped with a log line (host-gw).
     Off,
+}
+
+/// Whether pod traffic between nodes is encrypted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EncryptionMode {
+    /// Not encrypted (a key this node published before is taken off its Node, its
+    /// device deleted).
+    Off,
+    /// Through kernel WireGuard, to every node that publishes a key.
+    Wireguard,
 }
 
 /// How log lines are written.
@@ -94,6 +105,12 @@ impl Cli {
                  or --node-name <NAME>",
             ));
         }
+        if cli.options.encryption_strict && cli.options.encryption == EncryptionMode::Off {
+            return Err(Self::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--encryption-strict needs --encryption wireguard",
+            ));
+        }
         Ok(cli)
     }
 }
@@ -106,6 +123,18 @@ pub enum Subcommand {
     /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
     /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
+    /// Replaces this node's WireGuard private key with a new one in --state-dir; the
+    /// running agent puts it on its device and publishes the new public key, and the
+    /// other nodes follow within seconds; prints the new public key
+    RotateKey(RotateKeyArgs),
+}
+
+/// `cni-node rotate-key`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct RotateKeyArgs {
+    /// The running agent's --state-dir
+    #[arg(long = "state-dir", value_name = "DIR", default_value = crate::encryption::DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
 }
 
 /// `cni-node explain`.
@@ -342,6 +371,49 @@ pub struct Options {
     )]
     pub vxlan_device: String,
 
+    /// Encrypt pod traffic to other nodes that also do (a node without a key is still
+    /// reached in clear, unless --encryption-strict)
+    #[arg(
+        long,
+        value_name = "MODE",
+        value_enum,
+        default_value_t = EncryptionMode::Off
+    )]
+    pub encryption: EncryptionMode,
+
+    /// Never send pod traffic to another node in clear, and drop clear pod traffic from
+    /// nodes that publish a key (needs --encryption wireguard)
+    #[arg(long = "encryption-strict")]
+    pub encryption_strict: bool,
+
+    /// The WireGuard device's name
+    #[arg(
+        long = "wireguard-device",
+        value_name = "NAME",
+        default_value = crate::encryption::DEFAULT_DEVICE,
+        value_parser = interface_name
+    )]
+    pub wireguard_device: String,
+
+    /// The WireGuard device's UDP port, the same on every node (Calico and flannel use
+    /// 51820, flannel 51821 too, Cilium 51871)
+    #[arg(
+        long = "wireguard-port",
+        value_name = "PORT",
+        default_value_t = crate::encryption::DEFAULT_PORT,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub wireguard_port: u16,
+
+    /// Where the agent keeps its state across restarts: the WireGuard private key
+    /// (root-only)
+    #[arg(
+        long = "state-dir",
+        value_name = "DIR",
+        default_value = crate::encryption::DEFAULT_STATE_DIR
+    )]
+    pub state_dir: PathBuf,
+
     /// How log lines are written
     #[arg(
         long = "log-format",
@@ -492,6 +564,46 @@ mod tests {
         assert_eq!(o.overlay, OverlayMode::Vxlan);
         assert_eq!((o.vxlan_vni, o.vxlan_port), (4097, 4789));
         assert_eq!(o.vxlan_device, "cni-vx");
+        assert_eq!(o.encryption, EncryptionMode::Off);
+        assert!(!o.encryption_strict);
+        assert_eq!(
+            (o.wireguard_device.as_str(), o.wireguard_port),
+            ("cni-wg0", 51830)
+        );
+        assert_eq!(o.state_dir, PathBuf::from("/var/lib/cni-node"));
+    }
+
+    #[test]
+    fn encryption_options() {
+        let o = run(&[
+            "--encryption=wireguard",
+            "--encryption-strict",
+            "--wireguard-device",
+            "wg9",
+            "--wireguard-port=51999",
+            "--state-dir=/s",
+        ]);
+        assert_eq!(o.encryption, EncryptionMode::Wireguard);
+        assert!(o.encryption_strict);
+        assert_eq!(
+            (o.wireguard_device.as_str(), o.wireguard_port),
+            ("wg9", 51999)
+        );
+        assert_eq!(o.state_dir, PathBuf::from("/s"));
+        let e = run_err(&["--encryption-strict"]);
+        assert!(e.contains("--encryption wireguard"), "{e}");
+        assert!(run_err(&["--encryption=ipsec"]).contains("ipsec"));
+        assert!(run_err(&["--wireguard-port=0"]).contains("--wireguard-port"));
+        let cli = Cli::parse_args(
+            ["cni-node", "rotate-key", "--state-dir", "/k"].map(std::ffi::OsString::from),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            cli.command,
+            Some(Subcommand::RotateKey(RotateKeyArgs {
+                state_dir: PathBuf::from("/k")
+            }))
+        );
     }
 
     #[test]

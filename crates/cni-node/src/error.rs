@@ -235,6 +235,77 @@ pub enum Error {
         answer: String,
     },
 
+    /// The WireGuard key file could not be read, made or written.
+    #[error("cannot {action} the WireGuard key file {path}")]
+    KeyFile {
+        /// `read`, `create` or `write`.
+        action: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What the file system said.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The WireGuard key file holds something that is not a key.
+    #[error(
+        "the WireGuard key file {path} does not hold a key ({why}); move it away to have a \
+         new key made, or restore it from a backup"
+    )]
+    BadKeyFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+
+    /// This kernel has no WireGuard.
+    #[error(
+        "this kernel has no WireGuard (no \"wireguard\" generic netlink family; load the \
+         module or use a kernel that has it): pod traffic to other nodes goes in clear"
+    )]
+    NoWireguard,
+
+    /// A WireGuard request failed.
+    #[error("cannot {what} the WireGuard device {device}")]
+    Wireguard {
+        /// The device.
+        device: String,
+        /// What was asked.
+        what: String,
+        /// The kernel's answer.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// A link with the WireGuard device's name is not a WireGuard device.
+    #[error(
+        "{name} exists and is not the agent's WireGuard device ({what}): it is left alone \
+         and pod traffic to other nodes goes in clear; give --wireguard-device another name"
+    )]
+    ForeignWireguardDevice {
+        /// The link's name.
+        name: String,
+        /// What it is.
+        what: String,
+    },
+
+    /// This node's public key could not be published on its Node object.
+    #[error("cannot write the annotation {annotation} of Node {node}")]
+    Publish {
+        /// The annotation.
+        annotation: &'static str,
+        /// This node's name.
+        node: String,
+        /// What the API server said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// The strict mode's firewall table could not be written.
+    #[error("cannot write the strict encryption table")]
+    Strict(#[source] cni_firewall::error::Error),
+
     /// The metrics could not be encoded (a bug: the registry holds only our metrics).
     #[error("cannot encode the metrics")]
     Metrics(#[source] std::fmt::Error),

@@ -41,6 +41,9 @@ pub struct HostView {
     pub addresses: Vec<IpAddr>,
     /// The main table's unicast routes, except the agent's own.
     pub routes: Vec<HostRoute>,
+    /// This node's WireGuard device, when it is ready to encrypt (filled in by the
+    /// reconciler's encryption step, not read with the rest).
+    pub wireguard: Option<crate::encryption::LocalEncryption>,
 }
 
 impl HostView {
@@ -88,8 +91,8 @@ pub struct HostState {
     pub bandwidth_installed: bool,
     /// The index of the link holding each address.
     pub address_indexes: BTreeMap<IpAddr, u32>,
-    /// The links named like the agent's VXLAN devices, whatever they are, with what
-    /// they hold.
+    /// The links named like the agent's VXLAN devices and its WireGuard device,
+    /// whatever they are, with what they hold.
     pub overlay: Vec<DeviceState>,
     /// The bridge plugin's pod records, address -> pod (`namespace/name`), when the
     /// agent reads them (NetworkPolicy enforced): a new pod's address is known here
@@ -151,7 +154,7 @@ pub struct Host {
     pub protocol: u8,
     /// The CNI bin dir.
     pub bin_dir: PathBuf,
-    /// The names of the agent's VXLAN devices (none when the overlay is off).
+    /// The names of the agent's VXLAN devices and of its WireGuard device.
     pub overlay_names: Vec<String>,
     /// Where the bridge plugin leaves its pod records, when they are read.
     pub records_dir: Option<PathBuf>,
@@ -316,6 +319,54 @@ pub fn notify_records(dir: &Path, wake: Arc<Wake>) -> Result<()> {
         })
         .map_err(|source| Error::Thread {
             name: "pod-records",
+            source,
+        })?;
+    Ok(())
+}
+
+/// Wakes the reconciler whenever the WireGuard key file in `dir` is replaced
+/// (`cni-node rotate-key`), from a thread of its own blocked on inotify. The directory
+/// is made root-only if missing, so it can be watched before the first key.
+pub fn notify_key_dir(dir: &Path, wake: Arc<Wake>) -> Result<()> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    use std::os::unix::fs::DirBuilderExt;
+    let fail = |source: std::io::Error| Error::KeyFile {
+        action: "watch",
+        path: crate::encryption::key::path(dir),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(fail)?;
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| fail(e.into()))?;
+    inotify
+        .add_watch(
+            dir,
+            AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_DELETE,
+        )
+        .map_err(|e| fail(e.into()))?;
+    std::thread::Builder::new()
+        .name("key-file".into())
+        .spawn(move || {
+            loop {
+                match inotify.read_events() {
+                    Ok(events) if events.is_empty() => {}
+                    Ok(_) => wake.notify(),
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => {
+                        tracing::warn!(
+                            "cannot read the key file's notifications ({e}); the resync still \
+                             reads the key"
+                        );
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            }
+        })
+        .map_err(|source| Error::Thread {
+            name: "key-file",
             source,
         })?;
     Ok(())

@@ -9,7 +9,8 @@
 //! - [`plan`]: the whole desired state as plain data, from a snapshot of the stores and
 //!   the host; [`reconcile`]: the one reconciler that applies the difference through
 //!   [`conflist`], [`overlay`] (the VXLAN devices), [`routes`] (routes and the tunnels'
-//!   entries), [`egress`] and the policy tables.
+//!   entries), [`egress`], [`encryption`] (WireGuard between nodes) and the policy
+//!   tables.
 //! - [`policy`]: the policy tiers in packet order, one module per policy kind (its
 //!   store, readiness and compile), the kernel side and `explain`.
 //! - [`agent`]: how the parts meet (threads, wake-ups, retries); [`wake`]: the
@@ -22,6 +23,7 @@ pub mod api;
 pub mod cli;
 pub mod conflist;
 pub mod egress;
+pub mod encryption;
 pub mod error;
 pub mod explain_socket;
 pub mod health;
@@ -57,8 +59,10 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
             };
         }
     };
-    if let Some(cli::Subcommand::Explain(args)) = &cli.command {
-        return explain(args);
+    match &cli.command {
+        Some(cli::Subcommand::Explain(args)) => return explain(args),
+        Some(cli::Subcommand::RotateKey(args)) => return rotate_key(args),
+        None => {}
     }
     let options = cli.options;
     logging::init(options.log_format, options.verbose);
@@ -77,6 +81,21 @@ pub fn main(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{}", chain(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `cni-node rotate-key`: a new private key in the state directory; prints the new
+/// public key. The running agent hears the file change.
+fn rotate_key(args: &cli::RotateKeyArgs) -> ExitCode {
+    match encryption::key::rotate(&args.state_dir) {
+        Ok(public) => {
+            println!("{}", public.to_base64());
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("cni-node rotate-key: {}", chain(&why));
             ExitCode::FAILURE
         }
     }

@@ -13,14 +13,27 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::encryption::step::{EncryptionCounts, HANDSHAKE_BUCKETS};
 use crate::error::{Error, Result};
 use crate::policy::datapath::PolicyCounts;
+
+/// The `le` labels of the handshake age gauges, one per [`HANDSHAKE_BUCKETS`] bound.
+const HANDSHAKE_BUCKET_LABELS: [&str; HANDSHAKE_BUCKETS.len()] =
+    ["30", "120", "180", "300", "900", "3600"];
 
 /// The labels of a metric family: one name, one value.
 pub type Label = [(&'static str, &'static str); 1];
 
 /// The reconcile steps, as they appear in `step` labels and in `/readyz`.
-pub const STEPS: [&str; 6] = ["host", "conflist", "overlay", "routes", "egress", "policy"];
+pub const STEPS: [&str; 7] = [
+    "host",
+    "conflist",
+    "encryption",
+    "overlay",
+    "routes",
+    "egress",
+    "policy",
+];
 
 /// The content type of the text exposition ([`Metrics::encode`]).
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -44,6 +57,13 @@ pub struct Metrics {
     policy_isolated: Family<Label, Gauge>,
     policy_profiles: Gauge,
     policy_peer_sets: Gauge,
+    encrypted_routes: Family<Label, Gauge>,
+    wireguard_peers: Gauge,
+    wireguard_without_key: Gauge,
+    wireguard_handshakes: Family<Label, Gauge>,
+    wireguard_never: Gauge,
+    wireguard_sent: Counter,
+    wireguard_received: Counter,
 }
 
 impl Default for Metrics {
@@ -75,6 +95,13 @@ impl Metrics {
             policy_isolated: Family::default(),
             policy_profiles: Gauge::default(),
             policy_peer_sets: Gauge::default(),
+            encrypted_routes: Family::default(),
+            wireguard_peers: Gauge::default(),
+            wireguard_without_key: Gauge::default(),
+            wireguard_handshakes: Family::default(),
+            wireguard_never: Gauge::default(),
+            wireguard_sent: Counter::default(),
+            wireguard_received: Counter::default(),
         };
         registry.register(
             "reconciles",
@@ -156,6 +183,51 @@ impl Metrics {
             "NetworkPolicy peer sets (the addresses of a selector's pods) that profiles share",
             m.policy_peer_sets.clone(),
         );
+        registry.register(
+            "encrypted_routes",
+            "Other nodes' pod CIDRs reached through the WireGuard device (their routes are \
+             among the routes), by family",
+            m.encrypted_routes.clone(),
+        );
+        registry.register(
+            "wireguard_peers",
+            "Peers on the WireGuard device (other nodes that publish a key)",
+            m.wireguard_peers.clone(),
+        );
+        registry.register(
+            "wireguard_peers_without_key",
+            "With encryption on, other nodes reached in clear (the reason is in the log)",
+            m.wireguard_without_key.clone(),
+        );
+        registry.register(
+            "wireguard_peers_handshake_within_seconds",
+            "Peers whose last handshake is at most le seconds old, at the last resync \
+             (cumulative; le=\"+Inf\" counts every peer that had one)",
+            m.wireguard_handshakes.clone(),
+        );
+        registry.register(
+            "wireguard_peers_never_handshaken",
+            "Peers without a handshake yet, at the last resync",
+            m.wireguard_never.clone(),
+        );
+        registry.register_with_unit(
+            "wireguard_sent",
+            "Bytes sent to the WireGuard peers (read at each resync)",
+            Unit::Bytes,
+            m.wireguard_sent.clone(),
+        );
+        registry.register_with_unit(
+            "wireguard_received",
+            "Bytes received from the WireGuard peers (read at each resync)",
+            Unit::Bytes,
+            m.wireguard_received.clone(),
+        );
+        for family in ["ipv4", "ipv6"] {
+            let _ = m.encrypted_routes.get_or_create(&[("family", family)]);
+        }
+        for bound in HANDSHAKE_BUCKET_LABELS.iter().chain(&["+Inf"]) {
+            let _ = m.wireguard_handshakes.get_or_create(&[("le", bound)]);
+        }
         for direction in ["ingress", "egress"] {
             let _ = m.policy_isolated.get_or_create(&[("direction", direction)]);
         }
@@ -225,6 +297,31 @@ impl Metrics {
         self.tunnel_peers
             .get_or_create(&[("family", "ipv6")])
             .set(gauge(v6));
+    }
+
+    /// The routes through the WireGuard device and what the encryption step counted.
+    pub fn encryption(&self, routes: (usize, usize), counts: &EncryptionCounts) {
+        self.encrypted_routes
+            .get_or_create(&[("family", "ipv4")])
+            .set(gauge(routes.0));
+        self.encrypted_routes
+            .get_or_create(&[("family", "ipv6")])
+            .set(gauge(routes.1));
+        self.wireguard_peers.set(gauge(counts.peers));
+        self.wireguard_without_key.set(gauge(counts.without_key));
+        if let Some((buckets, all, never)) = &counts.handshakes {
+            for (bound, count) in HANDSHAKE_BUCKET_LABELS.iter().zip(buckets) {
+                self.wireguard_handshakes
+                    .get_or_create(&[("le", bound)])
+                    .set(gauge(*count));
+            }
+            self.wireguard_handshakes
+                .get_or_create(&[("le", "+Inf")])
+                .set(gauge(all.saturating_sub(*never)));
+            self.wireguard_never.set(gauge(*never));
+        }
+        self.wireguard_sent.inc_by(counts.bytes.0);
+        self.wireguard_received.inc_by(counts.bytes.1);
     }
 
     /// What the NetworkPolicy table holds after a reconciliation.
@@ -351,5 +448,51 @@ mod tests {
             "cni_node_last_successful_reconcile_timestamp_seconds",
         );
         assert!(last.is_some_and(|t| t > 1.7e9), "{text}");
+    }
+
+    #[test]
+    fn encryption_is_a_few_series_whatever_the_number_of_peers() {
+        let m = Metrics::new();
+        m.encryption(
+            (3, 1),
+            &EncryptionCounts {
+                enabled: true,
+                peers: 3,
+                without_key: 2,
+                handshakes: Some((vec![1, 2, 2, 2, 3, 3], 3, 0)),
+                bytes: (100, 40),
+            },
+        );
+        m.encryption(
+            (3, 1),
+            &EncryptionCounts {
+                bytes: (5, 5),
+                ..EncryptionCounts::default()
+            },
+        );
+        let text = m.encode().unwrap();
+        for (series, want) in [
+            ("cni_node_encrypted_routes{family=\"ipv4\"}", 3.0),
+            ("cni_node_encrypted_routes{family=\"ipv6\"}", 1.0),
+            ("cni_node_wireguard_peers", 0.0),
+            (
+                "cni_node_wireguard_peers_handshake_within_seconds{le=\"120\"}",
+                2.0,
+            ),
+            (
+                "cni_node_wireguard_peers_handshake_within_seconds{le=\"+Inf\"}",
+                3.0,
+            ),
+            ("cni_node_wireguard_peers_never_handshaken", 0.0),
+            ("cni_node_wireguard_sent_bytes_total", 105.0),
+            ("cni_node_wireguard_received_bytes_total", 45.0),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series}:\n{text}");
+        }
+        let handshake_series = text
+            .lines()
+            .filter(|l| l.starts_with("cni_node_wireguard_peers_handshake_within_seconds{"))
+            .count();
+        assert_eq!(handshake_series, HANDSHAKE_BUCKETS.len() + 1);
     }
 }

@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::encryption::{ANNOTATION, Key};
 use crate::logging::short;
 use crate::store::Watched;
 
@@ -77,6 +78,9 @@ impl k8s_openapi::Metadata for SlimNode {
 pub struct NodeInfo {
     /// `metadata.name`.
     pub name: String,
+    /// The WireGuard public key it publishes, or why its annotation is not a key (the
+    /// node is then reached in clear).
+    pub wireguard_key: Option<Result<Key, String>>,
     /// Its pod CIDRs, at most one per family, network addresses (host bits zero).
     pub pod_cidrs: Vec<IpNetwork>,
     /// Its `InternalIP` addresses, at most one per family.
@@ -92,6 +96,12 @@ impl NodeInfo {
             name: node.metadata.name.clone().unwrap_or_default(),
             ..Self::default()
         };
+        info.wireguard_key = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION))
+            .map(|text| Key::from_base64(text));
         info.read_pod_cidrs(&node.spec);
         info.read_addresses(&node.status.addresses);
         info
@@ -100,6 +110,14 @@ impl NodeInfo {
     /// The pod CIDR of one family.
     pub fn pod_cidr(&self, v4: bool) -> Option<IpNetwork> {
         self.pod_cidrs.iter().copied().find(|n| n.is_ipv4() == v4)
+    }
+
+    /// The WireGuard public key it publishes, when it is one.
+    pub fn key(&self) -> Option<Key> {
+        self.wireguard_key
+            .as_ref()
+            .and_then(|k| k.as_ref().ok())
+            .copied()
     }
 
     /// The InternalIP of one family.
@@ -236,6 +254,25 @@ mod tests {
     fn info(node: Value) -> NodeInfo {
         let slim: SlimNode = serde_json::from_value(node).unwrap();
         NodeInfo::from_slim(&slim)
+    }
+
+    #[test]
+    fn the_wireguard_key_annotation_is_read_and_a_bad_one_says_why() {
+        let key = |annotations: Value| {
+            info(json!({"metadata": {"name": "n1", "annotations": annotations}})).wireguard_key
+        };
+        let k = crate::encryption::Key([9; 32]);
+        assert_eq!(key(json!({ANNOTATION: k.to_base64()})), Some(Ok(k)));
+        assert_eq!(key(json!({"other": "x"})), None);
+        let bad = key(json!({ANNOTATION: "c2hvcnQ="}));
+        assert_eq!(bad, Some(Err("5 bytes, a key has 32".to_owned())));
+        // A bad key is no problem of the node's routing: it is still routed, in clear.
+        let node = info(
+            json!({"metadata": {"name": "n1", "annotations": {ANNOTATION: "!"}},
+            "spec": {"podCIDRs": ["10.244.1.0/24"]}}),
+        );
+        assert!(node.problems.is_empty(), "{:?}", node.problems);
+        assert_eq!(node.key(), None);
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! this node's) traffic. A node that fails a check is skipped with a reason.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use cni_linux::MacAddr;
 use cni_linux::netlink::vtep_mac;
@@ -20,6 +20,7 @@ use cni_protocol::ip::bounds;
 use ipnetwork::IpNetwork;
 
 use crate::conflist::{self, ConflistSettings};
+use crate::encryption::{self, ANNOTATION, EncryptionSettings, Key, PeerSpec, underlay_v4};
 use crate::host::{self, HostState, HostView, Reach};
 use crate::node::NodeInfo;
 use crate::policy::compile::SHARE_FROM;
@@ -33,14 +34,28 @@ pub enum NextHop {
     Direct(IpAddr),
     /// Encapsulated: through this node's VXLAN device of the family, to the node's VTEP.
     Tunnel(Tunnel),
+    /// Encrypted: through this node's WireGuard device, to the node's peer there.
+    Encrypted(Encrypted),
+}
+
+/// A remote node's pod CIDR reached through the WireGuard device: a route `<pod CIDR>
+/// dev <device>`; the device sends it to the peer whose allowed IPs hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Encrypted {
+    /// The device's index.
+    pub device: u32,
+    /// The peer's endpoint address (its InternalIP).
+    pub endpoint: IpAddr,
 }
 
 impl NextHop {
-    /// The route's gateway: the InternalIP, or the remote VTEP address.
-    pub fn via(&self) -> IpAddr {
+    /// The route's gateway: the InternalIP, or the remote VTEP address; none through
+    /// the WireGuard device.
+    pub fn via(&self) -> Option<IpAddr> {
         match self {
-            Self::Direct(ip) => *ip,
-            Self::Tunnel(t) => t.vtep,
+            Self::Direct(ip) => Some(*ip),
+            Self::Tunnel(t) => Some(t.vtep),
+            Self::Encrypted(_) => None,
         }
     }
 }
@@ -51,6 +66,7 @@ impl std::fmt::Display for NextHop {
         match self {
             Self::Direct(ip) => write!(f, "{ip}"),
             Self::Tunnel(t) => write!(f, "{} over VXLAN to {}", t.vtep, t.underlay),
+            Self::Encrypted(e) => write!(f, "WireGuard to {}", e.endpoint),
         }
     }
 }
@@ -130,6 +146,8 @@ pub struct PlanSettings {
     /// The overlay for nodes behind a router; `None` (or not enabled): they are
     /// skipped.
     pub overlay: Option<OverlaySettings>,
+    /// Encryption between nodes (`--encryption wireguard`), when on.
+    pub encryption: Option<EncryptionSettings>,
 }
 
 /// What the node map asks of this host.
@@ -146,6 +164,15 @@ pub struct Plan {
     pub in_cluster: Vec<IpNetwork>,
     /// Nodes (or one family of a node) left out, with the reason.
     pub skipped: BTreeMap<String, String>,
+    /// With encryption on: the WireGuard peers, by public key.
+    pub peers: BTreeMap<Key, PeerSpec>,
+    /// With encryption on: the other nodes reached in clear, with the reason.
+    pub clear: BTreeMap<String, String>,
+    /// Every other node's accepted pod CIDRs.
+    pub remote: Vec<IpNetwork>,
+    /// Of those, the ones of nodes that publish a key: what strict mode takes only
+    /// through the device.
+    pub keyed: Vec<IpNetwork>,
 }
 
 /// Computes the plan.
@@ -199,11 +226,45 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
         .filter(|(n, _)| n.name == settings.node_name)
         .map(|&(_, c)| c)
         .collect();
+    let shared_keys = shared_keys(nodes, host);
     for &(node, cidr) in &accepted {
         out.in_cluster.push(cidr);
         if node.name == settings.node_name {
             out.own_pod_cidrs.push(cidr);
             continue;
+        }
+        out.remote.push(cidr);
+        if settings.encryption.is_some() && node.key().is_some() {
+            out.keyed.push(cidr);
+        }
+        if let Some(encrypted) = encrypt(
+            node,
+            host,
+            settings,
+            &out.own_internal_ips,
+            &own_pod_cidrs,
+            &shared_keys,
+        ) {
+            match encrypted {
+                Ok((hop, peer)) => {
+                    out.peers
+                        .entry(peer.public_key)
+                        .or_insert(peer)
+                        .allowed_ips
+                        .push(cidr);
+                    if let Some(hop) = hop {
+                        out.routes.insert(cidr, hop);
+                        continue;
+                    }
+                    out.clear.insert(
+                        node.name.clone(),
+                        "this node's public key is not on its Node object yet".to_owned(),
+                    );
+                }
+                Err(why) => {
+                    out.clear.insert(node.name.clone(), why);
+                }
+            }
         }
         let reached = match next_hop(node, cidr, host, &own_pod_cidrs) {
             Ok(via) => Ok(NextHop::Direct(via)),
@@ -231,6 +292,91 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
     out.in_cluster
         .extend(settings.no_masquerade.iter().copied());
     out
+}
+
+/// Public keys that more than one node publishes, or that are this node's own: such
+/// nodes are reached in clear (one key is one peer; a copied key would merge them).
+fn shared_keys(nodes: &BTreeMap<String, NodeInfo>, host: &HostView) -> BTreeMap<Key, String> {
+    let mut seen: BTreeMap<Key, Vec<&str>> = BTreeMap::new();
+    for node in nodes.values() {
+        if let Some(key) = node.key() {
+            seen.entry(key).or_default().push(&node.name);
+        }
+    }
+    seen.into_iter()
+        .filter(|(key, names)| {
+            names.len() > 1 || host.wireguard.is_some_and(|l| l.public_key == *key)
+        })
+        .map(|(key, names)| (key, names.join(", ")))
+        .collect()
+}
+
+/// How `node`'s pod CIDRs are reached when encryption is on: the peer it is (its
+/// allowed IPs still empty) and the route through the device (none until this node's
+/// key is published), or why it is reached in clear; `None` with encryption off.
+fn encrypt(
+    node: &NodeInfo,
+    host: &HostView,
+    settings: &PlanSettings,
+    own_internal_ips: &[IpAddr],
+    own_pod_cidrs: &[IpNetwork],
+    shared_keys: &BTreeMap<Key, String>,
+) -> Option<Result<(Option<NextHop>, PeerSpec), String>> {
+    settings.encryption.as_ref()?;
+    let key = match &node.wireguard_key {
+        None => return Some(Err("it publishes no WireGuard key".to_owned())),
+        Some(Err(why)) => {
+            return Some(Err(format!(
+                "its annotation {ANNOTATION} is not a WireGuard key ({why})"
+            )));
+        }
+        Some(Ok(key)) => *key,
+    };
+    let Some(local) = host.wireguard else {
+        return Some(Err(
+            "this node's WireGuard device is not ready (see the encryption step)".to_owned(),
+        ));
+    };
+
+    if let Some(names) = shared_keys.get(&key) {
+        return Some(Err(format!(
+            "its WireGuard key is also another node's or this node's ({names})"
+        )));
+    }
+    let v4 = underlay_v4(own_internal_ips);
+    let family = if v4 { "IPv4" } else { "IPv6" };
+    let Some(endpoint) = node.internal_ip(v4) else {
+        return Some(Err(format!(
+            "no {family} InternalIP to be a WireGuard endpoint (this node's underlay is {family})"
+        )));
+    };
+    let unusable = if host.addresses.contains(&endpoint) {
+        Some(NoRoute::OwnAddress(endpoint))
+    } else if own_pod_cidrs.iter().any(|c| c.contains(endpoint)) {
+        Some(NoRoute::InsideOwnPodCidr(endpoint))
+    } else if matches!(host.reach(endpoint), Reach::NoRoute) {
+        Some(NoRoute::Unreachable(endpoint))
+    } else {
+        None
+    };
+    if let Some(why) = unusable {
+        return Some(Err(why.to_string()));
+    }
+    // Peered from the start (what it sends is taken), but routed through the device
+    // only once this node's key is on its Node object.
+    let hop = local.published.then_some(NextHop::Encrypted(Encrypted {
+        device: local.index,
+        endpoint,
+    }));
+    Some(Ok((
+        hop,
+        PeerSpec {
+            node: node.name.clone(),
+            public_key: key,
+            endpoint: SocketAddr::new(endpoint, local.port),
+            allowed_ips: Vec::new(),
+        },
+    )))
 }
 
 /// Why a node's pod CIDR cannot be used, checked against this host alone.
@@ -464,6 +610,9 @@ pub struct Settings {
     /// NetworkPolicy: the size (address ranges) from which a peer of pods is shared
     /// (`--policy-shared-peer-ranges`); `None`: the default.
     pub policy_shared_peer_ranges: Option<usize>,
+    /// The WireGuard device's name, also with encryption off (a device of the agent's
+    /// left from before is then deleted).
+    pub encryption_device: String,
 }
 
 /// This node's network config as it should be on disk.
@@ -510,7 +659,11 @@ pub fn desired(snapshot: &Snapshot, host: &HostState, settings: &Settings) -> De
             Some(mtu) => (mtu, "set by --mtu".to_owned()),
             None => {
                 let (mtu, why) = host::choose_mtu(host, &plan.own_internal_ips);
-                encapsulated_mtu(mtu, why, &overlay)
+                let (vxlan_mtu, vxlan_why) = encapsulated_mtu(mtu, why.clone(), &overlay);
+                match encrypted_mtu(mtu, &why, &plan) {
+                    Some((wg_mtu, wg_why)) if wg_mtu < vxlan_mtu => (wg_mtu, wg_why),
+                    _ => (vxlan_mtu, vxlan_why),
+                }
             }
         };
         let conflist = ConflistSettings {
@@ -554,6 +707,23 @@ fn encapsulated_mtu(mtu: u32, why: String, overlay: &[OverlayDevice]) -> (u32, S
         mtu.saturating_sub(cut),
         format!("{why}, minus {cut} for VXLAN over {family} (some nodes are encapsulated)"),
     )
+}
+
+/// The pod MTU while some peers are encrypted: the uplink's minus WireGuard's overhead
+/// over the underlay the peers' endpoints use (60 over IPv4, 80 over IPv6); `None`
+/// while no peer is.
+fn encrypted_mtu(mtu: u32, why: &str, plan: &Plan) -> Option<(u32, String)> {
+    let endpoint = plan
+        .peers
+        .values()
+        .map(|p| p.endpoint.ip())
+        .max_by_key(|ip| encryption::overhead(*ip))?;
+    let cut = encryption::overhead(endpoint);
+    let family = if endpoint.is_ipv6() { "IPv6" } else { "IPv4" };
+    Some((
+        mtu.saturating_sub(cut),
+        format!("{why}, minus {cut} for WireGuard over {family} (some nodes are encrypted)"),
+    ))
 }
 
 /// One device per family that has an encapsulated peer.
@@ -612,6 +782,7 @@ mod tests {
     fn node(name: &str, cidrs: &[&str], ips: &[&str]) -> NodeInfo {
         NodeInfo {
             name: name.into(),
+            wireguard_key: None,
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
             internal_ips: ips.iter().map(|c| c.parse().unwrap()).collect(),
             problems: Vec::new(),
@@ -640,6 +811,7 @@ mod tests {
                     gw: Some("198.18.0.1".parse().unwrap()),
                 },
             ],
+            wireguard: None,
         }
     }
 
@@ -835,6 +1007,7 @@ mod tests {
                 pod_record_dir: None,
             },
             policy_shared_peer_ranges: None,
+            encryption_device: String::new(),
         }
     }
 
@@ -1065,5 +1238,222 @@ mod tests {
         assert!(!d.policy.any_ready());
         assert!(d.config.is_some());
         assert_eq!(d.plan.routes.len(), 4);
+    }
+
+    fn key(n: u8) -> Key {
+        Key([n; 32])
+    }
+
+    fn keyed(mut node: NodeInfo, n: u8) -> NodeInfo {
+        node.wireguard_key = Some(Ok(key(n)));
+        node
+    }
+
+    fn encryption_on(strict: bool) -> PlanSettings {
+        PlanSettings {
+            encryption: Some(EncryptionSettings {
+                strict,
+                ..EncryptionSettings::default()
+            }),
+            ..overlay_on()
+        }
+    }
+
+    /// This node with its device ready (index 9) and its key published or not.
+    fn wg_host(own: &[&str], published: bool) -> HostView {
+        HostView {
+            wireguard: Some(crate::encryption::LocalEncryption {
+                index: 9,
+                public_key: key(1),
+                port: 51830,
+                published,
+            }),
+            ..host(own)
+        }
+    }
+
+    fn encrypted(device: u32, endpoint: &str) -> NextHop {
+        NextHop::Encrypted(Encrypted {
+            device,
+            endpoint: endpoint.parse().unwrap(),
+        })
+    }
+
+    #[test]
+    fn nodes_that_publish_a_key_are_peers_whose_pod_cidrs_go_through_the_device() {
+        // n2 publishes a key, n3 does not; n4 is behind a router (VXLAN without
+        // encryption) and publishes one.
+        let mut nodes = three();
+        nodes[0] = keyed(nodes[0].clone(), 1);
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        nodes.push(keyed(node("n4", &["10.244.4.0/24"], &["203.0.113.4"]), 4));
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], true),
+            &encryption_on(false),
+        );
+        // n2: both families through the device, one peer with both CIDRs, endpoint its
+        // IPv4 InternalIP (this node's underlay is IPv4).
+        assert_eq!(
+            p.routes[&"10.244.2.0/24".parse().unwrap()],
+            encrypted(9, "198.18.0.12")
+        );
+        assert_eq!(
+            p.routes[&"fd00:244:0:2::/64".parse().unwrap()],
+            encrypted(9, "198.18.0.12")
+        );
+        let peer = &p.peers[&key(2)];
+        assert_eq!(peer.node, "n2");
+        assert_eq!(peer.endpoint, "198.18.0.12:51830".parse().unwrap());
+        assert_eq!(
+            peer.allowed_ips,
+            vec![
+                "10.244.2.0/24".parse::<IpNetwork>().unwrap(),
+                "fd00:244:0:2::/64".parse().unwrap()
+            ]
+        );
+        // n4 behind a gateway is encrypted too, not encapsulated in VXLAN.
+        assert_eq!(
+            p.routes[&"10.244.4.0/24".parse().unwrap()],
+            encrypted(9, "203.0.113.4")
+        );
+        // n3 without a key: as before, in clear, and said so.
+        assert_eq!(route(&p, "10.244.3.0/24").as_deref(), Some("198.18.0.13"));
+        assert!(
+            p.clear["n3"].contains("publishes no WireGuard key"),
+            "{:?}",
+            p.clear
+        );
+        assert_eq!(p.peers.len(), 2);
+        assert_eq!(p.keyed.len(), 3, "n2's two CIDRs and n4's: {:?}", p.keyed);
+        assert_eq!(p.remote.len(), 5);
+        assert!(p.skipped.is_empty(), "{:?}", p.skipped);
+    }
+
+    #[test]
+    fn until_this_nodes_key_is_published_peers_are_set_but_routes_stay_clear() {
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], false),
+            &encryption_on(false),
+        );
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+        assert!(p.peers.contains_key(&key(2)), "{:?}", p.peers);
+        assert!(p.clear["n2"].contains("not on its Node object yet"));
+        // Without a device at all (no WireGuard in this kernel): no peers, clear.
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let p = plan(
+            &map(nodes),
+            &host(&["198.18.0.11", "fd00:18::11"]),
+            &encryption_on(true),
+        );
+        assert!(p.peers.is_empty());
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+        assert!(
+            p.clear["n2"].contains("device is not ready"),
+            "{:?}",
+            p.clear
+        );
+        // Strict mode still knows n2 publishes a key: its traffic must come encrypted.
+        assert_eq!(p.keyed.len(), 2);
+    }
+
+    #[test]
+    fn a_changed_key_changes_the_peer_and_a_removed_node_leaves_the_peers() {
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        nodes[2] = keyed(nodes[2].clone(), 3);
+        let h = wg_host(&["198.18.0.11", "fd00:18::11"], true);
+        let before = plan(&map(nodes.clone()), &h, &encryption_on(false));
+        nodes[1] = keyed(nodes[1].clone(), 7);
+        let after = plan(&map(nodes.clone()), &h, &encryption_on(false));
+        assert!(!after.peers.contains_key(&key(2)));
+        assert_eq!(
+            after.peers[&key(7)].allowed_ips,
+            before.peers[&key(2)].allowed_ips
+        );
+        assert_eq!(after.peers[&key(3)], before.peers[&key(3)], "n3 untouched");
+        // Renumbered: the endpoint moves.
+        nodes[1].internal_ips[0] = "198.18.0.42".parse().unwrap();
+        let moved = plan(&map(nodes.clone()), &h, &encryption_on(false));
+        assert_eq!(
+            moved.peers[&key(7)].endpoint,
+            "198.18.0.42:51830".parse().unwrap()
+        );
+        nodes.remove(1);
+        let gone = plan(&map(nodes), &h, &encryption_on(false));
+        assert_eq!(gone.peers.keys().copied().collect::<Vec<_>>(), [key(3)]);
+    }
+
+    #[test]
+    fn a_bad_or_shared_key_is_reached_in_clear_with_the_reason() {
+        let mut nodes = three();
+        nodes[1].wireguard_key = Some(Err("not base64".into()));
+        nodes[2] = keyed(nodes[2].clone(), 1); // this node's own key
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], true),
+            &encryption_on(false),
+        );
+        assert!(p.peers.is_empty(), "{:?}", p.peers);
+        assert!(p.clear["n2"].contains("not a WireGuard key (not base64)"));
+        assert!(
+            p.clear["n3"].contains("also another node's"),
+            "{:?}",
+            p.clear
+        );
+        assert_eq!(route(&p, "10.244.3.0/24").as_deref(), Some("198.18.0.13"));
+    }
+
+    #[test]
+    fn with_encryption_off_nothing_changes() {
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let p = plan(
+            &map(nodes),
+            &wg_host(&["198.18.0.11", "fd00:18::11"], true),
+            &settings(),
+        );
+        assert!(p.peers.is_empty() && p.clear.is_empty() && p.keyed.is_empty());
+        assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+    }
+
+    #[test]
+    fn the_pod_mtu_drops_by_wireguards_overhead_or_the_overlays_where_lower() {
+        let s = |mtu| Settings {
+            plan: encryption_on(false),
+            mtu,
+            ..whole_settings()
+        };
+        let mut h = host_state(false);
+        h.view.wireguard = wg_host(&[], true).wireguard;
+        let mut nodes = three();
+        nodes[1] = keyed(nodes[1].clone(), 2);
+        let d = desired(&nodes_only(map(nodes.clone())), &h, &s(None));
+        let config = d.config.expect("a config");
+        assert_eq!(config.mtu, 1390, "1450 - 60: {}", config.mtu_why);
+        assert!(
+            config.mtu_why.contains("minus 60 for WireGuard over IPv4"),
+            "{}",
+            config.mtu_why
+        );
+        // An explicit --mtu is kept.
+        let config = desired(&nodes_only(map(nodes.clone())), &h, &s(Some(1500)))
+            .config
+            .expect("a config");
+        assert_eq!(config.mtu, 1500);
+        // An IPv6 underlay: 80.
+        let mut v6 = nodes.clone();
+        for n in &mut v6 {
+            n.internal_ips.retain(IpAddr::is_ipv6);
+        }
+        let d = desired(&nodes_only(map(v6)), &h, &s(None));
+        assert_eq!(d.config.expect("a config").mtu, 1370);
+        // No peer encrypted: the uplink's, as before.
+        let d = desired(&nodes_only(map(three())), &h, &s(None));
+        assert_eq!(d.config.expect("a config").mtu, 1450);
     }
 }

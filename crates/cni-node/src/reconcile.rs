@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use ipnetwork::IpNetwork;
 
 use crate::egress::{self, EgressRules};
+use crate::encryption::step::{EncryptionCounts, EncryptionEffects, Step as EncryptionStep};
 use crate::error::{Error, chain};
 use crate::host::{DeviceEntries, EntriesWatch, HostReader, HostState};
 use crate::node::NodeInfo;
@@ -78,6 +79,9 @@ pub struct Effects {
     pub egress: Option<Box<dyn EgressRules>>,
     /// The policy tables, unless no policy kind is enforced.
     pub policy: Option<Box<dyn PolicyDatapath>>,
+    /// WireGuard, the annotation and the strict table; `None`: no encryption step at
+    /// all (the tests of other steps).
+    pub encryption: Option<EncryptionEffects>,
 }
 
 impl std::fmt::Debug for Effects {
@@ -86,6 +90,7 @@ impl std::fmt::Debug for Effects {
             .field("config", &self.config.path())
             .field("egress", &self.egress.as_ref().map(|e| e.name()))
             .field("policy", &self.policy.is_some())
+            .field("encryption", &self.encryption)
             .finish_non_exhaustive()
     }
 }
@@ -107,6 +112,10 @@ pub struct Outcome {
     pub waiting: Vec<(&'static str, String)>,
     /// What the NetworkPolicy table holds.
     pub policy: PolicyCounts,
+    /// Routes through the WireGuard device, IPv4 and IPv6.
+    pub encrypted: (usize, usize),
+    /// What the encryption step counted.
+    pub encryption: EncryptionCounts,
 }
 
 impl Outcome {
@@ -186,11 +195,21 @@ pub struct Reconciler {
     entries: Option<BTreeMap<u32, DeviceEntries>>,
     /// Told by the host's notifications that an entry of the devices was deleted.
     entries_watch: Option<Arc<EntriesWatch>>,
+    /// The encryption step.
+    encryption: Option<EncryptionStep>,
 }
 
 impl Reconciler {
     /// A reconciler that has done nothing yet.
-    pub fn new(settings: Settings, protocol: u8, effects: Effects) -> Self {
+    pub fn new(settings: Settings, protocol: u8, mut effects: Effects) -> Self {
+        let encryption = effects.encryption.take().map(|e| {
+            EncryptionStep::new(
+                settings.plan.encryption.clone(),
+                settings.encryption_device.clone(),
+                settings.plan.node_name.clone(),
+                e,
+            )
+        });
         Self {
             settings,
             protocol,
@@ -198,6 +217,7 @@ impl Reconciler {
             reported: Reported::default(),
             entries: None,
             entries_watch: None,
+            encryption,
         }
     }
 
@@ -216,7 +236,7 @@ impl Reconciler {
         let mut phases = Phases::start();
         let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
         let read_entries = resync || lost || self.entries.is_none();
-        let host = match self.effects.host.read(read_entries) {
+        let mut host = match self.effects.host.read(read_entries) {
             Ok(mut host) => {
                 self.known_entries(&mut host, read_entries);
                 if let Some(watch) = &self.entries_watch {
@@ -231,6 +251,10 @@ impl Reconciler {
             }
         };
         phases.lap("host");
+        if let Some(step) = &mut self.encryption {
+            step.before_plan(snapshot, &mut host, resync, &mut outcome.failures);
+            phases.lap("encryption");
+        }
         let mut desired = plan::desired(snapshot, &host, &self.settings);
         self.report_skipped(&desired, nodes);
         outcome.skipped = desired.plan.skipped.len();
@@ -256,6 +280,9 @@ impl Reconciler {
             .extend(devices.failed.into_iter().map(|e| ("overlay", e)));
         phases.lap("overlay");
 
+        if let Some(step) = &mut self.encryption {
+            step.write_peers(&desired.plan, &mut outcome.failures);
+        }
         let mut changes = routes::reconcile(
             self.effects.routes.as_ref(),
             &host,
@@ -266,6 +293,7 @@ impl Reconciler {
         self.report_routes(&changes);
         outcome.routes = routes_after(&host, &changes, self.protocol);
         outcome.tunnels = changes.tunnels;
+        outcome.encrypted = changes.encrypted;
         self.entries = changes.entries_after.take();
         for failure in changes.failed {
             let step = if matches!(failure, Error::VxlanEntry(_)) {
@@ -282,6 +310,16 @@ impl Reconciler {
             outcome
                 .failures
                 .extend(removed.failed.into_iter().map(|e| ("overlay", e)));
+        }
+        if let Some(step) = &mut self.encryption {
+            outcome.encryption = step.after_routes(
+                &desired.plan,
+                &host,
+                resync,
+                self.effects.devices.as_ref(),
+                &mut outcome.failures,
+            );
+            phases.lap("encryption peers");
         }
 
         if let Some(rules) = &self.effects.egress {
@@ -678,6 +716,7 @@ mod tests {
                     dst: "198.18.0.0/24".parse().unwrap(),
                     gw: None,
                 }],
+                wireguard: None,
             },
             address_mtus: vec![("198.18.0.11".parse().unwrap(), 1450, "ul0".into())],
             ..HostState::default()
@@ -700,6 +739,7 @@ mod tests {
             devices: Box::new(NoDevices),
             egress: Some(Box::new(FakeEgress(Arc::clone(&log)))),
             policy: None,
+            encryption: None,
         };
         let settings = Settings {
             plan: PlanSettings {
@@ -713,6 +753,7 @@ mod tests {
                 ..ConflistSettings::default()
             },
             policy_shared_peer_ranges: None,
+            encryption_device: String::new(),
         };
         Fixture {
             log,
@@ -728,6 +769,7 @@ mod tests {
             name.to_owned(),
             NodeInfo {
                 name: name.into(),
+                wireguard_key: None,
                 pod_cidrs: vec![cidr.parse().unwrap()],
                 internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
                 problems: Vec::new(),
@@ -753,6 +795,319 @@ mod tests {
 
     fn take(log: &Log) -> Vec<String> {
         std::mem::take(&mut *log.lock().unwrap())
+    }
+
+    /// What the fake publisher was asked to write, and whether it refuses.
+    #[derive(Default, Clone)]
+    struct FakePublisher(Arc<Mutex<Vec<Option<String>>>>);
+    impl crate::encryption::annotation::Publisher for FakePublisher {
+        fn publish(&self, node: &str, value: Option<&str>) -> crate::error::Result<()> {
+            assert_eq!(node, "n1");
+            self.0.lock().unwrap().push(value.map(ToOwned::to_owned));
+            Ok(())
+        }
+    }
+
+    /// The strict table's requests.
+    #[derive(Default, Clone)]
+    struct FakeStrict(Log);
+    impl crate::encryption::strict::StrictRules for FakeStrict {
+        fn sync(
+            &self,
+            policy: &crate::encryption::strict::StrictPolicy,
+        ) -> crate::error::Result<bool> {
+            self.0.lock().unwrap().push(format!(
+                "strict {} own {} remote {} expected {}",
+                policy.device,
+                list(&policy.own),
+                list(&policy.remote),
+                list(&policy.expected)
+            ));
+            Ok(true)
+        }
+        fn remove(&self) -> crate::error::Result<bool> {
+            self.0.lock().unwrap().push("strict off".into());
+            Ok(false)
+        }
+    }
+
+    struct Encrypting {
+        f: Fixture,
+        kernel: crate::encryption::device::fakes::FakeKernel,
+        published: Arc<Mutex<Vec<Option<String>>>>,
+        strict: Log,
+        state_dir: PathBuf,
+    }
+
+    impl Drop for Encrypting {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+        }
+    }
+
+    fn encrypting(
+        strict: bool,
+        kernel: Option<Box<dyn crate::encryption::device::WireguardKernel>>,
+    ) -> Encrypting {
+        let mut f = fixture();
+        let fake = crate::encryption::device::fakes::FakeKernel::default();
+        let publisher = FakePublisher::default();
+        let strict_log = Log::default();
+        let state_dir = std::env::temp_dir().join(format!(
+            "cni-node-reconcile-wg-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let mut settings = f.reconciler.settings.clone();
+        settings.plan.encryption = Some(crate::encryption::EncryptionSettings {
+            strict,
+            state_dir: state_dir.clone(),
+            ..crate::encryption::EncryptionSettings::default()
+        });
+        settings.encryption_device = "cni-wg0".into();
+        let old = std::mem::replace(
+            &mut f.reconciler,
+            Reconciler::new(Settings::default(), 77, effects_for_swap()),
+        );
+        let mut effects = old.effects;
+        effects.encryption = Some(EncryptionEffects {
+            kernel: Some(kernel.unwrap_or_else(|| Box::new(fake.clone()))),
+            publisher: Box::new(publisher.clone()),
+            strict: Box::new(FakeStrict(Arc::clone(&strict_log))),
+        });
+        f.reconciler = Reconciler::new(settings, 77, effects);
+        Encrypting {
+            f,
+            kernel: fake,
+            published: publisher.0,
+            strict: strict_log,
+            state_dir,
+        }
+    }
+
+    /// Effects that do nothing, to swap a fixture's out.
+    fn effects_for_swap() -> Effects {
+        Effects {
+            host: Box::new(FakeHost(Arc::new(Mutex::new(None)))),
+            config: Box::new(FakeDir {
+                log: Log::default(),
+                file: Arc::default(),
+                writable: Arc::new(Mutex::new(true)),
+            }),
+            routes: Box::new(FakeTable(Log::default())),
+            devices: Box::new(NoDevices),
+            egress: None,
+            policy: None,
+            encryption: None,
+        }
+    }
+
+    fn with_key(
+        mut nodes: BTreeMap<String, NodeInfo>,
+        name: &str,
+        key: crate::encryption::Key,
+    ) -> BTreeMap<String, NodeInfo> {
+        nodes.get_mut(name).unwrap().wireguard_key = Some(Ok(key));
+        nodes
+    }
+
+    fn three_nodes() -> BTreeMap<String, NodeInfo> {
+        let mut nodes = two_nodes();
+        nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
+        nodes
+    }
+
+    /// The device the fake kernel made, as the host reader would now see it.
+    fn show_device(e: &Encrypting) -> u32 {
+        let state = e.kernel.0.lock().unwrap().clone();
+        let device = state.device.expect("a device");
+        e.f.host.lock().unwrap().as_mut().unwrap().overlay = vec![crate::overlay::fakes::device(
+            device.index,
+            "cni-wg0",
+            "wireguard",
+            0,
+            "198.18.0.11".parse().unwrap(),
+            device.mtu,
+            true,
+        )];
+        device.index
+    }
+
+    #[test]
+    fn encryption_makes_the_device_publishes_the_key_and_routes_keyed_nodes_through_it() {
+        let mut e = encrypting(false, None);
+        let k2 = crate::encryption::Key([2; 32]);
+        let nodes = with_key(three_nodes(), "n2", k2);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let public = own.public();
+        assert_eq!(
+            e.kernel.take_log(),
+            vec![
+                "create cni-wg0 mtu 1390".to_owned(),
+                format!("key cni-wg0 {public:?} port 51830"),
+                "peer n2 198.18.0.12:51830 10.244.2.0/24".to_owned(),
+            ]
+        );
+        assert_eq!(*e.published.lock().unwrap(), vec![Some(public.to_base64())]);
+        // Not published yet as far as the API shows: n2 stays in clear, peered.
+        let log = take(&e.f.log);
+        assert!(
+            log.contains(&"route 10.244.2.0/24 via 198.18.0.12 table 254".to_owned()),
+            "{log:?}"
+        );
+        assert_eq!(*e.strict.lock().unwrap(), vec!["strict off"]);
+        assert_eq!(outcome.encryption.peers, 1);
+        assert_eq!(outcome.encryption.without_key, 2, "n2 until published, n3");
+        let json: serde_json::Value =
+            serde_json::from_slice(&e.f.file.lock().unwrap().clone().unwrap()).unwrap();
+        assert_eq!(json["plugins"][0]["mtu"], 1390, "1450 - 60");
+
+        // The API shows the key now: n2's route moves to the device, nothing else.
+        let index = show_device(&e);
+        let nodes = with_key(nodes, "n1", public);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
+        let log = take(&e.f.log);
+        assert!(
+            log.iter().any(|l| l.starts_with("route 10.244.2.0/24")
+                && l.contains(&format!("#{index}"))
+                && !l.contains("via")),
+            "{log:?}"
+        );
+        assert_eq!(outcome.encrypted, (1, 0));
+        assert_eq!(e.published.lock().unwrap().len(), 1, "not published again");
+        assert_eq!(outcome.encryption.without_key, 1, "n3");
+
+        // n2's key changes: the new peer first, the old one removed after the routes.
+        let k7 = crate::encryption::Key([7; 32]);
+        let nodes = with_key(nodes, "n2", k7);
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(
+            e.kernel.take_log(),
+            vec![
+                "peer n2 198.18.0.12:51830 10.244.2.0/24".to_owned(),
+                format!("remove peer {k2:?}"),
+            ]
+        );
+        // n2 goes: its peer goes (only it).
+        let mut nodes = nodes;
+        nodes.remove("n2");
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(e.kernel.take_log(), vec![format!("remove peer {k7:?}")]);
+
+        // The device deleted by hand: made again with its key and peers.
+        let nodes = with_key(nodes, "n3", crate::encryption::Key([3; 32]));
+        e.kernel.0.lock().unwrap().device = None;
+        e.f.host.lock().unwrap().as_mut().unwrap().overlay.clear();
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        let log = e.kernel.take_log();
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert!(log[0].starts_with("create cni-wg0") && log[2].starts_with("peer n3"));
+    }
+
+    #[test]
+    fn a_restart_adopts_the_device_its_key_and_peers_without_a_change() {
+        let mut e = encrypting(false, None);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", own.public());
+        e.kernel.take_log();
+        // A new agent (same state directory, same kernel).
+        let mut settings = e.f.reconciler.settings.clone();
+        settings.plan.encryption.as_mut().unwrap().state_dir = e.state_dir.clone();
+        let old = std::mem::replace(
+            &mut e.f.reconciler,
+            Reconciler::new(Settings::default(), 77, effects_for_swap()),
+        );
+        let mut effects = old.effects;
+        effects.encryption = Some(EncryptionEffects {
+            kernel: Some(Box::new(e.kernel.clone())),
+            publisher: Box::new(FakePublisher(Arc::clone(&e.published))),
+            strict: Box::new(FakeStrict(Arc::clone(&e.strict))),
+        });
+        e.f.reconciler = Reconciler::new(settings, 77, effects);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), true);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new(), "nothing changed");
+        assert_eq!(outcome.encryption.peers, 1);
+    }
+
+    #[test]
+    fn without_wireguard_in_the_kernel_the_step_fails_and_everything_stays_clear() {
+        let mut e = encrypting(true, Some(Box::new(crate::encryption::device::Unsupported)));
+        // A key this node published before (another kernel, say) goes.
+        let nodes = with_key(
+            with_key(three_nodes(), "n1", crate::encryption::Key([1; 32])),
+            "n2",
+            crate::encryption::Key([2; 32]),
+        );
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(outcome.failed_steps(), vec!["encryption"]);
+        let text = chain(&outcome.failures[0].1);
+        assert!(text.contains("no WireGuard"), "{text}");
+        assert_eq!(*e.published.lock().unwrap(), vec![None]);
+        let log = take(&e.f.log);
+        assert!(
+            log.contains(&"route 10.244.2.0/24 via 198.18.0.12 table 254".to_owned()),
+            "{log:?}"
+        );
+        // Strict: nothing leaves for another node but through the (missing) device,
+        // and n2 (which publishes a key) is taken only through it.
+        assert_eq!(
+            *e.strict.lock().unwrap(),
+            vec![
+                "strict cni-wg0 own 10.244.1.0/24 remote 10.244.2.0/24, 10.244.3.0/24 expected 10.244.2.0/24"
+            ]
+        );
+        assert_eq!(outcome.encryption.without_key, 2);
+    }
+
+    #[test]
+    fn a_rotated_key_goes_on_the_device_and_is_published_while_the_routes_stay_on_it() {
+        let mut e = encrypting(false, None);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (old, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", old.public());
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        e.kernel.take_log();
+        take(&e.f.log);
+        e.published.lock().unwrap().clear();
+
+        let new = crate::encryption::key::rotate(&e.state_dir).unwrap();
+        assert_ne!(new, old.public());
+        // The API still shows the old key.
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            e.kernel.take_log(),
+            vec![format!("key cni-wg0 {new:?} port 51830")]
+        );
+        assert_eq!(*e.published.lock().unwrap(), vec![Some(new.to_base64())]);
+        let log = take(&e.f.log);
+        // (The fake host does not show what was written: the route is asked for again,
+        // and must be the one through the device, never the clear one.)
+        assert!(
+            log.iter()
+                .any(|l| l.starts_with("route 10.244.2.0/24 dev #"))
+                && !log.iter().any(|l| l.starts_with("route 10.244.2.0/24 via")),
+            "the route stays on the device: {log:?}"
+        );
+        assert_eq!(outcome.encrypted, (1, 0));
+        // The API shows the new key: nothing more to do.
+        let nodes = with_key(nodes, "n1", new);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
+        assert_eq!(e.published.lock().unwrap().len(), 1);
+        assert_eq!(outcome.encrypted, (1, 0));
     }
 
     #[test]

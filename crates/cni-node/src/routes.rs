@@ -47,6 +47,8 @@ pub struct RouteChanges {
     pub foreign: Vec<(IpNetwork, String)>,
     /// Encapsulated peers in the kernel after the pass, IPv4 and IPv6.
     pub tunnels: (usize, usize),
+    /// Routes through the WireGuard device after the pass, IPv4 and IPv6.
+    pub encrypted: (usize, usize),
     /// The ready devices' entries after the pass, by device index, as far as the
     /// kernel's answers tell; `None` when a batch failed as a whole (read them back).
     pub entries_after: Option<BTreeMap<u32, DeviceEntries>>,
@@ -101,6 +103,21 @@ pub fn tunnel_route(dst: IpNetwork, vtep: IpAddr, index: u32, protocol: u8) -> R
     }
 }
 
+/// The route the agent makes for `dst` through the WireGuard device `index`: no
+/// gateway, the device sends it to the peer whose allowed IPs hold it.
+pub fn encrypted_route(dst: IpNetwork, index: u32, protocol: u8) -> Route {
+    Route {
+        oif: Some(index),
+        scope: Some(SCOPE_LINK),
+        table: Some(MAIN_TABLE),
+        protocol: Some(protocol),
+        ..Route::new(dst)
+    }
+}
+
+/// `RT_SCOPE_LINK`, what `ip route add <dst> dev <link>` gives a route without a gateway.
+const SCOPE_LINK: u8 = 253;
+
 /// What a change of the batch stands for, to account for its outcome.
 #[derive(Debug, Clone, Copy)]
 enum Meaning {
@@ -123,6 +140,7 @@ struct Batch {
     entry_deletions: Vec<(Change, Meaning)>,
     foreign: Vec<(IpNetwork, String)>,
     tunnels: (usize, usize),
+    encrypted: (usize, usize),
     /// What each ready device held before the batch.
     have: BTreeMap<u32, DeviceEntries>,
 }
@@ -143,6 +161,7 @@ pub fn reconcile(
     let mut changes = RouteChanges {
         foreign: batch.foreign,
         tunnels: batch.tunnels,
+        encrypted: batch.encrypted,
         ..RouteChanges::default()
     };
     let steps: Vec<(Change, Meaning)> = batch
@@ -265,6 +284,14 @@ fn plan_batch(
                 }
                 tunnel_route(dst, t.vtep, device.index, protocol)
             }
+            NextHop::Encrypted(e) => {
+                if dst.is_ipv6() {
+                    batch.encrypted.1 += 1;
+                } else {
+                    batch.encrypted.0 += 1;
+                }
+                encrypted_route(dst, e.device, protocol)
+            }
         };
         match ours.remove(&dst).as_deref() {
             Some([only]) if is_as_made(only, &route) => {}
@@ -374,8 +401,8 @@ fn is_as_made(have: &Route, want: &Route) -> bool {
         None => true,
         Some(m) => have.dst.is_ipv6() && m == IPV6_DEFAULT_METRIC,
     };
-    let same_path = if want.onlink {
-        have.onlink && have.oif == want.oif
+    let same_path = if want.onlink || want.gw.is_none() {
+        have.onlink == want.onlink && have.oif == want.oif
     } else {
         !have.onlink
     };

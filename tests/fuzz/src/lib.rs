@@ -13,6 +13,7 @@ use cni_bandwidth::config::{self as bandwidth, Shape};
 use cni_bridge::config::BridgeConf;
 use cni_host_local::config::IpamConfig;
 use cni_host_local::range::to_u128;
+use cni_linux::netlink::wireguard::decode_dump;
 use cni_linux::netlink::{Reply, decode_reply};
 use cni_netlink::wire::{NLMSG_ERROR, NLMSG_HDRLEN};
 use cni_netlink::{attrs, messages};
@@ -245,8 +246,19 @@ fn walk_attrs(data: &[u8], depth: u8) {
 /// socket does, each decoded as the client's requests decode it (link with its VXLAN
 /// settings, bridge port VLANs, address, route, FDB entry, neighbour, qdisc, filter,
 /// forwarding setting, error and extended ack), and its attributes walked at the offsets
-/// of the family headers.
+/// of the family headers; and the same bytes as a WireGuard device dump (generic
+/// netlink), whose peers cut across messages are joined back.
 pub fn netlink(data: &[u8]) {
+    if let Ok(device) = decode_dump(data) {
+        // A peer cut between messages is one peer: no two neighbours share a key.
+        assert!(
+            device
+                .peers
+                .windows(2)
+                .all(|p| p[0].public_key != p[1].public_key),
+            "{device:?}"
+        );
+    }
     let mut framed = 0;
     for msg in messages(data) {
         let Ok(msg) = msg else {

@@ -1,7 +1,7 @@
 //! The HTTP side: one thread per connection, HTTP/1.1 with keep-alive; for every kind,
 //! list with pagination at one snapshot, watch as a chunked stream of JSON lines
 //! (bookmarks, streaming lists, 410 Gone as the API server sends it), both with label and
-//! field selectors, and single get; discovery documents; event creation. A custom kind
+//! field selectors, single get and merge patch; discovery documents; event creation. A custom kind
 //! whose CRD is not installed is not there at all: 404 for its paths and group.
 
 use std::io::{self, BufRead, BufReader, Write};
@@ -25,6 +25,8 @@ struct Request {
     target: String,
     path: String,
     query: Vec<(String, String)>,
+    /// The `Content-Type` header, lower case, without parameters.
+    content_type: String,
     body: Vec<u8>,
 }
 
@@ -79,6 +81,7 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
     };
     let (method, target) = (method.to_owned(), target.to_owned());
     let mut length = 0usize;
+    let mut content_type = String::new();
     loop {
         let mut header = String::new();
         if reader.read_line(&mut header)? == 0 {
@@ -87,6 +90,16 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
         let header = header.trim_end();
         if header.is_empty() {
             break;
+        }
+        if let Some((name, value)) = header.split_once(':')
+            && name.eq_ignore_ascii_case("content-type")
+        {
+            content_type = value
+                .split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase();
         }
         if let Some((name, value)) = header.split_once(':')
             && name.eq_ignore_ascii_case("content-length")
@@ -119,6 +132,7 @@ fn read_request(reader: &mut impl BufRead) -> io::Result<Option<Request>> {
         target,
         path,
         query,
+        content_type,
         body,
     }))
 }
@@ -258,6 +272,14 @@ fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Resul
             return respond_json(out, 200, &answer);
         }
     }
+    if req.method == "PATCH"
+        && let Some(Resource::Item(kind, namespace, name)) = resource(&segments).filter(|r| match r
+        {
+            Resource::Collection(kind, _) | Resource::Item(kind, _, _) => shared.serves_kind(*kind),
+        })
+    {
+        return patch(req, out, shared, kind, namespace, name);
+    }
     match (req.method.as_str(), segments.as_slice()) {
         ("POST", ["api", "v1", "namespaces", _, "events"])
         | ("POST", ["apis", "events.k8s.io", "v1", "namespaces", _, "events"]) => {
@@ -283,6 +305,93 @@ fn handle(req: &Request, out: &mut TcpStream, shared: &Arc<Shared>) -> io::Resul
                 &format!("{} {} is not served", req.method, req.path),
             ),
         ),
+    }
+}
+
+/// PATCH of one object: a JSON merge patch (RFC 7386), and a strategic merge patch
+/// taken as one (the same for maps such as annotations and labels; a list is replaced
+/// whole, where the API server would merge some lists by key). The patched object is
+/// stored as a change (a watch sees `MODIFIED`) and returned. A JSON patch or an apply
+/// patch is 415, as the server answers a type it does not take.
+fn patch(
+    req: &Request,
+    out: &mut TcpStream,
+    shared: &Arc<Shared>,
+    kind: Kind,
+    namespace: &str,
+    name: &str,
+) -> io::Result<bool> {
+    if !matches!(
+        req.content_type.as_str(),
+        "application/merge-patch+json" | "application/strategic-merge-patch+json"
+    ) {
+        return respond_json(
+            out,
+            415,
+            &status(
+                415,
+                "UnsupportedMediaType",
+                &format!(
+                    "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (got {:?})",
+                    req.content_type
+                ),
+            ),
+        );
+    }
+    let body: Value = match serde_json::from_slice(&req.body) {
+        Ok(v) => v,
+        Err(e) => return respond_json(out, 400, &status(400, "BadRequest", &e.to_string())),
+    };
+    let patched = {
+        let mut store = shared.lock();
+        let Some(current) = store
+            .get(kind, namespace, name)
+            .and_then(|o| serde_json::from_slice::<Value>(&o.json).ok())
+        else {
+            drop(store);
+            return respond_json(
+                out,
+                404,
+                &status(
+                    404,
+                    "NotFound",
+                    &format!("{} \"{name}\" not found", kind.plural()),
+                ),
+            );
+        };
+        let mut merged = current;
+        merge_patch(&mut merged, &body);
+        store
+            .apply(kind, merged)
+            .map(|_| store.get(kind, namespace, name).map(|o| o.json.clone()))
+    };
+    shared.changed.notify_all();
+    match patched {
+        Ok(Some(bytes)) => respond(out, 200, &bytes),
+        Ok(None) => respond_json(out, 500, &status(500, "InternalError", "lost the object")),
+        Err(e) => respond_json(out, 422, &status(422, "Invalid", &e)),
+    }
+}
+
+/// RFC 7386: an object merges key by key, `null` removes a key, anything else
+/// replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = Value::Object(serde_json::Map::new());
+    }
+    let Value::Object(map) = target else {
+        return;
+    };
+    for (key, value) in patch {
+        if value.is_null() {
+            map.remove(key);
+        } else {
+            merge_patch(map.entry(key.clone()).or_insert(Value::Null), value);
+        }
     }
 }
 
@@ -788,6 +897,21 @@ mod tests {
         ] {
             assert_eq!(path(unserved), None, "{unserved}");
         }
+    }
+
+    #[test]
+    fn a_merge_patch_merges_maps_removes_nulls_and_replaces_the_rest() {
+        let mut node = json!({"metadata": {"name": "n1", "annotations": {"a": "1", "b": "2"}},
+            "spec": {"podCIDRs": ["10.0.0.0/24"]}});
+        merge_patch(
+            &mut node,
+            &json!({"metadata": {"annotations": {"a": null, "c": "3"}}, "spec": {"podCIDRs": []}}),
+        );
+        assert_eq!(
+            node,
+            json!({"metadata": {"name": "n1", "annotations": {"b": "2", "c": "3"}},
+                "spec": {"podCIDRs": []}})
+        );
     }
 
     #[test]

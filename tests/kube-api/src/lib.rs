@@ -4,7 +4,8 @@
 //! does (one resourceVersion sequence for all of them, paginated lists read at one
 //! snapshot with continue tokens, chunked watch streams of JSON lines, bookmarks,
 //! streaming lists, label and field selectors on both, `410 Gone` for versions older
-//! than the last compaction, as an `ERROR` event or as an HTTP status), and lets a test
+//! than the last compaction, as an `ERROR` event or as an HTTP status), merge patches of
+//! one object (a Node's annotations, as the agent publishes its WireGuard key), and lets a test
 //! add, change and delete objects, stop it (every connection breaks), compact its
 //! history and start it again on the same address. A custom resource's kind can be
 //! taken away and installed again at run time ([`ApiServer::uninstall_crd`],

@@ -1,6 +1,7 @@
 //! Netlink (rtnetlink) client: links, bridges and their ports, veth pairs,
 //! VXLAN devices with their FDB and neighbour entries, addresses and routes, and
-//! the traffic control (qdiscs, filters, ifb devices) of pod bandwidth limits.
+//! the traffic control (qdiscs, filters, ifb devices) of pod bandwidth limits;
+//! and, over generic netlink, WireGuard devices' keys and peers ([`wireguard`]).
 //! A [`Netlink`] handle talks to one network namespace, fixed when its socket
 //! is created; see [`Netlink::connect_in`].
 //!
@@ -13,6 +14,7 @@
 mod addr;
 mod batch;
 mod bridge;
+mod genl;
 mod link;
 mod neigh;
 mod netconf;
@@ -22,6 +24,7 @@ pub mod tc;
 mod veth;
 pub mod vxlan;
 mod wait;
+pub mod wireguard;
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -42,6 +45,7 @@ pub use route::Route;
 pub use veth::VethPair;
 pub use vxlan::{Vxlan, VxlanInfo, vtep_mac};
 pub use wait::OPER_UP_DELAYS;
+pub use wireguard::{WgDevice, WgKey, WgPeer, WgPeerConfig, Wireguard};
 
 pub use cni_netlink::Message;
 pub use cni_netlink::socket::{Notified, Subscription};

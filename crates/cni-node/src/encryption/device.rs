@@ -1,0 +1,531 @@
+//! The WireGuard device and its peers: made, adopted and repaired here, behind
+//! [`WireguardKernel`] so that the decisions are tested without a kernel (this one's
+//! tests run where the kernel has no WireGuard).
+//!
+//! A device is the agent's when it has the agent's name and is of kind `wireguard`;
+//! one found at start is adopted as it is (same index, key, peers: a restart, even
+//! after SIGKILL, loses no packet); a link of that name of another kind is never
+//! touched. Peers are changed one at a time, never replaced as a list: a new or changed
+//! peer is written before the routes that use it, a peer no longer wanted is removed
+//! after the routes have left it. A key that changed is a new peer (WireGuard knows a
+//! peer by its key) written with the node's allowed IPs, which moves them from the old
+//! peer at once; the old one goes after the routes.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::SystemTime;
+
+use cni_linux::Netlink;
+use cni_linux::netlink::wireguard::{WgPeerConfig, Wireguard};
+use ipnetwork::IpNetwork;
+
+use super::{Key, PeerSpec};
+use crate::error::{Error, Result};
+
+/// A peer as the kernel has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerState {
+    /// Its public key.
+    pub public_key: Key,
+    /// Where it is sent to.
+    pub endpoint: Option<SocketAddr>,
+    /// What it may send and is sent.
+    pub allowed_ips: Vec<IpNetwork>,
+    /// The last completed handshake.
+    pub last_handshake: Option<SystemTime>,
+    /// Bytes received from it.
+    pub rx_bytes: u64,
+    /// Bytes sent to it.
+    pub tx_bytes: u64,
+}
+
+/// The device as the kernel has it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceState {
+    /// The public key of its private key, when it has one.
+    pub public_key: Option<Key>,
+    /// Its UDP port.
+    pub listen_port: u16,
+    /// Its peers.
+    pub peers: Vec<PeerState>,
+}
+
+/// What the agent asks of the kernel's WireGuard.
+pub trait WireguardKernel: Send {
+    /// `Err(Error::NoWireguard)` when this kernel has no WireGuard (`name`: the device
+    /// the agent will ask for, for messages).
+    fn check(&mut self, name: &str) -> Result<()>;
+    /// Makes the device (kind `wireguard`) with `mtu`, up; returns its index.
+    fn create(&mut self, name: &str, mtu: u32) -> Result<u32>;
+    /// Deletes the link `index` (the agent's device, named `name`).
+    fn delete(&mut self, name: &str, index: u32) -> Result<()>;
+    /// Sets the MTU of link `index` and sets it up.
+    fn set_link(&mut self, name: &str, index: u32, mtu: u32) -> Result<()>;
+    /// The device's key, port and peers.
+    fn device(&mut self, name: &str) -> Result<DeviceState>;
+    /// Puts the private key and port on the device (its peers stay).
+    fn set_device(&mut self, name: &str, private_key: &Key, port: u16) -> Result<()>;
+    /// Adds a peer, or changes its endpoint and replaces its allowed IPs.
+    fn set_peer(&mut self, name: &str, peer: &PeerSpec) -> Result<()>;
+    /// Removes a peer.
+    fn remove_peer(&mut self, name: &str, public_key: &Key) -> Result<()>;
+}
+
+/// The peer changes a pass makes, in two parts: writes before the routes, removals
+/// after.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PeerChanges {
+    /// Peers to add or change, before the routes.
+    pub write: Vec<PeerSpec>,
+    /// Peers to remove, after the routes.
+    pub remove: Vec<Key>,
+}
+
+/// The changes that make the device's peers `want`, from what it has.
+pub fn peer_changes(have: &[PeerState], want: &BTreeMap<Key, PeerSpec>) -> PeerChanges {
+    let mut out = PeerChanges::default();
+    for (key, spec) in want {
+        let same = have.iter().find(|p| p.public_key == *key).is_some_and(|p| {
+            let mut a = p.allowed_ips.clone();
+            let mut b = spec.allowed_ips.clone();
+            a.sort();
+            b.sort();
+            p.endpoint == Some(spec.endpoint) && a == b
+        });
+        if !same {
+            out.write.push(spec.clone());
+        }
+    }
+    for peer in have {
+        if !want.contains_key(&peer.public_key) {
+            out.remove.push(peer.public_key);
+        }
+    }
+    out
+}
+
+/// The peers as the agent last knew them: read at a resync or after a failure, and
+/// kept up to date with what the kernel acknowledged since (at thousands of peers,
+/// reading them on every pass would cost more than the change).
+#[derive(Debug, Default)]
+pub struct KnownPeers {
+    /// The device's index they belong to, and the peers; `None`: read them next.
+    pub known: Option<(u32, Vec<PeerState>)>,
+}
+
+impl KnownPeers {
+    /// Forgets them: the next pass reads the device.
+    pub fn forget(&mut self) {
+        self.known = None;
+    }
+
+    /// The peers of device `index`, when known.
+    pub fn of(&self, index: u32) -> Option<&[PeerState]> {
+        match &self.known {
+            Some((i, peers)) if *i == index => Some(peers),
+            _ => None,
+        }
+    }
+
+    /// The kernel took `spec`.
+    pub fn written(&mut self, spec: &PeerSpec) {
+        if let Some((_, peers)) = &mut self.known {
+            let state = PeerState {
+                public_key: spec.public_key,
+                endpoint: Some(spec.endpoint),
+                allowed_ips: spec.allowed_ips.clone(),
+                last_handshake: None,
+                rx_bytes: 0,
+                tx_bytes: 0,
+            };
+            // The allowed IPs moved to this peer (WireGuard keeps each on one peer).
+            for p in peers.iter_mut() {
+                p.allowed_ips.retain(|ip| !spec.allowed_ips.contains(ip));
+            }
+            match peers.iter_mut().find(|p| p.public_key == spec.public_key) {
+                Some(p) => {
+                    p.endpoint = state.endpoint;
+                    p.allowed_ips = state.allowed_ips;
+                }
+                None => peers.push(state),
+            }
+        }
+    }
+
+    /// The kernel removed the peer with `key`.
+    pub fn removed(&mut self, key: &Key) {
+        if let Some((_, peers)) = &mut self.known {
+            peers.retain(|p| p.public_key != *key);
+        }
+    }
+}
+
+/// The kernel's WireGuard as the agent reaches it: the link over rtnetlink, keys and
+/// peers over the `wireguard` generic netlink family.
+pub fn open_kernel() -> Result<Box<dyn WireguardKernel>> {
+    Ok(Box::new(Kernel {
+        nl: Netlink::connect().map_err(Error::Netlink)?,
+        wg: None,
+    }))
+}
+
+/// The real kernel.
+#[derive(Debug)]
+pub struct Kernel {
+    nl: Netlink,
+    /// The generic netlink handle, once the family is found (looked up again on each
+    /// pass until then: a module loaded later is found).
+    wg: Option<Wireguard>,
+}
+
+impl Kernel {
+    fn wg(&mut self, device: &str) -> Result<&mut Wireguard> {
+        if self.wg.is_none() {
+            self.wg = Some(
+                Wireguard::open()
+                    .map_err(|e| kernel_error(device, "reach the kernel's WireGuard for", e))?,
+            );
+        }
+        self.wg.as_mut().ok_or_else(|| unreachable_error(device))
+    }
+}
+
+fn unreachable_error(device: &str) -> Error {
+    Error::Wireguard {
+        device: device.to_owned(),
+        what: "open".to_owned(),
+        source: "no handle".into(),
+    }
+}
+
+/// [`Error::NoWireguard`] for a kernel without it, else what was asked and the answer.
+fn kernel_error(device: &str, what: &str, e: cni_linux::Error) -> Error {
+    if e.is_no_wireguard() {
+        return Error::NoWireguard;
+    }
+    Error::Wireguard {
+        device: device.to_owned(),
+        what: what.to_owned(),
+        source: Box::new(e),
+    }
+}
+
+impl WireguardKernel for Kernel {
+    fn check(&mut self, name: &str) -> Result<()> {
+        self.wg(name).map(|_| ())
+    }
+    fn create(&mut self, name: &str, mtu: u32) -> Result<u32> {
+        let fail = |what| move |e| kernel_error(name, what, e);
+        self.nl
+            .create_wireguard(name, Some(mtu))
+            .map_err(fail("create"))?;
+        let index = self.nl.require_link(name).map_err(fail("find"))?.index;
+        self.nl.set_up(index).map_err(fail("set up"))?;
+        Ok(index)
+    }
+    fn delete(&mut self, name: &str, index: u32) -> Result<()> {
+        self.nl
+            .delete_link(index)
+            .map_err(|e| kernel_error(name, "delete", e))
+    }
+    fn set_link(&mut self, name: &str, index: u32, mtu: u32) -> Result<()> {
+        let fail = |what| move |e| kernel_error(name, what, e);
+        self.nl
+            .set_mtu(index, mtu)
+            .map_err(fail("set the MTU of"))?;
+        self.nl.set_up(index).map_err(fail("set up"))
+    }
+    fn device(&mut self, name: &str) -> Result<DeviceState> {
+        let device = self
+            .wg(name)?
+            .device(name)
+            .map_err(|e| kernel_error(name, "read", e))?;
+        Ok(DeviceState {
+            public_key: device.public_key.map(Key),
+            listen_port: device.listen_port,
+            peers: device
+                .peers
+                .into_iter()
+                .map(|p| PeerState {
+                    public_key: Key(p.public_key),
+                    endpoint: p.endpoint,
+                    allowed_ips: p.allowed_ips,
+                    last_handshake: p.last_handshake,
+                    rx_bytes: p.rx_bytes,
+                    tx_bytes: p.tx_bytes,
+                })
+                .collect(),
+        })
+    }
+    fn set_device(&mut self, name: &str, private_key: &Key, port: u16) -> Result<()> {
+        self.wg(name)?
+            .set_device(name, &private_key.0, port, 0)
+            .map_err(|e| kernel_error(name, "set the key and port of", e))
+    }
+    fn set_peer(&mut self, name: &str, peer: &PeerSpec) -> Result<()> {
+        let config = WgPeerConfig {
+            public_key: peer.public_key.0,
+            endpoint: Some(peer.endpoint),
+            allowed_ips: peer.allowed_ips.clone(),
+            persistent_keepalive: None,
+        };
+        self.wg(name)?
+            .set_peer(name, &config)
+            .map_err(|e| kernel_error(name, "set a peer of", e))
+    }
+    fn remove_peer(&mut self, name: &str, public_key: &Key) -> Result<()> {
+        self.wg(name)?
+            .remove_peer(name, &public_key.0)
+            .map_err(|e| kernel_error(name, "remove a peer of", e))
+    }
+}
+
+/// A kernel without WireGuard: every request is [`Error::NoWireguard`] (the tests'
+/// stand-in for this machine's kernel).
+#[derive(Debug, Default)]
+pub struct Unsupported;
+
+impl WireguardKernel for Unsupported {
+    fn check(&mut self, _: &str) -> Result<()> {
+        Err(Error::NoWireguard)
+    }
+    fn create(&mut self, _: &str, _: u32) -> Result<u32> {
+        Err(Error::NoWireguard)
+    }
+    fn delete(&mut self, _: &str, _: u32) -> Result<()> {
+        Err(Error::NoWireguard)
+    }
+    fn set_link(&mut self, _: &str, _: u32, _: u32) -> Result<()> {
+        Err(Error::NoWireguard)
+    }
+    fn device(&mut self, _: &str) -> Result<DeviceState> {
+        Err(Error::NoWireguard)
+    }
+    fn set_device(&mut self, _: &str, _: &Key, _: u16) -> Result<()> {
+        Err(Error::NoWireguard)
+    }
+    fn set_peer(&mut self, _: &str, _: &PeerSpec) -> Result<()> {
+        Err(Error::NoWireguard)
+    }
+    fn remove_peer(&mut self, _: &str, _: &Key) -> Result<()> {
+        Err(Error::NoWireguard)
+    }
+}
+
+/// An in-memory kernel with WireGuard, for the tests: it records every request.
+pub mod fakes {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// What the fake kernel holds.
+    #[derive(Debug, Default, Clone)]
+    pub struct FakeState {
+        /// The device: index, MTU, private key, port, peers.
+        pub device: Option<FakeDevice>,
+        /// Every request, in order.
+        pub log: Vec<String>,
+        /// The next index handed out.
+        pub next_index: u32,
+    }
+
+    /// The fake device.
+    #[derive(Debug, Default, Clone)]
+    pub struct FakeDevice {
+        /// Its index.
+        pub index: u32,
+        /// Its MTU.
+        pub mtu: u32,
+        /// Its private key.
+        pub private_key: Option<Key>,
+        /// Its port.
+        pub port: u16,
+        /// Its peers, in the order they were added.
+        pub peers: Vec<PeerState>,
+    }
+
+    /// A fake kernel with WireGuard whose state a test shares.
+    #[derive(Debug, Default, Clone)]
+    pub struct FakeKernel(pub Arc<Mutex<FakeState>>);
+
+    impl FakeKernel {
+        fn with<T>(&self, f: impl FnOnce(&mut FakeState) -> T) -> T {
+            f(&mut self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner))
+        }
+
+        /// Takes the request log.
+        pub fn take_log(&self) -> Vec<String> {
+            self.with(|s| std::mem::take(&mut s.log))
+        }
+    }
+
+    fn missing(name: &str) -> Error {
+        Error::Wireguard {
+            device: name.to_owned(),
+            what: "find".to_owned(),
+            source: Box::new(std::io::Error::from_raw_os_error(19)),
+        }
+    }
+
+    impl WireguardKernel for FakeKernel {
+        fn check(&mut self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        fn create(&mut self, name: &str, mtu: u32) -> Result<u32> {
+            self.with(|s| {
+                s.next_index += 1;
+                let index = s.next_index + 100;
+                s.device = Some(FakeDevice {
+                    index,
+                    mtu,
+                    ..FakeDevice::default()
+                });
+                s.log.push(format!("create {name} mtu {mtu}"));
+                Ok(index)
+            })
+        }
+        fn delete(&mut self, name: &str, _: u32) -> Result<()> {
+            self.with(|s| {
+                s.device = None;
+                s.log.push(format!("delete {name}"));
+                Ok(())
+            })
+        }
+        fn set_link(&mut self, name: &str, _: u32, mtu: u32) -> Result<()> {
+            self.with(|s| {
+                let d = s.device.as_mut().ok_or_else(|| missing(name))?;
+                d.mtu = mtu;
+                s.log.push(format!("link {name} mtu {mtu} up"));
+                Ok(())
+            })
+        }
+        fn device(&mut self, name: &str) -> Result<DeviceState> {
+            self.with(|s| {
+                let d = s.device.as_ref().ok_or_else(|| missing(name))?;
+                Ok(DeviceState {
+                    public_key: d.private_key.map(|k| k.public()),
+                    listen_port: d.port,
+                    peers: d.peers.clone(),
+                })
+            })
+        }
+        fn set_device(&mut self, name: &str, private_key: &Key, port: u16) -> Result<()> {
+            self.with(|s| {
+                let d = s.device.as_mut().ok_or_else(|| missing(name))?;
+                d.private_key = Some(*private_key);
+                d.port = port;
+                s.log
+                    .push(format!("key {name} {:?} port {port}", private_key.public()));
+                Ok(())
+            })
+        }
+        fn set_peer(&mut self, name: &str, peer: &PeerSpec) -> Result<()> {
+            self.with(|s| {
+                let d = s.device.as_mut().ok_or_else(|| missing(name))?;
+                for p in &mut d.peers {
+                    p.allowed_ips.retain(|ip| !peer.allowed_ips.contains(ip));
+                }
+                let state = PeerState {
+                    public_key: peer.public_key,
+                    endpoint: Some(peer.endpoint),
+                    allowed_ips: peer.allowed_ips.clone(),
+                    last_handshake: None,
+                    rx_bytes: 0,
+                    tx_bytes: 0,
+                };
+                match d.peers.iter_mut().find(|p| p.public_key == peer.public_key) {
+                    Some(p) => {
+                        p.endpoint = state.endpoint;
+                        p.allowed_ips = state.allowed_ips;
+                    }
+                    None => d.peers.push(state),
+                }
+                let ips: Vec<String> = peer.allowed_ips.iter().map(ToString::to_string).collect();
+                s.log.push(format!(
+                    "peer {} {} {}",
+                    peer.node,
+                    peer.endpoint,
+                    ips.join(",")
+                ));
+                Ok(())
+            })
+        }
+        fn remove_peer(&mut self, name: &str, public_key: &Key) -> Result<()> {
+            self.with(|s| {
+                let d = s.device.as_mut().ok_or_else(|| missing(name))?;
+                d.peers.retain(|p| p.public_key != *public_key);
+                s.log.push(format!("remove peer {public_key:?}"));
+                Ok(())
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> Key {
+        Key([n; 32])
+    }
+
+    fn spec(node: &str, n: u8, endpoint: &str, cidrs: &[&str]) -> PeerSpec {
+        PeerSpec {
+            node: node.into(),
+            public_key: key(n),
+            endpoint: endpoint.parse().unwrap(),
+            allowed_ips: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        }
+    }
+
+    fn state(spec: &PeerSpec) -> PeerState {
+        PeerState {
+            public_key: spec.public_key,
+            endpoint: Some(spec.endpoint),
+            allowed_ips: spec.allowed_ips.clone(),
+            last_handshake: None,
+            rx_bytes: 0,
+            tx_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn only_what_differs_is_written_and_what_is_gone_is_removed() {
+        let a = spec("a", 1, "198.18.0.12:51830", &["10.244.2.0/24", "fd00::/64"]);
+        let b = spec("b", 2, "198.18.0.13:51830", &["10.244.3.0/24"]);
+        let c = spec("c", 3, "198.18.0.14:51830", &["10.244.4.0/24"]);
+        // a as wanted (allowed IPs in another order), b with an old endpoint, c gone.
+        let mut a_have = state(&a);
+        a_have.allowed_ips.reverse();
+        let mut b_have = state(&b);
+        b_have.endpoint = Some("198.18.0.99:51830".parse().unwrap());
+        let have = vec![a_have, b_have, state(&c)];
+        let want: BTreeMap<Key, PeerSpec> = [(a.public_key, a), (b.public_key, b.clone())].into();
+        let changes = peer_changes(&have, &want);
+        assert_eq!(changes.write, vec![b]);
+        assert_eq!(changes.remove, vec![key(3)]);
+    }
+
+    #[test]
+    fn a_changed_key_is_a_new_peer_written_first_and_the_old_one_removed_after() {
+        let old = spec("a", 1, "198.18.0.12:51830", &["10.244.2.0/24"]);
+        let new = spec("a", 9, "198.18.0.12:51830", &["10.244.2.0/24"]);
+        let changes = peer_changes(&[state(&old)], &[(new.public_key, new.clone())].into());
+        assert_eq!(changes.write, vec![new.clone()]);
+        assert_eq!(changes.remove, vec![key(1)]);
+        // What the agent keeps in memory follows: the allowed IPs moved to the new key.
+        let mut known = KnownPeers {
+            known: Some((7, vec![state(&old)])),
+        };
+        known.written(&new);
+        let peers = known.of(7).unwrap();
+        assert_eq!(peers.len(), 2);
+        assert!(peers[0].allowed_ips.is_empty(), "{peers:?}");
+        known.removed(&key(1));
+        assert_eq!(known.of(7).unwrap(), [state(&new)]);
+        assert_eq!(known.of(8), None, "another device: read again");
+    }
+}
