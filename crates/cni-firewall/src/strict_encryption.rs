@@ -170,8 +170,11 @@ fn elements(sources: &[IpNetwork], destinations: &[IpNetwork], v6: bool) -> Vec<
     out
 }
 
+/// A set as it should be: name, IPv6, elements.
+type WantedSet = (&'static str, bool, Vec<Element>);
+
 /// The chain's rules and each set's elements.
-fn want(policy: &StrictPolicy) -> (Vec<Vec<Expr>>, Vec<(&'static str, bool, Vec<Element>)>) {
+fn want(policy: &StrictPolicy) -> (Vec<Vec<Expr>>, Vec<WantedSet>) {
     let mut rules = Vec::new();
     let mut sets = Vec::new();
     for (name, v6, out) in SETS {
