@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use cni_blackbox::cluster::{Cluster, Host, node_name, node_v4, node_v6, routes_to, wait};
+use cni_blackbox::cluster::{
+    Cluster, Host, node_name, node_v4, node_v6, pod_cidr_v4, routes_to, wait,
+};
 use cni_blackbox::require_root;
 use cni_blackbox::underlay::source_seen_within;
 use cni_kube_api::Kind;
@@ -180,6 +182,10 @@ fn strict_mode_sends_no_pod_traffic_in_clear_and_takes_none_from_a_keyed_node() 
         .ns
         .exec_ok(&["nft", "list", "table", "inet", "cni_node_encryption"]);
     assert!(table.contains("oifname != \"cni-wg0\""), "{table}");
+    assert!(
+        !table.contains(&format!("{} . ", pod_cidr_v4(2))),
+        "node 2 publishes no key: nothing expected of it yet\n{table}"
+    );
 
     let (a, b) = (&strict.pods[0], &strict.pods[1]);
     let remote = &cluster.hosts[1].pods[0];
@@ -207,8 +213,8 @@ fn strict_mode_sends_no_pod_traffic_in_clear_and_takes_none_from_a_keyed_node() 
     wait(Duration::from_secs(10), "node 2 expected encrypted", || {
         strict
             .ns
-            .exec_ok(&["nft", "list", "table", "inet", "cni_node_encryption"])
-            .contains("iifname != \"cni-wg0\"")
+            .exec_ok(&["nft", "list", "set", "inet", "cni_node_encryption", "in4"])
+            .contains(&format!("{} . ", pod_cidr_v4(2)))
     })
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", strict.agent_log()));
     let remote = &cluster.hosts[1].pods[0];

@@ -1,6 +1,7 @@
 //! Root tests of the node agent's strict encryption table against the real kernel and
-//! `nft`, in a fresh network namespace: the rules read back as `nft` lists them, a sync
-//! that changes nothing sends nothing, a change is applied, and the table goes.
+//! `nft`, in a fresh network namespace: the rules and the sets' pairs read back as
+//! `nft` lists them, a sync that changes nothing sends nothing, a change is applied,
+//! and the table goes.
 
 use cni_firewall::strict_encryption::{self, StrictPolicy};
 
@@ -24,9 +25,13 @@ fn the_strict_table_is_made_left_alone_when_right_changed_and_removed() {
         let listed = sh("nft", &["list", "table", "inet", strict_encryption::TABLE]);
         for want in [
             "type filter hook forward priority filter; policy accept;",
-            "oifname != \"cni-wg0\" ip saddr 10.244.1.0/24 ip daddr 10.244.2.0/23 drop",
-            "oifname != \"cni-wg0\" ip6 saddr fd00:244:0:1::/64 ip6 daddr fd00:244:0:2::/64 drop",
-            "iifname != \"cni-wg0\" ip saddr 10.244.2.0/24 ip daddr 10.244.1.0/24 drop",
+            "oifname != \"cni-wg0\" ip saddr . ip daddr @out4 drop",
+            "iifname != \"cni-wg0\" ip saddr . ip daddr @in4 drop",
+            "oifname != \"cni-wg0\" ip6 saddr . ip6 daddr @out6 drop",
+            "iifname != \"cni-wg0\" ip6 saddr . ip6 daddr @in6 drop",
+            "10.244.1.0/24 . 10.244.2.0/23",
+            "10.244.2.0/24 . 10.244.1.0/24",
+            "fd00:244:0:1::/64 . fd00:244:0:2::/64",
         ] {
             assert!(listed.contains(want), "no {want:?} in:\n{listed}");
         }
@@ -38,9 +43,7 @@ fn the_strict_table_is_made_left_alone_when_right_changed_and_removed() {
         assert!(strict_encryption::sync(&more).unwrap());
         let listed = sh("nft", &["list", "table", "inet", strict_encryption::TABLE]);
         assert!(
-            listed.contains(
-                "iifname != \"cni-wg0\" ip6 saddr fd00:244:0:2::/64 ip6 daddr fd00:244:0:1::/64 drop"
-            ),
+            listed.contains("fd00:244:0:2::/64 . fd00:244:0:1::/64"),
             "{listed}"
         );
         assert!(strict_encryption::remove().unwrap());

@@ -168,7 +168,8 @@ pub struct Plan {
     pub peers: BTreeMap<Key, PeerSpec>,
     /// With encryption on: the other nodes reached in clear, with the reason.
     pub clear: BTreeMap<String, String>,
-    /// Every other node's accepted pod CIDRs.
+    /// Every other node's pod CIDRs, also of nodes left out, except any that overlap
+    /// this node's own.
     pub remote: Vec<IpNetwork>,
     /// Of those, the ones of nodes that publish a key: what strict mode takes only
     /// through the device.
@@ -233,7 +234,6 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
             out.own_pod_cidrs.push(cidr);
             continue;
         }
-        out.remote.push(cidr);
         if settings.encryption.is_some() && node.key().is_some() {
             out.keyed.push(cidr);
         }
@@ -283,6 +283,19 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
                 out.routes.insert(cidr, hop);
             }
             Err(why) => skip(&mut out, &node.name, why.to_string()),
+        }
+    }
+    // Every other node's pod CIDRs, also of a node left out (its pods are pods all the
+    // same: strict mode sends them nothing in clear), except where they overlap this
+    // node's own (which its own pods use).
+    for node in nodes.values().filter(|n| n.name != settings.node_name) {
+        for &cidr in &node.pod_cidrs {
+            let ours = own_pod_cidrs
+                .iter()
+                .any(|o| o.contains(cidr.network()) || cidr.contains(o.network()));
+            if !ours && !out.remote.contains(&cidr) {
+                out.remote.push(cidr);
+            }
         }
     }
     for (cidr, name, why) in vtep_mac_clashes(&out.routes, &out.own_internal_ips, &accepted) {
@@ -1419,6 +1432,34 @@ mod tests {
         );
         assert!(p.peers.is_empty() && p.clear.is_empty() && p.keyed.is_empty());
         assert_eq!(route(&p, "10.244.2.0/24").as_deref(), Some("198.18.0.12"));
+    }
+
+    #[test]
+    fn strict_mode_covers_the_pod_cidrs_of_left_out_nodes_but_never_this_nodes() {
+        let mut nodes = three();
+        // n3 is left out (no route to it): its pods are still another node's.
+        nodes[2].internal_ips = vec!["203.0.113.7".parse().unwrap()];
+        // n4 claims a range holding this node's: left out, and never strict's business.
+        nodes.push(node("n4", &["10.244.0.0/16"], &["198.18.0.14"]));
+        let mut h = host(&["198.18.0.11"]);
+        h.routes.retain(|r| r.gw.is_none());
+        let p = plan(&map(nodes), &h, &encryption_on(true));
+        assert!(p.skipped.contains_key("n3") && p.skipped.contains_key("n4"));
+        assert!(
+            p.remote.contains(&"10.244.3.0/24".parse().unwrap()),
+            "{:?}",
+            p.remote
+        );
+        assert!(
+            !p.remote.contains(&"10.244.0.0/16".parse().unwrap()),
+            "{:?}",
+            p.remote
+        );
+        assert!(
+            !p.remote
+                .iter()
+                .any(|r| r.contains("10.244.1.1".parse().unwrap()))
+        );
     }
 
     #[test]

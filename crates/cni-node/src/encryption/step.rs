@@ -9,7 +9,6 @@
 //!    strict table; with encryption off, the agent's device deleted.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::annotation::Publisher;
@@ -459,11 +458,6 @@ impl Step {
             );
         }
         self.reported_clear = plan.clear.clone();
-    }
-
-    /// The key file's directory, for `rotate-key`'s wake-up.
-    pub fn state_dir(&self) -> Option<&Path> {
-        self.settings.as_ref().map(|s| s.state_dir.as_path())
     }
 }
 
