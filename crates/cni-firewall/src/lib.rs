@@ -10,7 +10,8 @@
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
 //!
-//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`),
+//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`,
+//! `nflog`: the reading of `log group` packets),
 //! over what they share: the nf_tables client (`nfnetlink`), the expressions and chains
 //! several features build alike (`nft_build`), the iptables-save/restore reader-writer
 //! (`iptables`) and the choice between the two tools ([`Backend`]).
@@ -26,6 +27,7 @@ pub mod macspoof;
 pub mod masq;
 pub mod naming;
 pub mod network_policy;
+pub mod nflog;
 mod nfnetlink;
 mod nft_build;
 pub mod port_security;
