@@ -342,6 +342,30 @@ pub struct Options {
     )]
     pub vxlan_device: String,
 
+    /// Log a line per new connection a policy tier denies: both ends (pod or address),
+    /// protocol, port, and the tier, policy, rule and direction that denied it
+    #[arg(long = "deny-log")]
+    pub deny_log: bool,
+
+    /// The deny log's lines per second at most (in the kernel per verdict chain, in
+    /// the agent over all; the excess is dropped and counted in /metrics)
+    #[arg(
+        long = "deny-log-rate",
+        value_name = "N",
+        default_value_t = crate::deny_log::DEFAULT_RATE,
+        value_parser = clap::value_parser!(u32).range(1..=100_000)
+    )]
+    pub deny_log_rate: u32,
+
+    /// The nfnetlink_log group the deny log is read from (one reader per group on a
+    /// host: pick another if something else reads this one)
+    #[arg(
+        long = "deny-log-group",
+        value_name = "N",
+        default_value_t = crate::deny_log::DEFAULT_GROUP
+    )]
+    pub deny_log_group: u16,
+
     /// How log lines are written
     #[arg(
         long = "log-format",
@@ -351,6 +375,17 @@ pub struct Options {
         default_value_t = LogFormat::Text
     )]
     pub log_format: LogFormat,
+}
+
+impl Options {
+    /// The deny log's settings, when it is on (and NetworkPolicy enforced: nothing is
+    /// denied otherwise).
+    pub fn deny_log_settings(&self) -> Option<crate::deny_log::Settings> {
+        (self.deny_log && self.network_policy).then_some(crate::deny_log::Settings {
+            group: self.deny_log_group,
+            per_second: self.deny_log_rate,
+        })
+    }
 }
 
 /// `--health-addr`: an address or off.
@@ -492,6 +527,34 @@ mod tests {
         assert_eq!(o.overlay, OverlayMode::Vxlan);
         assert_eq!((o.vxlan_vni, o.vxlan_port), (4097, 4789));
         assert_eq!(o.vxlan_device, "cni-vx");
+        assert!(!o.deny_log);
+        assert_eq!(o.deny_log_settings(), None);
+        assert_eq!((o.deny_log_rate, o.deny_log_group), (100, 9743));
+    }
+
+    #[test]
+    fn the_deny_log_is_off_unless_asked_for() {
+        let o = run(&["--deny-log", "--deny-log-rate=5", "--deny-log-group", "7"]);
+        assert_eq!(
+            o.deny_log_settings(),
+            Some(crate::deny_log::Settings {
+                group: 7,
+                per_second: 5
+            })
+        );
+        // Without --deny-log the rate and group change nothing.
+        assert_eq!(run(&["--deny-log-rate=5"]).deny_log_settings(), None);
+        for (args, flag) in [
+            (&["--deny-log-rate=0"][..], "--deny-log-rate"),
+            (&["--deny-log-group=65536"][..], "--deny-log-group"),
+        ] {
+            assert!(run_err(args).contains(flag), "{args:?}");
+        }
+        // NetworkPolicy off: nothing is denied, nothing to log.
+        assert_eq!(
+            run(&["--deny-log", "--network-policy=false"]).deny_log_settings(),
+            None
+        );
     }
 
     #[test]
