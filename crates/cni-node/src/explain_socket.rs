@@ -214,7 +214,7 @@ fn explain(query: &str, stores: &Stores) -> Reply {
         .as_deref()
         .map(crate::host::pod_records)
         .unwrap_or_default();
-    match crate::policy::explain::explain(&snapshot, records, &question) {
+    match crate::policy::explain::explain(&snapshot, None, records, &question) {
         Ok((_, text)) => ("200 OK", health::TEXT, text),
         Err(why) => ("400 Bad Request", health::TEXT, chain(&why) + "\n"),
     }
