@@ -1601,3 +1601,234 @@ fn invalid_states_change_nothing() {
         assert_eq!(ruleset(), "");
     });
 }
+
+// ---- ClusterNetworkPolicy's tiers ----
+
+/// A box of everything from (or to) one address on one protocol and port.
+fn tier_only(peer: IpAddr, protocol: u8, port: u16, chain: &str) -> TierBox {
+    tier_box(only(peer, protocol, port), chain)
+}
+
+/// Verdict chains the tier tests use, by what they stand for.
+fn verdict_chains(s: &mut PolicyState) {
+    for (name, action) in [
+        ("v-admindeny", VerdictAction::Drop),
+        ("v-adminaccept", VerdictAction::Accept),
+        (
+            "v-adminpassin",
+            VerdictAction::ToNetworkPolicy(Direction::Ingress),
+        ),
+        ("v-npallow", VerdictAction::Accept),
+        ("v-npdeny", VerdictAction::Drop),
+        ("v-basedeny", VerdictAction::Drop),
+        ("v-basepass", VerdictAction::Accept),
+    ] {
+        s.verdict_chains.insert(name.into(), action);
+    }
+}
+
+/// NetworkPolicy through verdict chains: a profile allowing `boxes`.
+fn counted(boxes: &[Allow]) -> Profile {
+    Profile {
+        allow: boxes.to_vec(),
+        peers: Vec::new(),
+        verdicts: Some(ProfileVerdicts {
+            allow: "v-npallow".into(),
+            deny: "v-npdeny".into(),
+        }),
+    }
+}
+
+/// Connections from `from` to `to` over UDP, each from a socket of its own (so each
+/// is a connection of its own to conntrack): how many were answered.
+fn udp_flows(from: &Netns, to: IpAddr, port: u16, flows: usize) -> usize {
+    (0..flows).filter(|_| udp_ok(from, to, port)).count()
+}
+
+/// The tiers in the order a packet meets them, on real traffic: Admin before
+/// NetworkPolicy (its Deny over an allow, its Pass handing on, its Accept skipping the
+/// source's NetworkPolicy but not the destination's ingress), Baseline only for pods
+/// NetworkPolicy does not isolate (its Deny, its Pass as an allow); each verdict
+/// chain counts the connections it decided; a restart adopts the table with nothing
+/// sent; a change is one small transaction; an empty state leaves the bare table.
+#[test]
+fn tiers_judge_in_order_and_verdict_chains_count() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        node();
+        let (a, b, c) = (pod(2), pod(3), pod(4));
+        let _servers = [
+            serve(Some(&b.ns), &[b.v4], 80),
+            serve(Some(&b.ns), &[b.v4], 81),
+            serve(Some(&c.ns), &[c.v4], 80),
+            serve(Some(&a.ns), &[a.v4], 80),
+        ];
+        let bare = {
+            let mut t = PolicyTable::open().unwrap();
+            t.apply(&PolicyState::default()).unwrap();
+            listing()
+        };
+
+        // b: NetworkPolicy isolates its ingress and allows a's and c's TCP and UDP
+        // 80; the Admin tier denies a's TCP 80 to b and passes a's UDP 80 on.
+        let mut s = PolicyState::default();
+        verdict_chains(&mut s);
+        s.ingress_profiles.insert(
+            "b0".into(),
+            counted(&[
+                allow("10.9.0.2", "10.9.0.2", (TCP, TCP), (80, 80)),
+                allow("10.9.0.2", "10.9.0.2", (UDP, UDP), (80, 80)),
+                allow("10.9.0.4", "10.9.0.4", (UDP, UDP), (80, 80)),
+            ]),
+        );
+        s.ingress.insert(b.v4, "b0".into());
+        s.admin.ingress_profiles.insert(
+            "b1".into(),
+            TierProfile {
+                boxes: vec![
+                    tier_only(a.v4, TCP, 80, "v-admindeny"),
+                    tier_only(a.v4, UDP, 80, "v-adminpassin"),
+                ],
+            },
+        );
+        s.admin.ingress.insert(b.v4, "b1".into());
+        // c: not isolated by NetworkPolicy; the Baseline tier passes b's TCP 80
+        // (an allow) and denies everything else.
+        s.baseline.ingress_profiles.insert(
+            "c1".into(),
+            TierProfile {
+                boxes: vec![
+                    tier_box(
+                        allow("10.9.0.2", "10.9.0.2", (0, 255), (0, 65535)),
+                        "v-basedeny",
+                    ),
+                    tier_only(b.v4, TCP, 80, "v-basepass"),
+                ],
+            },
+        );
+        s.baseline.ingress.insert(c.v4, "c1".into());
+        // b is in the Baseline tier too, denied everything: NetworkPolicy isolates
+        // b's ingress, so Baseline never judges it.
+        s.baseline.ingress_profiles.insert(
+            "b2".into(),
+            TierProfile {
+                boxes: vec![tier_box(
+                    Allow::all_traffic(ip("0.0.0.0"), ip("255.255.255.255")),
+                    "v-basedeny",
+                )],
+            },
+        );
+        s.baseline.ingress.insert(b.v4, "b2".into());
+        let mut t = PolicyTable::open().unwrap();
+        t.apply(&s).unwrap();
+
+        assert!(
+            !tcp_ok(&a.ns, b.v4, 80),
+            "Admin Deny over NetworkPolicy's allow"
+        );
+        assert!(udp_ok(&a.ns, b.v4, 80), "Admin Pass: NetworkPolicy allows");
+        assert!(
+            udp_ok(&c.ns, b.v4, 80),
+            "no Admin word: NetworkPolicy allows"
+        );
+        assert!(
+            !tcp_ok(&c.ns, b.v4, 81),
+            "NetworkPolicy denies, whatever Baseline would say"
+        );
+        assert!(tcp_ok(&b.ns, c.v4, 80), "Baseline Pass is an allow");
+        assert!(
+            !tcp_ok(&a.ns, c.v4, 80),
+            "Baseline Deny where NetworkPolicy is silent"
+        );
+        assert!(tcp_ok(&b.ns, a.v4, 80), "a is in no tier: allowed");
+
+        // Counters: a known number of new connections per verdict chain.
+        let before = network_policy::read_verdict_counters().unwrap();
+        assert_eq!(udp_flows(&c.ns, b.v4, 80, 5), 5);
+        assert_eq!(udp_flows(&a.ns, c.v4, 80, 3), 0);
+        assert_eq!(udp_flows(&a.ns, b.v4, 80, 4), 4);
+        let after = network_policy::read_verdict_counters().unwrap();
+        let new = |chain: &str| after[chain].0 - before.get(chain).map_or(0, |c| c.0);
+        assert_eq!(new("v-npallow"), 5 + 4, "{after:?}");
+        assert_eq!(new("v-basedeny"), 3, "{after:?}");
+        assert_eq!(new("v-adminpassin"), 4, "{after:?}");
+        assert_eq!(new("v-npdeny"), 0, "{after:?}");
+        assert!(after["v-npallow"].1 > 0, "bytes are counted too");
+        assert_eq!(after.len(), s.verdict_chains.len());
+
+        // A restart adopts it all: nothing sent, the counters go on.
+        let mut again = PolicyTable::open().unwrap();
+        again.load().unwrap();
+        assert_eq!(again.apply(&s).unwrap(), Changes::default());
+        // (boxes in order, as the kernel lists them)
+        assert_eq!(again.held_state().as_ref(), Some(&s));
+        let kept = network_policy::read_verdict_counters().unwrap();
+        assert_eq!(kept["v-npallow"], after["v-npallow"]);
+
+        // Admin Accept of a's egress skips a's NetworkPolicy (which denies all),
+        // but the destination's ingress still judges: c's Baseline denies a.
+        let mut accept = s.clone();
+        accept.egress_profiles.insert("a0".into(), counted(&[]));
+        accept.egress.insert(a.v4, "a0".into());
+        accept.admin.egress_profiles.insert(
+            "a1".into(),
+            TierProfile {
+                boxes: vec![tier_box(
+                    allow("0.0.0.0", "255.255.255.255", (TCP, TCP), (80, 80)),
+                    "v-adminaccept",
+                )],
+            },
+        );
+        accept.admin.egress.insert(a.v4, "a1".into());
+        let c1 = again.apply(&accept).unwrap();
+        assert!(c1.sent() && !c1.created, "{c1:?}");
+        assert!(
+            !udp_ok(&a.ns, b.v4, 80),
+            "a's NetworkPolicy egress denies UDP"
+        );
+        assert!(!tcp_ok(&a.ns, c.v4, 80), "c's Baseline still denies a");
+        // Without c's Baseline, a's TCP 80 to c passes on the Admin Accept alone.
+        let mut open_c = accept.clone();
+        open_c.baseline.ingress.remove(&c.v4);
+        let one = again.apply(&open_c).unwrap();
+        assert_eq!(
+            (one.tier_pods_removed, one.messages),
+            (1, 1),
+            "one element out, in one transaction: {one:?}"
+        );
+        assert!(
+            tcp_ok(&a.ns, c.v4, 80),
+            "Admin Accept skips a's NetworkPolicy"
+        );
+
+        // The deny log on: the drops' chains are written again, nothing else.
+        let mut logged = open_c.clone();
+        logged.deny_log = Some(DenyLog {
+            group: 9,
+            per_second: 20,
+        });
+        let c2 = again.apply(&logged).unwrap();
+        assert_eq!(
+            (c2.verdict_chains_changed, c2.messages),
+            (3, 3 * 4),
+            "{c2:?}"
+        );
+        let listed = listing();
+        assert!(
+            listed.contains("log prefix \"v-npdeny\" group 9"),
+            "{listed}"
+        );
+        let mut fresh = PolicyTable::open().unwrap();
+        fresh.load().unwrap();
+        assert_eq!(fresh.apply(&logged).unwrap(), Changes::default());
+
+        // Everything gone: the bare table is left, as a table made empty is.
+        let c3 = fresh.apply(&PolicyState::default()).unwrap();
+        assert!(!c3.created, "{c3:?}");
+        assert_eq!(listing(), bare);
+        assert!(network_policy::read_verdict_counters().unwrap().is_empty());
+        assert!(tcp_ok(&a.ns, b.v4, 80) && tcp_ok(&a.ns, c.v4, 80));
+    });
+}
