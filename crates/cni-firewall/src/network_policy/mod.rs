@@ -148,10 +148,12 @@ use crate::nfnetlink::{
     BASE_NETWORK, BASE_TRANSPORT, BYTEORDER_BIG_ENDIAN, Batch, CMP_EQ, CMP_NEQ, ChainHook, Element,
     Expr, Hook, META_L4PROTO, META_NFPROTO, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, Nfnl,
     POLICY_ACCEPT, REG_1, REG_2, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_IP6ADDR,
-    TYPE_IPADDR, VERDICT_DROP, VERDICT_JUMP, VERDICT_RETURN, is_not_found, is_restart,
+    TYPE_IPADDR, VERDICT_DROP, VERDICT_GOTO, VERDICT_JUMP, VERDICT_RETURN, is_not_found,
+    is_restart,
 };
 use crate::nft_build::{addr_bytes, verdict};
 
+mod counters;
 mod elements;
 mod load;
 mod rules;
@@ -160,6 +162,7 @@ mod tests;
 mod transaction;
 mod validate;
 
+pub use counters::read_verdict_counters;
 use elements::*;
 use load::*;
 use rules::*;
@@ -194,8 +197,9 @@ const CT_STATE: u32 = 0;
 const CT_DIRECTION: u32 = 1;
 /// `IP_CT_DIR_REPLY`.
 const CT_DIR_REPLY: u8 = 1;
-/// `NF_CT_STATE_BIT(IP_CT_RELATED)`, a host-order word.
+/// `NF_CT_STATE_BIT(IP_CT_RELATED)` and `(IP_CT_NEW)`, host-order words.
 const CT_STATE_RELATED: u32 = 4;
+const CT_STATE_NEW: u32 = 8;
 /// `NFT_BYTEORDER_HTON`.
 const BYTEORDER_HTON: u32 = 1;
 /// The 4-byte registers after register 1's first word (`NFT_REG32_01`, `_02`), and
@@ -306,6 +310,92 @@ pub struct Profile {
     /// Rules over shared peer sets ([`PolicyState::peer_sets`]), in any order; one
     /// rule per family each in the profile's chain, after the lookup of its own set.
     pub peers: Vec<PeerRule>,
+    /// The verdict chains its allowed and its dropped traffic go through (to be
+    /// counted, and logged when dropped); `None`: allowed traffic is let through and
+    /// the rest dropped right in the profile's chain, uncounted.
+    pub verdicts: Option<ProfileVerdicts>,
+}
+
+/// A NetworkPolicy profile's verdict chains ([`PolicyState::verdict_chains`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProfileVerdicts {
+    /// Where allowed traffic goes: a chain whose action is [`VerdictAction::Accept`].
+    pub allow: String,
+    /// Where the rest goes: a chain whose action is [`VerdictAction::Drop`].
+    pub deny: String,
+}
+
+/// What a verdict chain does with a packet once it has counted it (if the packet
+/// opens a connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum VerdictAction {
+    /// Allowed in this direction: the direction's judgement ends (`return`), and the
+    /// other direction is still judged (the destination's ingress, after the
+    /// source's egress).
+    Accept,
+    /// Dropped (after the deny log's line, when [`PolicyState::deny_log`] is set).
+    Drop,
+    /// On to the NetworkPolicy tier of the same direction (`goto np-<direction>`):
+    /// the Admin tier's `Pass`. Only Admin boxes of that direction may use it.
+    ToNetworkPolicy(Direction),
+}
+
+/// The deny log: every chain whose action is [`VerdictAction::Drop`] sends the first
+/// packet of each connection it drops to nflog group `group`, at most `per_second`
+/// packets a second per chain (nft's `limit`, burst 5), with the chain's name as the
+/// log prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DenyLog {
+    /// The nflog group.
+    pub group: u16,
+    /// At most this many lines a second per chain (at least 1).
+    pub per_second: u32,
+}
+
+/// One box of a ClusterNetworkPolicy tier's verdict map: traffic with a peer in
+/// `peers` (addresses, protocols, destination ports, as in [`Allow`]) goes to the
+/// verdict chain `chain`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TierBox {
+    /// The peers, protocols and ports.
+    pub peers: Allow,
+    /// The verdict chain ([`PolicyState::verdict_chains`]).
+    pub chain: String,
+}
+
+/// A profile of a ClusterNetworkPolicy tier: its boxes, pairwise disjoint (per
+/// family), in any order. Where no box lies the tier has no word: the next tier
+/// judges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierProfile {
+    /// The boxes.
+    pub boxes: Vec<TierBox>,
+}
+
+/// What one ClusterNetworkPolicy tier (Admin or Baseline) holds: which local pod
+/// address each of its profiles judges, per direction, and the profiles. A pod with no
+/// entry costs one hash miss per direction.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierState {
+    /// Local pod address -> its ingress profile.
+    pub ingress: BTreeMap<IpAddr, String>,
+    /// Local pod address -> its egress profile.
+    pub egress: BTreeMap<IpAddr, String>,
+    /// Ingress profiles by name (named as [`PolicyState::ingress_profiles`]); their
+    /// boxes hold SOURCES.
+    pub ingress_profiles: BTreeMap<String, TierProfile>,
+    /// Egress profiles by name; their boxes hold DESTINATIONS.
+    pub egress_profiles: BTreeMap<String, TierProfile>,
+}
+
+impl TierState {
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ingress.is_empty()
+            && self.egress.is_empty()
+            && self.ingress_profiles.is_empty()
+            && self.egress_profiles.is_empty()
+    }
 }
 
 /// Traffic allowed from (ingress) or to (egress) the addresses of a shared peer set:
@@ -364,6 +454,18 @@ pub struct PolicyState {
     /// once, so that a pod coming or going changes one element of each set it is in,
     /// not one element of every profile.
     pub peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
+    /// ClusterNetworkPolicy's Admin tier, judged before NetworkPolicy.
+    pub admin: TierState,
+    /// ClusterNetworkPolicy's Baseline tier, judged after NetworkPolicy for the pods
+    /// NetworkPolicy does not isolate in that direction.
+    pub baseline: TierState,
+    /// The verdict chains, by name: `v-` and 1 to [`PROFILE_NAME_MAX`] characters of
+    /// `[a-z0-9]` (the caller names them for what decided there). Each counts the
+    /// connections it sees (`ct state new counter`, read by
+    /// [`read_verdict_counters`]), then does its action.
+    pub verdict_chains: BTreeMap<String, VerdictAction>,
+    /// The deny log, if on.
+    pub deny_log: Option<DenyLog>,
 }
 
 /// What one [`PolicyTable::apply`] changed (all zero: nothing was sent).
@@ -398,6 +500,26 @@ pub struct Changes {
     pub pods_added: usize,
     /// Map elements removed.
     pub pods_removed: usize,
+    /// Verdict chains added.
+    pub verdict_chains_added: usize,
+    /// Verdict chains removed.
+    pub verdict_chains_removed: usize,
+    /// Verdict chains written again (their action or the deny log changed).
+    pub verdict_chains_changed: usize,
+    /// ClusterNetworkPolicy tier profiles (chain and maps) added.
+    pub tier_profiles_added: usize,
+    /// Tier profiles removed.
+    pub tier_profiles_removed: usize,
+    /// Tier profiles whose boxes changed.
+    pub tier_profiles_changed: usize,
+    /// Tier boxes (map elements) added, also of added profiles.
+    pub tier_boxes_added: usize,
+    /// Tier boxes removed from profiles that stay.
+    pub tier_boxes_removed: usize,
+    /// Tier pod map elements added (both tiers).
+    pub tier_pods_added: usize,
+    /// Tier pod map elements removed.
+    pub tier_pods_removed: usize,
     /// Addresses taken out of the pending sets (by a diff: all those asked for,
     /// whether or not they were there; by a table made from scratch: those that
     /// were).
@@ -432,7 +554,7 @@ enum View {
     Absent,
     /// The table with this content; `rebuild`: its fixed part or its objects are
     /// not what this module makes, so the next apply makes it again from scratch.
-    Held { held: Held, rebuild: bool },
+    Held { held: Box<Held>, rebuild: bool },
 }
 
 /// The table's content: per direction, the pods' profiles and the profiles; the
@@ -442,14 +564,109 @@ struct Held {
     pods: [BTreeMap<IpAddr, String>; 2],
     profiles: [BTreeMap<String, HeldProfile>; 2],
     peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
+    /// The Admin and Baseline tiers ([`ClusterTier::index`]).
+    tiers: [HeldTier; 2],
+    /// Verdict chains: their action, and the deny log they hold (only a drop's).
+    verdicts: BTreeMap<String, HeldVerdict>,
 }
 
-/// A profile as the table holds it: its own boxes, and its peer rules sorted and
-/// without repeats (the order of its chain).
+/// A verdict chain as the table holds it.
+type HeldVerdict = (VerdictAction, Option<DenyLog>);
+
+/// A profile as the table holds it: its own boxes, its peer rules sorted and
+/// without repeats (the order of its chain), and its verdict chains.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct HeldProfile {
     boxes: BTreeSet<Allow>,
     peers: Vec<PeerRule>,
+    verdicts: Option<ProfileVerdicts>,
+}
+
+/// A ClusterNetworkPolicy tier as the table holds it: per direction, the pods'
+/// profiles and the profiles' boxes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct HeldTier {
+    pods: [BTreeMap<IpAddr, String>; 2],
+    profiles: [BTreeMap<String, BTreeSet<TierBox>>; 2],
+}
+
+/// The two ClusterNetworkPolicy tiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClusterTier {
+    Admin,
+    Baseline,
+}
+
+const CLUSTER_TIERS: [ClusterTier; 2] = [ClusterTier::Admin, ClusterTier::Baseline];
+
+impl ClusterTier {
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ClusterTier::Admin => "admin",
+            ClusterTier::Baseline => "baseline",
+        }
+    }
+
+    /// The pods' map of a direction and family: `admin-egress4`.
+    fn map(self, direction: Direction, family: Family) -> String {
+        format!("{}-{}{}", self.name(), direction.name(), family.digit())
+    }
+
+    /// A profile's chain: `admin-egress-<profile>`.
+    fn chain(self, direction: Direction, profile: &str) -> String {
+        format!("{}-{}-{profile}", self.name(), direction.name())
+    }
+
+    /// A profile's verdict map of one family: `admin-egress-<profile>-v4`.
+    fn set(self, direction: Direction, profile: &str, family: Family) -> String {
+        format!(
+            "{}-{}-{profile}-v{}",
+            self.name(),
+            direction.name(),
+            family.digit()
+        )
+    }
+
+    /// The tier, direction and profile of a tier profile chain's name.
+    fn parse_chain(name: &str) -> Option<(ClusterTier, Direction, &str)> {
+        CLUSTER_TIERS.into_iter().find_map(|tier| {
+            let rest = name.strip_prefix(tier.name())?.strip_prefix('-')?;
+            let (direction, profile) = Direction::parse_chain(rest)?;
+            Some((tier, direction, profile))
+        })
+    }
+
+    fn of(self, state: &PolicyState) -> &TierState {
+        match self {
+            ClusterTier::Admin => &state.admin,
+            ClusterTier::Baseline => &state.baseline,
+        }
+    }
+}
+
+/// The fixed chains between the base chains and the profiles, per direction: the
+/// entry (`judge-<direction>`: the Admin map), NetworkPolicy's (`np-<direction>`) and
+/// the Baseline tier's (`baseline-<direction>`). Their names are no profile chain's
+/// (those start with the direction or a tier and the direction).
+fn judge_chain(direction: Direction) -> String {
+    format!("judge-{}", direction.name())
+}
+
+fn np_chain(direction: Direction) -> String {
+    format!("np-{}", direction.name())
+}
+
+fn baseline_chain(direction: Direction) -> String {
+    format!("baseline-{}", direction.name())
+}
+
+/// Whether `name` is a verdict chain's: `v-` and a valid name.
+fn valid_verdict_chain(name: &str) -> bool {
+    name.strip_prefix("v-").is_some_and(valid_name)
 }
 
 /// A profile's peer rules in chain order.
@@ -525,9 +742,12 @@ enum Field {
     Daddr,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Direction {
+/// A direction of traffic, seen from the local pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    /// To the pod.
     Ingress,
+    /// From the pod.
     Egress,
 }
 
@@ -685,7 +905,7 @@ impl PolicyTable {
                 match self.create(&held, resolve) {
                     Ok(changes) => {
                         self.view = View::Held {
-                            held,
+                            held: Box::new(held),
                             rebuild: false,
                         };
                         return Ok(changes);
@@ -742,6 +962,76 @@ impl PolicyTable {
             target: target(),
             detail: "the rule set kept changing while the table was being made".into(),
             errno: None,
+        })
+    }
+
+    /// What the kernel holds, as far as this process knows (after [`PolicyTable::load`]
+    /// or an apply), as a state: the tier that a caller cannot judge now (its view is
+    /// not complete) is kept as it is by applying this part of it again. `None` when
+    /// unknown, or when the table is not laid out as this module makes it (the next
+    /// apply makes it again whole).
+    pub fn held_state(&self) -> Option<PolicyState> {
+        let View::Held {
+            held,
+            rebuild: false,
+        } = &self.view
+        else {
+            return match self.view {
+                View::Absent => Some(PolicyState::default()),
+                _ => None,
+            };
+        };
+        let profiles = |d: Direction| -> BTreeMap<String, Profile> {
+            held.profiles[d.index()]
+                .iter()
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        Profile {
+                            allow: p.boxes.iter().cloned().collect(),
+                            peers: p.peers.clone(),
+                            verdicts: p.verdicts.clone(),
+                        },
+                    )
+                })
+                .collect()
+        };
+        let tier = |t: ClusterTier| -> TierState {
+            let h = &held.tiers[t.index()];
+            let profiles = |d: Direction| -> BTreeMap<String, TierProfile> {
+                h.profiles[d.index()]
+                    .iter()
+                    .map(|(name, boxes)| {
+                        (
+                            name.clone(),
+                            TierProfile {
+                                boxes: boxes.iter().cloned().collect(),
+                            },
+                        )
+                    })
+                    .collect()
+            };
+            TierState {
+                ingress: h.pods[Direction::Ingress.index()].clone(),
+                egress: h.pods[Direction::Egress.index()].clone(),
+                ingress_profiles: profiles(Direction::Ingress),
+                egress_profiles: profiles(Direction::Egress),
+            }
+        };
+        Some(PolicyState {
+            ingress: held.pods[Direction::Ingress.index()].clone(),
+            egress: held.pods[Direction::Egress.index()].clone(),
+            ingress_profiles: profiles(Direction::Ingress),
+            egress_profiles: profiles(Direction::Egress),
+            peer_sets: held.peer_sets.clone(),
+            admin: tier(ClusterTier::Admin),
+            baseline: tier(ClusterTier::Baseline),
+            verdict_chains: held
+                .verdicts
+                .iter()
+                .map(|(name, (action, _))| (name.clone(), *action))
+                .collect(),
+            deny_log: held.verdicts.values().find_map(|(_, log)| *log),
         })
     }
 
