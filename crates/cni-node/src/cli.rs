@@ -24,7 +24,8 @@ Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr;
 `cni-node explain` is answered on --explain-socket, a unix socket only root reaches.
-The log goes to stderr; RUST_LOG (e.g. RUST_LOG=debug) overrides --verbose.";
+The log goes to stderr; RUST_LOG (e.g. RUST_LOG=debug) overrides --verbose; with
+--deny-log it has a line per new connection a policy denies.";
 
 /// Which egress SNAT rules to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -101,8 +102,9 @@ impl Cli {
 /// What else `cni-node` does.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
-    /// Says whether NetworkPolicy lets a connection through and which policies
-    /// decided it, as the agent running on this node sees it (asked on its
+    /// Says whether the policy tiers (ClusterNetworkPolicy's Admin tier, NetworkPolicy,
+    /// the Baseline tier) let a connection through and which tier, policy and rule
+    /// decided each direction, as the agent running on this node sees it (asked on its
     /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
     /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
