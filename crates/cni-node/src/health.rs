@@ -1,7 +1,8 @@
 //! The local endpoint the DaemonSet's probes and a Prometheus scraper call:
 //! `/healthz` (the reconciler is turning), `/readyz` (the last reconciliation succeeded
 //! in every step, or what failed) and `/metrics`. It runs on the async runtime, never
-//! on the reconciler's thread, so it answers at once whatever the reconciler is doing.
+//! on the reconciler's thread, so it answers at once whatever the reconciler is doing;
+//! the one kernel read, `/metrics`' policy verdict counters, runs on a blocking thread.
 //! A few lines of HTTP/1.0 are all a probe needs, so no server framework; the explain
 //! socket speaks the same ([`respond`]). Whatever reaches the health address (any pod,
 //! in the DaemonSet) reads it, so it holds counts and failures, never `explain`'s
