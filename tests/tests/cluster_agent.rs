@@ -270,7 +270,9 @@ fn cluster_network_policy_crd_absent_ready_without_it_and_found_once_installed()
             "ingress": [{"action": "Deny", "from": [{"galaxies": {}}]}]}),
         ));
     poll_health(host, "/readyz", Duration::from_secs(30), |a| {
-        Ok(a.status == 200 && a.body.contains("enforced (2 policies: 1 Admin, 1 Baseline)"))
+        Ok(a.status == 200
+            && a.body
+                .contains("enforced (2 policies: 1 Admin, 1 Baseline)"))
     })
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
     const UNREADABLE: &str = "ClusterNetworkPolicy from-the-future cannot be read exactly";

@@ -1,13 +1,18 @@
-//! NetworkPolicy's datapath on a node whose pods sit on a Linux bridge: the
-//! nftables table `inet cni_node_policy` that allows or drops pods' traffic as the
-//! node agent computed it, and the "pending" sets that hold a new pod's traffic until
-//! the agent has judged it.
+//! Policy's datapath on a node whose pods sit on a Linux bridge: the nftables table
+//! `inet cni_node_policy` that judges pods' traffic tier by tier as the node agent
+//! computed it (ClusterNetworkPolicy's Admin tier, NetworkPolicy, ClusterNetworkPolicy's
+//! Baseline tier, then allow), counting every decision in a *verdict chain* of its
+//! own, and the "pending" sets that hold a new pod's traffic until the agent has
+//! judged it.
 //!
 //! The agent computes the desired state as plain data ([`PolicyState`]): which
-//! local pod address is judged by which ingress and egress *profile*, and what
-//! each profile allows: its own disjoint boxes of (peer address range, IP protocol
-//! range, destination port range), and rules over *peer sets* that profiles share
-//! (the addresses of a peer that many profiles allow, held once).
+//! local pod address is judged by which ingress and egress *profile* of each tier;
+//! what each NetworkPolicy profile allows (its own disjoint boxes of (peer address
+//! range, IP protocol range, destination port range), and rules over *peer sets* that
+//! profiles share: the addresses of a peer that many profiles allow, held once); what
+//! each Admin or Baseline profile decides (disjoint boxes, each going to a verdict
+//! chain); and the verdict chains ([`VerdictAction`]: accept, drop, or on to
+//! NetworkPolicy), named by the caller for what decided there.
 //! [`PolicyTable`] makes the kernel hold that state: it
 //! keeps what it committed in memory and sends only the differences, in one
 //! nf_tables transaction, over netlink (a profile's set of many elements that loses
@@ -15,65 +20,115 @@
 //! it); it lists the table only in
 //! [`PolicyTable::load`] (at start, to adopt a table a previous run left, and at a
 //! periodic resync, to notice hand edits), never on the event path.
+//! [`read_verdict_counters`] reads the verdict chains' counters on its own.
 //!
 //! # The table
 //!
 //! Its rules do not grow with pods; pods, boxes and peers' addresses are set
-//! elements, and a profile's chain has a rule per peer set it uses:
+//! elements, and a NetworkPolicy profile's chain has a rule per peer set it uses. Each
+//! direction is judged in one chain of `goto`s, so that whatever decides ends the
+//! direction's judgement: `return` (allowed: back in the base chain, which goes on to
+//! the other direction) or `drop`:
 //!
 //! ```text
 //! table inet cni_node_policy {
-//!     map ingress4 { type ipv4_addr : verdict }      # pod -> jump ingress-<profile>
-//!     map ingress6, egress4, egress6 ...             # likewise
-//!     set pending4 { type ipv4_addr }                # new pods not judged yet
+//!     map admin-ingress4 { type ipv4_addr : verdict }  # pod -> goto admin-ingress-<p>
+//!     map admin-ingress6, admin-egress4, admin-egress6 ...
+//!     map ingress4 { type ipv4_addr : verdict }        # pod -> goto ingress-<profile>
+//!     map ingress6, egress4, egress6 ...               # NetworkPolicy's
+//!     map baseline-ingress4 ... baseline-egress6       # pod -> goto baseline-...-<p>
+//!     set pending4 { type ipv4_addr }                  # new pods not judged yet
 //!     set pending6 { type ipv6_addr }
-//!     set ingress-<profile>-v4 {                     # one pair per profile
+//!     set ingress-<profile>-v4 {                       # one pair per NP profile
 //!         type ipv4_addr . inet_proto . inet_service
-//!         flags interval                             # concatenated ranges (pipapo)
+//!         flags interval                               # concatenated ranges (pipapo)
 //!     }
-//!     set peer-<peer>-v4 { type ipv4_addr }          # one pair per shared peer
+//!     set peer-<peer>-v4 { type ipv4_addr }            # one pair per shared peer
 //!     set peer-<peer>-v6 { type ipv6_addr }
-//!     chain ingress-<profile> {
-//!         ip saddr . meta l4proto . th dport @ingress-<profile>-v4 accept
-//!         ip6 saddr . meta l4proto . th dport @ingress-<profile>-v6 accept
-//!         ip saddr @peer-<peer>-v4 tcp dport 8080 accept   # per peer rule, per family
-//!         ip6 saddr @peer-<peer>-v6 tcp dport 8080 accept
-//!         drop
-//!     }
-//!     chain egress-<profile> {                       # `return` instead of accept
-//!         ip daddr . meta l4proto . th dport @egress-<profile>-v4 return
-//!         ip6 daddr . meta l4proto . th dport @egress-<profile>-v6 return
-//!         drop
+//!     map admin-egress-<p>-v4 {                        # one pair per tier profile
+//!         type ipv4_addr . inet_proto . inet_service : verdict
+//!         flags interval                               # box -> goto v-<origin>
 //!     }
 //!     chain forward {
 //!         type filter hook forward priority filter; policy accept;
 //!         ct direction reply accept
 //!         ct state related accept
-//!         icmpv6 type 133-137 accept                 # router and neighbour discovery
+//!         icmpv6 type 133-137 accept                   # router and neighbour discovery
 //!         ip saddr @pending4 drop
 //!         ip daddr @pending4 drop
 //!         ip6 saddr @pending6 drop
 //!         ip6 daddr @pending6 drop
-//!         ip saddr vmap @egress4                     # returns when allowed, drops if not
-//!         ip6 saddr vmap @egress6
-//!         ip daddr vmap @ingress4                    # accepts when allowed, drops if not
-//!         ip6 daddr vmap @ingress6
+//!         jump judge-egress                            # the source's egress, then
+//!         jump judge-ingress                           # the destination's ingress
 //!     }
-//!     chain input {                                  # pods to the node's own addresses
+//!     chain input {                                    # pods to the node's own addresses
 //!         type filter hook input priority filter; policy accept;
-//!         (the reply, related, ICMPv6 and source pending rules, and the egress maps)
+//!         (the reply, related, ICMPv6 and source pending rules)
+//!         jump judge-egress
 //!     }
+//!     chain judge-egress {                             # the Admin tier
+//!         ip saddr vmap @admin-egress4
+//!         ip6 saddr vmap @admin-egress6
+//!         goto np-egress                               # no Admin profile
+//!     }
+//!     chain np-egress {                                # NetworkPolicy
+//!         ip saddr vmap @egress4
+//!         ip6 saddr vmap @egress6
+//!         goto baseline-egress                         # not isolated
+//!     }
+//!     chain baseline-egress {                          # the Baseline tier
+//!         ip saddr vmap @baseline-egress4
+//!         ip6 saddr vmap @baseline-egress6
+//!     }                                                # (its end: allowed)
+//!     chain admin-egress-<p> {                         # ONE lookup per family
+//!         ip daddr . meta l4proto . th dport vmap @admin-egress-<p>-v4
+//!         ip6 daddr . meta l4proto . th dport vmap @admin-egress-<p>-v6
+//!         goto np-egress                               # no box: no word
+//!     }
+//!     chain baseline-egress-<p> {                      # likewise, and at its end the
+//!         (the two lookups)                            # direction is allowed
+//!     }
+//!     chain egress-<profile> {                         # NetworkPolicy's profile
+//!         ip daddr . meta l4proto . th dport @egress-<profile>-v4 goto v-<allow>
+//!         ip6 daddr . meta l4proto . th dport @egress-<profile>-v6 goto v-<allow>
+//!         ip daddr @peer-<peer>-v4 tcp dport 8080 goto v-<allow>   # per peer rule
+//!         ip6 daddr @peer-<peer>-v6 tcp dport 8080 goto v-<allow>
+//!         goto v-<default-deny>
+//!     }
+//!     chain v-<origin> {                               # one per verdict origin
+//!         ct state new counter packets 0 bytes 0
+//!         ct state new limit rate 10/second log prefix "v-<origin>" group 1  # drops,
+//!         drop                          # deny log on; else `return` or `goto np-...`
+//!     }
+//!     (ingress mirrors egress: daddr for the pod, saddr for the peer)
 //! }
 //! ```
 //!
+//! So each direction costs one hash lookup per tier (a miss for a pod the tier has no
+//! word for) and, for a pod with a profile in a tier, one pipapo lookup there. The
+//! Admin tier decides first: its accept ends the direction's judgement (the source's
+//! egress accepted, the destination's ingress is still judged: `return` to the base
+//! chain, which jumps to the ingress side next), its drop drops, its pass goes on to
+//! NetworkPolicy. NetworkPolicy's map sends a pod it isolates to its profile, which
+//! decides alone: the Baseline tier never judges a direction NetworkPolicy isolates.
+//! A pod it does not isolate goes on to the Baseline tier, whose pass is an allow
+//! (nothing comes after it). A NetworkPolicy profile without verdict chains
+//! ([`Profile::verdicts`] `None`) accepts (ingress) or returns (egress) and drops
+//! right in its chain.
+//!
+//! Every verdict goes through a verdict chain named by the caller (`v-` and a hash of
+//! what decided, for `/metrics` and the deny log to name): it counts the packets that
+//! open connections (`ct state new counter`), logs them to nflog when it drops and
+//! [`PolicyState::deny_log`] is set, and acts.
+//!
 //! Traffic between two pods of the node passes the forward hook once, so the
-//! source's egress profile and the destination's ingress profile both judge it. A
+//! source's egress and the destination's ingress both judge it. A
 //! pod's traffic to its own address never leaves it and is not judged; to itself
 //! through a Service address (kube-proxy's DNAT on the node) it passes the forward
 //! hook with the pod's address as source and destination, on the port after DNAT,
-//! and both its profiles judge it (conntrack's original destination is not looked
+//! and both its sides judge it (conntrack's original destination is not looked
 //! at). A
-//! pod's traffic to the node itself is judged by its egress profile alone (input);
+//! pod's traffic to the node itself is judged by its egress alone (input);
 //! the node's own traffic to its pods (output) is not judged at all, on purpose:
 //! kubelet's probes must reach pods that deny everything. Bridged traffic reaches
 //! these hooks only with `br_netfilter`'s switches on ([`enable_bridge_netfilter`]).
@@ -89,10 +144,11 @@
 //! an established connection. A change that denies a flow therefore cuts its
 //! established connections at once, and a change that still allows it never breaks
 //! it: no conntrack sweep is needed, and none is made. The cost per
-//! original-direction packet is four hash lookups (the pending set twice, the two
-//! maps), one pipapo lookup per profile that judges it (at most two), whatever the
-//! numbers of pods and policies, and, when the profile's own set does not allow the
-//! packet, a hash lookup per peer rule of the profile up to the one that does: the
+//! original-direction packet is eight hash lookups (the pending set twice, the three
+//! tiers' maps per direction), one pipapo lookup per profile that judges it (at most
+//! one per tier and direction), whatever the numbers of pods and policies, and, when
+//! a NetworkPolicy profile's own set does not allow the packet, a hash lookup per peer
+//! rule of the profile up to the one that does: the
 //! caller decides which peers are worth a shared set (big ones, which would
 //! otherwise be copied into many profiles) and which go into the profiles' own sets.
 //!
@@ -131,11 +187,12 @@
 //!
 //! # Where things are
 //!
-//! This file holds the state's types, the table's layout (its names, families and
-//! directions) and [`PolicyTable`] itself; `rules` the rules as expressions (and a
-//! peer rule decoded back), `elements` the sets and their elements, `validate` the
-//! checks of a desired state and its normal form, `transaction` the difference as one
-//! transaction, `load` the decoding of the table read back.
+//! This file holds the state's types, the table's layout (its names, families,
+//! directions and tiers) and [`PolicyTable`] itself; `rules` the rules as expressions
+//! (and a peer rule and a verdict chain decoded back), `elements` the sets and their
+//! elements, `validate` the checks of a desired state and its normal form,
+//! `transaction` the difference as one transaction, `load` the decoding of the table
+//! read back, `counters` the verdict chains' counters read on their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
