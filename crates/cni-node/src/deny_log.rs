@@ -124,10 +124,10 @@ pub fn emit(d: &Denied) {
         dst = %d.dst,
         protocol = %d.protocol,
         port = d.port,
-        tier = d.tier,
+        tier = %d.tier,
         policy = %d.policy,
         rule = %d.rule,
-        direction = d.direction,
+        direction = %d.direction,
         "denied new connection"
     );
 }
@@ -434,6 +434,34 @@ mod tests {
         ] {
             assert_eq!(line[key], want, "{key}: {text}");
         }
+    }
+
+    /// The line as `--log-format text` writes it: readable, every field `key=value`.
+    #[test]
+    fn a_text_line_names_every_field() {
+        let buffer = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let buffer = Arc::clone(&buffer);
+            move || Capture(Arc::clone(&buffer))
+        };
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(writer)
+            .with_ansi(false)
+            .with_target(false)
+            .finish();
+        let names = VerdictNames::new([origin()]);
+        let d = describe(&packet(&origin().chain()), &names, &mut |ip| {
+            (ip.to_string() == "10.244.1.5").then(|| "x/a".to_owned())
+        });
+        tracing::subscriber::with_default(subscriber, || emit(&d));
+        let text = String::from_utf8(buffer.lock().unwrap().clone()).unwrap();
+        assert!(
+            text.trim_end().ends_with(
+                " INFO denied new connection src=x/a dst=169.254.169.254 protocol=TCP \
+                 port=80 tier=Admin policy=deny-metadata rule=egress[0] direction=egress"
+            ),
+            "{text}"
+        );
     }
 
     /// Runs a tool of the test's namespace; fails the test if it fails.
