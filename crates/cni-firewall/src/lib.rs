@@ -10,11 +10,13 @@
 //! stdin, one transaction per call. Sockets and tools act in the calling
 //! thread's network namespace.
 //!
-//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`,
-//! `nflog`: the reading of `log group` packets),
+//! One module per feature (`masq`, `macspoof`, `port_security`, `hostport`, `egress`),
 //! over what they share: the nf_tables client (`nfnetlink`), the expressions and chains
 //! several features build alike (`nft_build`), the iptables-save/restore reader-writer
 //! (`iptables`) and the choice between the two tools ([`Backend`]).
+//!
+//! Beside them, `nflog` reads what nftables' `log ... group` rules send (the node
+//! agent's deny log).
 
 mod backend;
 pub mod conntrack;

@@ -298,6 +298,30 @@ pub struct Options {
     )]
     pub policy_shared_peer_ranges: u32,
 
+    /// Log a line per new connection a policy tier denies: both ends (pod or address),
+    /// protocol, port, and the tier, policy, rule and direction that denied it
+    #[arg(long = "deny-log")]
+    pub deny_log: bool,
+
+    /// The deny log's lines per second at most (in the kernel per verdict chain, in
+    /// the agent over all; the excess is dropped and counted in /metrics)
+    #[arg(
+        long = "deny-log-rate",
+        value_name = "N",
+        default_value_t = crate::deny_log::DEFAULT_RATE,
+        value_parser = clap::value_parser!(u32).range(1..=100_000)
+    )]
+    pub deny_log_rate: u32,
+
+    /// The nfnetlink_log group the deny log is read from (one reader per group on a
+    /// host: pick another if something else reads this one)
+    #[arg(
+        long = "deny-log-group",
+        value_name = "N",
+        default_value_t = crate::deny_log::DEFAULT_GROUP
+    )]
+    pub deny_log_group: u16,
+
     /// Where the bridge plugin records which pod a new address belongs to, so that
     /// NetworkPolicy applies from a pod's first packet (a directory the agent watches)
     #[arg(
@@ -343,30 +367,6 @@ pub struct Options {
         value_parser = device_prefix
     )]
     pub vxlan_device: String,
-
-    /// Log a line per new connection a policy tier denies: both ends (pod or address),
-    /// protocol, port, and the tier, policy, rule and direction that denied it
-    #[arg(long = "deny-log")]
-    pub deny_log: bool,
-
-    /// The deny log's lines per second at most (in the kernel per verdict chain, in
-    /// the agent over all; the excess is dropped and counted in /metrics)
-    #[arg(
-        long = "deny-log-rate",
-        value_name = "N",
-        default_value_t = crate::deny_log::DEFAULT_RATE,
-        value_parser = clap::value_parser!(u32).range(1..=100_000)
-    )]
-    pub deny_log_rate: u32,
-
-    /// The nfnetlink_log group the deny log is read from (one reader per group on a
-    /// host: pick another if something else reads this one)
-    #[arg(
-        long = "deny-log-group",
-        value_name = "N",
-        default_value_t = crate::deny_log::DEFAULT_GROUP
-    )]
-    pub deny_log_group: u16,
 
     /// How log lines are written
     #[arg(

@@ -47,13 +47,13 @@ pub struct Metrics {
     egress_prefixes: Gauge,
     skipped_nodes: Gauge,
     host_events: Counter,
-    policy_isolated: Family<Label, Gauge>,
-    policy_profiles: Gauge,
-    policy_peer_sets: Gauge,
     verdicts: Arc<VerdictSeries>,
     verdict_source: Mutex<Option<VerdictSource>>,
     deny_log_lines: Counter,
     deny_log_dropped: Family<Label, Counter>,
+    policy_isolated: Family<Label, Gauge>,
+    policy_profiles: Gauge,
+    policy_peer_sets: Gauge,
 }
 
 /// The kernel's verdict counters: chain name -> (packets, bytes), or why not.
@@ -148,13 +148,13 @@ impl Metrics {
             egress_prefixes: Gauge::default(),
             skipped_nodes: Gauge::default(),
             host_events: Counter::default(),
-            policy_isolated: Family::default(),
-            policy_profiles: Gauge::default(),
-            policy_peer_sets: Gauge::default(),
             verdicts: Arc::default(),
             verdict_source: Mutex::new(None),
             deny_log_lines: Counter::default(),
             deny_log_dropped: Family::default(),
+            policy_isolated: Family::default(),
+            policy_profiles: Gauge::default(),
+            policy_peer_sets: Gauge::default(),
         };
         registry.register(
             "reconciles",
@@ -221,21 +221,6 @@ impl Metrics {
             "Link, address and route notifications received from this host's kernel",
             m.host_events.clone(),
         );
-        registry.register(
-            "policy_isolated_addresses",
-            "Local pod addresses a NetworkPolicy isolates, by direction",
-            m.policy_isolated.clone(),
-        );
-        registry.register(
-            "policy_profiles",
-            "Distinct NetworkPolicy profiles (what a set of pods allows) in the kernel",
-            m.policy_profiles.clone(),
-        );
-        registry.register(
-            "policy_peer_sets",
-            "NetworkPolicy peer sets (the addresses of a selector's pods) that profiles share",
-            m.policy_peer_sets.clone(),
-        );
         registry.register_collector(Box::new(Arc::clone(&m.verdicts)));
         registry.register(
             "policy_deny_log_lines",
@@ -252,6 +237,21 @@ impl Metrics {
         for reason in DENY_LOG_DROP_REASONS {
             let _ = m.deny_log_dropped.get_or_create(&[("reason", reason)]);
         }
+        registry.register(
+            "policy_isolated_addresses",
+            "Local pod addresses a NetworkPolicy isolates, by direction",
+            m.policy_isolated.clone(),
+        );
+        registry.register(
+            "policy_profiles",
+            "Distinct NetworkPolicy profiles (what a set of pods allows) in the kernel",
+            m.policy_profiles.clone(),
+        );
+        registry.register(
+            "policy_peer_sets",
+            "NetworkPolicy peer sets (the addresses of a selector's pods) that profiles share",
+            m.policy_peer_sets.clone(),
+        );
         for direction in ["ingress", "egress"] {
             let _ = m.policy_isolated.get_or_create(&[("direction", direction)]);
         }
