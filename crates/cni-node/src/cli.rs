@@ -529,34 +529,6 @@ mod tests {
         assert_eq!(o.overlay, OverlayMode::Vxlan);
         assert_eq!((o.vxlan_vni, o.vxlan_port), (4097, 4789));
         assert_eq!(o.vxlan_device, "cni-vx");
-        assert!(!o.deny_log);
-        assert_eq!(o.deny_log_settings(), None);
-        assert_eq!((o.deny_log_rate, o.deny_log_group), (100, 9743));
-    }
-
-    #[test]
-    fn the_deny_log_is_off_unless_asked_for() {
-        let o = run(&["--deny-log", "--deny-log-rate=5", "--deny-log-group", "7"]);
-        assert_eq!(
-            o.deny_log_settings(),
-            Some(crate::deny_log::Settings {
-                group: 7,
-                per_second: 5
-            })
-        );
-        // Without --deny-log the rate and group change nothing.
-        assert_eq!(run(&["--deny-log-rate=5"]).deny_log_settings(), None);
-        for (args, flag) in [
-            (&["--deny-log-rate=0"][..], "--deny-log-rate"),
-            (&["--deny-log-group=65536"][..], "--deny-log-group"),
-        ] {
-            assert!(run_err(args).contains(flag), "{args:?}");
-        }
-        // NetworkPolicy off: nothing is denied, nothing to log.
-        assert_eq!(
-            run(&["--deny-log", "--network-policy=false"]).deny_log_settings(),
-            None
-        );
     }
 
     #[test]
@@ -678,6 +650,35 @@ mod tests {
         }
         assert!(run_err(&["--mtu"]).contains("--mtu"));
         assert!(run_err(&["--frobnicate"]).contains("--frobnicate"));
+    }
+
+    #[test]
+    fn the_deny_log_is_off_unless_asked_for() {
+        let o = run(&[]);
+        assert!(!o.deny_log);
+        assert_eq!(o.deny_log_settings(), None);
+        assert_eq!((o.deny_log_rate, o.deny_log_group), (100, 9743));
+        let o = run(&["--deny-log", "--deny-log-rate=5", "--deny-log-group", "7"]);
+        assert_eq!(
+            o.deny_log_settings(),
+            Some(crate::deny_log::Settings {
+                group: 7,
+                per_second: 5
+            })
+        );
+        // Without --deny-log the rate and group change nothing.
+        assert_eq!(run(&["--deny-log-rate=5"]).deny_log_settings(), None);
+        for (args, flag) in [
+            (&["--deny-log-rate=0"][..], "--deny-log-rate"),
+            (&["--deny-log-group=65536"][..], "--deny-log-group"),
+        ] {
+            assert!(run_err(args).contains(flag), "{args:?}");
+        }
+        // NetworkPolicy off: nothing is denied, nothing to log.
+        assert_eq!(
+            run(&["--deny-log", "--network-policy=false"]).deny_log_settings(),
+            None
+        );
     }
 
     fn run_err(args: &[&str]) -> String {

@@ -473,38 +473,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn counters_and_gauges_move() {
-        let m = Metrics::new();
-        m.reconciled(Duration::from_millis(3), &[]);
-        m.reconciled(Duration::from_millis(5), &["conflist", "egress"]);
-        m.listed("Node");
-        m.objects("Node", 7);
-        m.owned(3, 2, 4, 1);
-        m.host_events(5);
-        let text = m.encode().unwrap();
-        for (series, want) in [
-            ("cni_node_reconciles_total{result=\"success\"}", 1.0),
-            ("cni_node_reconciles_total{result=\"failure\"}", 1.0),
-            ("cni_node_reconcile_failures_total{step=\"conflist\"}", 1.0),
-            ("cni_node_reconcile_failures_total{step=\"routes\"}", 0.0),
-            ("cni_node_reconcile_duration_seconds_count", 2.0),
-            ("cni_node_watch_lists_total{kind=\"Node\"}", 1.0),
-            ("cni_node_watched_objects{kind=\"Node\"}", 7.0),
-            ("cni_node_routes{family=\"ipv4\"}", 3.0),
-            ("cni_node_egress_prefixes", 4.0),
-            ("cni_node_skipped_nodes", 1.0),
-            ("cni_node_host_events_total", 5.0),
-        ] {
-            assert_eq!(value(&text, series), Some(want), "{series}:\n{text}");
-        }
-        let last = value(
-            &text,
-            "cni_node_last_successful_reconcile_timestamp_seconds",
-        );
-        assert!(last.is_some_and(|t| t > 1.7e9), "{text}");
-    }
-
     fn origin(
         tier: crate::policy::pipeline::Tier,
         policy: &str,
@@ -628,5 +596,37 @@ mod tests {
             ),
             Some(5.0)
         );
+    }
+
+    #[test]
+    fn counters_and_gauges_move() {
+        let m = Metrics::new();
+        m.reconciled(Duration::from_millis(3), &[]);
+        m.reconciled(Duration::from_millis(5), &["conflist", "egress"]);
+        m.listed("Node");
+        m.objects("Node", 7);
+        m.owned(3, 2, 4, 1);
+        m.host_events(5);
+        let text = m.encode().unwrap();
+        for (series, want) in [
+            ("cni_node_reconciles_total{result=\"success\"}", 1.0),
+            ("cni_node_reconciles_total{result=\"failure\"}", 1.0),
+            ("cni_node_reconcile_failures_total{step=\"conflist\"}", 1.0),
+            ("cni_node_reconcile_failures_total{step=\"routes\"}", 0.0),
+            ("cni_node_reconcile_duration_seconds_count", 2.0),
+            ("cni_node_watch_lists_total{kind=\"Node\"}", 1.0),
+            ("cni_node_watched_objects{kind=\"Node\"}", 7.0),
+            ("cni_node_routes{family=\"ipv4\"}", 3.0),
+            ("cni_node_egress_prefixes", 4.0),
+            ("cni_node_skipped_nodes", 1.0),
+            ("cni_node_host_events_total", 5.0),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series}:\n{text}");
+        }
+        let last = value(
+            &text,
+            "cni_node_last_successful_reconcile_timestamp_seconds",
+        );
+        assert!(last.is_some_and(|t| t > 1.7e9), "{text}");
     }
 }
