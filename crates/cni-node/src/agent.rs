@@ -258,6 +258,11 @@ pub async fn run(options: Options) -> Result<()> {
     }
     // Told to stop at a clean stop, as the reconciler is (it ends within a second).
     let deny_log_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if options.deny_log && !options.network_policy {
+        tracing::warn!(
+            "--deny-log has nothing to log: no policy is enforced (--network-policy=false)"
+        );
+    }
     if let Some(settings) = options.deny_log_settings() {
         crate::deny_log::start(crate::deny_log::Reader {
             settings,
