@@ -4,6 +4,8 @@
 //! that arrive meanwhile collapse into one more pass), by a retry after a failure, or
 //! by the slow resync that repairs what was changed by hand. The probes and metrics,
 //! and `explain` on its own socket, are served on the runtime and never wait for a pass.
+//! With `--deny-log`, one more thread reads the policy table's log group
+//! ([`crate::deny_log`]).
 //!
 //! Nothing is removed on the word of a broken watch: a store changes only through
 //! watch events and complete lists; until the Nodes' first complete list nothing at all
@@ -256,13 +258,13 @@ pub async fn run(options: Options) -> Result<()> {
             }),
         });
     }
-    // Told to stop at a clean stop, as the reconciler is (it ends within a second).
-    let deny_log_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if options.deny_log && !options.network_policy {
         tracing::warn!(
             "--deny-log has nothing to log: no policy is enforced (--network-policy=false)"
         );
     }
+    // Told to stop at a clean stop, as the reconciler is (it ends within a second).
+    let deny_log_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     if let Some(settings) = options.deny_log_settings() {
         crate::deny_log::start(crate::deny_log::Reader {
             settings,
