@@ -15,9 +15,12 @@
 use std::collections::BTreeMap;
 
 use cni_firewall::network_policy::{
-    self, DenyLog, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
+    self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
     TierProfile, TierState, VerdictAction,
 };
+
+/// The deny log's settings ([`Table::with_deny_log`]).
+pub use cni_firewall::network_policy::DenyLog;
 
 use super::cluster_network_policy::TierWant;
 use super::pipeline::{Pipeline, Stage, Tier};
