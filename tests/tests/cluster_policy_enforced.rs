@@ -5,7 +5,7 @@
 //! it is gone the allow holds again. The verdict chains count what they decided.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{Cluster, node_name};
@@ -23,9 +23,9 @@ const DEADLINE: Duration = Duration::from_secs(30);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// One TCP probe from the namespace at `from` to `to` port 80.
-fn probe(from: &PathBuf, to: IpAddr) -> Outcome {
+fn probe(from: &Path, to: IpAddr) -> Outcome {
     let probes = [Probe {
-        from: from.clone(),
+        from: from.to_path_buf(),
         to: SocketAddr::new(to, 80),
         protocol: Protocol::Tcp,
     }];
@@ -34,7 +34,7 @@ fn probe(from: &PathBuf, to: IpAddr) -> Outcome {
 
 /// Probes until the outcome is `want` (passed or dropped), for at most [`DEADLINE`];
 /// a refusal or an error fails at once.
-fn until(from: &PathBuf, to: IpAddr, pass: bool, what: &str, log: &dyn Fn() -> String) {
+fn until(from: &Path, to: IpAddr, pass: bool, what: &str, log: &dyn Fn() -> String) {
     let started = Instant::now();
     loop {
         let outcome = probe(from, to);
