@@ -1742,6 +1742,10 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
             !tcp_ok(&a.ns, c.v4, 80),
             "Baseline Deny where NetworkPolicy is silent"
         );
+        assert!(
+            tcp_ok_here(c.v4, 80),
+            "the node reaches c (its probes are never judged)"
+        );
         assert!(tcp_ok(&b.ns, a.v4, 80), "a is in no tier: allowed");
 
         // Counters: a known number of new connections per verdict chain.
