@@ -312,12 +312,19 @@ impl PolicyDatapath for Table {
             );
             self.bridge_netfilter_on = true;
         }
-        // What the kernel holds, for the tiers that wait (unknown or unreadable: they
-        // hold nothing to keep); read back only when one waits.
+        // What the kernel holds, for the tiers that wait; read back only when one
+        // waits. Not known (a failure): read again; still not: change nothing, for a
+        // waiting tier must never lose what it holds.
         let held = if want.waiting().is_empty() {
             PolicyState::default()
         } else {
-            self.table.held_state().unwrap_or_default()
+            if self.table.held_state().is_none() {
+                self.table.load().map_err(Error::Policy)?;
+            }
+            match self.table.held_state() {
+                Some(held) => held,
+                None => return Ok(false),
+            }
         };
         let judged = match &want.network_policy {
             Stage::Ready(np) => np.compiled.judged.clone(),
