@@ -46,9 +46,10 @@ mod cluster_network_policy_cases;
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
-use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
-use std::sync::{Mutex, PoisonError};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use cluster_network_policy_cases::{
@@ -56,6 +57,7 @@ use cluster_network_policy_cases::{
     namespace, standard,
 };
 use cni_blackbox::cluster::{Cluster, NETWORK, node_name, node_v4, node_v6, parse};
+use cni_blackbox::hostport::in_netns;
 use cni_blackbox::netpol::{self, Datagram, Outcome, Probe, Protocol, Sequence, Servers};
 use cni_blackbox::policy_oracle::{Oracle, Verdict};
 use cni_blackbox::{Netns, require_root};
@@ -171,7 +173,7 @@ type Stated = (&'static str, &'static str, &'static str, u16, bool);
 struct World {
     // Field order is drop order: the servers close their sockets before the cluster
     // deletes the pods.
-    servers: Vec<Option<Servers>>,
+    servers: Vec<Option<Box<dyn std::any::Any>>>,
     cluster: Cluster,
     members: Vec<Member>,
     /// The houses whose namespace labels a case changed.
@@ -260,7 +262,7 @@ impl World {
         member.netns = pod.ns.path().to_path_buf();
         let ports: Vec<u16> = POD_SERVICES.iter().map(|(_, p)| *p).collect();
         self.servers
-            .push(Some(Servers::start(&member.netns, &ports)));
+            .push(Some(Box::new(Servers::start(&member.netns, &ports))));
         self.members.push(member);
         self.members.len() - 1
     }
@@ -279,9 +281,29 @@ impl World {
             host_network: true,
             posted: false,
         };
-        let ports: Vec<u16> = HOST_SERVICES.iter().map(|(_, p)| *p).collect();
-        self.servers
-            .push(Some(Servers::start(&member.netns, &ports)));
+        // TCP answers from the address it was reached at; a UDP server on a wildcard
+        // address answers a pod of its own node from the bridge's address, which the
+        // pod's connected socket ignores: UDP is served on the node's addresses.
+        let tcp: Vec<u16> = HOST_SERVICES
+            .iter()
+            .filter(|(p, _)| *p == Protocol::Tcp)
+            .map(|(_, port)| *port)
+            .collect();
+        let udp: Vec<SocketAddr> = HOST_SERVICES
+            .iter()
+            .filter(|(p, _)| *p == Protocol::Udp)
+            .flat_map(|(_, port)| {
+                [
+                    SocketAddr::new(member.v4, *port),
+                    SocketAddr::new(member.v6, *port),
+                ]
+            })
+            .collect();
+        let servers = (
+            Servers::start(&member.netns, &tcp),
+            UdpEcho::start(&member.netns, udp),
+        );
+        self.servers.push(Some(Box::new(servers)));
         self.members.push(member);
         self.members.len() - 1
     }
@@ -916,6 +938,61 @@ impl World {
             }
         }
         (rounds, problems)
+    }
+}
+
+/// UDP servers bound to given addresses that send every datagram back, from the
+/// address it came to; stopped on drop.
+struct UdpEcho {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl UdpEcho {
+    fn start(netns: &Path, addrs: Vec<SocketAddr>) -> Self {
+        let sockets: Vec<UdpSocket> = in_netns(netns, move || {
+            addrs
+                .iter()
+                .map(|addr| {
+                    let socket =
+                        UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind UDP {addr}: {e}"));
+                    socket
+                        .set_nonblocking(true)
+                        .unwrap_or_else(|e| panic!("non-blocking: {e}"));
+                    socket
+                })
+                .collect()
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 2048];
+            while !flag.load(Ordering::Relaxed) {
+                let mut idle = true;
+                for socket in &sockets {
+                    while let Ok((n, from)) = socket.recv_from(&mut buf) {
+                        idle = false;
+                        let _ = socket.send_to(&buf[..n], from);
+                    }
+                }
+                if idle {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for UdpEcho {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
