@@ -33,6 +33,16 @@
 //!   close), next to the same two pods on a second node whose agent holds no policy,
 //!   in alternating rounds: [`cni_blackbox::connections`].
 //!
+//! With `CNI_RS_SCALE_CLUSTER_POLICIES=N` (default 0) the API server also holds N
+//! ClusterNetworkPolicies, half Admin and half Baseline, each with 1 to 25 ingress rules
+//! and half as many egress rules ([`cluster_policy`]): subjects every namespace, or the
+//! namespaces of one `env`; peers namespaces and pods by label, `networks`; protocols
+//! numbered ports, ranges and named ports; every action. None of their rules matches the
+//! connection benchmark's pods or the changes' addresses, so what is measured and
+//! checked is the same, with every tier's lookups in force on the way. A fifth kind of
+//! change then joins the four: an Admin ClusterNetworkPolicy added at priority 0, timed
+//! to the agent's commit.
+//!
 //! Sizes: `CNI_RS_SCALE_PODS` (default 1,000: 10 nodes), `CNI_RS_SCALE_POLICIES`
 //! (default 100), `CNI_RS_SCALE_CHANGES` (default 20), `CNI_RS_SCALE_CONNECTIONS` (per
 //! setup, default 200); `CNI_NODE_BIN` picks the agent (the benchmark's static release
@@ -49,7 +59,10 @@ use cni_blackbox::nft::{Generation, PolicyTableView};
 use cni_blackbox::probe;
 use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
-use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
+use cni_kube_api::{
+    ApiServer, cluster_network_policy, network_policy, realistic_namespace, realistic_node,
+    realistic_pod,
+};
 use serde_json::{Value, json};
 
 const TABLE: &str = "cni_node_policy";
@@ -409,6 +422,73 @@ fn bench_pods() -> [Pod; 2] {
     ]
 }
 
+/// ClusterNetworkPolicy `k` of the benchmark: Admin when `k` is even, Baseline when odd;
+/// `1 + k % 25` ingress rules and half as many egress rules. Its peers are namespaces of
+/// teams 3 to 9 or the DNS and monitoring namespaces, pods of those teams, and
+/// documentation networks, never the benchmark's client or server (teams 1 and 2) nor
+/// the addresses the changes admit, so no verdict of the test changes; its rules still
+/// cover ports the benchmark uses (8080) and every protocol form.
+fn cluster_policy(k: u32) -> Value {
+    let admin = k.is_multiple_of(2);
+    let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
+    let actions: &[&str] = if admin {
+        &["Deny", "Accept", "Pass"]
+    } else {
+        &["Deny", "Accept"]
+    };
+    let rule = |r: u32, way: &str| {
+        let peer = match r % 4 {
+            0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
+            1 => json!({"pods": {
+                "namespaceSelector": {"matchLabels": {"team": team(r)}},
+                "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
+            }}),
+            2 if way == "to" => json!({"networks": [
+                format!("203.0.113.{}/32", r % 256),
+                "198.51.100.0/24",
+                format!("2001:db8::{r:x}/128"),
+            ]}),
+            2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
+            _ => json!({"namespaces": {"matchExpressions": [
+                {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
+            ]}}),
+        };
+        let mut rule = json!({
+            "name": format!("rule-{r}"),
+            "action": actions[(r % actions.len() as u32) as usize],
+            way: [peer],
+        });
+        match r % 5 {
+            0 => {}
+            1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": SERVER_PORT}}}]),
+            2 => {
+                rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
+                    "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
+            }
+            3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
+            _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
+        }
+        rule
+    };
+    let ingress: Vec<Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
+    let egress: Vec<Value> = (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
+    let subject = if k.is_multiple_of(5) {
+        json!({"namespaces": {}})
+    } else {
+        json!({"namespaces": {"matchLabels": {"env": ENVS[(k % 3) as usize]}}})
+    };
+    cluster_network_policy(
+        &format!("{}-{k}", if admin { "admin" } else { "baseline" }),
+        json!({
+            "tier": if admin { "Admin" } else { "Baseline" },
+            "priority": (k / 2 * 20 + k % 20) % 1000,
+            "subject": subject,
+            "ingress": ingress,
+            "egress": egress,
+        }),
+    )
+}
+
 /// The local pod addresses the policies isolate, for ingress and for egress.
 fn isolated(pods: &[Pod], policies: &[Policy]) -> (BTreeSet<IpAddr>, BTreeSet<IpAddr>) {
     let mut ingress = BTreeSet::new();
@@ -556,6 +636,9 @@ enum Check {
     IngressChanged(IpAddr),
     /// `ingress4` holds `ip`.
     Isolated(IpAddr),
+    /// A ClusterNetworkPolicy change: the commit is what is timed (the tiers' maps are
+    /// the datapath's to check, in its own tests).
+    Committed,
 }
 
 impl Check {
@@ -582,6 +665,7 @@ impl Check {
             }
             Self::IngressChanged(ip) => after.ingress4.get(&ip) != before.ingress4.get(&ip),
             Self::Isolated(ip) => after.ingress4.contains_key(&ip),
+            Self::Committed => true,
         }
     }
 
@@ -599,6 +683,7 @@ impl Check {
             ),
             Self::IngressChanged(ip) => format!("{ip} jumps to another ingress profile"),
             Self::Isolated(ip) => format!("{ip} is isolated for ingress"),
+            Self::Committed => "a ClusterNetworkPolicy change is committed".into(),
         }
     }
 }
@@ -608,9 +693,16 @@ enum Served {
     Policy(Value),
     Pod(Value),
     Namespace(Value),
+    ClusterPolicy(Value),
 }
 
-const KINDS: [&str; 4] = ["policy_added", "pod_label", "pod_added", "namespace_label"];
+const KINDS: [&str; 5] = [
+    "policy_added",
+    "pod_label",
+    "pod_added",
+    "namespace_label",
+    "cluster_policy_added",
+];
 
 #[test]
 #[allow(clippy::too_many_lines)] // one scenario, told in order
@@ -623,6 +715,8 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     let policy_count = env_size("CNI_RS_SCALE_POLICIES", 100, 100..=20_000);
     let changes = env_size("CNI_RS_SCALE_CHANGES", 20, 4..=2000);
     let connections = env_size("CNI_RS_SCALE_CONNECTIONS", 200, 20..=100_000) as usize;
+    let cluster_policies = env_size("CNI_RS_SCALE_CLUSTER_POLICIES", 0, 0..=1000);
+    let kinds: u32 = if cluster_policies > 0 { 5 } else { 4 };
     let agent_bin =
         std::env::var_os("CNI_NODE_BIN").map_or_else(|| plugin_path("cni-node"), Into::into);
 
@@ -657,6 +751,9 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     }
     for policy in &policies {
         api.apply_network_policy(policy.object.clone());
+    }
+    for k in 0..cluster_policies {
+        api.apply_cluster_network_policy(cluster_policy(k));
     }
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
@@ -741,8 +838,8 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     let mut extra_commits = 0;
     std::thread::sleep(Duration::from_millis(200));
     for c in 0..changes {
-        let kind = (c % 4) as usize;
-        let round = c / 4;
+        let kind = (c % kinds) as usize;
+        let round = c / kinds;
         let (check, object) = match kind {
             0 => {
                 let j = isolating_all[round as usize % isolating_all.len()];
@@ -796,6 +893,27 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
                 pods.push(pod);
                 (Check::Isolated(IpAddr::V4(ip)), object)
             }
+            4 => {
+                // First of all (priority 0), on an address and port of its own: no
+                // other rule shadows it, so it always changes what the kernel holds.
+                let from = format!("172.17.{}.{}/32", (c >> 8) & 255, c & 255);
+                let policy = cluster_network_policy(
+                    &format!("added-{c}"),
+                    json!({
+                        "tier": "Admin",
+                        "priority": 0,
+                        "subject": {"namespaces": {}},
+                        "ingress": [{
+                            "name": "deny-one-address",
+                            "action": "Deny",
+                            "from": [{"networks": [from]}],
+                            "protocols": [{"tcp": {"destinationPort": {
+                                "number": 10_000 + c % 50_000}}}],
+                        }],
+                    }),
+                );
+                (Check::Committed, Served::ClusterPolicy(policy))
+            }
             _ => {
                 let candidates: Vec<u32> = (0..NAMESPACES)
                     .filter(spare)
@@ -822,6 +940,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
             Served::Policy(object) => api.apply_network_policy(object),
             Served::Pod(object) => api.apply_pod(object),
             Served::Namespace(object) => api.apply_namespace(object),
+            Served::ClusterPolicy(object) => api.apply_cluster_network_policy(object),
         };
         let committed = generation
             .changed_since(from, served + Duration::from_secs(30))
@@ -953,7 +1072,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         })
         .collect();
     println!(
-        "policy-scale pods={} nodes={nodes} namespaces={NAMESPACES} policies={policy_count} local_pods={} isolated_ingress={} isolated_egress={} profiles={profiles} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} changes={changes} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} {} extra_commits={extra_commits} connections={} connect_none_p50_us={:.1} connect_none_p99_us={:.1} connect_policies_p50_us={:.1} connect_policies_p99_us={:.1} ratio_p50={:.3} ratio_p99={:.3}",
+        "policy-scale pods={} nodes={nodes} namespaces={NAMESPACES} policies={policy_count} cluster_policies={cluster_policies} local_pods={} isolated_ingress={} isolated_egress={} profiles={profiles} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} changes={changes} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} {} extra_commits={extra_commits} connections={} connect_none_p50_us={:.1} connect_none_p99_us={:.1} connect_policies_p50_us={:.1} connect_policies_p99_us={:.1} ratio_p50={:.3} ratio_p99={:.3}",
         served_pods,
         local_pods,
         want_ingress.len(),
