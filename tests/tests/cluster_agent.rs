@@ -206,7 +206,7 @@ fn readyz_is_503_naming_the_failed_step_and_ready_through_the_retry_once_the_cau
 /// ready (its `/readyz` says nothing of the kind), says once in its log that the kind
 /// is not served, and enforces NetworkPolicy as before; once the CRD is installed it
 /// finds the kind without a restart (it looks again every 30 s) and says, in its log
-/// and after `ready`, that it watches it and does not enforce it yet.
+/// and after `ready`, that it enforces it, with the count of policies per tier.
 #[test]
 fn cluster_network_policy_crd_absent_ready_without_it_and_found_once_installed() {
     if !require_root() {
@@ -248,13 +248,14 @@ fn cluster_network_policy_crd_absent_ready_without_it_and_found_once_installed()
     // Found within the 30 s of the next look (a generous bound).
     let (answer, took) = poll_health(host, "/readyz", Duration::from_secs(90), |a| {
         Ok(a.status == 200
-            && a.body == "ready\nClusterNetworkPolicy: watched (1 policies), not yet enforced\n")
+            && a.body
+                == "ready\nClusterNetworkPolicy: enforced (1 policies: 1 Admin, 0 Baseline)\n")
     })
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
     eprintln!("CRD installed: /readyz {answer} after {took:?}");
     let log = host.agent_log();
     assert!(
-        log.contains("the API serves ClusterNetworkPolicy: watched, not yet enforced"),
+        log.contains("the API serves ClusterNetworkPolicy: watched and enforced"),
         "{log}"
     );
     assert_eq!(log.matches(ABSENT).count(), 1, "{log}");
@@ -269,7 +270,9 @@ fn cluster_network_policy_crd_absent_ready_without_it_and_found_once_installed()
             "ingress": [{"action": "Deny", "from": [{"galaxies": {}}]}]}),
         ));
     poll_health(host, "/readyz", Duration::from_secs(30), |a| {
-        Ok(a.status == 200 && a.body.contains("watched (2 policies)"))
+        Ok(a.status == 200
+            && a.body
+                .contains("enforced (2 policies: 1 Admin, 1 Baseline)"))
     })
     .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
     const UNREADABLE: &str = "ClusterNetworkPolicy from-the-future cannot be read exactly";

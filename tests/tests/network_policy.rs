@@ -1271,8 +1271,19 @@ fn table_leftovers(ns: &Netns) -> Result<Vec<String>, String> {
         serde_json::from_slice(&out.stdout).map_err(|e| format!("nft -j: not JSON: {e}"))?;
     let mut leftovers = Vec::new();
     for item in listing["nftables"].as_array().into_iter().flatten() {
+        // The base chains, and the fixed chains between them and the tiers' maps.
         if let Some(name) = item["chain"]["name"].as_str()
-            && !matches!(name, "forward" | "input")
+            && !matches!(
+                name,
+                "forward"
+                    | "input"
+                    | "judge-ingress"
+                    | "judge-egress"
+                    | "np-ingress"
+                    | "np-egress"
+                    | "baseline-ingress"
+                    | "baseline-egress"
+            )
         {
             leftovers.push(format!("chain {name}"));
         }
@@ -1283,7 +1294,11 @@ fn table_leftovers(ns: &Netns) -> Result<Vec<String>, String> {
             let elements = item[kind]["elem"].as_array().map_or(0, Vec::len);
             if elements > 0 {
                 leftovers.push(format!("{kind} {name}: {elements} elements"));
-            } else if name.starts_with("ingress-") || name.starts_with("egress-") {
+            } else if name.starts_with("ingress-")
+                || name.starts_with("egress-")
+                || (name.starts_with("admin-") || name.starts_with("baseline-"))
+                    && (name.ends_with("-v4") || name.ends_with("-v6"))
+            {
                 leftovers.push(format!("{kind} {name} (a profile's)"));
             }
         }

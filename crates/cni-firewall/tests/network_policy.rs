@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 use cni_firewall::Error;
 use cni_firewall::network_policy::{
-    self, Allow, Changes, PeerRule, PolicyState, PolicyTable, Profile, TABLE,
+    self, Allow, Changes, DenyLog, Direction, PeerRule, PolicyState, PolicyTable, Profile,
+    ProfileVerdicts, TABLE, TierBox, TierProfile, VerdictAction,
 };
 use nix::sched::{CloneFlags, setns};
 
@@ -67,6 +68,7 @@ fn small_state() -> PolicyState {
                 peer("pp01", (6, 6), (8080, 8080)),
                 peer("pp02", (0, 255), (0, 65535)),
             ],
+            verdicts: None,
         },
     );
     s.egress_profiles.insert(
@@ -74,6 +76,7 @@ fn small_state() -> PolicyState {
         Profile {
             allow: vec![allow("0.0.0.0", "255.255.255.255", (17, 17), (53, 53))],
             peers: vec![peer("pp01", (6, 17), (1000, 2000))],
+            verdicts: None,
         },
     );
     s.peer_sets
@@ -82,27 +85,108 @@ fn small_state() -> PolicyState {
     s.ingress.insert(ip("10.9.0.2"), "aa11".into());
     s.ingress.insert(ip("fd09::2"), "aa11".into());
     s.egress.insert(ip("10.9.0.3"), "bb22".into());
+    // bb22 counts what it allows and denies; pod 10.9.0.2's egress is judged by the
+    // Admin tier first (TCP 22 to the first half of its subnet denied, DNS over IPv6
+    // passed to NetworkPolicy), pod 10.9.0.3's ingress by the Baseline tier (all
+    // denied, for NetworkPolicy does not isolate it).
+    s.verdict_chains
+        .insert("v-allow1".into(), VerdictAction::Accept);
+    s.verdict_chains
+        .insert("v-deny1".into(), VerdictAction::Drop);
+    s.verdict_chains.insert(
+        "v-pass1".into(),
+        VerdictAction::ToNetworkPolicy(Direction::Egress),
+    );
+    s.egress_profiles.get_mut("bb22").unwrap().verdicts = Some(ProfileVerdicts {
+        allow: "v-allow1".into(),
+        deny: "v-deny1".into(),
+    });
+    s.admin.egress_profiles.insert(
+        "cc33".into(),
+        TierProfile {
+            boxes: vec![
+                tier_box(allow("10.9.0.0", "10.9.0.127", (6, 6), (22, 22)), "v-deny1"),
+                tier_box(allow("fd09::", "fd09::ffff", (17, 17), (53, 53)), "v-pass1"),
+            ],
+        },
+    );
+    s.admin.egress.insert(ip("10.9.0.2"), "cc33".into());
+    s.baseline.ingress_profiles.insert(
+        "dd44".into(),
+        TierProfile {
+            boxes: vec![tier_box(
+                Allow::all_traffic(ip("0.0.0.0"), ip("255.255.255.255")),
+                "v-deny1",
+            )],
+        },
+    );
+    s.baseline.ingress.insert(ip("10.9.0.3"), "dd44".into());
+    s.deny_log = Some(DenyLog {
+        group: 5,
+        per_second: 10,
+    });
     s
+}
+
+fn tier_box(peers: Allow, chain: &str) -> TierBox {
+    TierBox {
+        peers,
+        chain: chain.into(),
+    }
 }
 
 /// What `nft list table inet cni_node_policy` prints for [`small_state`].
 const SMALL_LISTING: &str = "table inet cni_node_policy {
 	map ingress4 {
 		type ipv4_addr : verdict
-		elements = { 10.9.0.2 : jump ingress-aa11 }
+		elements = { 10.9.0.2 : goto ingress-aa11 }
 	}
 
 	map ingress6 {
 		type ipv6_addr : verdict
-		elements = { fd09::2 : jump ingress-aa11 }
+		elements = { fd09::2 : goto ingress-aa11 }
 	}
 
 	map egress4 {
 		type ipv4_addr : verdict
-		elements = { 10.9.0.3 : jump egress-bb22 }
+		elements = { 10.9.0.3 : goto egress-bb22 }
 	}
 
 	map egress6 {
+		type ipv6_addr : verdict
+	}
+
+	map admin-ingress4 {
+		type ipv4_addr : verdict
+	}
+
+	map admin-ingress6 {
+		type ipv6_addr : verdict
+	}
+
+	map admin-egress4 {
+		type ipv4_addr : verdict
+		elements = { 10.9.0.2 : goto admin-egress-cc33 }
+	}
+
+	map admin-egress6 {
+		type ipv6_addr : verdict
+	}
+
+	map baseline-ingress4 {
+		type ipv4_addr : verdict
+		elements = { 10.9.0.3 : goto baseline-ingress-dd44 }
+	}
+
+	map baseline-ingress6 {
+		type ipv6_addr : verdict
+	}
+
+	map baseline-egress4 {
+		type ipv4_addr : verdict
+	}
+
+	map baseline-egress6 {
 		type ipv6_addr : verdict
 	}
 
@@ -157,6 +241,29 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 		flags interval
 	}
 
+	map admin-egress-cc33-v4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 10.9.0.0/25 . tcp . 22 : goto v-deny1 }
+	}
+
+	map admin-egress-cc33-v6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { fd09::/112 . udp . 53 : goto v-pass1 }
+	}
+
+	map baseline-ingress-dd44-v4 {
+		type ipv4_addr . inet_proto . inet_service : verdict
+		flags interval
+		elements = { 0.0.0.0/0 . 0-255 . 0-65535 : goto v-deny1 }
+	}
+
+	map baseline-ingress-dd44-v6 {
+		type ipv6_addr . inet_proto . inet_service : verdict
+		flags interval
+	}
+
 	chain forward {
 		type filter hook forward priority filter; policy accept;
 		ct direction reply accept
@@ -166,10 +273,8 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 		ip daddr @pending4 drop
 		ip6 saddr @pending6 drop
 		ip6 daddr @pending6 drop
-		ip saddr vmap @egress4
-		ip6 saddr vmap @egress6
-		ip daddr vmap @ingress4
-		ip6 daddr vmap @ingress6
+		jump judge-egress
+		jump judge-ingress
 	}
 
 	chain input {
@@ -179,8 +284,57 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 		icmpv6 type 133-137 accept
 		ip saddr @pending4 drop
 		ip6 saddr @pending6 drop
+		jump judge-egress
+	}
+
+	chain baseline-egress {
+		ip saddr vmap @baseline-egress4
+		ip6 saddr vmap @baseline-egress6
+	}
+
+	chain baseline-ingress {
+		ip daddr vmap @baseline-ingress4
+		ip6 daddr vmap @baseline-ingress6
+	}
+
+	chain np-egress {
 		ip saddr vmap @egress4
 		ip6 saddr vmap @egress6
+		goto baseline-egress
+	}
+
+	chain np-ingress {
+		ip daddr vmap @ingress4
+		ip6 daddr vmap @ingress6
+		goto baseline-ingress
+	}
+
+	chain judge-egress {
+		ip saddr vmap @admin-egress4
+		ip6 saddr vmap @admin-egress6
+		goto np-egress
+	}
+
+	chain judge-ingress {
+		ip daddr vmap @admin-ingress4
+		ip6 daddr vmap @admin-ingress6
+		goto np-ingress
+	}
+
+	chain v-allow1 {
+		ct state new counter packets 0 bytes 0
+		return
+	}
+
+	chain v-deny1 {
+		ct state new counter packets 0 bytes 0
+		ct state new limit rate 10/second log prefix \"v-deny1\" group 5
+		drop
+	}
+
+	chain v-pass1 {
+		ct state new counter packets 0 bytes 0
+		goto np-egress
 	}
 
 	chain ingress-aa11 {
@@ -194,11 +348,22 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 	}
 
 	chain egress-bb22 {
-		ip daddr . meta l4proto . th dport @egress-bb22-v4 return
-		ip6 daddr . meta l4proto . th dport @egress-bb22-v6 return
-		ip daddr @peer-pp01-v4 meta l4proto 6-17 th dport 1000-2000 return
-		ip6 daddr @peer-pp01-v6 meta l4proto 6-17 th dport 1000-2000 return
-		drop
+		ip daddr . meta l4proto . th dport @egress-bb22-v4 goto v-allow1
+		ip6 daddr . meta l4proto . th dport @egress-bb22-v6 goto v-allow1
+		ip daddr @peer-pp01-v4 meta l4proto 6-17 th dport 1000-2000 goto v-allow1
+		ip6 daddr @peer-pp01-v6 meta l4proto 6-17 th dport 1000-2000 goto v-allow1
+		goto v-deny1
+	}
+
+	chain admin-egress-cc33 {
+		ip daddr . meta l4proto . th dport vmap @admin-egress-cc33-v4
+		ip6 daddr . meta l4proto . th dport vmap @admin-egress-cc33-v6
+		goto np-egress
+	}
+
+	chain baseline-ingress-dd44 {
+		ip saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v4
+		ip6 saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v6
 	}
 }
 ";
@@ -209,28 +374,34 @@ add map inet cni_node_policy ingress4 { type ipv4_addr : verdict; }
 add map inet cni_node_policy ingress6 { type ipv6_addr : verdict; }
 add map inet cni_node_policy egress4 { type ipv4_addr : verdict; }
 add map inet cni_node_policy egress6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy admin-ingress4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy admin-ingress6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy admin-egress4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy admin-egress6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy baseline-ingress4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy baseline-ingress6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy baseline-egress4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy baseline-egress6 { type ipv6_addr : verdict; }
 add set inet cni_node_policy pending4 { type ipv4_addr; }
 add set inet cni_node_policy pending6 { type ipv6_addr; }
 add chain inet cni_node_policy forward { type filter hook forward priority filter; policy accept; }
-add rule inet cni_node_policy forward ct direction reply accept
-add rule inet cni_node_policy forward ct state related accept
-add rule inet cni_node_policy forward icmpv6 type 133-137 accept
-add rule inet cni_node_policy forward ip saddr @pending4 drop
-add rule inet cni_node_policy forward ip daddr @pending4 drop
-add rule inet cni_node_policy forward ip6 saddr @pending6 drop
-add rule inet cni_node_policy forward ip6 daddr @pending6 drop
-add rule inet cni_node_policy forward ip saddr vmap @egress4
-add rule inet cni_node_policy forward ip6 saddr vmap @egress6
-add rule inet cni_node_policy forward ip daddr vmap @ingress4
-add rule inet cni_node_policy forward ip6 daddr vmap @ingress6
 add chain inet cni_node_policy input { type filter hook input priority filter; policy accept; }
-add rule inet cni_node_policy input ct direction reply accept
-add rule inet cni_node_policy input ct state related accept
-add rule inet cni_node_policy input icmpv6 type 133-137 accept
-add rule inet cni_node_policy input ip saddr @pending4 drop
-add rule inet cni_node_policy input ip6 saddr @pending6 drop
-add rule inet cni_node_policy input ip saddr vmap @egress4
-add rule inet cni_node_policy input ip6 saddr vmap @egress6
+add chain inet cni_node_policy baseline-egress
+add chain inet cni_node_policy baseline-ingress
+add chain inet cni_node_policy np-egress
+add chain inet cni_node_policy np-ingress
+add chain inet cni_node_policy judge-egress
+add chain inet cni_node_policy judge-ingress
+add chain inet cni_node_policy v-allow1
+add rule inet cni_node_policy v-allow1 ct state new counter
+add rule inet cni_node_policy v-allow1 return
+add chain inet cni_node_policy v-deny1
+add rule inet cni_node_policy v-deny1 ct state new counter
+add rule inet cni_node_policy v-deny1 ct state new limit rate 10/second burst 5 packets log prefix \"v-deny1\" group 5
+add rule inet cni_node_policy v-deny1 drop
+add chain inet cni_node_policy v-pass1
+add rule inet cni_node_policy v-pass1 ct state new counter
+add rule inet cni_node_policy v-pass1 goto np-egress
 add set inet cni_node_policy peer-pp01-v4 { type ipv4_addr; }
 add element inet cni_node_policy peer-pp01-v4 { 10.9.0.4 }
 add set inet cni_node_policy peer-pp01-v6 { type ipv6_addr; }
@@ -254,14 +425,61 @@ add set inet cni_node_policy egress-bb22-v4 { type ipv4_addr . inet_proto . inet
 add element inet cni_node_policy egress-bb22-v4 { 0.0.0.0-255.255.255.255 . 17 . 53 }
 add set inet cni_node_policy egress-bb22-v6 { type ipv6_addr . inet_proto . inet_service; flags interval; }
 add chain inet cni_node_policy egress-bb22
-add rule inet cni_node_policy egress-bb22 ip daddr . meta l4proto . th dport @egress-bb22-v4 return
-add rule inet cni_node_policy egress-bb22 ip6 daddr . meta l4proto . th dport @egress-bb22-v6 return
-add rule inet cni_node_policy egress-bb22 ip daddr @peer-pp01-v4 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 return
-add rule inet cni_node_policy egress-bb22 ip6 daddr @peer-pp01-v6 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 return
-add rule inet cni_node_policy egress-bb22 drop
-add element inet cni_node_policy ingress4 { 10.9.0.2 : jump ingress-aa11 }
-add element inet cni_node_policy ingress6 { fd09::2 : jump ingress-aa11 }
-add element inet cni_node_policy egress4 { 10.9.0.3 : jump egress-bb22 }
+add rule inet cni_node_policy egress-bb22 ip daddr . meta l4proto . th dport @egress-bb22-v4 goto v-allow1
+add rule inet cni_node_policy egress-bb22 ip6 daddr . meta l4proto . th dport @egress-bb22-v6 goto v-allow1
+add rule inet cni_node_policy egress-bb22 ip daddr @peer-pp01-v4 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 goto v-allow1
+add rule inet cni_node_policy egress-bb22 ip6 daddr @peer-pp01-v6 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 goto v-allow1
+add rule inet cni_node_policy egress-bb22 goto v-deny1
+add map inet cni_node_policy admin-egress-cc33-v4 { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }
+add element inet cni_node_policy admin-egress-cc33-v4 { 10.9.0.0-10.9.0.127 . 6 . 22 : goto v-deny1 }
+add map inet cni_node_policy admin-egress-cc33-v6 { type ipv6_addr . inet_proto . inet_service : verdict; flags interval; }
+add element inet cni_node_policy admin-egress-cc33-v6 { fd09::-fd09::ffff . 17 . 53 : goto v-pass1 }
+add chain inet cni_node_policy admin-egress-cc33
+add rule inet cni_node_policy admin-egress-cc33 ip daddr . meta l4proto . th dport vmap @admin-egress-cc33-v4
+add rule inet cni_node_policy admin-egress-cc33 ip6 daddr . meta l4proto . th dport vmap @admin-egress-cc33-v6
+add rule inet cni_node_policy admin-egress-cc33 goto np-egress
+add map inet cni_node_policy baseline-ingress-dd44-v4 { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }
+add element inet cni_node_policy baseline-ingress-dd44-v4 { 0.0.0.0-255.255.255.255 . 0-255 . 0-65535 : goto v-deny1 }
+add map inet cni_node_policy baseline-ingress-dd44-v6 { type ipv6_addr . inet_proto . inet_service : verdict; flags interval; }
+add chain inet cni_node_policy baseline-ingress-dd44
+add rule inet cni_node_policy baseline-ingress-dd44 ip saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v4
+add rule inet cni_node_policy baseline-ingress-dd44 ip6 saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v6
+add rule inet cni_node_policy baseline-egress ip saddr vmap @baseline-egress4
+add rule inet cni_node_policy baseline-egress ip6 saddr vmap @baseline-egress6
+add rule inet cni_node_policy baseline-ingress ip daddr vmap @baseline-ingress4
+add rule inet cni_node_policy baseline-ingress ip6 daddr vmap @baseline-ingress6
+add rule inet cni_node_policy np-egress ip saddr vmap @egress4
+add rule inet cni_node_policy np-egress ip6 saddr vmap @egress6
+add rule inet cni_node_policy np-egress goto baseline-egress
+add rule inet cni_node_policy np-ingress ip daddr vmap @ingress4
+add rule inet cni_node_policy np-ingress ip6 daddr vmap @ingress6
+add rule inet cni_node_policy np-ingress goto baseline-ingress
+add rule inet cni_node_policy judge-egress ip saddr vmap @admin-egress4
+add rule inet cni_node_policy judge-egress ip6 saddr vmap @admin-egress6
+add rule inet cni_node_policy judge-egress goto np-egress
+add rule inet cni_node_policy judge-ingress ip daddr vmap @admin-ingress4
+add rule inet cni_node_policy judge-ingress ip6 daddr vmap @admin-ingress6
+add rule inet cni_node_policy judge-ingress goto np-ingress
+add rule inet cni_node_policy forward ct direction reply accept
+add rule inet cni_node_policy forward ct state related accept
+add rule inet cni_node_policy forward icmpv6 type 133-137 accept
+add rule inet cni_node_policy forward ip saddr @pending4 drop
+add rule inet cni_node_policy forward ip daddr @pending4 drop
+add rule inet cni_node_policy forward ip6 saddr @pending6 drop
+add rule inet cni_node_policy forward ip6 daddr @pending6 drop
+add rule inet cni_node_policy forward jump judge-egress
+add rule inet cni_node_policy forward jump judge-ingress
+add rule inet cni_node_policy input ct direction reply accept
+add rule inet cni_node_policy input ct state related accept
+add rule inet cni_node_policy input icmpv6 type 133-137 accept
+add rule inet cni_node_policy input ip saddr @pending4 drop
+add rule inet cni_node_policy input ip6 saddr @pending6 drop
+add rule inet cni_node_policy input jump judge-egress
+add element inet cni_node_policy ingress4 { 10.9.0.2 : goto ingress-aa11 }
+add element inet cni_node_policy ingress6 { fd09::2 : goto ingress-aa11 }
+add element inet cni_node_policy egress4 { 10.9.0.3 : goto egress-bb22 }
+add element inet cni_node_policy admin-egress4 { 10.9.0.2 : goto admin-egress-cc33 }
+add element inet cni_node_policy baseline-ingress4 { 10.9.0.3 : goto baseline-ingress-dd44 }
 ";
 
 /// Listings of the table that must come out the same whoever made it: text with
@@ -578,7 +796,7 @@ fn ping_ok(from: &Netns, to: IpAddr) -> bool {
 fn profile(boxes: &[Allow]) -> Profile {
     Profile {
         allow: boxes.to_vec(),
-        peers: Vec::new(),
+        ..Profile::default()
     }
 }
 
@@ -1211,7 +1429,7 @@ fn a_thousand_profiles_and_ten_thousand_pods() {
         ];
         let p = Profile {
             allow: boxes,
-            peers: Vec::new(),
+            ..Profile::default()
         };
         if i % 2 == 0 {
             s.ingress_profiles.insert(name, p);
@@ -1381,5 +1599,236 @@ fn invalid_states_change_nothing() {
         // A pod in the pending sets that are not there (no table): no change.
         t.delete().unwrap();
         assert_eq!(ruleset(), "");
+    });
+}
+
+// ---- ClusterNetworkPolicy's tiers ----
+
+/// A box of everything from (or to) one address on one protocol and port.
+fn tier_only(peer: IpAddr, protocol: u8, port: u16, chain: &str) -> TierBox {
+    tier_box(only(peer, protocol, port), chain)
+}
+
+/// Verdict chains the tier tests use, by what they stand for.
+fn verdict_chains(s: &mut PolicyState) {
+    for (name, action) in [
+        ("v-admindeny", VerdictAction::Drop),
+        ("v-adminaccept", VerdictAction::Accept),
+        (
+            "v-adminpassin",
+            VerdictAction::ToNetworkPolicy(Direction::Ingress),
+        ),
+        ("v-npallow", VerdictAction::Accept),
+        ("v-npdeny", VerdictAction::Drop),
+        ("v-basedeny", VerdictAction::Drop),
+        ("v-basepass", VerdictAction::Accept),
+    ] {
+        s.verdict_chains.insert(name.into(), action);
+    }
+}
+
+/// NetworkPolicy through verdict chains: a profile allowing `boxes`.
+fn counted(boxes: &[Allow]) -> Profile {
+    Profile {
+        allow: boxes.to_vec(),
+        peers: Vec::new(),
+        verdicts: Some(ProfileVerdicts {
+            allow: "v-npallow".into(),
+            deny: "v-npdeny".into(),
+        }),
+    }
+}
+
+/// Connections from `from` to `to` over UDP, each from a socket of its own (so each
+/// is a connection of its own to conntrack): how many were answered.
+fn udp_flows(from: &Netns, to: IpAddr, port: u16, flows: usize) -> usize {
+    (0..flows).filter(|_| udp_ok(from, to, port)).count()
+}
+
+/// The tiers in the order a packet meets them, on real traffic: Admin before
+/// NetworkPolicy (its Deny over an allow, its Pass handing on, its Accept skipping the
+/// source's NetworkPolicy but not the destination's ingress), Baseline only for pods
+/// NetworkPolicy does not isolate (its Deny, its Pass as an allow); each verdict
+/// chain counts the connections it decided; a restart adopts the table with nothing
+/// sent; a change is one small transaction; an empty state leaves the bare table.
+#[test]
+fn tiers_judge_in_order_and_verdict_chains_count() {
+    if !privileged() {
+        return;
+    }
+    in_netns(|| {
+        node();
+        let (a, b, c) = (pod(2), pod(3), pod(4));
+        let _servers = [
+            serve(Some(&b.ns), &[b.v4], 80),
+            serve(Some(&b.ns), &[b.v4], 81),
+            serve(Some(&c.ns), &[c.v4], 80),
+            serve(Some(&a.ns), &[a.v4], 80),
+        ];
+        let bare = {
+            let mut t = PolicyTable::open().unwrap();
+            t.apply(&PolicyState::default()).unwrap();
+            listing()
+        };
+
+        // b: NetworkPolicy isolates its ingress and allows a's and c's TCP and UDP
+        // 80; the Admin tier denies a's TCP 80 to b and passes a's UDP 80 on.
+        let mut s = PolicyState::default();
+        verdict_chains(&mut s);
+        s.ingress_profiles.insert(
+            "b0".into(),
+            counted(&[
+                allow("10.9.0.2", "10.9.0.2", (TCP, TCP), (80, 80)),
+                allow("10.9.0.2", "10.9.0.2", (UDP, UDP), (80, 80)),
+                allow("10.9.0.4", "10.9.0.4", (UDP, UDP), (80, 80)),
+            ]),
+        );
+        s.ingress.insert(b.v4, "b0".into());
+        s.admin.ingress_profiles.insert(
+            "b1".into(),
+            TierProfile {
+                boxes: vec![
+                    tier_only(a.v4, TCP, 80, "v-admindeny"),
+                    tier_only(a.v4, UDP, 80, "v-adminpassin"),
+                ],
+            },
+        );
+        s.admin.ingress.insert(b.v4, "b1".into());
+        // c: not isolated by NetworkPolicy; the Baseline tier passes b's TCP 80
+        // (an allow) and denies everything else.
+        s.baseline.ingress_profiles.insert(
+            "c1".into(),
+            TierProfile {
+                boxes: vec![
+                    tier_box(
+                        allow("10.9.0.2", "10.9.0.2", (0, 255), (0, 65535)),
+                        "v-basedeny",
+                    ),
+                    tier_only(b.v4, TCP, 80, "v-basepass"),
+                ],
+            },
+        );
+        s.baseline.ingress.insert(c.v4, "c1".into());
+        // b is in the Baseline tier too, denied everything: NetworkPolicy isolates
+        // b's ingress, so Baseline never judges it.
+        s.baseline.ingress_profiles.insert(
+            "b2".into(),
+            TierProfile {
+                boxes: vec![tier_box(
+                    Allow::all_traffic(ip("0.0.0.0"), ip("255.255.255.255")),
+                    "v-basedeny",
+                )],
+            },
+        );
+        s.baseline.ingress.insert(b.v4, "b2".into());
+        let mut t = PolicyTable::open().unwrap();
+        t.apply(&s).unwrap();
+
+        assert!(
+            !tcp_ok(&a.ns, b.v4, 80),
+            "Admin Deny over NetworkPolicy's allow"
+        );
+        assert!(udp_ok(&a.ns, b.v4, 80), "Admin Pass: NetworkPolicy allows");
+        assert!(
+            udp_ok(&c.ns, b.v4, 80),
+            "no Admin word: NetworkPolicy allows"
+        );
+        assert!(
+            !tcp_ok(&c.ns, b.v4, 81),
+            "NetworkPolicy denies, whatever Baseline would say"
+        );
+        assert!(tcp_ok(&b.ns, c.v4, 80), "Baseline Pass is an allow");
+        assert!(
+            !tcp_ok(&a.ns, c.v4, 80),
+            "Baseline Deny where NetworkPolicy is silent"
+        );
+        assert!(tcp_ok(&b.ns, a.v4, 80), "a is in no tier: allowed");
+
+        // Counters: a known number of new connections per verdict chain.
+        let before = network_policy::read_verdict_counters().unwrap();
+        assert_eq!(udp_flows(&c.ns, b.v4, 80, 5), 5);
+        assert_eq!(udp_flows(&a.ns, c.v4, 80, 3), 0);
+        assert_eq!(udp_flows(&a.ns, b.v4, 80, 4), 4);
+        let after = network_policy::read_verdict_counters().unwrap();
+        let new = |chain: &str| after[chain].0 - before.get(chain).map_or(0, |c| c.0);
+        assert_eq!(new("v-npallow"), 5 + 4, "{after:?}");
+        assert_eq!(new("v-basedeny"), 3, "{after:?}");
+        assert_eq!(new("v-adminpassin"), 4, "{after:?}");
+        assert_eq!(new("v-npdeny"), 0, "{after:?}");
+        assert!(after["v-npallow"].1 > 0, "bytes are counted too");
+        assert_eq!(after.len(), s.verdict_chains.len());
+
+        // A restart adopts it all: nothing sent, the counters go on.
+        let mut again = PolicyTable::open().unwrap();
+        again.load().unwrap();
+        assert_eq!(again.apply(&s).unwrap(), Changes::default());
+        // (boxes in order, as the kernel lists them)
+        assert_eq!(again.held_state().as_ref(), Some(&s));
+        let kept = network_policy::read_verdict_counters().unwrap();
+        assert_eq!(kept["v-npallow"], after["v-npallow"]);
+
+        // Admin Accept of a's egress skips a's NetworkPolicy (which denies all),
+        // but the destination's ingress still judges: c's Baseline denies a.
+        let mut accept = s.clone();
+        accept.egress_profiles.insert("a0".into(), counted(&[]));
+        accept.egress.insert(a.v4, "a0".into());
+        accept.admin.egress_profiles.insert(
+            "a1".into(),
+            TierProfile {
+                boxes: vec![tier_box(
+                    allow("0.0.0.0", "255.255.255.255", (TCP, TCP), (80, 80)),
+                    "v-adminaccept",
+                )],
+            },
+        );
+        accept.admin.egress.insert(a.v4, "a1".into());
+        let c1 = again.apply(&accept).unwrap();
+        assert!(c1.sent() && !c1.created, "{c1:?}");
+        assert!(
+            !udp_ok(&a.ns, b.v4, 80),
+            "a's NetworkPolicy egress denies UDP"
+        );
+        assert!(!tcp_ok(&a.ns, c.v4, 80), "c's Baseline still denies a");
+        // Without c's Baseline, a's TCP 80 to c passes on the Admin Accept alone.
+        let mut open_c = accept.clone();
+        open_c.baseline.ingress.remove(&c.v4);
+        let one = again.apply(&open_c).unwrap();
+        assert_eq!(
+            (one.tier_pods_removed, one.messages),
+            (1, 1),
+            "one element out, in one transaction: {one:?}"
+        );
+        assert!(
+            tcp_ok(&a.ns, c.v4, 80),
+            "Admin Accept skips a's NetworkPolicy"
+        );
+
+        // The deny log on: the drops' chains are written again, nothing else.
+        let mut logged = open_c.clone();
+        logged.deny_log = Some(DenyLog {
+            group: 9,
+            per_second: 20,
+        });
+        let c2 = again.apply(&logged).unwrap();
+        assert_eq!(
+            (c2.verdict_chains_changed, c2.messages),
+            (3, 3 * 4),
+            "{c2:?}"
+        );
+        let listed = listing();
+        assert!(
+            listed.contains("log prefix \"v-npdeny\" group 9"),
+            "{listed}"
+        );
+        let mut fresh = PolicyTable::open().unwrap();
+        fresh.load().unwrap();
+        assert_eq!(fresh.apply(&logged).unwrap(), Changes::default());
+
+        // Everything gone: the bare table is left, as a table made empty is.
+        let c3 = fresh.apply(&PolicyState::default()).unwrap();
+        assert!(!c3.created, "{c3:?}");
+        assert_eq!(listing(), bare);
+        assert!(network_policy::read_verdict_counters().unwrap().is_empty());
+        assert!(tcp_ok(&a.ns, b.v4, 80) && tcp_ok(&a.ns, c.v4, 80));
     });
 }

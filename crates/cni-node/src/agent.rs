@@ -232,7 +232,10 @@ pub async fn run(options: Options) -> Result<()> {
             devices: Box::new(cni_linux::Netlink::connect().map_err(Error::Netlink)?),
             egress,
             policy: if options.network_policy {
-                Some(Box::new(crate::policy::datapath::Table::open()?))
+                Some(Box::new(
+                    crate::policy::datapath::Table::open()?
+                        .with_verdict_names(Arc::clone(&stores.verdict_names)),
+                ))
             } else {
                 None
             },

@@ -340,7 +340,7 @@ async fn watch_inner<K>(
                     if let (Event::InitDone, Some((served, _))) = (&event, &optional)
                         && served.set(Availability::Served) != Availability::Served
                     {
-                        tracing::info!("the API serves {}: watched, not yet enforced", K::KIND);
+                        tracing::info!("the API serves {}: watched and enforced", K::KIND);
                     }
                     take(event, &store, &wake, &metrics);
                 }
@@ -593,7 +593,7 @@ mod tests {
             stores
                 .status()
                 .unwrap()
-                .contains("watched (1 policies), not yet enforced")
+                .contains("enforced (1 policies: 1 Admin, 0 Baseline)")
         );
         assert_eq!(log.count(absent), 1);
         assert_eq!(log.count("the API serves ClusterNetworkPolicy"), 1);

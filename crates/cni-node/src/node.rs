@@ -83,6 +83,11 @@ pub struct NodeInfo {
     pub internal_ips: Vec<IpAddr>,
     /// What was wrong with its data; a node with problems is not routed to.
     pub problems: Vec<String>,
+    /// Its labels (what ClusterNetworkPolicy's `nodes` peers select).
+    pub labels: crate::policy::selector::Labels,
+    /// Every IP address of `status.addresses`, of any type (a `nodes` peer's
+    /// addresses).
+    pub addresses: Vec<IpAddr>,
 }
 
 impl NodeInfo {
@@ -94,6 +99,9 @@ impl NodeInfo {
         };
         info.read_pod_cidrs(&node.spec);
         info.read_addresses(&node.status.addresses);
+        let peer = crate::policy::cluster_model::NodePeer::from_slim(node);
+        info.labels = peer.labels;
+        info.addresses = peer.addresses;
         info
     }
 

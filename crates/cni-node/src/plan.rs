@@ -531,6 +531,7 @@ pub fn desired(snapshot: &Snapshot, host: &HostState, settings: &Settings) -> De
             node: &settings.plan.node_name,
             records: &host.pod_records,
             share_from: settings.policy_shared_peer_ranges.unwrap_or(SHARE_FROM),
+            nodes,
         },
     );
     Desired {
@@ -615,6 +616,7 @@ mod tests {
             pod_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
             internal_ips: ips.iter().map(|c| c.parse().unwrap()).collect(),
             problems: Vec::new(),
+            ..NodeInfo::default()
         }
     }
 

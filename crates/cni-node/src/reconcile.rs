@@ -28,7 +28,7 @@ use crate::overlay::{self, VxlanDevices};
 use crate::plan::NextHop;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
 use crate::policy::datapath::{PolicyCounts, PolicyDatapath};
-use crate::policy::pipeline::Pipeline;
+use crate::policy::pipeline::{Pipeline, Tier};
 use crate::routes::{self, RouteChanges, RouteTable};
 use crate::store::Snapshot;
 
@@ -344,10 +344,13 @@ impl Reconciler {
         let Some(datapath) = &mut self.effects.policy else {
             return;
         };
+        // ClusterNetworkPolicy is optional: its tiers waiting (the API has not said
+        // whether it serves the kind) keep the kernel as it is but not readiness.
         outcome.waiting.extend(
             pipeline
                 .waiting()
                 .into_iter()
+                .filter(|(tier, _)| *tier == Tier::NetworkPolicy)
                 .map(|(_, why)| ("policy", why)),
         );
         if !pipeline.any_ready() {
@@ -368,15 +371,28 @@ impl Reconciler {
             .ready()
             .map(|want| want.problems.clone())
             .unwrap_or_default();
+        let cluster = pipeline.admin.ready().is_some() || pipeline.baseline.ready().is_some();
         match datapath.apply(pipeline) {
-            Ok(true) => tracing::info!(
-                "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, {} \
-                 profiles, {} shared peer sets",
-                counts.ingress,
-                counts.egress,
-                counts.profiles,
-                counts.peer_sets
-            ),
+            Ok(true) => {
+                tracing::info!(
+                    "NetworkPolicy: {} local pod addresses isolated for ingress, {} for egress, \
+                     {} profiles, {} shared peer sets",
+                    counts.ingress,
+                    counts.egress,
+                    counts.profiles,
+                    counts.peer_sets
+                );
+                if cluster {
+                    tracing::info!(
+                        "ClusterNetworkPolicy: the Admin tier judges {} local pod addresses \
+                         ({} boxes), the Baseline tier {} ({} boxes)",
+                        counts.admin_pods,
+                        counts.admin_boxes,
+                        counts.baseline_pods,
+                        counts.baseline_boxes
+                    );
+                }
+            }
             Ok(false) => {}
             Err(e) => outcome.failures.push(("policy", e)),
         }
@@ -731,6 +747,7 @@ mod tests {
                 pod_cidrs: vec![cidr.parse().unwrap()],
                 internal_ips: vec![ip.parse::<IpAddr>().unwrap()],
                 problems: Vec::new(),
+                ..NodeInfo::default()
             },
         )
     }

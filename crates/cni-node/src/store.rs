@@ -187,6 +187,9 @@ pub struct Stores {
     /// Where the bridge plugin leaves its pod records (when NetworkPolicy is enforced),
     /// for `explain` to see new pods as the reconciler does.
     pub records_dir: Option<std::path::PathBuf>,
+    /// What each verdict chain of the policy table stands for, as the datapath's last
+    /// apply named them (for `/metrics` and the deny log).
+    pub verdict_names: crate::policy::verdicts::SharedVerdictNames,
 }
 
 /// Everything the plan is computed from, as of one moment.

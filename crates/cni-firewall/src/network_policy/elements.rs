@@ -1,6 +1,7 @@
 //! The table's sets and their elements: the specs of the verdict maps, the pending
-//! sets, the profiles' box sets and the shared peer sets, and how an address, a box
-//! (address range, protocol range, port range), a pending pod or a jump to a profile
+//! sets, the profiles' box sets, the tier profiles' verdict maps and the shared peer
+//! sets, and how an address, a box (address range, protocol range, port range), a
+//! tier box (a box with its verdict chain), a pending pod or a `goto` to a profile
 //! becomes an element and back.
 
 use super::*;
@@ -50,6 +51,33 @@ pub(super) fn box_spec(name: &str, family: Family) -> SetSpec<'_> {
         interval: true,
         verdict_map: false,
         key_byteorder: 0,
+    }
+}
+
+/// A tier profile's verdict map of one family: boxes to verdicts.
+pub(super) fn tier_box_spec(name: &str, family: Family) -> SetSpec<'_> {
+    SetSpec {
+        verdict_map: true,
+        ..box_spec(name, family)
+    }
+}
+
+/// A tier box: its box, and a `goto` to its verdict chain.
+pub(super) fn tier_box_element(b: &TierBox) -> Element {
+    Element {
+        verdict: Some((VERDICT_GOTO, Some(b.chain.clone()))),
+        ..box_element(&b.peers)
+    }
+}
+
+pub(super) fn decode_tier_box(e: &Element, family: Family) -> Option<TierBox> {
+    let peers = decode_box(e, family)?;
+    match &e.verdict {
+        Some((VERDICT_GOTO, Some(chain))) if valid_verdict_chain(chain) => Some(TierBox {
+            peers,
+            chain: chain.clone(),
+        }),
+        _ => None,
     }
 }
 
@@ -140,10 +168,12 @@ pub(super) fn pod_tag(pod: &str) -> String {
     format!("{}... sha512:{hash}", &pod[..end])
 }
 
-pub(super) fn jump_element(ip: IpAddr, chain: String) -> Element {
+/// A pod's map element: a `goto` to its profile's chain (the profile's verdict ends
+/// the direction's judgement, not the chain that looked the pod up).
+pub(super) fn goto_element(ip: IpAddr, chain: String) -> Element {
     Element {
         key: addr_bytes(ip),
-        verdict: Some((VERDICT_JUMP, Some(chain))),
+        verdict: Some((VERDICT_GOTO, Some(chain))),
         ..Element::default()
     }
 }

@@ -1,6 +1,7 @@
 //! Reading the table back ([`PolicyTable::load`](super::PolicyTable::load)): its
-//! maps, sets and chains decoded into the state they hold, and whether it is laid
-//! out as this module lays it out (when not, it is made again whole).
+//! maps, sets and chains (fixed, verdict, NetworkPolicy and tier profile chains)
+//! decoded into the state they hold, and whether it is laid out as this module lays
+//! it out (when not, it is made again whole).
 
 use super::*;
 
@@ -25,6 +26,8 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
         have.len() == want.len() && have.iter().zip(&want).all(|(h, w)| *h == w)
     };
     let mut bases = 0;
+    let mut fixed_chains = 0;
+    let fixed_names: Vec<(String, Fixed)> = Fixed::all().map(|f| (f.name(), f)).into();
     for chain in &chains {
         let base = match chain.name.as_str() {
             FORWARD => Some(Base::Forward),
@@ -37,30 +40,64 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                 || !same_rules(base.name(), base_rules(base));
             continue;
         }
-        match Direction::parse_chain(&chain.name) {
-            Some((direction, profile)) if chain.hook.is_none() => {
-                let have = rules_of
-                    .get(chain.name.as_str())
-                    .map(Vec::as_slice)
-                    .unwrap_or_default();
-                match decode_profile_rules(direction, profile, have) {
-                    Some(peers) => {
-                        let (profile_name, held_one) = (
-                            profile.to_owned(),
-                            HeldProfile {
-                                boxes: BTreeSet::new(),
-                                peers,
-                            },
-                        );
-                        held.profiles[direction.index()].insert(profile_name, held_one);
-                    }
-                    None => rebuild = true,
+        if chain.hook.is_some() {
+            rebuild = true;
+            continue;
+        }
+        let have = rules_of
+            .get(chain.name.as_str())
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        if let Some((_, fixed)) = fixed_names.iter().find(|(n, _)| *n == chain.name) {
+            fixed_chains += 1;
+            rebuild |= !same_rules(&chain.name, fixed.rules());
+            continue;
+        }
+        if valid_verdict_chain(&chain.name) {
+            match decode_verdict_rules(&chain.name, have) {
+                Some(verdict) => {
+                    held.verdicts.insert(chain.name.clone(), verdict);
                 }
+                None => rebuild = true,
             }
-            _ => rebuild = true,
+            continue;
+        }
+        if let Some((tier, direction, profile)) = ClusterTier::parse_chain(&chain.name) {
+            if same_rules(&chain.name, tier_profile_rules(tier, direction, profile)) {
+                held.tiers[tier.index()].profiles[direction.index()]
+                    .insert(profile.to_owned(), BTreeSet::new());
+            } else {
+                rebuild = true;
+            }
+            continue;
+        }
+        match Direction::parse_chain(&chain.name) {
+            Some((direction, profile)) => match decode_profile_rules(direction, profile, have) {
+                Some((peers, verdicts)) => {
+                    held.profiles[direction.index()].insert(
+                        profile.to_owned(),
+                        HeldProfile {
+                            boxes: BTreeSet::new(),
+                            peers,
+                            verdicts,
+                        },
+                    );
+                }
+                None => rebuild = true,
+            },
+            None => rebuild = true,
         }
     }
-    rebuild |= bases != 2;
+    rebuild |= bases != 2 || fixed_chains != fixed_names.len();
+    // Every verdict chain a profile goes to must be there, with its action.
+    rebuild |= held.profiles.iter().any(|profiles| {
+        profiles.values().any(|p| {
+            p.verdicts.as_ref().is_some_and(|v| {
+                held.verdicts.get(&v.allow).map(|h| h.0) != Some(VerdictAction::Accept)
+                    || held.verdicts.get(&v.deny).map(|h| h.0) != Some(VerdictAction::Drop)
+            })
+        })
+    });
 
     // Every set must be one this module makes, of the type it makes.
     let mut fixed = 0;
@@ -70,10 +107,11 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
             PENDING6 => pending_spec(Family::V6),
             name => {
                 let map = DIRECTIONS.into_iter().find_map(|d| {
-                    FAMILIES
-                        .into_iter()
-                        .find(|f| d.map(*f) == name)
-                        .map(|f| map_spec(name, f))
+                    FAMILIES.into_iter().find_map(|f| {
+                        let np = d.map(f) == name;
+                        let tier = CLUSTER_TIERS.into_iter().any(|t| t.map(d, f) == name);
+                        (np || tier).then(|| map_spec(name, f))
+                    })
                 });
                 if let Some(spec) = map {
                     spec
@@ -90,6 +128,11 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                         rebuild = true;
                         continue;
                     };
+                    if let Some((tier, d, p)) = ClusterTier::parse_chain(chain) {
+                        let known = held.tiers[tier.index()].profiles[d.index()].contains_key(p);
+                        rebuild |= !known || !set.matches(&tier_box_spec(name, family));
+                        continue;
+                    }
                     let known = Direction::parse_chain(chain)
                         .is_some_and(|(d, p)| held.profiles[d.index()].contains_key(p));
                     rebuild |= !known || !set.matches(&box_spec(name, family));
@@ -100,7 +143,7 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
         fixed += 1;
         rebuild |= !set.matches(&spec);
     }
-    rebuild |= fixed != 6;
+    rebuild |= fixed != 14;
 
     // The addresses of every peer set, from both of its sets; every peer rule's set
     // must be there.
@@ -157,46 +200,126 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
         }
     }
 
-    // The pods, from the maps: each must jump to a profile of its direction.
-    for direction in DIRECTIONS {
-        let i = direction.index();
-        for family in FAMILIES {
-            let map = direction.map(family);
-            if !sets.iter().any(|s| s.name == map) {
-                continue;
-            }
-            for e in nl.elements(NFPROTO_INET, TABLE, &map)? {
-                let ip = addr_of(&e.key).filter(|ip| Family::of(*ip) == family);
-                let profile = match &e.verdict {
-                    Some((VERDICT_JUMP, Some(chain))) => Direction::parse_chain(chain)
-                        .filter(|(d, p)| *d == direction && held.profiles[i].contains_key(*p))
-                        .map(|(_, p)| p.to_owned()),
-                    _ => None,
-                };
-                match (ip, profile) {
-                    (Some(ip), Some(profile)) => {
-                        held.pods[i].insert(ip, profile);
+    // The boxes of every tier profile, from both of its maps: each goes to a verdict
+    // chain that is there, and fits the tier and direction.
+    for tier in CLUSTER_TIERS {
+        for direction in DIRECTIONS {
+            let i = direction.index();
+            let names: Vec<String> = held.tiers[tier.index()].profiles[i]
+                .keys()
+                .cloned()
+                .collect();
+            for name in names {
+                let mut boxes = BTreeSet::new();
+                for family in FAMILIES {
+                    let set = tier.set(direction, &name, family);
+                    if !sets.iter().any(|s| s.name == set) {
+                        rebuild = true;
+                        continue;
                     }
-                    _ => rebuild = true,
+                    for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
+                        let fits = |b: &TierBox| match held.verdicts.get(&b.chain) {
+                            None => false,
+                            Some((VerdictAction::ToNetworkPolicy(d), _)) => {
+                                tier == ClusterTier::Admin && *d == direction
+                            }
+                            Some(_) => true,
+                        };
+                        match decode_tier_box(&e, family).filter(fits) {
+                            Some(b) => {
+                                boxes.insert(b);
+                            }
+                            None => rebuild = true,
+                        }
+                    }
+                }
+                if let Some(profile) = held.tiers[tier.index()].profiles[i].get_mut(&name) {
+                    *profile = boxes;
                 }
             }
         }
     }
-    Ok(View::Held { held, rebuild })
+
+    // The pods, from the maps: each must go to a profile of its map's tier and
+    // direction.
+    for tier in [None, Some(ClusterTier::Admin), Some(ClusterTier::Baseline)] {
+        for direction in DIRECTIONS {
+            let i = direction.index();
+            for family in FAMILIES {
+                let map = match tier {
+                    None => direction.map(family),
+                    Some(t) => t.map(direction, family),
+                };
+                if !sets.iter().any(|s| s.name == map) {
+                    continue;
+                }
+                for e in nl.elements(NFPROTO_INET, TABLE, &map)? {
+                    let ip = addr_of(&e.key).filter(|ip| Family::of(*ip) == family);
+                    let chain = match &e.verdict {
+                        Some((VERDICT_GOTO, Some(chain))) => Some(chain.as_str()),
+                        _ => None,
+                    };
+                    let profile = chain.and_then(|chain| match tier {
+                        None => Direction::parse_chain(chain)
+                            .filter(|(d, p)| *d == direction && held.profiles[i].contains_key(*p))
+                            .map(|(_, p)| p.to_owned()),
+                        Some(t) => ClusterTier::parse_chain(chain)
+                            .filter(|(ct, d, p)| {
+                                *ct == t
+                                    && *d == direction
+                                    && held.tiers[t.index()].profiles[i].contains_key(*p)
+                            })
+                            .map(|(_, _, p)| p.to_owned()),
+                    });
+                    match (ip, profile, tier) {
+                        (Some(ip), Some(profile), None) => {
+                            held.pods[i].insert(ip, profile);
+                        }
+                        (Some(ip), Some(profile), Some(t)) => {
+                            held.tiers[t.index()].pods[i].insert(ip, profile);
+                        }
+                        _ => rebuild = true,
+                    }
+                }
+            }
+        }
+    }
+    Ok(View::Held {
+        held: Box::new(held),
+        rebuild,
+    })
 }
 
-/// The peer rules of a profile chain whose rules are `have`, if they are exactly
-/// what [`profile_rules`] makes of them (sorted, without repeats).
+/// The peer rules and verdict chains of a profile chain whose rules are `have`, if
+/// they are exactly what [`profile_rules`] makes of them (peer rules sorted, without
+/// repeats).
 pub(super) fn decode_profile_rules(
     direction: Direction,
     profile: &str,
     have: &[&Vec<Expr>],
-) -> Option<Vec<PeerRule>> {
-    let own = own_set_rules(direction, profile);
+) -> Option<(Vec<PeerRule>, Option<ProfileVerdicts>)> {
+    let goto_of = |rule: &Vec<Expr>| match rule.last() {
+        Some(Expr::Immediate {
+            data:
+                crate::nfnetlink::Data::Verdict {
+                    code: VERDICT_GOTO,
+                    chain: Some(chain),
+                },
+            ..
+        }) => Some(chain.clone()),
+        _ => None,
+    };
+    // The verdict chains, from the first rule (allowed) and the last (the rest).
+    let verdicts = match (goto_of(have.first()?), goto_of(have.last()?)) {
+        (Some(allow), Some(deny)) => Some(ProfileVerdicts { allow, deny }),
+        _ => None,
+    };
+    let allowed = allowed_verdict(direction, verdicts.as_ref());
+    let own = own_set_rules(direction, profile, &allowed);
     let (first, rest) = have.split_at_checked(own.len())?;
     let (last, middle) = rest.split_last()?;
     if !first.iter().zip(&own).all(|(h, w)| *h == w)
-        || **last != vec![verdict(VERDICT_DROP, None)]
+        || **last != vec![denied_verdict(verdicts.as_ref())]
         || middle.len() % FAMILIES.len() != 0
     {
         return None;
@@ -206,14 +329,14 @@ pub(super) fn decode_profile_rules(
         let mut decoded = pair
             .iter()
             .zip(FAMILIES)
-            .map(|(rule, family)| decode_peer_rule(direction, family, rule));
+            .map(|(rule, family)| decode_peer_rule(direction, family, rule, &allowed));
         let first = decoded.next()??;
         if !decoded.all(|d| d.as_ref() == Some(&first)) {
             return None;
         }
         peers.push(first);
     }
-    (sorted_peers(&peers) == peers).then_some(peers)
+    (sorted_peers(&peers) == peers).then_some((peers, verdicts))
 }
 
 /// The addresses in the pending sets, with the pods they were added for (none when

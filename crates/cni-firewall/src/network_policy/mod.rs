@@ -1,13 +1,18 @@
-//! NetworkPolicy's datapath on a node whose pods sit on a Linux bridge: the
-//! nftables table `inet cni_node_policy` that allows or drops pods' traffic as the
-//! node agent computed it, and the "pending" sets that hold a new pod's traffic until
-//! the agent has judged it.
+//! Policy's datapath on a node whose pods sit on a Linux bridge: the nftables table
+//! `inet cni_node_policy` that judges pods' traffic tier by tier as the node agent
+//! computed it (ClusterNetworkPolicy's Admin tier, NetworkPolicy, ClusterNetworkPolicy's
+//! Baseline tier, then allow), counting every decision in a *verdict chain* of its
+//! own, and the "pending" sets that hold a new pod's traffic until the agent has
+//! judged it.
 //!
 //! The agent computes the desired state as plain data ([`PolicyState`]): which
-//! local pod address is judged by which ingress and egress *profile*, and what
-//! each profile allows: its own disjoint boxes of (peer address range, IP protocol
-//! range, destination port range), and rules over *peer sets* that profiles share
-//! (the addresses of a peer that many profiles allow, held once).
+//! local pod address is judged by which ingress and egress *profile* of each tier;
+//! what each NetworkPolicy profile allows (its own disjoint boxes of (peer address
+//! range, IP protocol range, destination port range), and rules over *peer sets* that
+//! profiles share: the addresses of a peer that many profiles allow, held once); what
+//! each Admin or Baseline profile decides (disjoint boxes, each going to a verdict
+//! chain); and the verdict chains ([`VerdictAction`]: accept, drop, or on to
+//! NetworkPolicy), named by the caller for what decided there.
 //! [`PolicyTable`] makes the kernel hold that state: it
 //! keeps what it committed in memory and sends only the differences, in one
 //! nf_tables transaction, over netlink (a profile's set of many elements that loses
@@ -15,65 +20,115 @@
 //! it); it lists the table only in
 //! [`PolicyTable::load`] (at start, to adopt a table a previous run left, and at a
 //! periodic resync, to notice hand edits), never on the event path.
+//! [`read_verdict_counters`] reads the verdict chains' counters on its own.
 //!
 //! # The table
 //!
 //! Its rules do not grow with pods; pods, boxes and peers' addresses are set
-//! elements, and a profile's chain has a rule per peer set it uses:
+//! elements, and a NetworkPolicy profile's chain has a rule per peer set it uses. Each
+//! direction is judged in one chain of `goto`s, so that whatever decides ends the
+//! direction's judgement: `return` (allowed: back in the base chain, which goes on to
+//! the other direction) or `drop`:
 //!
 //! ```text
 //! table inet cni_node_policy {
-//!     map ingress4 { type ipv4_addr : verdict }      # pod -> jump ingress-<profile>
-//!     map ingress6, egress4, egress6 ...             # likewise
-//!     set pending4 { type ipv4_addr }                # new pods not judged yet
+//!     map admin-ingress4 { type ipv4_addr : verdict }  # pod -> goto admin-ingress-<p>
+//!     map admin-ingress6, admin-egress4, admin-egress6 ...
+//!     map ingress4 { type ipv4_addr : verdict }        # pod -> goto ingress-<profile>
+//!     map ingress6, egress4, egress6 ...               # NetworkPolicy's
+//!     map baseline-ingress4 ... baseline-egress6       # pod -> goto baseline-...-<p>
+//!     set pending4 { type ipv4_addr }                  # new pods not judged yet
 //!     set pending6 { type ipv6_addr }
-//!     set ingress-<profile>-v4 {                     # one pair per profile
+//!     set ingress-<profile>-v4 {                       # one pair per NP profile
 //!         type ipv4_addr . inet_proto . inet_service
-//!         flags interval                             # concatenated ranges (pipapo)
+//!         flags interval                               # concatenated ranges (pipapo)
 //!     }
-//!     set peer-<peer>-v4 { type ipv4_addr }          # one pair per shared peer
+//!     set peer-<peer>-v4 { type ipv4_addr }            # one pair per shared peer
 //!     set peer-<peer>-v6 { type ipv6_addr }
-//!     chain ingress-<profile> {
-//!         ip saddr . meta l4proto . th dport @ingress-<profile>-v4 accept
-//!         ip6 saddr . meta l4proto . th dport @ingress-<profile>-v6 accept
-//!         ip saddr @peer-<peer>-v4 tcp dport 8080 accept   # per peer rule, per family
-//!         ip6 saddr @peer-<peer>-v6 tcp dport 8080 accept
-//!         drop
-//!     }
-//!     chain egress-<profile> {                       # `return` instead of accept
-//!         ip daddr . meta l4proto . th dport @egress-<profile>-v4 return
-//!         ip6 daddr . meta l4proto . th dport @egress-<profile>-v6 return
-//!         drop
+//!     map admin-egress-<p>-v4 {                        # one pair per tier profile
+//!         type ipv4_addr . inet_proto . inet_service : verdict
+//!         flags interval                               # box -> goto v-<origin>
 //!     }
 //!     chain forward {
 //!         type filter hook forward priority filter; policy accept;
 //!         ct direction reply accept
 //!         ct state related accept
-//!         icmpv6 type 133-137 accept                 # router and neighbour discovery
+//!         icmpv6 type 133-137 accept                   # router and neighbour discovery
 //!         ip saddr @pending4 drop
 //!         ip daddr @pending4 drop
 //!         ip6 saddr @pending6 drop
 //!         ip6 daddr @pending6 drop
-//!         ip saddr vmap @egress4                     # returns when allowed, drops if not
-//!         ip6 saddr vmap @egress6
-//!         ip daddr vmap @ingress4                    # accepts when allowed, drops if not
-//!         ip6 daddr vmap @ingress6
+//!         jump judge-egress                            # the source's egress, then
+//!         jump judge-ingress                           # the destination's ingress
 //!     }
-//!     chain input {                                  # pods to the node's own addresses
+//!     chain input {                                    # pods to the node's own addresses
 //!         type filter hook input priority filter; policy accept;
-//!         (the reply, related, ICMPv6 and source pending rules, and the egress maps)
+//!         (the reply, related, ICMPv6 and source pending rules)
+//!         jump judge-egress
 //!     }
+//!     chain judge-egress {                             # the Admin tier
+//!         ip saddr vmap @admin-egress4
+//!         ip6 saddr vmap @admin-egress6
+//!         goto np-egress                               # no Admin profile
+//!     }
+//!     chain np-egress {                                # NetworkPolicy
+//!         ip saddr vmap @egress4
+//!         ip6 saddr vmap @egress6
+//!         goto baseline-egress                         # not isolated
+//!     }
+//!     chain baseline-egress {                          # the Baseline tier
+//!         ip saddr vmap @baseline-egress4
+//!         ip6 saddr vmap @baseline-egress6
+//!     }                                                # (its end: allowed)
+//!     chain admin-egress-<p> {                         # ONE lookup per family
+//!         ip daddr . meta l4proto . th dport vmap @admin-egress-<p>-v4
+//!         ip6 daddr . meta l4proto . th dport vmap @admin-egress-<p>-v6
+//!         goto np-egress                               # no box: no word
+//!     }
+//!     chain baseline-egress-<p> {                      # likewise, and at its end the
+//!         (the two lookups)                            # direction is allowed
+//!     }
+//!     chain egress-<profile> {                         # NetworkPolicy's profile
+//!         ip daddr . meta l4proto . th dport @egress-<profile>-v4 goto v-<allow>
+//!         ip6 daddr . meta l4proto . th dport @egress-<profile>-v6 goto v-<allow>
+//!         ip daddr @peer-<peer>-v4 tcp dport 8080 goto v-<allow>   # per peer rule
+//!         ip6 daddr @peer-<peer>-v6 tcp dport 8080 goto v-<allow>
+//!         goto v-<default-deny>
+//!     }
+//!     chain v-<origin> {                               # one per verdict origin
+//!         ct state new counter packets 0 bytes 0
+//!         ct state new limit rate 10/second log prefix "v-<origin>" group 1  # drops,
+//!         drop                          # deny log on; else `return` or `goto np-...`
+//!     }
+//!     (ingress mirrors egress: daddr for the pod, saddr for the peer)
 //! }
 //! ```
 //!
+//! So each direction costs one hash lookup per tier (a miss for a pod the tier has no
+//! word for) and, for a pod with a profile in a tier, one pipapo lookup there. The
+//! Admin tier decides first: its accept ends the direction's judgement (the source's
+//! egress accepted, the destination's ingress is still judged: `return` to the base
+//! chain, which jumps to the ingress side next), its drop drops, its pass goes on to
+//! NetworkPolicy. NetworkPolicy's map sends a pod it isolates to its profile, which
+//! decides alone: the Baseline tier never judges a direction NetworkPolicy isolates.
+//! A pod it does not isolate goes on to the Baseline tier, whose pass is an allow
+//! (nothing comes after it). A NetworkPolicy profile without verdict chains
+//! ([`Profile::verdicts`] `None`) accepts (ingress) or returns (egress) and drops
+//! right in its chain.
+//!
+//! Every verdict goes through a verdict chain named by the caller (`v-` and a hash of
+//! what decided, for `/metrics` and the deny log to name): it counts the packets that
+//! open connections (`ct state new counter`), logs them to nflog when it drops and
+//! [`PolicyState::deny_log`] is set, and acts.
+//!
 //! Traffic between two pods of the node passes the forward hook once, so the
-//! source's egress profile and the destination's ingress profile both judge it. A
+//! source's egress and the destination's ingress both judge it. A
 //! pod's traffic to its own address never leaves it and is not judged; to itself
 //! through a Service address (kube-proxy's DNAT on the node) it passes the forward
 //! hook with the pod's address as source and destination, on the port after DNAT,
-//! and both its profiles judge it (conntrack's original destination is not looked
+//! and both its sides judge it (conntrack's original destination is not looked
 //! at). A
-//! pod's traffic to the node itself is judged by its egress profile alone (input);
+//! pod's traffic to the node itself is judged by its egress alone (input);
 //! the node's own traffic to its pods (output) is not judged at all, on purpose:
 //! kubelet's probes must reach pods that deny everything. Bridged traffic reaches
 //! these hooks only with `br_netfilter`'s switches on ([`enable_bridge_netfilter`]).
@@ -89,10 +144,11 @@
 //! an established connection. A change that denies a flow therefore cuts its
 //! established connections at once, and a change that still allows it never breaks
 //! it: no conntrack sweep is needed, and none is made. The cost per
-//! original-direction packet is four hash lookups (the pending set twice, the two
-//! maps), one pipapo lookup per profile that judges it (at most two), whatever the
-//! numbers of pods and policies, and, when the profile's own set does not allow the
-//! packet, a hash lookup per peer rule of the profile up to the one that does: the
+//! original-direction packet is eight hash lookups (the pending set twice, the three
+//! tiers' maps per direction), one pipapo lookup per profile that judges it (at most
+//! one per tier and direction), whatever the numbers of pods and policies, and, when
+//! a NetworkPolicy profile's own set does not allow the packet, a hash lookup per peer
+//! rule of the profile up to the one that does: the
 //! caller decides which peers are worth a shared set (big ones, which would
 //! otherwise be copied into many profiles) and which go into the profiles' own sets.
 //!
@@ -131,11 +187,12 @@
 //!
 //! # Where things are
 //!
-//! This file holds the state's types, the table's layout (its names, families and
-//! directions) and [`PolicyTable`] itself; `rules` the rules as expressions (and a
-//! peer rule decoded back), `elements` the sets and their elements, `validate` the
-//! checks of a desired state and its normal form, `transaction` the difference as one
-//! transaction, `load` the decoding of the table read back.
+//! This file holds the state's types, the table's layout (its names, families,
+//! directions and tiers) and [`PolicyTable`] itself; `rules` the rules as expressions
+//! (and a peer rule and a verdict chain decoded back), `elements` the sets and their
+//! elements, `validate` the checks of a desired state and its normal form,
+//! `transaction` the difference as one transaction, `load` the decoding of the table
+//! read back, `counters` the verdict chains' counters read on their own.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -148,10 +205,12 @@ use crate::nfnetlink::{
     BASE_NETWORK, BASE_TRANSPORT, BYTEORDER_BIG_ENDIAN, Batch, CMP_EQ, CMP_NEQ, ChainHook, Element,
     Expr, Hook, META_L4PROTO, META_NFPROTO, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, Nfnl,
     POLICY_ACCEPT, REG_1, REG_2, SetSpec, TYPE_INET_PROTO, TYPE_INET_SERVICE, TYPE_IP6ADDR,
-    TYPE_IPADDR, VERDICT_DROP, VERDICT_JUMP, VERDICT_RETURN, is_not_found, is_restart,
+    TYPE_IPADDR, VERDICT_DROP, VERDICT_GOTO, VERDICT_JUMP, VERDICT_RETURN, is_not_found,
+    is_restart,
 };
 use crate::nft_build::{addr_bytes, verdict};
 
+mod counters;
 mod elements;
 mod load;
 mod rules;
@@ -160,6 +219,7 @@ mod tests;
 mod transaction;
 mod validate;
 
+pub use counters::read_verdict_counters;
 use elements::*;
 use load::*;
 use rules::*;
@@ -194,8 +254,9 @@ const CT_STATE: u32 = 0;
 const CT_DIRECTION: u32 = 1;
 /// `IP_CT_DIR_REPLY`.
 const CT_DIR_REPLY: u8 = 1;
-/// `NF_CT_STATE_BIT(IP_CT_RELATED)`, a host-order word.
+/// `NF_CT_STATE_BIT(IP_CT_RELATED)` and `(IP_CT_NEW)`, host-order words.
 const CT_STATE_RELATED: u32 = 4;
+const CT_STATE_NEW: u32 = 8;
 /// `NFT_BYTEORDER_HTON`.
 const BYTEORDER_HTON: u32 = 1;
 /// The 4-byte registers after register 1's first word (`NFT_REG32_01`, `_02`), and
@@ -306,6 +367,92 @@ pub struct Profile {
     /// Rules over shared peer sets ([`PolicyState::peer_sets`]), in any order; one
     /// rule per family each in the profile's chain, after the lookup of its own set.
     pub peers: Vec<PeerRule>,
+    /// The verdict chains its allowed and its dropped traffic go through (to be
+    /// counted, and logged when dropped); `None`: allowed traffic is let through and
+    /// the rest dropped right in the profile's chain, uncounted.
+    pub verdicts: Option<ProfileVerdicts>,
+}
+
+/// A NetworkPolicy profile's verdict chains ([`PolicyState::verdict_chains`]).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProfileVerdicts {
+    /// Where allowed traffic goes: a chain whose action is [`VerdictAction::Accept`].
+    pub allow: String,
+    /// Where the rest goes: a chain whose action is [`VerdictAction::Drop`].
+    pub deny: String,
+}
+
+/// What a verdict chain does with a packet once it has counted it (if the packet
+/// opens a connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum VerdictAction {
+    /// Allowed in this direction: the direction's judgement ends (`return`), and the
+    /// other direction is still judged (the destination's ingress, after the
+    /// source's egress).
+    Accept,
+    /// Dropped (after the deny log's line, when [`PolicyState::deny_log`] is set).
+    Drop,
+    /// On to the NetworkPolicy tier of the same direction (`goto np-<direction>`):
+    /// the Admin tier's `Pass`. Only Admin boxes of that direction may use it.
+    ToNetworkPolicy(Direction),
+}
+
+/// The deny log: every chain whose action is [`VerdictAction::Drop`] sends the first
+/// packet of each connection it drops to nflog group `group`, at most `per_second`
+/// packets a second per chain (nft's `limit`, burst 5), with the chain's name as the
+/// log prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DenyLog {
+    /// The nflog group.
+    pub group: u16,
+    /// At most this many lines a second per chain (at least 1).
+    pub per_second: u32,
+}
+
+/// One box of a ClusterNetworkPolicy tier's verdict map: traffic with a peer in
+/// `peers` (addresses, protocols, destination ports, as in [`Allow`]) goes to the
+/// verdict chain `chain`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TierBox {
+    /// The peers, protocols and ports.
+    pub peers: Allow,
+    /// The verdict chain ([`PolicyState::verdict_chains`]).
+    pub chain: String,
+}
+
+/// A profile of a ClusterNetworkPolicy tier: its boxes, pairwise disjoint (per
+/// family), in any order. Where no box lies the tier has no word: the next tier
+/// judges.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierProfile {
+    /// The boxes.
+    pub boxes: Vec<TierBox>,
+}
+
+/// What one ClusterNetworkPolicy tier (Admin or Baseline) holds: which local pod
+/// address each of its profiles judges, per direction, and the profiles. A pod with no
+/// entry costs one hash miss per direction.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierState {
+    /// Local pod address -> its ingress profile.
+    pub ingress: BTreeMap<IpAddr, String>,
+    /// Local pod address -> its egress profile.
+    pub egress: BTreeMap<IpAddr, String>,
+    /// Ingress profiles by name (named as [`PolicyState::ingress_profiles`]); their
+    /// boxes hold SOURCES.
+    pub ingress_profiles: BTreeMap<String, TierProfile>,
+    /// Egress profiles by name; their boxes hold DESTINATIONS.
+    pub egress_profiles: BTreeMap<String, TierProfile>,
+}
+
+impl TierState {
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ingress.is_empty()
+            && self.egress.is_empty()
+            && self.ingress_profiles.is_empty()
+            && self.egress_profiles.is_empty()
+    }
 }
 
 /// Traffic allowed from (ingress) or to (egress) the addresses of a shared peer set:
@@ -364,6 +511,18 @@ pub struct PolicyState {
     /// once, so that a pod coming or going changes one element of each set it is in,
     /// not one element of every profile.
     pub peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
+    /// ClusterNetworkPolicy's Admin tier, judged before NetworkPolicy.
+    pub admin: TierState,
+    /// ClusterNetworkPolicy's Baseline tier, judged after NetworkPolicy for the pods
+    /// NetworkPolicy does not isolate in that direction.
+    pub baseline: TierState,
+    /// The verdict chains, by name: `v-` and 1 to [`PROFILE_NAME_MAX`] characters of
+    /// `[a-z0-9]` (the caller names them for what decided there). Each counts the
+    /// connections it sees (`ct state new counter`, read by
+    /// [`read_verdict_counters`]), then does its action.
+    pub verdict_chains: BTreeMap<String, VerdictAction>,
+    /// The deny log, if on.
+    pub deny_log: Option<DenyLog>,
 }
 
 /// What one [`PolicyTable::apply`] changed (all zero: nothing was sent).
@@ -398,6 +557,26 @@ pub struct Changes {
     pub pods_added: usize,
     /// Map elements removed.
     pub pods_removed: usize,
+    /// Verdict chains added.
+    pub verdict_chains_added: usize,
+    /// Verdict chains removed.
+    pub verdict_chains_removed: usize,
+    /// Verdict chains written again (their action or the deny log changed).
+    pub verdict_chains_changed: usize,
+    /// ClusterNetworkPolicy tier profiles (chain and maps) added.
+    pub tier_profiles_added: usize,
+    /// Tier profiles removed.
+    pub tier_profiles_removed: usize,
+    /// Tier profiles whose boxes changed.
+    pub tier_profiles_changed: usize,
+    /// Tier boxes (map elements) added, also of added profiles.
+    pub tier_boxes_added: usize,
+    /// Tier boxes removed from profiles that stay.
+    pub tier_boxes_removed: usize,
+    /// Tier pod map elements added (both tiers).
+    pub tier_pods_added: usize,
+    /// Tier pod map elements removed.
+    pub tier_pods_removed: usize,
     /// Addresses taken out of the pending sets (by a diff: all those asked for,
     /// whether or not they were there; by a table made from scratch: those that
     /// were).
@@ -432,7 +611,7 @@ enum View {
     Absent,
     /// The table with this content; `rebuild`: its fixed part or its objects are
     /// not what this module makes, so the next apply makes it again from scratch.
-    Held { held: Held, rebuild: bool },
+    Held { held: Box<Held>, rebuild: bool },
 }
 
 /// The table's content: per direction, the pods' profiles and the profiles; the
@@ -442,14 +621,109 @@ struct Held {
     pods: [BTreeMap<IpAddr, String>; 2],
     profiles: [BTreeMap<String, HeldProfile>; 2],
     peer_sets: BTreeMap<String, BTreeSet<IpAddr>>,
+    /// The Admin and Baseline tiers ([`ClusterTier::index`]).
+    tiers: [HeldTier; 2],
+    /// Verdict chains: their action, and the deny log they hold (only a drop's).
+    verdicts: BTreeMap<String, HeldVerdict>,
 }
 
-/// A profile as the table holds it: its own boxes, and its peer rules sorted and
-/// without repeats (the order of its chain).
+/// A verdict chain as the table holds it.
+type HeldVerdict = (VerdictAction, Option<DenyLog>);
+
+/// A profile as the table holds it: its own boxes, its peer rules sorted and
+/// without repeats (the order of its chain), and its verdict chains.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct HeldProfile {
     boxes: BTreeSet<Allow>,
     peers: Vec<PeerRule>,
+    verdicts: Option<ProfileVerdicts>,
+}
+
+/// A ClusterNetworkPolicy tier as the table holds it: per direction, the pods'
+/// profiles and the profiles' boxes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct HeldTier {
+    pods: [BTreeMap<IpAddr, String>; 2],
+    profiles: [BTreeMap<String, BTreeSet<TierBox>>; 2],
+}
+
+/// The two ClusterNetworkPolicy tiers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClusterTier {
+    Admin,
+    Baseline,
+}
+
+const CLUSTER_TIERS: [ClusterTier; 2] = [ClusterTier::Admin, ClusterTier::Baseline];
+
+impl ClusterTier {
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            ClusterTier::Admin => "admin",
+            ClusterTier::Baseline => "baseline",
+        }
+    }
+
+    /// The pods' map of a direction and family: `admin-egress4`.
+    fn map(self, direction: Direction, family: Family) -> String {
+        format!("{}-{}{}", self.name(), direction.name(), family.digit())
+    }
+
+    /// A profile's chain: `admin-egress-<profile>`.
+    fn chain(self, direction: Direction, profile: &str) -> String {
+        format!("{}-{}-{profile}", self.name(), direction.name())
+    }
+
+    /// A profile's verdict map of one family: `admin-egress-<profile>-v4`.
+    fn set(self, direction: Direction, profile: &str, family: Family) -> String {
+        format!(
+            "{}-{}-{profile}-v{}",
+            self.name(),
+            direction.name(),
+            family.digit()
+        )
+    }
+
+    /// The tier, direction and profile of a tier profile chain's name.
+    fn parse_chain(name: &str) -> Option<(ClusterTier, Direction, &str)> {
+        CLUSTER_TIERS.into_iter().find_map(|tier| {
+            let rest = name.strip_prefix(tier.name())?.strip_prefix('-')?;
+            let (direction, profile) = Direction::parse_chain(rest)?;
+            Some((tier, direction, profile))
+        })
+    }
+
+    fn of(self, state: &PolicyState) -> &TierState {
+        match self {
+            ClusterTier::Admin => &state.admin,
+            ClusterTier::Baseline => &state.baseline,
+        }
+    }
+}
+
+/// The fixed chains between the base chains and the profiles, per direction: the
+/// entry (`judge-<direction>`: the Admin map), NetworkPolicy's (`np-<direction>`) and
+/// the Baseline tier's (`baseline-<direction>`). Their names are no profile chain's
+/// (those start with the direction or a tier and the direction).
+fn judge_chain(direction: Direction) -> String {
+    format!("judge-{}", direction.name())
+}
+
+fn np_chain(direction: Direction) -> String {
+    format!("np-{}", direction.name())
+}
+
+fn baseline_chain(direction: Direction) -> String {
+    format!("baseline-{}", direction.name())
+}
+
+/// Whether `name` is a verdict chain's: `v-` and a valid name.
+fn valid_verdict_chain(name: &str) -> bool {
+    name.strip_prefix("v-").is_some_and(valid_name)
 }
 
 /// A profile's peer rules in chain order.
@@ -525,9 +799,12 @@ enum Field {
     Daddr,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Direction {
+/// A direction of traffic, seen from the local pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    /// To the pod.
     Ingress,
+    /// From the pod.
     Egress,
 }
 
@@ -685,7 +962,7 @@ impl PolicyTable {
                 match self.create(&held, resolve) {
                     Ok(changes) => {
                         self.view = View::Held {
-                            held,
+                            held: Box::new(held),
                             rebuild: false,
                         };
                         return Ok(changes);
@@ -742,6 +1019,76 @@ impl PolicyTable {
             target: target(),
             detail: "the rule set kept changing while the table was being made".into(),
             errno: None,
+        })
+    }
+
+    /// What the kernel holds, as far as this process knows (after [`PolicyTable::load`]
+    /// or an apply), as a state: the tier that a caller cannot judge now (its view is
+    /// not complete) is kept as it is by applying this part of it again. `None` when
+    /// unknown, or when the table is not laid out as this module makes it (the next
+    /// apply makes it again whole).
+    pub fn held_state(&self) -> Option<PolicyState> {
+        let View::Held {
+            held,
+            rebuild: false,
+        } = &self.view
+        else {
+            return match self.view {
+                View::Absent => Some(PolicyState::default()),
+                _ => None,
+            };
+        };
+        let profiles = |d: Direction| -> BTreeMap<String, Profile> {
+            held.profiles[d.index()]
+                .iter()
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        Profile {
+                            allow: p.boxes.iter().cloned().collect(),
+                            peers: p.peers.clone(),
+                            verdicts: p.verdicts.clone(),
+                        },
+                    )
+                })
+                .collect()
+        };
+        let tier = |t: ClusterTier| -> TierState {
+            let h = &held.tiers[t.index()];
+            let profiles = |d: Direction| -> BTreeMap<String, TierProfile> {
+                h.profiles[d.index()]
+                    .iter()
+                    .map(|(name, boxes)| {
+                        (
+                            name.clone(),
+                            TierProfile {
+                                boxes: boxes.iter().cloned().collect(),
+                            },
+                        )
+                    })
+                    .collect()
+            };
+            TierState {
+                ingress: h.pods[Direction::Ingress.index()].clone(),
+                egress: h.pods[Direction::Egress.index()].clone(),
+                ingress_profiles: profiles(Direction::Ingress),
+                egress_profiles: profiles(Direction::Egress),
+            }
+        };
+        Some(PolicyState {
+            ingress: held.pods[Direction::Ingress.index()].clone(),
+            egress: held.pods[Direction::Egress.index()].clone(),
+            ingress_profiles: profiles(Direction::Ingress),
+            egress_profiles: profiles(Direction::Egress),
+            peer_sets: held.peer_sets.clone(),
+            admin: tier(ClusterTier::Admin),
+            baseline: tier(ClusterTier::Baseline),
+            verdict_chains: held
+                .verdicts
+                .iter()
+                .map(|(name, (action, _))| (name.clone(), *action))
+                .collect(),
+            deny_log: held.verdicts.values().find_map(|(_, log)| *log),
         })
     }
 

@@ -1,6 +1,8 @@
 //! The table's rules as nf_tables expressions: the pieces they are made of, the base
-//! chains' fixed rules, a profile chain's rules (its own sets, one rule per shared peer
-//! set), and the decoding of a peer rule read back from the kernel.
+//! chains' and the tiers' fixed chains' rules, a NetworkPolicy profile chain's rules
+//! (its own sets, one rule per shared peer set), a tier profile chain's (one verdict
+//! map lookup per family), a verdict chain's (count, log, act), and the decoding of a
+//! peer rule read back from the kernel.
 
 use super::*;
 
@@ -151,39 +153,237 @@ pub(super) fn base_rules(base: Base) -> Vec<Vec<Expr>> {
             ));
         }
     }
-    let mut directions = vec![Direction::Egress];
+    rules.push(vec![verdict(
+        VERDICT_JUMP,
+        Some(&judge_chain(Direction::Egress)),
+    )]);
     if base == Base::Forward {
-        directions.push(Direction::Ingress);
-    }
-    for direction in directions {
-        for family in FAMILIES {
-            rules.push(addr_lookup(
-                family,
-                direction.pod(),
-                &direction.map(family),
-                None,
-            ));
-        }
+        rules.push(vec![verdict(
+            VERDICT_JUMP,
+            Some(&judge_chain(Direction::Ingress)),
+        )]);
     }
     rules
 }
 
+/// The fixed chains between the base chains and the profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fixed {
+    /// `judge-<direction>`: the Admin tier's map, then NetworkPolicy.
+    Judge(Direction),
+    /// `np-<direction>`: NetworkPolicy's map, then the Baseline tier.
+    NetworkPolicy(Direction),
+    /// `baseline-<direction>`: the Baseline tier's map, then the end of the
+    /// direction's judgement (allowed).
+    Baseline(Direction),
+}
+
+impl Fixed {
+    pub(super) fn all() -> [Fixed; 6] {
+        use Direction::{Egress, Ingress};
+        [
+            Fixed::Baseline(Egress),
+            Fixed::Baseline(Ingress),
+            Fixed::NetworkPolicy(Egress),
+            Fixed::NetworkPolicy(Ingress),
+            Fixed::Judge(Egress),
+            Fixed::Judge(Ingress),
+        ]
+    }
+
+    pub(super) fn name(self) -> String {
+        match self {
+            Fixed::Judge(d) => judge_chain(d),
+            Fixed::NetworkPolicy(d) => np_chain(d),
+            Fixed::Baseline(d) => baseline_chain(d),
+        }
+    }
+
+    /// Its rules: per family the pod's address looked up in the tier's map (a `goto`
+    /// to the pod's profile chain), then a `goto` to the next tier (none after
+    /// Baseline: the chain's end returns, the direction allowed).
+    pub(super) fn rules(self) -> Vec<Vec<Expr>> {
+        let (direction, map, next): (Direction, &dyn Fn(Family) -> String, Option<String>) =
+            match self {
+                Fixed::Judge(d) => (d, &move |f| ClusterTier::Admin.map(d, f), Some(np_chain(d))),
+                Fixed::NetworkPolicy(d) => (d, &move |f| d.map(f), Some(baseline_chain(d))),
+                Fixed::Baseline(d) => (d, &move |f| ClusterTier::Baseline.map(d, f), None),
+            };
+        let mut rules: Vec<Vec<Expr>> = FAMILIES
+            .into_iter()
+            .map(|family| addr_lookup(family, direction.pod(), &map(family), None))
+            .collect();
+        if let Some(next) = next {
+            rules.push(vec![verdict(VERDICT_GOTO, Some(&next))]);
+        }
+        rules
+    }
+}
+
+/// Where a NetworkPolicy profile sends allowed traffic: its allow verdict chain, or
+/// straight on (ingress accepts, egress returns).
+pub(super) fn allowed_verdict(direction: Direction, verdicts: Option<&ProfileVerdicts>) -> Expr {
+    match verdicts {
+        Some(v) => verdict(VERDICT_GOTO, Some(&v.allow)),
+        None => verdict(direction.allowed(), None),
+    }
+}
+
+/// Where a NetworkPolicy profile sends the rest: its deny verdict chain, or `drop`.
+pub(super) fn denied_verdict(verdicts: Option<&ProfileVerdicts>) -> Expr {
+    match verdicts {
+        Some(v) => verdict(VERDICT_GOTO, Some(&v.deny)),
+        None => verdict(VERDICT_DROP, None),
+    }
+}
+
 /// A profile chain's rules: per family, `<peer> . meta l4proto . th dport @set`
-/// with the direction's verdict; the peer rules (`peers`, in chain order), each per
-/// family; then `drop`.
+/// with the allowed verdict; the peer rules (`peers`, in chain order), each per
+/// family; then the denied verdict.
 pub(super) fn profile_rules(
     direction: Direction,
     profile: &str,
     peers: &[PeerRule],
+    verdicts: Option<&ProfileVerdicts>,
 ) -> Vec<Vec<Expr>> {
-    let mut rules = own_set_rules(direction, profile);
+    let allowed = allowed_verdict(direction, verdicts);
+    let mut rules = own_set_rules(direction, profile, &allowed);
     for rule in peers {
         for family in FAMILIES {
-            rules.push(peer_rule(direction, family, rule));
+            rules.push(peer_rule(direction, family, rule, &allowed));
         }
     }
-    rules.push(vec![verdict(VERDICT_DROP, None)]);
+    rules.push(vec![denied_verdict(verdicts)]);
     rules
+}
+
+/// A tier profile chain's rules: per family, `<peer> . meta l4proto . th dport vmap
+/// @<set>`; after the Admin tier's, `goto np-<direction>` (no box: NetworkPolicy
+/// judges); after the Baseline tier's nothing (the chain's end: allowed).
+pub(super) fn tier_profile_rules(
+    tier: ClusterTier,
+    direction: Direction,
+    profile: &str,
+) -> Vec<Vec<Expr>> {
+    let mut rules: Vec<Vec<Expr>> = FAMILIES
+        .into_iter()
+        .map(|family| {
+            let mut e = concat_key(direction, family);
+            e.push(lookup(&tier.set(direction, profile, family), true));
+            e
+        })
+        .collect();
+    if tier == ClusterTier::Admin {
+        rules.push(vec![verdict(VERDICT_GOTO, Some(&np_chain(direction)))]);
+    }
+    rules
+}
+
+/// `ct state new`: the connection's first packet (of this direction's judgement).
+fn ct_state_new() -> [Expr; 3] {
+    [
+        Expr::Ct {
+            key: CT_STATE,
+            dreg: REG_1,
+        },
+        Expr::Bitwise {
+            sreg: REG_1,
+            dreg: REG_1,
+            len: 4,
+            mask: CT_STATE_NEW.to_ne_bytes().to_vec(),
+            xor: vec![0; 4],
+        },
+        cmp(CMP_NEQ, &[0; 4]),
+    ]
+}
+
+/// nft's default burst of a packet limit.
+pub(super) const LOG_BURST: u32 = 5;
+
+/// A verdict chain's rules: `ct state new counter`; for a drop with the deny log on,
+/// `ct state new limit rate <n>/second log prefix "<chain>" group <g>`; then the
+/// action (`return`, `drop`, `goto np-<direction>`).
+pub(super) fn verdict_rules(
+    name: &str,
+    action: VerdictAction,
+    log: Option<DenyLog>,
+) -> Vec<Vec<Expr>> {
+    let mut counted = Vec::from(ct_state_new());
+    counted.push(Expr::Counter {
+        packets: 0,
+        bytes: 0,
+    });
+    let mut rules = vec![counted];
+    if let (VerdictAction::Drop, Some(log)) = (action, log) {
+        let mut logged = Vec::from(ct_state_new());
+        logged.push(Expr::Limit {
+            rate: u64::from(log.per_second.max(1)),
+            unit: 1,
+            burst: LOG_BURST,
+        });
+        logged.push(Expr::Log {
+            prefix: name.to_owned(),
+            group: log.group,
+        });
+        rules.push(logged);
+    }
+    rules.push(vec![match action {
+        VerdictAction::Accept => verdict(VERDICT_RETURN, None),
+        VerdictAction::Drop => verdict(VERDICT_DROP, None),
+        VerdictAction::ToNetworkPolicy(d) => verdict(VERDICT_GOTO, Some(&np_chain(d))),
+    }]);
+    rules
+}
+
+/// The action and deny log of a verdict chain whose rules are `have` (counters as
+/// the kernel holds them), if they are exactly what [`verdict_rules`] makes.
+pub(super) fn decode_verdict_rules(name: &str, have: &[&Vec<Expr>]) -> Option<HeldVerdict> {
+    let last = have.last()?;
+    let action = match last.as_slice() {
+        [
+            Expr::Immediate {
+                data: crate::nfnetlink::Data::Verdict { code, chain },
+                ..
+            },
+        ] => match (*code, chain.as_deref()) {
+            (VERDICT_RETURN, None) => VerdictAction::Accept,
+            (VERDICT_DROP, None) => VerdictAction::Drop,
+            (VERDICT_GOTO, Some(chain)) => DIRECTIONS
+                .into_iter()
+                .find(|d| np_chain(*d) == chain)
+                .map(VerdictAction::ToNetworkPolicy)?,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let log = have.iter().find_map(|rule| {
+        let limit = rule.iter().find_map(|e| match e {
+            Expr::Limit { rate, .. } => Some(*rate),
+            _ => None,
+        })?;
+        let group = rule.iter().find_map(|e| match e {
+            Expr::Log { group, .. } => Some(*group),
+            _ => None,
+        })?;
+        Some(DenyLog {
+            group,
+            per_second: u32::try_from(limit).unwrap_or(u32::MAX),
+        })
+    });
+    let want = verdict_rules(name, action, log);
+    let zeroed = |rule: &Vec<Expr>| -> Vec<Expr> {
+        rule.iter()
+            .map(|e| match e {
+                Expr::Counter { .. } => Expr::Counter {
+                    packets: 0,
+                    bytes: 0,
+                },
+                other => other.clone(),
+            })
+            .collect()
+    };
+    (have.len() == want.len() && have.iter().zip(&want).all(|(h, w)| zeroed(h) == *w))
+        .then_some((action, log))
 }
 
 /// `<field> <value>` for a one-value range, `<field> >= <first> <field> <= <last>`
@@ -203,8 +403,13 @@ pub(super) fn range_match(field: &Expr, first: &[u8], last: &[u8]) -> Vec<Expr> 
 }
 
 /// One family's rule of a [`PeerRule`]: `ip saddr @peer-<set>-v4 [meta l4proto
-/// <protocols>] [th dport <ports>] accept` (for egress: `daddr`, `return`).
-pub(super) fn peer_rule(direction: Direction, family: Family, rule: &PeerRule) -> Vec<Expr> {
+/// <protocols>] [th dport <ports>] <allowed>` (for egress: `daddr`).
+pub(super) fn peer_rule(
+    direction: Direction,
+    family: Family,
+    rule: &PeerRule,
+    allowed: &Expr,
+) -> Vec<Expr> {
     let mut e = Vec::from(nfproto(family));
     e.push(addr(family, direction.peer()));
     e.push(lookup(&peer_set(&rule.set, family), false));
@@ -222,7 +427,7 @@ pub(super) fn peer_rule(direction: Direction, family: Family, rule: &PeerRule) -
             &rule.ports.1.to_be_bytes(),
         ));
     }
-    e.push(verdict(direction.allowed(), None));
+    e.push(allowed.clone());
     e
 }
 
@@ -231,6 +436,7 @@ pub(super) fn decode_peer_rule(
     direction: Direction,
     family: Family,
     exprs: &[Expr],
+    allowed: &Expr,
 ) -> Option<PeerRule> {
     let at = exprs
         .iter()
@@ -276,35 +482,41 @@ pub(super) fn decode_peer_rule(
             _ => {}
         }
     }
-    (of == family && peer_rule(direction, family, &rule) == exprs).then_some(rule)
+    (of == family && peer_rule(direction, family, &rule, allowed) == exprs).then_some(rule)
+}
+
+/// `<peer> . meta l4proto . th dport` of one family, in nft's registers, before a
+/// lookup.
+fn concat_key(direction: Direction, family: Family) -> Vec<Expr> {
+    // nft's registers for the second and third fields: right after the address.
+    let (proto_reg, port_reg) = match family {
+        Family::V4 => (REG32_01, REG32_02),
+        Family::V6 => (REG_2, REG32_05),
+    };
+    let mut e = Vec::from(nfproto(family));
+    e.extend([
+        addr(family, direction.peer()),
+        meta(META_L4PROTO, proto_reg),
+        Expr::Byteorder {
+            sreg: proto_reg,
+            dreg: proto_reg,
+            op: BYTEORDER_HTON,
+            len: 1,
+            size: 2,
+        },
+        load(port_reg, BASE_TRANSPORT, 2, 2),
+    ]);
+    e
 }
 
 /// A profile chain's first rules: per family, the lookup in the profile's own set.
-pub(super) fn own_set_rules(direction: Direction, profile: &str) -> Vec<Vec<Expr>> {
+pub(super) fn own_set_rules(direction: Direction, profile: &str, allowed: &Expr) -> Vec<Vec<Expr>> {
     FAMILIES
         .into_iter()
         .map(|family| {
-            // nft's registers for the second and third fields: right after the
-            // address.
-            let (proto_reg, port_reg) = match family {
-                Family::V4 => (REG32_01, REG32_02),
-                Family::V6 => (REG_2, REG32_05),
-            };
-            let mut e = Vec::from(nfproto(family));
-            e.extend([
-                addr(family, direction.peer()),
-                meta(META_L4PROTO, proto_reg),
-                Expr::Byteorder {
-                    sreg: proto_reg,
-                    dreg: proto_reg,
-                    op: BYTEORDER_HTON,
-                    len: 1,
-                    size: 2,
-                },
-                load(port_reg, BASE_TRANSPORT, 2, 2),
-                lookup(&direction.set(profile, family), false),
-                verdict(direction.allowed(), None),
-            ]);
+            let mut e = concat_key(direction, family);
+            e.push(lookup(&direction.set(profile, family), false));
+            e.push(allowed.clone());
             e
         })
         .collect()

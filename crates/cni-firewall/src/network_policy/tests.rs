@@ -16,7 +16,7 @@ fn allow(first: &str, last: &str, protocols: (u8, u8), ports: (u16, u16)) -> All
 fn profile(boxes: &[Allow]) -> Profile {
     Profile {
         allow: boxes.to_vec(),
-        peers: Vec::new(),
+        ..Profile::default()
     }
 }
 
@@ -360,15 +360,9 @@ fn boxes_compare_in_any_order() {
     let mut overlapping = boxes.clone();
     overlapping.push(allow("10.1.0.9", "10.1.0.9", (6, 6), (80, 80)));
     let what = || "ingress profile \"aa11\"".to_string();
-    assert!(
-        check_boxes(&profile(&overlapping), &what).is_err(),
-        "unsorted"
-    );
+    assert!(check_boxes(&overlapping, &what).is_err(), "unsorted");
     overlapping.sort();
-    assert!(
-        check_boxes(&profile(&overlapping), &what).is_err(),
-        "sorted"
-    );
+    assert!(check_boxes(&overlapping, &what).is_err(), "sorted");
 }
 
 #[test]
@@ -449,21 +443,32 @@ fn a_fresh_table_has_its_fixed_part_first_and_carries_pending_over() {
     let (b, c) = fresh(&want, 7, true, &pending).unwrap();
     let ops = describe(&b);
     let t = "inet cni_node_policy";
-    assert_eq!(
-        ops[..10],
-        [
-            format!("delete table {t}"),
-            format!("add table {t}"),
-            format!("add map {t} ingress4"),
-            format!("add map {t} ingress6"),
-            format!("add map {t} egress4"),
-            format!("add map {t} egress6"),
-            format!("add set {t} pending4"),
-            format!("add set {t} pending6"),
-            format!("add chain {t} forward"),
-            format!("add rule {t} forward"),
-        ]
-    );
+    let mut fixed = vec![format!("delete table {t}"), format!("add table {t}")];
+    for map in ["ingress", "egress"] {
+        for family in ["4", "6"] {
+            fixed.push(format!("add map {t} {map}{family}"));
+        }
+    }
+    for tier in ["admin", "baseline"] {
+        for map in ["ingress", "egress"] {
+            for family in ["4", "6"] {
+                fixed.push(format!("add map {t} {tier}-{map}{family}"));
+            }
+        }
+    }
+    fixed.extend([
+        format!("add set {t} pending4"),
+        format!("add set {t} pending6"),
+        format!("add chain {t} forward"),
+        format!("add chain {t} input"),
+        format!("add chain {t} baseline-egress"),
+        format!("add chain {t} baseline-ingress"),
+        format!("add chain {t} np-egress"),
+        format!("add chain {t} np-ingress"),
+        format!("add chain {t} judge-egress"),
+        format!("add chain {t} judge-ingress"),
+    ]);
+    assert_eq!(ops[..fixed.len()], fixed);
     assert_eq!(
         ops.last().unwrap(),
         &format!("add element {t} pending4 (1 element)")
@@ -520,30 +525,273 @@ fn long_pod_names_are_cut_to_what_a_comment_holds() {
 fn base_chains_judge_both_directions_in_forward_and_egress_only_in_input() {
     let forward = base_rules(Base::Forward);
     let input = base_rules(Base::Input);
-    assert_eq!(forward.len(), 11);
-    assert_eq!(input.len(), 7);
-    let vmaps = |rules: &[Vec<Expr>]| -> Vec<String> {
+    assert_eq!(forward.len(), 9);
+    assert_eq!(input.len(), 6);
+    let jumps = |rules: &[Vec<Expr>]| -> Vec<Expr> {
         rules
+            .iter()
+            .filter_map(|r| r.last())
+            .filter(|e| {
+                matches!(
+                    e,
+                    Expr::Immediate {
+                        data: crate::nfnetlink::Data::Verdict {
+                            code: VERDICT_JUMP,
+                            ..
+                        },
+                        ..
+                    }
+                )
+            })
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        jumps(&forward),
+        [
+            verdict(VERDICT_JUMP, Some("judge-egress")),
+            verdict(VERDICT_JUMP, Some("judge-ingress"))
+        ]
+    );
+    assert_eq!(jumps(&input), [verdict(VERDICT_JUMP, Some("judge-egress"))]);
+    // Each direction: Admin, then NetworkPolicy, then Baseline, by `goto`.
+    let vmaps = |fixed: Fixed| -> Vec<String> {
+        fixed
+            .rules()
             .iter()
             .filter_map(|r| match r.last() {
                 Some(Expr::Lookup {
                     dreg: Some(_), set, ..
                 }) => Some(set.clone()),
+                Some(Expr::Immediate {
+                    data:
+                        crate::nfnetlink::Data::Verdict {
+                            code: VERDICT_GOTO,
+                            chain: Some(chain),
+                        },
+                    ..
+                }) => Some(format!("goto {chain}")),
                 _ => None,
             })
             .collect()
     };
+    let d = Direction::Egress;
     assert_eq!(
-        vmaps(&forward),
-        ["egress4", "egress6", "ingress4", "ingress6"]
+        vmaps(Fixed::Judge(d)),
+        ["admin-egress4", "admin-egress6", "goto np-egress"]
     );
-    assert_eq!(vmaps(&input), ["egress4", "egress6"]);
+    assert_eq!(
+        vmaps(Fixed::NetworkPolicy(d)),
+        ["egress4", "egress6", "goto baseline-egress"]
+    );
+    assert_eq!(
+        vmaps(Fixed::Baseline(Direction::Ingress)),
+        ["baseline-ingress4", "baseline-ingress6"]
+    );
+}
+
+/// Verdict chains count new connections, log only drops and only with the deny log
+/// on, and read back as they were written, whatever their counters hold.
+#[test]
+fn verdict_chains_count_log_and_read_back() {
+    let log = DenyLog {
+        group: 7,
+        per_second: 10,
+    };
+    for (action, log, rules) in [
+        (VerdictAction::Accept, None, 2),
+        (VerdictAction::Drop, None, 2),
+        (VerdictAction::Drop, Some(log), 3),
+        (VerdictAction::ToNetworkPolicy(Direction::Ingress), None, 2),
+    ] {
+        let mut written = verdict_rules("v-ab12", action, log);
+        assert_eq!(written.len(), rules);
+        assert!(matches!(written[0].last(), Some(Expr::Counter { .. })));
+        for e in written.iter_mut().flatten() {
+            if let Expr::Counter { packets, bytes } = e {
+                (*packets, *bytes) = (3, 180);
+            }
+        }
+        let refs: Vec<&Vec<Expr>> = written.iter().collect();
+        assert_eq!(decode_verdict_rules("v-ab12", &refs), Some((action, log)));
+        assert_eq!(
+            decode_verdict_rules("v-ab13", &refs).is_some(),
+            log.is_none()
+        );
+        let rules: Vec<crate::nfnetlink::Rule> = written
+            .iter()
+            .enumerate()
+            .map(|(i, exprs)| crate::nfnetlink::Rule {
+                chain: "v-ab12".into(),
+                handle: i as u64,
+                comment: None,
+                exprs: exprs.clone(),
+            })
+            .collect();
+        assert_eq!(
+            counters::counters_of(&rules),
+            [("v-ab12".to_owned(), (3, 180))].into()
+        );
+    }
+}
+
+/// A tier profile: its verdict map per family, its chain, the boxes' `goto`s; the
+/// verdict chains before it, and the pods after.
+#[test]
+fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
+    let mut s = state();
+    s.verdict_chains
+        .insert("v-deny".into(), VerdictAction::Drop);
+    s.verdict_chains.insert(
+        "v-pass".into(),
+        VerdictAction::ToNetworkPolicy(Direction::Egress),
+    );
+    s.admin.egress_profiles.insert(
+        "cc33".into(),
+        TierProfile {
+            boxes: vec![
+                TierBox {
+                    peers: allow("10.5.0.0", "10.5.0.255", (6, 6), (22, 22)),
+                    chain: "v-deny".into(),
+                },
+                TierBox {
+                    peers: allow("10.5.0.0", "10.5.0.255", (6, 6), (80, 80)),
+                    chain: "v-pass".into(),
+                },
+            ],
+        },
+    );
+    s.admin.egress.insert(ip("10.1.0.2"), "cc33".into());
+    let have = normalize(&state()).unwrap();
+    let (b, c, edits) = diff(&have, &s, &[]).unwrap().unwrap();
+    let t = "inet cni_node_policy";
+    assert_eq!(
+        describe(&b),
+        [
+            format!("add chain {t} v-deny"),
+            format!("add rule {t} v-deny"),
+            format!("add rule {t} v-deny"),
+            format!("add chain {t} v-pass"),
+            format!("add rule {t} v-pass"),
+            format!("add rule {t} v-pass"),
+            format!("add map {t} admin-egress-cc33-v4"),
+            format!("add element {t} admin-egress-cc33-v4 (2 elements)"),
+            format!("add map {t} admin-egress-cc33-v6"),
+            format!("add chain {t} admin-egress-cc33"),
+            format!("add rule {t} admin-egress-cc33"),
+            format!("add rule {t} admin-egress-cc33"),
+            format!("add rule {t} admin-egress-cc33"),
+            format!("add element {t} admin-egress4 (1 element)"),
+        ]
+    );
+    assert_eq!(
+        (
+            c.verdict_chains_added,
+            c.tier_profiles_added,
+            c.tier_boxes_added,
+            c.tier_pods_added
+        ),
+        (2, 1, 2, 1)
+    );
+    let mut held = have.clone();
+    edits.apply(&mut held);
+    assert_eq!(held, normalize(&s).unwrap());
+    // The deny log on: the drop's chain is written again, nothing else.
+    let mut logged = s.clone();
+    logged.deny_log = Some(DenyLog {
+        group: 1,
+        per_second: 5,
+    });
+    let (b, c, _) = diff(&held, &logged, &[]).unwrap().unwrap();
+    assert_eq!(
+        describe(&b),
+        [
+            format!("flush chain {t} v-deny"),
+            format!("add rule {t} v-deny"),
+            format!("add rule {t} v-deny"),
+            format!("add rule {t} v-deny"),
+        ]
+    );
+    assert_eq!(c.verdict_chains_changed, 1);
+    // And all of it gone: the pod, the profile, then the chains.
+    let (b, _, _) = diff(&held, &state(), &[]).unwrap().unwrap();
+    assert_eq!(
+        describe(&b),
+        [
+            format!("delete element {t} admin-egress4 (1 element)"),
+            format!("delete chain {t} admin-egress-cc33"),
+            format!("delete set {t} admin-egress-cc33-v4"),
+            format!("delete set {t} admin-egress-cc33-v6"),
+            format!("delete chain {t} v-deny"),
+            format!("delete chain {t} v-pass"),
+        ]
+    );
+}
+
+/// What a tier may send where: a Pass of the other direction, or in the Baseline
+/// tier, is refused, as is a box going to no chain.
+#[test]
+fn tier_boxes_go_only_to_chains_their_tier_may_use() {
+    let base = || {
+        let mut s = PolicyState::default();
+        s.verdict_chains.insert(
+            "v-pass".into(),
+            VerdictAction::ToNetworkPolicy(Direction::Egress),
+        );
+        s
+    };
+    let with = |tier: ClusterTier, direction: Direction, chain: &str| {
+        let mut s = base();
+        let t = match tier {
+            ClusterTier::Admin => &mut s.admin,
+            ClusterTier::Baseline => &mut s.baseline,
+        };
+        let profiles = match direction {
+            Direction::Ingress => &mut t.ingress_profiles,
+            Direction::Egress => &mut t.egress_profiles,
+        };
+        profiles.insert(
+            "p1".into(),
+            TierProfile {
+                boxes: vec![TierBox {
+                    peers: Allow::all_traffic(ip("10.0.0.1"), ip("10.0.0.1")),
+                    chain: chain.into(),
+                }],
+            },
+        );
+        normalize(&s)
+    };
+    assert!(with(ClusterTier::Admin, Direction::Egress, "v-pass").is_ok());
+    for (tier, direction, chain) in [
+        (ClusterTier::Admin, Direction::Ingress, "v-pass"),
+        (ClusterTier::Baseline, Direction::Egress, "v-pass"),
+        (ClusterTier::Admin, Direction::Egress, "v-none"),
+    ] {
+        let e = with(tier, direction, chain).unwrap_err().to_string();
+        assert!(
+            e.contains("no verdict chain this tier and direction may use"),
+            "{e}"
+        );
+    }
+    let mut s = base();
+    s.verdict_chains
+        .insert("x-bad".into(), VerdictAction::Accept);
+    assert!(
+        normalize(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("verdict chain \"x-bad\"")
+    );
+    let mut s = base();
+    s.baseline.ingress.insert(ip("10.0.0.2"), "nope".into());
+    let e = normalize(&s).unwrap_err().to_string();
+    assert!(e.contains("baseline ingress of pod 10.0.0.2"), "{e}");
 }
 
 #[test]
 fn profile_chains_accept_or_return_then_drop() {
-    let ingress = profile_rules(Direction::Ingress, "aa11", &[]);
-    let egress = profile_rules(Direction::Egress, "aa11", &[]);
+    let ingress = profile_rules(Direction::Ingress, "aa11", &[], None);
+    let egress = profile_rules(Direction::Egress, "aa11", &[], None);
     assert_eq!(ingress.len(), 3);
     assert_eq!(ingress[0].last(), Some(&verdict(VERDICT_ACCEPT, None)));
     assert_eq!(egress[1].last(), Some(&verdict(VERDICT_RETURN, None)));
@@ -568,27 +816,39 @@ fn peer_rules_read_back_as_they_were_written() {
     for direction in DIRECTIONS {
         for family in FAMILIES {
             for rule in &rules {
-                let exprs = peer_rule(direction, family, rule);
+                let allowed = allowed_verdict(direction, None);
+                let exprs = peer_rule(direction, family, rule, &allowed);
                 assert_eq!(
-                    decode_peer_rule(direction, family, &exprs).as_ref(),
+                    decode_peer_rule(direction, family, &exprs, &allowed).as_ref(),
                     Some(rule)
                 );
                 let other = match family {
                     Family::V4 => Family::V6,
                     Family::V6 => Family::V4,
                 };
-                assert_eq!(decode_peer_rule(direction, other, &exprs), None);
+                assert_eq!(decode_peer_rule(direction, other, &exprs, &allowed), None);
             }
         }
     }
     // A whole chain: own sets, the peer rules per family, drop.
     let peers = sorted_peers(&rules);
-    let chain = profile_rules(Direction::Egress, "aa11", &peers);
+    let chain = profile_rules(Direction::Egress, "aa11", &peers, None);
     assert_eq!(chain.len(), 2 + 2 * peers.len() + 1);
     let refs: Vec<&Vec<Expr>> = chain.iter().collect();
     assert_eq!(
         decode_profile_rules(Direction::Egress, "aa11", &refs),
-        Some(peers.clone())
+        Some((peers.clone(), None))
+    );
+    // With verdict chains: read back with them.
+    let verdicts = ProfileVerdicts {
+        allow: "v-a1".into(),
+        deny: "v-d1".into(),
+    };
+    let counted = profile_rules(Direction::Ingress, "aa11", &peers, Some(&verdicts));
+    let counted_refs: Vec<&Vec<Expr>> = counted.iter().collect();
+    assert_eq!(
+        decode_profile_rules(Direction::Ingress, "aa11", &counted_refs),
+        Some((peers.clone(), Some(verdicts)))
     );
     assert_eq!(
         decode_profile_rules(Direction::Ingress, "aa11", &refs),

@@ -1,7 +1,8 @@
 //! The difference between what the kernel holds and what is wanted, as one nf_tables
-//! transaction: profiles and peer sets added, changed (a few elements, or the whole
-//! set again when that costs the kernel less) or removed, pods moved between
-//! profiles, pending addresses released; and the fresh table when there is none.
+//! transaction: verdict chains, profiles (NetworkPolicy's and the tiers') and peer
+//! sets added, changed (a few elements, or the whole set again when that costs the
+//! kernel less) or removed, pods moved between profiles, pending addresses released;
+//! and the fresh table when there is none.
 
 use super::*;
 
@@ -33,11 +34,154 @@ pub(super) fn add_profile(
     }
     let chain = direction.chain(name);
     b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
-    for rule in profile_rules(direction, name, &profile.peers) {
+    for rule in profile_rules(direction, name, &profile.peers, profile.verdicts.as_ref()) {
         b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
     }
     c.profiles_added += 1;
     Ok(())
+}
+
+/// Adds a verdict chain with its rules.
+pub(super) fn add_verdict_chain(
+    b: &mut Batch,
+    c: &mut Changes,
+    name: &str,
+    (action, log): HeldVerdict,
+) -> Result<()> {
+    b.add_chain(NFPROTO_INET, TABLE, name, None, None)?;
+    for rule in verdict_rules(name, action, log) {
+        b.add_rule(NFPROTO_INET, TABLE, name, &rule, None)?;
+    }
+    c.verdict_chains_added += 1;
+    Ok(())
+}
+
+/// Writes a verdict chain's rules again (its counter starts again from zero).
+pub(super) fn change_verdict_chain(
+    b: &mut Batch,
+    c: &mut Changes,
+    name: &str,
+    (action, log): HeldVerdict,
+) -> Result<()> {
+    b.flush_chain(NFPROTO_INET, TABLE, name);
+    for rule in verdict_rules(name, action, log) {
+        b.add_rule(NFPROTO_INET, TABLE, name, &rule, None)?;
+    }
+    c.verdict_chains_changed += 1;
+    Ok(())
+}
+
+/// Adds a tier profile: its verdict maps with their boxes, then its chain and rules.
+pub(super) fn add_tier_profile(
+    b: &mut Batch,
+    c: &mut Changes,
+    tier: ClusterTier,
+    direction: Direction,
+    name: &str,
+    boxes: &BTreeSet<TierBox>,
+) -> Result<()> {
+    for family in FAMILIES {
+        let set = tier.set(direction, name, family);
+        b.add_set_spec(NFPROTO_INET, TABLE, &tier_box_spec(&set, family));
+        let elems: Vec<Element> = boxes
+            .iter()
+            .filter(|t| t.peers.family() == family)
+            .map(tier_box_element)
+            .collect();
+        c.tier_boxes_added += elems.len();
+        if !elems.is_empty() {
+            b.add_elements(NFPROTO_INET, TABLE, &set, &elems)?;
+        }
+    }
+    let chain = tier.chain(direction, name);
+    b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
+    for rule in tier_profile_rules(tier, direction, name) {
+        b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
+    }
+    c.tier_profiles_added += 1;
+    Ok(())
+}
+
+/// Changes a tier profile's boxes, per family, as [`change_profile`] does: element by
+/// element, or a map of more than [`REBUILD_ABOVE`] elements that loses any made anew
+/// (its chain's rules written again around it). A box whose verdict chain changes is
+/// taken out and put back.
+pub(super) fn change_tier_profile(
+    b: &mut Batch,
+    c: &mut Changes,
+    tier: ClusterTier,
+    direction: Direction,
+    name: &str,
+    have: &BTreeSet<TierBox>,
+    want: &BTreeSet<TierBox>,
+) -> Result<()> {
+    let of = |boxes: &BTreeSet<TierBox>, family: Family| -> Vec<Element> {
+        boxes
+            .iter()
+            .filter(|t| t.peers.family() == family)
+            .map(tier_box_element)
+            .collect()
+    };
+    let rebuild: Vec<Family> = FAMILIES
+        .into_iter()
+        .filter(|family| {
+            let held = have.iter().filter(|t| t.peers.family() == *family).count();
+            held > REBUILD_ABOVE && have.difference(want).any(|t| t.peers.family() == *family)
+        })
+        .collect();
+    let chain = tier.chain(direction, name);
+    if !rebuild.is_empty() {
+        b.flush_chain(NFPROTO_INET, TABLE, &chain);
+    }
+    for family in FAMILIES {
+        let set = tier.set(direction, name, family);
+        if rebuild.contains(&family) {
+            b.delete_set(NFPROTO_INET, TABLE, &set);
+            b.add_set_spec(NFPROTO_INET, TABLE, &tier_box_spec(&set, family));
+            let elems = of(want, family);
+            if !elems.is_empty() {
+                b.add_elements(NFPROTO_INET, TABLE, &set, &elems)?;
+            }
+            c.tier_boxes_removed += of(have, family).len();
+            c.tier_boxes_added += elems.len();
+            continue;
+        }
+        let gone: Vec<Element> = have
+            .difference(want)
+            .filter(|t| t.peers.family() == family)
+            .map(tier_box_element)
+            .collect();
+        let new: Vec<Element> = want
+            .difference(have)
+            .filter(|t| t.peers.family() == family)
+            .map(tier_box_element)
+            .collect();
+        let (gone, new) = edit_elements(b, &set, gone, new)?;
+        c.tier_boxes_removed += gone;
+        c.tier_boxes_added += new;
+    }
+    if !rebuild.is_empty() {
+        for rule in tier_profile_rules(tier, direction, name) {
+            b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
+        }
+    }
+    c.tier_profiles_changed += 1;
+    Ok(())
+}
+
+/// Removes a tier profile (no map element may go to it any more).
+pub(super) fn remove_tier_profile(
+    b: &mut Batch,
+    c: &mut Changes,
+    tier: ClusterTier,
+    direction: Direction,
+    name: &str,
+) {
+    b.delete_chain(NFPROTO_INET, TABLE, &tier.chain(direction, name));
+    for family in FAMILIES {
+        b.delete_set(NFPROTO_INET, TABLE, &tier.set(direction, name, family));
+    }
+    c.tier_profiles_removed += 1;
 }
 
 /// Adds a shared peer set: its two kernel sets with their addresses.
@@ -164,9 +308,12 @@ pub(super) fn change_profile(
         })
         .collect();
     let chain = direction.chain(name);
-    // The chain's rules are written anew when its peer rules change, or when one of
-    // its own sets is made anew (the sets are bound to the rules: unbound first).
-    let rewrite = !rebuild.is_empty() || have_profile.peers != want_profile.peers;
+    // The chain's rules are written anew when its peer rules or verdict chains change,
+    // or when one of its own sets is made anew (the sets are bound to the rules:
+    // unbound first).
+    let rewrite = !rebuild.is_empty()
+        || have_profile.peers != want_profile.peers
+        || have_profile.verdicts != want_profile.verdicts;
     if rewrite {
         b.flush_chain(NFPROTO_INET, TABLE, &chain);
     }
@@ -198,7 +345,8 @@ pub(super) fn change_profile(
         c.boxes_added += new;
     }
     if rewrite {
-        for rule in profile_rules(direction, name, &want_profile.peers) {
+        let verdicts = want_profile.verdicts.as_ref();
+        for rule in profile_rules(direction, name, &want_profile.peers, verdicts) {
             b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
         }
     }
@@ -206,8 +354,8 @@ pub(super) fn change_profile(
     Ok(())
 }
 
-/// One pod's change in one direction's maps: whether its element is there to be
-/// removed, and the profile of the element that replaces it.
+/// One pod's change in one map: whether its element is there to be removed, and the
+/// profile of the element that replaces it.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PodChange<'a> {
     ip: IpAddr,
@@ -215,51 +363,66 @@ pub(super) struct PodChange<'a> {
     add: Option<&'a str>,
 }
 
-/// Map changes of one direction: per family, removals first (a pod that changes
-/// profile is removed and added again), then additions.
+/// Map changes of one direction of NetworkPolicy (`tier` `None`) or of a tier: per
+/// family, removals first (a pod that changes profile is removed and added again),
+/// then additions.
 pub(super) fn write_pods(
     b: &mut Batch,
     c: &mut Changes,
+    tier: Option<ClusterTier>,
     direction: Direction,
     pods: &[PodChange<'_>],
 ) -> Result<()> {
     for family in FAMILIES {
-        let map = direction.map(family);
+        let map = match tier {
+            None => direction.map(family),
+            Some(tier) => tier.map(direction, family),
+        };
+        let chain = |profile: &str| match tier {
+            None => direction.chain(profile),
+            Some(tier) => tier.chain(direction, profile),
+        };
         let ours = || pods.iter().filter(|p| Family::of(p.ip) == family);
         let gone: Vec<Element> = ours()
             .filter(|p| p.remove)
             .map(|p| addr_element(p.ip))
             .collect();
         let new: Vec<Element> = ours()
-            .filter_map(|p| Some(jump_element(p.ip, direction.chain(p.add?))))
+            .filter_map(|p| Some(goto_element(p.ip, chain(p.add?))))
             .collect();
         let (gone, new) = edit_elements(b, &map, gone, new)?;
-        c.pods_removed += gone;
-        c.pods_added += new;
+        if tier.is_some() {
+            c.tier_pods_removed += gone;
+            c.tier_pods_added += new;
+        } else {
+            c.pods_removed += gone;
+            c.pods_added += new;
+        }
     }
     Ok(())
 }
 
-/// The pod changes of one direction from `have` to `want`, in one pass over both
-/// (sorted) maps. A pod may only name a profile of `want`; `removed` holds the
-/// profiles `want` drops, which pods left as they were must not name.
+/// The pod changes of one map from `have` to `want`, in one pass over both (sorted)
+/// maps. A pod may only name a profile that `exists`; `removed` holds the profiles
+/// that go, which pods left as they were must not name; `missing` is the error of a
+/// pod that names a profile that is not there.
 pub(super) fn pod_changes<'a>(
-    direction: Direction,
     have: &'a BTreeMap<IpAddr, String>,
-    want: &'a PolicyState,
+    want: &'a BTreeMap<IpAddr, String>,
+    exists: &dyn Fn(&str) -> bool,
     removed: &BTreeSet<&str>,
+    missing: &dyn Fn(IpAddr, &str) -> Error,
 ) -> Result<Vec<PodChange<'a>>> {
-    let profiles = want.profiles(direction);
-    let exists = |ip: IpAddr, name: &'a str| {
-        if profiles.contains_key(name) {
+    let check = |ip: IpAddr, name: &'a str| {
+        if exists(name) {
             Ok(Some(name))
         } else {
-            Err(no_such_profile(direction, ip, name))
+            Err(missing(ip, name))
         }
     };
     let mut out = Vec::new();
     let mut old = have.iter().peekable();
-    let mut new = want.pods(direction).iter().peekable();
+    let mut new = want.iter().peekable();
     loop {
         let change = match (old.peek(), new.peek()) {
             (None, None) => break,
@@ -270,14 +433,14 @@ pub(super) fn pod_changes<'a>(
                 );
                 if was == is {
                     if removed.contains(is.as_str()) {
-                        return Err(no_such_profile(direction, *ip, is));
+                        return Err(missing(*ip, is));
                     }
                     continue;
                 }
                 PodChange {
                     ip: *ip,
                     remove: true,
-                    add: exists(*ip, is)?,
+                    add: check(*ip, is)?,
                 }
             }
             (Some((ip, _)), Some((nip, _))) if ip > nip => {
@@ -285,7 +448,7 @@ pub(super) fn pod_changes<'a>(
                 PodChange {
                     ip: *ip,
                     remove: false,
-                    add: exists(*ip, is)?,
+                    add: check(*ip, is)?,
                 }
             }
             (Some(_), _) => {
@@ -301,7 +464,7 @@ pub(super) fn pod_changes<'a>(
                 PodChange {
                     ip: *ip,
                     remove: false,
-                    add: exists(*ip, is)?,
+                    add: check(*ip, is)?,
                 }
             }
         };
@@ -342,7 +505,16 @@ pub(super) struct Edits {
     peer_sets: Vec<(String, Option<BTreeSet<IpAddr>>)>,
     /// Pods added or moved to another profile, and removed (`None`).
     pods: Vec<(Direction, IpAddr, Option<String>)>,
+    /// Verdict chains added or changed, and removed (`None`).
+    verdicts: Vec<(String, Option<HeldVerdict>)>,
+    /// Tier profiles added or changed, and removed (`None`).
+    tier_profiles: Vec<TierProfileEdit>,
+    /// Tier pods added or moved, and removed (`None`).
+    tier_pods: Vec<(ClusterTier, Direction, IpAddr, Option<String>)>,
 }
+
+/// A tier profile added or changed (its boxes), or removed (`None`).
+type TierProfileEdit = (ClusterTier, Direction, String, Option<BTreeSet<TierBox>>);
 
 impl Edits {
     pub(super) fn apply(self, held: &mut Held) {
@@ -366,6 +538,26 @@ impl Edits {
                 None => pods.remove(&ip),
             };
         }
+        for (name, verdict) in self.verdicts {
+            match verdict {
+                Some(verdict) => held.verdicts.insert(name, verdict),
+                None => held.verdicts.remove(&name),
+            };
+        }
+        for (tier, direction, name, boxes) in self.tier_profiles {
+            let profiles = &mut held.tiers[tier.index()].profiles[direction.index()];
+            match boxes {
+                Some(boxes) => profiles.insert(name, boxes),
+                None => profiles.remove(&name),
+            };
+        }
+        for (tier, direction, ip, profile) in self.tier_pods {
+            let pods = &mut held.tiers[tier.index()].pods[direction.index()];
+            match profile {
+                Some(profile) => pods.insert(ip, profile),
+                None => pods.remove(&ip),
+            };
+        }
     }
 }
 
@@ -377,11 +569,12 @@ pub(super) type PeerSetChange<'a> = (
 );
 
 /// The transaction from `have` to `want` that also resolves `resolve`, and what
-/// it changes in `have`; `None` when there is nothing to send. New profiles come
-/// before the map elements that jump to them, removed ones after the map elements
-/// that used them. The profiles of `want` must have been checked
-/// ([`check_profiles`]); the pods are checked here: every pod that changes, and
-/// those left as they were against the profiles `want` drops.
+/// it changes in `have`; `None` when there is nothing to send. New verdict chains,
+/// peer sets and profiles come before what refers to them (profiles' rules and map
+/// elements, pods' map elements), removed ones after what used them. The profiles of
+/// `want` must have been checked ([`check_profiles`]); the pods are checked here:
+/// every pod that changes, and those left as they were against the profiles `want`
+/// drops.
 pub(super) fn diff(
     have: &Held,
     want: &PolicyState,
@@ -397,10 +590,15 @@ pub(super) fn diff(
         for (name, profile) in profiles {
             let old = have.profiles[i].get(name);
             let peers = sorted_peers(&profile.peers);
-            if old.is_none_or(|old| !same_boxes(&old.boxes, &profile.allow) || old.peers != peers) {
+            if old.is_none_or(|old| {
+                !same_boxes(&old.boxes, &profile.allow)
+                    || old.peers != peers
+                    || old.verdicts != profile.verdicts
+            }) {
                 let profile = HeldProfile {
                     boxes: profile.allow.iter().cloned().collect(),
                     peers,
+                    verdicts: profile.verdicts.clone(),
                 };
                 new_profiles.push((direction, name, old, profile));
             }
@@ -410,8 +608,68 @@ pub(super) fn diff(
             .filter(|name| !profiles.contains_key(*name))
             .map(String::as_str)
             .collect();
-        pods.push(pod_changes(direction, &have.pods[i], want, &removed[i])?);
+        pods.push(pod_changes(
+            &have.pods[i],
+            want.pods(direction),
+            &|name| profiles.contains_key(name),
+            &removed[i],
+            &|ip, name| no_such_profile(direction, ip, name),
+        )?);
     }
+    // The tiers' profiles and pods, likewise.
+    let mut new_tier_profiles = Vec::new();
+    let mut removed_tier_profiles = Vec::new();
+    let mut tier_pods = Vec::new();
+    for tier in CLUSTER_TIERS {
+        let state = tier.of(want);
+        let held = &have.tiers[tier.index()];
+        for direction in DIRECTIONS {
+            let i = direction.index();
+            let profiles = state.profiles(direction);
+            for (name, profile) in profiles {
+                let boxes: BTreeSet<TierBox> = profile.boxes.iter().cloned().collect();
+                let old = held.profiles[i].get(name);
+                if old != Some(&boxes) {
+                    new_tier_profiles.push((tier, direction, name, old, boxes));
+                }
+            }
+            let gone: BTreeSet<&str> = held.profiles[i]
+                .keys()
+                .filter(|name| !profiles.contains_key(*name))
+                .map(String::as_str)
+                .collect();
+            let changes = pod_changes(
+                &held.pods[i],
+                state.pods(direction),
+                &|name| profiles.contains_key(name),
+                &gone,
+                &|ip, name| {
+                    invalid(
+                        format!("{} {} of pod {ip}", tier.name(), direction.name()),
+                        format!("its profile {name:?} does not exist"),
+                    )
+                },
+            )?;
+            tier_pods.push((tier, direction, changes));
+            removed_tier_profiles.extend(gone.into_iter().map(|name| (tier, direction, name)));
+        }
+    }
+    let verdicts: Vec<(&String, Option<&HeldVerdict>, HeldVerdict)> = want
+        .verdict_chains
+        .iter()
+        .filter_map(|(name, action)| {
+            let wanted = held_verdict(want, *action);
+            match have.verdicts.get(name) {
+                Some(old) if *old == wanted => None,
+                old => Some((name, old, wanted)),
+            }
+        })
+        .collect();
+    let removed_verdicts: Vec<&String> = have
+        .verdicts
+        .keys()
+        .filter(|name| !want.verdict_chains.contains_key(*name))
+        .collect();
     let changed_peer_sets: Vec<PeerSetChange<'_>> = want
         .peer_sets
         .iter()
@@ -429,13 +687,26 @@ pub(super) fn diff(
         && removed.iter().all(BTreeSet::is_empty)
         && pods.iter().all(Vec::is_empty)
         && changed_peer_sets.is_empty()
-        && removed_peer_sets.is_empty();
+        && removed_peer_sets.is_empty()
+        && new_tier_profiles.is_empty()
+        && removed_tier_profiles.is_empty()
+        && tier_pods.iter().all(|(_, _, p)| p.is_empty())
+        && verdicts.is_empty()
+        && removed_verdicts.is_empty();
     if untouched && resolve.is_empty() {
         return Ok(None);
     }
 
     let mut b = Batch::new();
     let mut c = Changes::default();
+    // Verdict chains first: profiles' rules and tier boxes go to them.
+    for (name, old, verdict) in verdicts {
+        match old {
+            None => add_verdict_chain(&mut b, &mut c, name, verdict)?,
+            Some(_) => change_verdict_chain(&mut b, &mut c, name, verdict)?,
+        }
+        edits.verdicts.push((name.clone(), Some(verdict)));
+    }
     // Peer sets before the rules that use them, removed ones after.
     for (name, old, addrs) in changed_peer_sets {
         match old {
@@ -453,12 +724,29 @@ pub(super) fn diff(
             .profiles
             .push((direction, name.clone(), Some(profile)));
     }
+    for (tier, direction, name, old, boxes) in new_tier_profiles {
+        match old {
+            None => add_tier_profile(&mut b, &mut c, tier, direction, name, &boxes)?,
+            Some(old) => change_tier_profile(&mut b, &mut c, tier, direction, name, old, &boxes)?,
+        }
+        edits
+            .tier_profiles
+            .push((tier, direction, name.clone(), Some(boxes)));
+    }
     for (direction, changes) in DIRECTIONS.into_iter().zip(&pods) {
-        write_pods(&mut b, &mut c, direction, changes)?;
+        write_pods(&mut b, &mut c, None, direction, changes)?;
         edits.pods.extend(
             changes
                 .iter()
                 .map(|p| (direction, p.ip, p.add.map(str::to_owned))),
+        );
+    }
+    for (tier, direction, changes) in &tier_pods {
+        write_pods(&mut b, &mut c, Some(*tier), *direction, changes)?;
+        edits.tier_pods.extend(
+            changes
+                .iter()
+                .map(|p| (*tier, *direction, p.ip, p.add.map(str::to_owned))),
         );
     }
     unpend(&mut b, resolve)?;
@@ -469,9 +757,20 @@ pub(super) fn diff(
             edits.profiles.push((direction, (*name).to_owned(), None));
         }
     }
+    for (tier, direction, name) in removed_tier_profiles {
+        remove_tier_profile(&mut b, &mut c, tier, direction, name);
+        edits
+            .tier_profiles
+            .push((tier, direction, name.to_owned(), None));
+    }
     for name in removed_peer_sets {
         remove_peer_set(&mut b, &mut c, name);
         edits.peer_sets.push((name.clone(), None));
+    }
+    for name in removed_verdicts {
+        b.delete_chain(NFPROTO_INET, TABLE, name);
+        c.verdict_chains_removed += 1;
+        edits.verdicts.push((name.clone(), None));
     }
     let (b, c) = finish(b, c);
     Ok(Some((b, c, edits)))
@@ -479,7 +778,9 @@ pub(super) fn diff(
 
 /// The transaction that makes the table from scratch, run only if the rule set is
 /// still at `generation`: the old table goes first if there is one (`replace`),
-/// and the addresses still `pending` are carried over, with their pods.
+/// and the addresses still `pending` are carried over, with their pods. Chains come
+/// before the rules and elements that go to them: the fixed chains empty, the
+/// verdict chains, the profiles, then the fixed chains' rules and the pods.
 pub(super) fn fresh(
     want: &Held,
     generation: u32,
@@ -501,14 +802,25 @@ pub(super) fn fresh(
             b.add_set_spec(NFPROTO_INET, TABLE, &map_spec(&map, family));
         }
     }
+    for tier in CLUSTER_TIERS {
+        for direction in DIRECTIONS {
+            for family in FAMILIES {
+                let map = tier.map(direction, family);
+                b.add_set_spec(NFPROTO_INET, TABLE, &map_spec(&map, family));
+            }
+        }
+    }
     for family in FAMILIES {
         b.add_set_spec(NFPROTO_INET, TABLE, &pending_spec(family));
     }
     for base in [Base::Forward, Base::Input] {
         b.add_chain(NFPROTO_INET, TABLE, base.name(), Some(base.hook()), None)?;
-        for rule in base_rules(base) {
-            b.add_rule(NFPROTO_INET, TABLE, base.name(), &rule, None)?;
-        }
+    }
+    for fixed in Fixed::all() {
+        b.add_chain(NFPROTO_INET, TABLE, &fixed.name(), None, None)?;
+    }
+    for (name, verdict) in &want.verdicts {
+        add_verdict_chain(&mut b, &mut c, name, *verdict)?;
     }
     for (name, addrs) in &want.peer_sets {
         add_peer_set(&mut b, &mut c, name, addrs)?;
@@ -518,8 +830,29 @@ pub(super) fn fresh(
             add_profile(&mut b, &mut c, direction, name, profile)?;
         }
     }
+    for tier in CLUSTER_TIERS {
+        for direction in DIRECTIONS {
+            for (name, boxes) in &want.tiers[tier.index()].profiles[direction.index()] {
+                add_tier_profile(&mut b, &mut c, tier, direction, name, boxes)?;
+            }
+        }
+    }
+    for fixed in Fixed::all() {
+        for rule in fixed.rules() {
+            b.add_rule(NFPROTO_INET, TABLE, &fixed.name(), &rule, None)?;
+        }
+    }
+    for base in [Base::Forward, Base::Input] {
+        for rule in base_rules(base) {
+            b.add_rule(NFPROTO_INET, TABLE, base.name(), &rule, None)?;
+        }
+    }
+    let all = |pods: &BTreeMap<IpAddr, String>| -> Vec<(IpAddr, String)> {
+        pods.iter().map(|(ip, p)| (*ip, p.clone())).collect()
+    };
     for direction in DIRECTIONS {
-        let pods: Vec<PodChange<'_>> = want.pods[direction.index()]
+        let pods = all(&want.pods[direction.index()]);
+        let changes: Vec<PodChange<'_>> = pods
             .iter()
             .map(|(ip, profile)| PodChange {
                 ip: *ip,
@@ -527,7 +860,21 @@ pub(super) fn fresh(
                 add: Some(profile),
             })
             .collect();
-        write_pods(&mut b, &mut c, direction, &pods)?;
+        write_pods(&mut b, &mut c, None, direction, &changes)?;
+    }
+    for tier in CLUSTER_TIERS {
+        for direction in DIRECTIONS {
+            let pods = all(&want.tiers[tier.index()].pods[direction.index()]);
+            let changes: Vec<PodChange<'_>> = pods
+                .iter()
+                .map(|(ip, profile)| PodChange {
+                    ip: *ip,
+                    remove: false,
+                    add: Some(profile),
+                })
+                .collect();
+            write_pods(&mut b, &mut c, Some(tier), direction, &changes)?;
+        }
     }
     for family in FAMILIES {
         let elems: Vec<Element> = pending

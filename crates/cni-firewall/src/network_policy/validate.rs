@@ -1,6 +1,7 @@
 //! Checks of a desired [`PolicyState`] before anything is sent: names the kernel
-//! takes, profiles that exist, boxes sorted and disjoint; and its normal form, the
-//! [`Held`] state that is compared with what the kernel holds.
+//! takes, profiles and verdict chains that exist (and whose actions fit where they are
+//! used), boxes sorted and disjoint; and its normal form, the [`Held`] state that is
+//! compared with what the kernel holds.
 
 use super::*;
 
@@ -35,7 +36,22 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
                     format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
                 ));
             }
-            check_boxes(profile, &what)?;
+            check_boxes(&profile.allow, &what)?;
+            if let Some(v) = &profile.verdicts {
+                for (chain, action) in [
+                    (&v.allow, VerdictAction::Accept),
+                    (&v.deny, VerdictAction::Drop),
+                ] {
+                    if want.verdict_chains.get(chain) != Some(&action) {
+                        return Err(invalid(
+                            what(),
+                            format!(
+                                "its verdict chain {chain:?} is not a verdict chain whose action is {action:?}"
+                            ),
+                        ));
+                    }
+                }
+            }
             for rule in &profile.peers {
                 rule.check(&what)?;
                 if !want.peer_sets.contains_key(&rule.set) {
@@ -55,7 +71,85 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
             ));
         }
     }
+    for name in want.verdict_chains.keys() {
+        if !valid_verdict_chain(name) {
+            return Err(invalid(
+                format!("verdict chain {name:?}"),
+                format!(
+                    "a verdict chain name is v- and 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"
+                ),
+            ));
+        }
+    }
+    for tier in CLUSTER_TIERS {
+        let state = tier.of(want);
+        for direction in DIRECTIONS {
+            for (name, profile) in state.profiles(direction) {
+                let what = || format!("{} {} profile {name:?}", tier.name(), direction.name());
+                if !valid_name(name) {
+                    return Err(invalid(
+                        what(),
+                        format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
+                    ));
+                }
+                let boxes: Vec<Allow> = profile.boxes.iter().map(|b| b.peers.clone()).collect();
+                check_boxes(&boxes, &what)?;
+                for b in &profile.boxes {
+                    let fits = match want.verdict_chains.get(&b.chain) {
+                        None => false,
+                        Some(VerdictAction::ToNetworkPolicy(d)) => {
+                            tier == ClusterTier::Admin && *d == direction
+                        }
+                        Some(_) => true,
+                    };
+                    if !fits {
+                        return Err(invalid(
+                            what(),
+                            format!(
+                                "box {} goes to {:?}, which is no verdict chain this tier and direction may use",
+                                b.peers, b.chain
+                            ),
+                        ));
+                    }
+                }
+            }
+            for (ip, name) in state.pods(direction) {
+                if !state.profiles(direction).contains_key(name) {
+                    return Err(invalid(
+                        format!("{} {} of pod {ip}", tier.name(), direction.name()),
+                        format!("its profile {name:?} does not exist"),
+                    ));
+                }
+            }
+        }
+    }
     Ok(())
+}
+
+impl TierState {
+    pub(super) fn profiles(&self, direction: Direction) -> &BTreeMap<String, TierProfile> {
+        match direction {
+            Direction::Ingress => &self.ingress_profiles,
+            Direction::Egress => &self.egress_profiles,
+        }
+    }
+
+    pub(super) fn pods(&self, direction: Direction) -> &BTreeMap<IpAddr, String> {
+        match direction {
+            Direction::Ingress => &self.ingress,
+            Direction::Egress => &self.egress,
+        }
+    }
+}
+
+/// A verdict chain as the table holds it once `want` is applied.
+pub(super) fn held_verdict(want: &PolicyState, action: VerdictAction) -> HeldVerdict {
+    let log = if action == VerdictAction::Drop {
+        want.deny_log
+    } else {
+        None
+    };
+    (action, log)
 }
 
 /// The error of a pod whose profile is not in the state.
@@ -85,6 +179,24 @@ pub(super) fn normalize(want: &PolicyState) -> Result<Held> {
         held.pods[i] = want.pods(direction).clone();
     }
     held.peer_sets = want.peer_sets.clone();
+    for tier in CLUSTER_TIERS {
+        let state = tier.of(want);
+        let t = &mut held.tiers[tier.index()];
+        for direction in DIRECTIONS {
+            let i = direction.index();
+            t.pods[i] = state.pods(direction).clone();
+            t.profiles[i] = state
+                .profiles(direction)
+                .iter()
+                .map(|(name, p)| (name.clone(), p.boxes.iter().cloned().collect()))
+                .collect();
+        }
+    }
+    held.verdicts = want
+        .verdict_chains
+        .iter()
+        .map(|(name, action)| (name.clone(), held_verdict(want, *action)))
+        .collect();
     Ok(held)
 }
 
@@ -92,19 +204,20 @@ pub(super) fn held_profile(p: &Profile) -> HeldProfile {
     HeldProfile {
         boxes: p.allow.iter().cloned().collect(),
         peers: sorted_peers(&p.peers),
+        verdicts: p.verdicts.clone(),
     }
 }
 
 /// Checks a profile's boxes one by one and for overlaps; `what` names the profile in
 /// the error.
-pub(super) fn check_boxes(profile: &Profile, what: &dyn Fn() -> String) -> Result<()> {
-    for a in &profile.allow {
+pub(super) fn check_boxes(allow: &[Allow], what: &dyn Fn() -> String) -> Result<()> {
+    for a in allow {
         a.check(what)?;
     }
     // Sorted by first address: a box can only overlap the ones after it that start
     // before it ends. (The agent's boxes come sorted: then nothing is sorted here.)
-    let mut sorted: Vec<&Allow> = profile.allow.iter().collect();
-    if !is_sorted(&profile.allow) {
+    let mut sorted: Vec<&Allow> = allow.iter().collect();
+    if !is_sorted(allow) {
         sorted.sort();
     }
     for (i, a) in sorted.iter().enumerate() {

@@ -104,6 +104,39 @@ pub(super) fn parse_expr(elem: &[u8]) -> Expr {
                 size: attr_u32(d, 5)?,
             })
         })(),
+        "counter" => {
+            let u64_of = |ty| {
+                attr(d, ty)
+                    .and_then(|v| v.get(..8)?.try_into().ok())
+                    .map(u64::from_be_bytes)
+            };
+            Some(Expr::Counter {
+                packets: u64_of(2).unwrap_or(0),
+                bytes: u64_of(1).unwrap_or(0),
+            })
+        }
+        // Only the packet form, not inverted.
+        "limit" if attr_u32(d, 4).unwrap_or(0) == 0 && attr_u32(d, 5).unwrap_or(0) == 0 => (|| {
+            let u64_of = |ty| {
+                attr(d, ty)
+                    .and_then(|v| v.get(..8)?.try_into().ok())
+                    .map(u64::from_be_bytes)
+            };
+            Some(Expr::Limit {
+                rate: u64_of(1)?,
+                unit: u64_of(2)?,
+                burst: attr_u32(d, 3).unwrap_or(0),
+            })
+        })(
+        ),
+        // Only the nflog form (a group), without a snap length or queue threshold.
+        "log" if attr(d, 3).is_none() && attr(d, 4).is_none() && attr(d, 5).is_none() => (|| {
+            Some(Expr::Log {
+                prefix: attr(d, 2).map(c_string).unwrap_or_default(),
+                group: u16::from_be_bytes(attr(d, 1)?.get(..2)?.try_into().ok()?),
+            })
+        })(
+        ),
         "fib" => (|| {
             Some(Expr::Fib {
                 dreg: attr_u32(d, 1)?,

@@ -269,6 +269,23 @@ pub(crate) enum Expr {
         reg_proto: u32,
         flags: u32,
     },
+    /// `counter`: packets and bytes counted so far (both 0 when sent: nft sends none).
+    Counter {
+        packets: u64,
+        bytes: u64,
+    },
+    /// `limit rate <rate>/<unit seconds> burst <burst> packets` (`NFT_LIMIT_PKTS`,
+    /// not inverted).
+    Limit {
+        rate: u64,
+        unit: u64,
+        burst: u32,
+    },
+    /// `log prefix <prefix> group <group>`: to nflog group `group`.
+    Log {
+        prefix: String,
+        group: u16,
+    },
     Other(String),
 }
 

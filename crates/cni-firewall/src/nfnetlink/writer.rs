@@ -76,6 +76,9 @@ impl Writer {
             Expr::Lookup { .. } => "lookup",
             Expr::Ct { .. } => "ct",
             Expr::Byteorder { .. } => "byteorder",
+            Expr::Counter { .. } => "counter",
+            Expr::Limit { .. } => "limit",
+            Expr::Log { .. } => "log",
             Expr::Other(name) => name,
         };
         self.attr_str(NFTA_EXPR_NAME, name);
@@ -190,6 +193,29 @@ impl Writer {
                 self.attr_u32(3, *op);
                 self.attr_u32(4, *len);
                 self.attr_u32(5, *size);
+            }
+            Expr::Counter { packets, bytes } => {
+                // As nft: nothing for a counter that starts at zero.
+                if *bytes != 0 {
+                    self.attr(1, &bytes.to_be_bytes());
+                }
+                if *packets != 0 {
+                    self.attr(2, &packets.to_be_bytes());
+                }
+            }
+            Expr::Limit { rate, unit, burst } => {
+                self.attr(1, &rate.to_be_bytes());
+                self.attr(2, &unit.to_be_bytes());
+                self.attr_u32(3, *burst);
+                // NFT_LIMIT_PKTS, no flags.
+                self.attr_u32(4, 0);
+                self.attr_u32(5, 0);
+            }
+            Expr::Log { prefix, group } => {
+                let mut text = prefix.as_bytes().to_vec();
+                text.push(0);
+                self.attr(2, &text);
+                self.attr(1, &group.to_be_bytes());
             }
             Expr::Other(_) => {}
         }

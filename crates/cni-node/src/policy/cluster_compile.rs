@@ -1,5 +1,5 @@
-//! ClusterNetworkPolicy compiled for this node's pods, in the shape a datapath would load
-//! into one verdict map per tier: for each local pod address, direction and tier, the
+//! ClusterNetworkPolicy compiled for this node's pods, in the shape the datapath loads
+//! into one verdict map per tier and direction: for each local pod address, direction and tier, the
 //! rules of the policies whose subject holds the pod, in evaluation order, cut into
 //! pairwise disjoint boxes of (peer addresses, protocol and destination port) with the
 //! verdict and the rule of the first rule that matches there ([`TierTable`]). Where no
@@ -14,8 +14,9 @@
 //! against the destination pod: the local pod's own for ingress, each peer pod's for
 //! egress.
 //!
-//! Nothing consumes this yet (no datapath judges the Admin and Baseline tiers); it is
-//! checked against [`super::cluster_model`] on random clusters.
+//! [`super::cluster_network_policy::compile`] groups the pods' boxes into the profiles
+//! the datapath loads; the boxes are checked against [`super::cluster_model`] on random
+//! clusters.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;

@@ -61,6 +61,16 @@ impl NodePeer {
     }
 }
 
+impl From<&crate::node::NodeInfo> for NodePeer {
+    /// What the Node store keeps of a Node, as a peer.
+    fn from(node: &crate::node::NodeInfo) -> Self {
+        Self {
+            labels: node.labels.clone(),
+            addresses: node.addresses.clone(),
+        }
+    }
+}
+
 /// A rule that matched a connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleMatch {

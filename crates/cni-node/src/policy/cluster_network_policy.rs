@@ -1,21 +1,37 @@
-//! The ClusterNetworkPolicy kind (`policy.networking.k8s.io/v1alpha2`), which will fill
-//! the pipeline's Admin and Baseline tiers: its own store (the policies, read by
+//! The ClusterNetworkPolicy kind (`policy.networking.k8s.io/v1alpha2`), which fills the
+//! pipeline's Admin and Baseline tiers: its own store (the policies, read by
 //! [`super::cluster_objects`]), whether the API serves it at all ([`Served`]: the kind
-//! is a CRD that many clusters do not install), and its meaning
-//! ([`super::cluster_model`]).
+//! is a CRD that many clusters do not install), its meaning ([`super::cluster_model`])
+//! and what it compiles to on this node ([`compile`]: per tier and direction, the
+//! profiles of verdict boxes that the datapath loads into the tier's verdict maps).
 //!
-//! It is watched, not yet enforced: no datapath consumes the Admin and Baseline tiers
-//! yet, so they stay [`super::pipeline::Stage::Off`] whatever this store holds, and
-//! nothing of it holds back readiness. Its view is complete once its store and the Pods
-//! and Namespaces it selects have their first whole list ([`Stores::complete`]).
+//! Its tiers are [`Stage::Ready`] once its store and the Pods and Namespaces it selects
+//! have their first whole list ([`Stores::snapshot`]), [`Stage::Off`] while the API
+//! does not serve the kind (no policy: nothing to judge), and [`Stage::Waiting`] before
+//! the API has answered or while a list is missing: the kernel keeps what it holds for
+//! the tiers meanwhile. Nothing of it holds back readiness.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cni_firewall::network_policy::Allow;
+use cni_protocol::ip::from_u128;
+use sha2::Digest as _;
+
+use super::cluster_compile::{TierTable, VerdictBox};
+use super::cluster_model::{NodePeer, TieredView};
+use super::cluster_objects::{Action, ClusterPolicyInfo};
+use super::model::View;
 use super::objects::SlimClusterNetworkPolicy;
-use super::pipeline::Selected;
+use super::pipeline::{CompileContext, Selected, Stage, Tier};
+use super::verdicts::{Direction, Verdict, VerdictOrigin};
 use crate::store::{Items, Store, snapshot_of};
+
+/// What the tiers wait for until the kind's view is complete (`/readyz` says so).
+pub const WAITING: &str = "waiting for the API to serve ClusterNetworkPolicy or say it does not, and for the first complete list of ClusterNetworkPolicies, Pods and Namespaces";
 
 /// How long the agent waits before looking again for a kind the API does not serve.
 pub const LOOK_AGAIN_AFTER: Duration = Duration::from_secs(30);
@@ -70,7 +86,7 @@ pub struct Stores {
 }
 
 /// The objects ClusterNetworkPolicy is judged on, as of one moment.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
     /// What every kind selects.
     pub pods: Items<super::objects::SlimPod>,
@@ -90,19 +106,243 @@ impl Stores {
         })
     }
 
+    /// The tiers' input: ready once the view is complete, off while the API does not
+    /// serve the kind, else waiting.
+    pub fn snapshot(&self, selected: &Selected) -> Stage<Snapshot> {
+        match self.served.get() {
+            Availability::Absent => Stage::Off,
+            Availability::Unknown => Stage::Waiting(WAITING.to_owned()),
+            Availability::Served => self
+                .complete(selected)
+                .map_or_else(|| Stage::Waiting(WAITING.to_owned()), Stage::Ready),
+        }
+    }
+
     /// What `/readyz` says of the kind once the API serves it (`None` before: a
     /// cluster without the kind hears nothing of it there).
     pub fn status(&self) -> Option<String> {
-        (self.served.get() == Availability::Served).then(|| {
-            let count = snapshot_of(&self.policies).map(|p| p.len());
-            match count {
-                Some(n) => {
-                    format!("ClusterNetworkPolicy: watched ({n} policies), not yet enforced")
-                }
-                None => "ClusterNetworkPolicy: watched, not yet enforced".to_owned(),
+        (self.served.get() == Availability::Served).then(|| match snapshot_of(&self.policies) {
+            Some(policies) => {
+                let admin = policies.values().filter(|p| p.tier == Tier::Admin).count();
+                format!(
+                    "ClusterNetworkPolicy: enforced ({} policies: {admin} Admin, {} Baseline)",
+                    policies.len(),
+                    policies.len() - admin
+                )
             }
+            None => "ClusterNetworkPolicy: served, waiting for its first complete list".to_owned(),
         })
     }
+}
+
+/// One box of a tier profile: peers, protocols and ports, and what decided there.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TierVerdict {
+    /// The peers, protocols and destination ports.
+    pub peers: Allow,
+    /// The tier, policy, rule, direction and verdict.
+    pub origin: VerdictOrigin,
+}
+
+/// What one tier (Admin or Baseline) wants of the kernel on this node: which local pod
+/// address each profile judges, per direction, and the profiles' boxes. Pods whose
+/// boxes are the same share a profile, named by a hash of what makes them (the tier,
+/// the direction, the policies that decide there and, for ingress, the pod's named
+/// ports), not of the boxes: a change of what the policies hold keeps the name and
+/// reaches the kernel as the boxes that differ.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TierWant {
+    /// Local pod address -> its ingress profile.
+    pub ingress: BTreeMap<IpAddr, String>,
+    /// Local pod address -> its egress profile.
+    pub egress: BTreeMap<IpAddr, String>,
+    /// Ingress profiles: boxes of sources.
+    pub ingress_profiles: BTreeMap<String, Vec<TierVerdict>>,
+    /// Egress profiles: boxes of destinations.
+    pub egress_profiles: BTreeMap<String, Vec<TierVerdict>>,
+}
+
+impl TierWant {
+    /// Local pod addresses with an entry in either direction.
+    pub fn pods(&self) -> usize {
+        let mut all: Vec<&IpAddr> = self.ingress.keys().chain(self.egress.keys()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all.len()
+    }
+
+    /// Boxes in all profiles.
+    pub fn boxes(&self) -> usize {
+        self.ingress_profiles
+            .values()
+            .chain(self.egress_profiles.values())
+            .map(Vec::len)
+            .sum()
+    }
+}
+
+/// Compiles the Admin and Baseline tiers for the pods of this node (their addresses
+/// from the API and from the plugin's records).
+pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, TierWant) {
+    let no_policies = BTreeMap::new();
+    let view = View::with_records(
+        &snapshot.pods,
+        &snapshot.namespaces,
+        &no_policies,
+        context.records.clone(),
+    );
+    let nodes: BTreeMap<String, NodePeer> = context
+        .nodes
+        .iter()
+        .map(|(name, node)| (name.clone(), NodePeer::from(node)))
+        .collect();
+    let policies: &BTreeMap<String, ClusterPolicyInfo> = &snapshot.policies;
+    let tiered = TieredView::new(&view, policies, &nodes);
+    let compiled = super::cluster_compile::compile(&tiered, context.node);
+    let named_ports = |ip: &IpAddr| -> String {
+        view.pod_at(*ip)
+            .map(|p| {
+                p.named_ports
+                    .iter()
+                    .map(|n| format!("{}/{}/{}", n.name, n.protocol, n.port))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
+    let tier_want = |tier: Tier| {
+        let mut want = TierWant::default();
+        for direction in [Direction::Ingress, Direction::Egress] {
+            let ingress = direction == Direction::Ingress;
+            let Some(table) = compiled.table(tier, ingress) else {
+                continue;
+            };
+            let (pods, profiles) = match direction {
+                Direction::Ingress => (&mut want.ingress, &mut want.ingress_profiles),
+                Direction::Egress => (&mut want.egress, &mut want.egress_profiles),
+            };
+            fill(
+                tier,
+                direction,
+                table,
+                policies,
+                &|ip| {
+                    if ingress {
+                        named_ports(ip)
+                    } else {
+                        String::new()
+                    }
+                },
+                pods,
+                profiles,
+            );
+        }
+        want
+    };
+    (tier_want(Tier::Admin), tier_want(Tier::Baseline))
+}
+
+/// One tier and direction's pods and profiles from its table.
+fn fill(
+    tier: Tier,
+    direction: Direction,
+    table: &TierTable,
+    policies: &BTreeMap<String, ClusterPolicyInfo>,
+    named_ports: &dyn Fn(&IpAddr) -> String,
+    pods: &mut BTreeMap<IpAddr, String>,
+    profiles: &mut BTreeMap<String, Vec<TierVerdict>>,
+) {
+    for (ip, boxes) in table {
+        if boxes.is_empty() {
+            continue;
+        }
+        let mut deciding: Vec<&str> = boxes.iter().map(|b| b.rule.policy.as_str()).collect();
+        deciding.sort_unstable();
+        deciding.dedup();
+        let verdicts = tier_verdicts(tier, direction, boxes, policies);
+        let base = profile_name(&[
+            &format!("{tier:?}"),
+            direction.as_str(),
+            &deciding.join(
+                "
+",
+            ),
+            &named_ports(ip),
+        ]);
+        // Pods that share what decides share the profile; should their boxes differ
+        // all the same, the content's hash tells them apart.
+        let name = match profiles.get(&base) {
+            Some(held) if *held != verdicts => {
+                let content = format!("{verdicts:?}");
+                profile_name(&[&base, &content])
+            }
+            _ => base,
+        };
+        profiles.entry(name.clone()).or_insert(verdicts);
+        pods.insert(*ip, name);
+    }
+}
+
+/// The boxes of one pod as the firewall's boxes, each with its origin; sorted.
+fn tier_verdicts(
+    tier: Tier,
+    direction: Direction,
+    boxes: &[VerdictBox],
+    policies: &BTreeMap<String, ClusterPolicyInfo>,
+) -> Vec<TierVerdict> {
+    let mut out = Vec::new();
+    for b in boxes {
+        let rules = policies.get(&b.rule.policy).map(|p| match direction {
+            Direction::Ingress => &p.ingress,
+            Direction::Egress => &p.egress,
+        });
+        let rule = rules
+            .and_then(|r| r.get(b.rule.index))
+            .map(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| format!("{}[{}]", direction.as_str(), b.rule.index));
+        let origin = VerdictOrigin {
+            tier,
+            policy: b.rule.policy.clone(),
+            rule,
+            direction,
+            verdict: match b.verdict {
+                Action::Accept => Verdict::Accept,
+                Action::Deny => Verdict::Deny,
+                Action::Pass => Verdict::Pass,
+            },
+        };
+        let (first, last) = (
+            from_u128(b.addresses.0, b.v4),
+            from_u128(b.addresses.1, b.v4),
+        );
+        for (protocols, ports) in super::compile::split_keys(b.keys.0, b.keys.1) {
+            out.push(TierVerdict {
+                peers: Allow {
+                    first,
+                    last,
+                    protocols,
+                    ports,
+                },
+                origin: origin.clone(),
+            });
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A profile's name: 16 hex digits of a hash of `parts`.
+fn profile_name(parts: &[&str]) -> String {
+    let mut hash = sha2::Sha256::new();
+    for part in parts {
+        hash.update(part.as_bytes());
+        hash.update(b"\n");
+    }
+    hash.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -126,6 +366,6 @@ mod tests {
         stores.served.set(Availability::Absent);
         assert_eq!(stores.status(), None);
         stores.served.set(Availability::Served);
-        assert!(stores.status().unwrap().contains("not yet enforced"));
+        assert!(stores.status().unwrap().contains("waiting"));
     }
 }

@@ -544,7 +544,7 @@ fn boxes(rects: &[Rect], v4: bool) -> Vec<Allow> {
 }
 
 /// A key interval as at most three (protocols, ports) boxes.
-fn split_keys(lo: u32, hi: u32) -> Vec<((u8, u8), (u16, u16))> {
+pub(crate) fn split_keys(lo: u32, hi: u32) -> Vec<((u8, u8), (u16, u16))> {
     let proto = |k: u32| u8::try_from(k >> 16).unwrap_or(u8::MAX);
     let port = |k: u32| u16::try_from(k & 0xFFFF).unwrap_or(u16::MAX);
     let (p1, q1, p2, q2) = (proto(lo), port(lo), proto(hi), port(hi));
@@ -736,7 +736,11 @@ fn profile_of(parts: Parts) -> Profile {
         .collect();
     peers.sort();
     peers.dedup();
-    Profile { allow, peers }
+    Profile {
+        allow,
+        peers,
+        verdicts: None,
+    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,27 @@
-//! The kernel side of NetworkPolicy: what the reconciler asks of it ([`PolicyDatapath`],
-//! a trait so the reconciler is tested without nf_tables), what it holds after a pass
-//! ([`PolicyCounts`]), and the real one over the firewall crate's `inet cni_node_policy`
-//! table, which keeps what it committed in memory and sends only differences.
+//! The kernel side of policy: what the reconciler asks of it ([`PolicyDatapath`], a
+//! trait so the reconciler is tested without nf_tables), what it holds after a pass
+//! ([`PolicyCounts`]), and the real one over the firewall crate's `inet
+//! cni_node_policy` table ([`Table`]), which keeps what it committed in memory and
+//! sends only differences.
+//!
+//! The pipeline's tiers become one firewall state, applied in one transaction: the
+//! Admin and Baseline tiers' profiles of verdict boxes, NetworkPolicy's profiles, and a
+//! verdict chain for every origin a box or profile decides by ([`VerdictOrigin`]: a
+//! ClusterNetworkPolicy rule's verdict, or per namespace NetworkPolicy's allow and
+//! default deny), whose names are published for `/metrics` and the deny log
+//! ([`SharedVerdictNames`]). A tier that waits keeps what the kernel holds for it; a
+//! tier that is off holds nothing.
 
-use cni_firewall::network_policy::{self, PolicyState, PolicyTable};
+use std::collections::BTreeMap;
 
-use super::pipeline::{Pipeline, Stage};
+use cni_firewall::network_policy::{
+    self, DenyLog, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
+    TierProfile, TierState, VerdictAction,
+};
+
+use super::cluster_network_policy::TierWant;
+use super::pipeline::{Pipeline, Stage, Tier};
+use super::verdicts::{Direction, SharedVerdictNames, Verdict, VerdictNames, VerdictOrigin};
 use crate::error::{Error, Result};
 
 /// The policy tables: a trait so the reconciler is tested without nf_tables.
@@ -20,17 +36,25 @@ pub trait PolicyDatapath: Send {
     fn reload(&mut self) -> Result<()>;
 }
 
-/// What the NetworkPolicy table holds after a pass.
+/// What the policy table holds after a pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PolicyCounts {
-    /// Local pod addresses isolated for ingress.
+    /// Local pod addresses isolated for ingress by NetworkPolicy.
     pub ingress: usize,
-    /// Local pod addresses isolated for egress.
+    /// Local pod addresses isolated for egress by NetworkPolicy.
     pub egress: usize,
-    /// Profiles (what a set of pods allows), both directions.
+    /// NetworkPolicy profiles (what a set of pods allows), both directions.
     pub profiles: usize,
     /// Shared peer sets.
     pub peer_sets: usize,
+    /// Local pod addresses the Admin tier has a word for (either direction).
+    pub admin_pods: usize,
+    /// Boxes of the Admin tier's profiles.
+    pub admin_boxes: usize,
+    /// Local pod addresses the Baseline tier has a word for.
+    pub baseline_pods: usize,
+    /// Boxes of the Baseline tier's profiles.
+    pub baseline_boxes: usize,
 }
 
 /// The table, as the agent drives it.
@@ -38,6 +62,8 @@ pub struct PolicyCounts {
 pub struct Table {
     table: PolicyTable,
     bridge_netfilter_on: bool,
+    names: SharedVerdictNames,
+    deny_log: Option<DenyLog>,
 }
 
 impl Table {
@@ -49,17 +75,222 @@ impl Table {
         Ok(Self {
             table,
             bridge_netfilter_on: false,
+            names: SharedVerdictNames::default(),
+            deny_log: None,
         })
     }
+
+    /// Publishes the names of the verdict chains of every apply into `names` (which
+    /// `/metrics` and the deny log read).
+    pub fn with_verdict_names(mut self, names: SharedVerdictNames) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// Turns the deny log on (`Some`) or off for the applies that follow: every
+    /// verdict chain that drops logs the first packet of the connections it drops to
+    /// the nflog group, at most `per_second` a second per chain, prefixed with the
+    /// chain's name.
+    pub fn with_deny_log(mut self, deny_log: Option<DenyLog>) -> Self {
+        self.deny_log = deny_log;
+        self
+    }
+
+    /// The names published at each apply.
+    pub fn verdict_names(&self) -> SharedVerdictNames {
+        SharedVerdictNames::clone(&self.names)
+    }
+}
+
+/// The firewall's direction of a verdict's.
+fn firewall(direction: Direction) -> FwDirection {
+    match direction {
+        Direction::Ingress => FwDirection::Ingress,
+        Direction::Egress => FwDirection::Egress,
+    }
+}
+
+/// What a verdict chain does for an origin: a Pass hands on to NetworkPolicy in the
+/// Admin tier, and allows in the Baseline tier (nothing comes after it).
+fn action(origin: &VerdictOrigin) -> VerdictAction {
+    match (origin.verdict, origin.tier) {
+        (Verdict::Deny, _) => VerdictAction::Drop,
+        (Verdict::Pass, Tier::Admin) => VerdictAction::ToNetworkPolicy(firewall(origin.direction)),
+        (Verdict::Accept | Verdict::Pass, _) => VerdictAction::Accept,
+    }
+}
+
+/// The state as it is built from the pipeline: the firewall state and the origins of
+/// the verdict chains it names.
+#[derive(Default)]
+struct Building {
+    state: PolicyState,
+    origins: BTreeMap<String, VerdictOrigin>,
+}
+
+impl Building {
+    fn chain(&mut self, origin: VerdictOrigin) -> String {
+        let name = origin.chain();
+        self.state
+            .verdict_chains
+            .insert(name.clone(), action(&origin));
+        self.origins.entry(name.clone()).or_insert(origin);
+        name
+    }
+
+    /// A ClusterNetworkPolicy tier's profiles and pods.
+    fn tier(&mut self, want: &TierWant) -> TierState {
+        let mut out = TierState {
+            ingress: want.ingress.clone(),
+            egress: want.egress.clone(),
+            ..TierState::default()
+        };
+        for (profiles, into) in [
+            (&want.ingress_profiles, &mut out.ingress_profiles),
+            (&want.egress_profiles, &mut out.egress_profiles),
+        ] {
+            for (name, boxes) in profiles {
+                let boxes = boxes
+                    .iter()
+                    .map(|b| TierBox {
+                        peers: b.peers.clone(),
+                        chain: self.chain(b.origin.clone()),
+                    })
+                    .collect();
+                into.insert(name.clone(), TierProfile { boxes });
+            }
+        }
+        out
+    }
+
+    /// NetworkPolicy's profiles, each through its namespace's allow and default-deny
+    /// verdict chains (a profile's pods are all of one namespace: its name comes from
+    /// the policies that select them, which are theirs).
+    fn network_policy(&mut self, want: &super::compile::Compiled) {
+        let s = &mut self.state;
+        s.ingress = want.ingress.clone();
+        s.egress = want.egress.clone();
+        s.ingress_profiles = want.ingress_profiles.clone();
+        s.egress_profiles = want.egress_profiles.clone();
+        s.peer_sets = want.peer_sets.clone();
+        for direction in [Direction::Ingress, Direction::Egress] {
+            let pods = match direction {
+                Direction::Ingress => &want.ingress,
+                Direction::Egress => &want.egress,
+            };
+            let mut namespace_of: BTreeMap<&str, &str> = BTreeMap::new();
+            for (ip, profile) in pods {
+                if let Some(pod) = want.judged.get(ip) {
+                    let namespace = pod.split_once('/').map_or(pod.as_str(), |(ns, _)| ns);
+                    namespace_of.entry(profile).or_insert(namespace);
+                }
+            }
+            let names: Vec<(String, String)> = namespace_of
+                .iter()
+                .map(|(p, ns)| ((*p).to_owned(), (*ns).to_owned()))
+                .collect();
+            for (profile, namespace) in names {
+                let origin = |rule: &str, verdict| VerdictOrigin {
+                    tier: Tier::NetworkPolicy,
+                    policy: namespace.clone(),
+                    rule: rule.to_owned(),
+                    direction,
+                    verdict,
+                };
+                let verdicts = ProfileVerdicts {
+                    allow: self.chain(origin("allow", Verdict::Accept)),
+                    deny: self.chain(origin("default-deny", Verdict::Deny)),
+                };
+                let profiles = match direction {
+                    Direction::Ingress => &mut self.state.ingress_profiles,
+                    Direction::Egress => &mut self.state.egress_profiles,
+                };
+                if let Some(p) = profiles.get_mut(&profile) {
+                    p.verdicts = Some(verdicts);
+                }
+            }
+        }
+    }
+
+    /// Keeps what the kernel holds for a tier that waits: the tier's part of `held`
+    /// and the verdict chains it goes to.
+    fn keep_tier(&mut self, held: &PolicyState, tier: Tier) -> TierState {
+        let kept = match tier {
+            Tier::Admin => held.admin.clone(),
+            Tier::Baseline => held.baseline.clone(),
+            Tier::NetworkPolicy => return TierState::default(),
+        };
+        for profile in kept
+            .ingress_profiles
+            .values()
+            .chain(kept.egress_profiles.values())
+        {
+            for b in &profile.boxes {
+                self.keep_chain(held, &b.chain);
+            }
+        }
+        kept
+    }
+
+    fn keep_network_policy(&mut self, held: &PolicyState) {
+        let s = &mut self.state;
+        s.ingress = held.ingress.clone();
+        s.egress = held.egress.clone();
+        s.ingress_profiles = held.ingress_profiles.clone();
+        s.egress_profiles = held.egress_profiles.clone();
+        s.peer_sets = held.peer_sets.clone();
+        let chains: Vec<String> = held
+            .ingress_profiles
+            .values()
+            .chain(held.egress_profiles.values())
+            .filter_map(|p| p.verdicts.as_ref())
+            .flat_map(|v| [v.allow.clone(), v.deny.clone()])
+            .collect();
+        for chain in chains {
+            self.keep_chain(held, &chain);
+        }
+    }
+
+    fn keep_chain(&mut self, held: &PolicyState, chain: &str) {
+        if let Some(action) = held.verdict_chains.get(chain) {
+            self.state.verdict_chains.insert(chain.to_owned(), *action);
+        }
+    }
+}
+
+/// The firewall state of a pipeline, keeping `held`'s part for the tiers that wait;
+/// with the origins of the verdict chains it builds.
+fn state_of(
+    want: &Pipeline,
+    held: &PolicyState,
+    deny_log: Option<DenyLog>,
+) -> (PolicyState, BTreeMap<String, VerdictOrigin>) {
+    let mut b = Building::default();
+    match &want.network_policy {
+        Stage::Ready(np) => b.network_policy(&np.compiled),
+        Stage::Waiting(_) => b.keep_network_policy(held),
+        Stage::Off => {}
+    }
+    b.state.admin = match &want.admin {
+        Stage::Ready(admin) => b.tier(admin),
+        Stage::Waiting(_) => b.keep_tier(held, Tier::Admin),
+        Stage::Off => TierState::default(),
+    };
+    b.state.baseline = match &want.baseline {
+        Stage::Ready(baseline) => b.tier(baseline),
+        Stage::Waiting(_) => b.keep_tier(held, Tier::Baseline),
+        Stage::Off => TierState::default(),
+    };
+    b.state.deny_log = deny_log;
+    (b.state, b.origins)
 }
 
 impl PolicyDatapath for Table {
     fn apply(&mut self, want: Pipeline) -> Result<bool> {
-        // The one kind so far: while it waits, the table stays as it is.
-        let Stage::Ready(want) = want.network_policy else {
+        if !want.any_ready() {
+            // Every tier waits or is off: the table stays as it is.
             return Ok(false);
-        };
-        let want = want.compiled;
+        }
         // Bridged traffic between a node's pods reaches netfilter only through
         // br_netfilter; checked every pass (two sysctl reads), since anything may turn
         // it off.
@@ -67,26 +298,154 @@ impl PolicyDatapath for Table {
         if !were_on || !self.bridge_netfilter_on {
             tracing::info!(
                 "bridged traffic goes through netfilter (net.bridge.bridge-nf-call-iptables \
-                 and -ip6tables {}), so NetworkPolicy applies between pods of this node",
+                 and -ip6tables {}), so policy applies between pods of this node",
                 if were_on { "are on" } else { "turned on" }
             );
             self.bridge_netfilter_on = true;
         }
-        let state = PolicyState {
-            ingress: want.ingress,
-            egress: want.egress,
-            ingress_profiles: want.ingress_profiles,
-            egress_profiles: want.egress_profiles,
-            peer_sets: want.peer_sets,
-        };
+        // What the kernel holds, for the tiers that wait (unknown or unreadable: they
+        // hold nothing to keep).
+        let held = self.table.held_state().unwrap_or_default();
+        let (state, origins) = state_of(&want, &held, self.deny_log);
+        let judged = want
+            .network_policy
+            .ready()
+            .map(|np| np.compiled.judged.clone())
+            .unwrap_or_default();
         let changes = self
             .table
-            .apply_judged(&state, &want.judged)
+            .apply_judged(&state, &judged)
             .map_err(Error::Policy)?;
+        // Every chain of the state is named: by this pass when a ready tier built it,
+        // else as the last pass named it.
+        let mut names = self
+            .names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous = std::mem::take(&mut *names);
+        *names = VerdictNames::new(state.verdict_chains.keys().filter_map(|chain| {
+            origins
+                .get(chain)
+                .or_else(|| previous.origin(chain))
+                .cloned()
+        }));
         Ok(changes.sent())
     }
 
     fn reload(&mut self) -> Result<()> {
         self.table.load().map_err(Error::Policy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::cluster_network_policy::TierVerdict;
+    use cni_firewall::network_policy::{Allow, Profile};
+    use std::net::IpAddr;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn origin(tier: Tier, verdict: Verdict, direction: Direction) -> VerdictOrigin {
+        VerdictOrigin {
+            tier,
+            policy: "p".into(),
+            rule: "r".into(),
+            direction,
+            verdict,
+        }
+    }
+
+    fn tier_want(origin: VerdictOrigin) -> TierWant {
+        let mut want = TierWant::default();
+        want.egress.insert(ip("10.0.0.2"), "e1".into());
+        want.egress_profiles.insert(
+            "e1".into(),
+            vec![TierVerdict {
+                peers: Allow::all_traffic(ip("10.0.0.0"), ip("10.0.0.255")),
+                origin,
+            }],
+        );
+        want
+    }
+
+    /// Each verdict becomes the chain action that means it in its tier; a waiting
+    /// tier keeps what the kernel holds, with its chains; an off tier holds nothing.
+    #[test]
+    fn tiers_become_one_state_with_their_verdict_chains() {
+        let pass = origin(Tier::Admin, Verdict::Pass, Direction::Egress);
+        let base_pass = origin(Tier::Baseline, Verdict::Pass, Direction::Egress);
+        let want = Pipeline {
+            admin: Stage::Ready(tier_want(pass.clone())),
+            network_policy: Stage::Off,
+            baseline: Stage::Ready(tier_want(base_pass.clone())),
+        };
+        let (state, origins) = state_of(&want, &PolicyState::default(), None);
+        assert_eq!(
+            state.verdict_chains,
+            [
+                (
+                    pass.chain(),
+                    VerdictAction::ToNetworkPolicy(FwDirection::Egress)
+                ),
+                (base_pass.chain(), VerdictAction::Accept),
+            ]
+            .into()
+        );
+        assert_eq!(origins.len(), 2);
+        assert_eq!(
+            state.admin.egress_profiles["e1"].boxes[0].chain,
+            pass.chain()
+        );
+
+        // Admin waits: the held Admin tier and its chain stay; Baseline off: gone.
+        let waiting = Pipeline {
+            admin: Stage::Waiting("list".into()),
+            network_policy: Stage::Off,
+            baseline: Stage::Off,
+        };
+        let (kept, origins) = state_of(&waiting, &state, None);
+        assert_eq!(kept.admin, state.admin);
+        assert!(kept.baseline.is_empty());
+        assert_eq!(
+            kept.verdict_chains.keys().collect::<Vec<_>>(),
+            [&pass.chain()]
+        );
+        assert!(origins.is_empty(), "kept chains keep the names they had");
+    }
+
+    /// NetworkPolicy's profiles go through their namespace's allow and default-deny
+    /// chains.
+    #[test]
+    fn network_policy_profiles_count_per_namespace() {
+        let mut compiled = super::super::compile::Compiled::default();
+        compiled
+            .ingress_profiles
+            .insert("aa".into(), Profile::default());
+        compiled.ingress.insert(ip("10.0.0.2"), "aa".into());
+        compiled.judged.insert(ip("10.0.0.2"), "shop/web".into());
+        let want = Pipeline {
+            admin: Stage::Off,
+            network_policy: Stage::Ready(super::super::network_policy::Want {
+                compiled,
+                problems: BTreeMap::new(),
+            }),
+            baseline: Stage::Off,
+        };
+        let (state, origins) = state_of(
+            &want,
+            &PolicyState::default(),
+            Some(DenyLog {
+                group: 3,
+                per_second: 10,
+            }),
+        );
+        let verdicts = state.ingress_profiles["aa"].verdicts.clone().unwrap();
+        assert_eq!(origins[&verdicts.allow].policy, "shop");
+        assert_eq!(origins[&verdicts.deny].rule, "default-deny");
+        assert_eq!(state.verdict_chains[&verdicts.deny], VerdictAction::Drop);
+        assert_eq!(state.deny_log.map(|l| l.group), Some(3));
     }
 }

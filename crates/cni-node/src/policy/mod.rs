@@ -8,8 +8,9 @@
 //!
 //! ClusterNetworkPolicy's parts ([`cluster_network_policy`]: its store and whether the
 //! API serves it): the objects ([`cluster_objects`]) and the tiers' meaning
-//! ([`cluster_model`]), and what a datapath would load per tier ([`cluster_compile`]). It is watched, not yet enforced: the Admin and Baseline tiers
-//! stay off until a datapath consumes them.
+//! ([`cluster_model`]), what each tier holds per local pod ([`cluster_compile`]), and
+//! the profiles the datapath loads into the tiers' verdict maps
+//! ([`cluster_network_policy::compile`]).
 //!
 //! What each verdict of the kernel's table is accounted to ([`verdicts`]): the names of
 //! the chains that count and log verdicts, read by `/metrics` and the deny log.

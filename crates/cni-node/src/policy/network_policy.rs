@@ -68,6 +68,7 @@ impl Want {
             egress: compiled.egress.len(),
             profiles: compiled.ingress_profiles.len() + compiled.egress_profiles.len(),
             peer_sets: compiled.peer_sets.len(),
+            ..PolicyCounts::default()
         }
     }
 }

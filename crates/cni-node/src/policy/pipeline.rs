@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
+use super::cluster_network_policy;
 use super::datapath::PolicyCounts;
 use super::network_policy;
 use super::objects::{SlimNamespace, SlimPod};
@@ -73,10 +74,6 @@ impl<T> Stage<T> {
     }
 }
 
-/// A tier no kind fills yet: it can only be [`Stage::Off`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unfilled {}
-
 /// One stage per tier, in the order a packet meets them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tiers<A, N, B> {
@@ -120,19 +117,35 @@ impl<A, N, B> Tiers<A, N, B> {
     }
 }
 
-/// What each kind is judged on, as of one snapshot of the stores.
-pub type PolicyInputs = Tiers<Unfilled, network_policy::Snapshot, Unfilled>;
+/// What each kind is judged on, as of one snapshot of the stores (ClusterNetworkPolicy
+/// fills both outer tiers from one snapshot).
+pub type PolicyInputs = Tiers<
+    cluster_network_policy::Snapshot,
+    network_policy::Snapshot,
+    cluster_network_policy::Snapshot,
+>;
 
 /// What each tier wants of the kernel on this node.
-pub type Pipeline = Tiers<Unfilled, network_policy::Want, Unfilled>;
+pub type Pipeline =
+    Tiers<cluster_network_policy::TierWant, network_policy::Want, cluster_network_policy::TierWant>;
 
 impl Pipeline {
-    /// What the tables hold once the pipeline is applied.
+    /// What the tables hold once the pipeline is applied (of the ready tiers).
     pub fn counts(&self) -> PolicyCounts {
-        self.network_policy
+        let mut counts = self
+            .network_policy
             .ready()
             .map(network_policy::Want::counts)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(admin) = self.admin.ready() {
+            counts.admin_pods = admin.pods();
+            counts.admin_boxes = admin.boxes();
+        }
+        if let Some(baseline) = self.baseline.ready() {
+            counts.baseline_pods = baseline.pods();
+            counts.baseline_boxes = baseline.boxes();
+        }
+        counts
     }
 }
 
@@ -145,21 +158,24 @@ pub struct CompileContext<'a> {
     pub records: &'a BTreeMap<IpAddr, String>,
     /// From how many address ranges a peer of pods is a shared set.
     pub share_from: usize,
+    /// The Nodes (ClusterNetworkPolicy's `nodes` peers).
+    pub nodes: &'a BTreeMap<String, crate::node::NodeInfo>,
 }
 
-/// Compiles each ready tier; the others stay as they are.
+/// Compiles each ready tier; the others stay as they are. ClusterNetworkPolicy is
+/// compiled once for both of its tiers.
 pub fn compile(inputs: &PolicyInputs, context: CompileContext<'_>) -> Pipeline {
+    let snapshot = inputs.admin.ready().or(inputs.baseline.ready());
+    let (admin, baseline) = snapshot
+        .map(|s| cluster_network_policy::compile(s, context))
+        .unwrap_or_default();
     Pipeline {
-        admin: unfilled(&inputs.admin),
+        admin: inputs.admin.map(|_| admin),
         network_policy: inputs
             .network_policy
             .map(|snapshot| network_policy::compile(snapshot, context)),
-        baseline: unfilled(&inputs.baseline),
+        baseline: inputs.baseline.map(|_| baseline),
     }
-}
-
-fn unfilled(stage: &Stage<Unfilled>) -> Stage<Unfilled> {
-    stage.map(|never| match *never {})
 }
 
 /// The stores policy is judged on: what every kind selects, and each enforced kind's
@@ -172,8 +188,8 @@ pub struct PolicyStores {
     pub namespaces: Arc<Mutex<Store<SlimNamespace>>>,
     /// NetworkPolicy's own.
     pub network_policy: Option<network_policy::Stores>,
-    /// ClusterNetworkPolicy's own: watched beside NetworkPolicy, not yet enforced (its
-    /// tiers stay [`Stage::Off`]).
+    /// ClusterNetworkPolicy's own: enforced wherever NetworkPolicy is, in the Admin and
+    /// Baseline tiers.
     pub cluster_network_policy: Option<super::cluster_network_policy::Stores>,
 }
 
@@ -196,13 +212,17 @@ impl PolicyStores {
             pods: snapshot_of(&self.pods),
             namespaces: snapshot_of(&self.namespaces),
         };
+        let cluster = self
+            .cluster_network_policy
+            .as_ref()
+            .map_or(Stage::Off, |own| own.snapshot(&selected));
         PolicyInputs {
-            admin: Stage::Off,
+            admin: cluster.clone(),
             network_policy: self
                 .network_policy
                 .as_ref()
                 .map_or(Stage::Off, |own| own.snapshot(&selected)),
-            baseline: Stage::Off,
+            baseline: cluster,
         }
     }
 }
@@ -243,6 +263,11 @@ mod tests {
         let stores = PolicyStores::enforcing(true);
         complete(&stores.pods);
         complete(&stores.namespaces);
+        // A cluster without ClusterNetworkPolicy: its tiers are off.
+        let cluster = stores.cluster_network_policy.as_ref().unwrap();
+        cluster
+            .served
+            .set(super::super::cluster_network_policy::Availability::Absent);
         let inputs = stores.snapshot();
         assert_eq!(
             inputs.waiting(),
@@ -250,10 +275,12 @@ mod tests {
         );
         // Compiling a waiting tier waits too: nothing of it reaches the kernel.
         let records = BTreeMap::new();
+        let nodes = BTreeMap::new();
         let context = CompileContext {
             node: "n1",
             records: &records,
             share_from: 16,
+            nodes: &nodes,
         };
         let pipeline = compile(&inputs, context);
         assert!(!pipeline.any_ready());
@@ -264,5 +291,41 @@ mod tests {
         let inputs = stores.snapshot();
         assert!(inputs.waiting().is_empty());
         assert!(compile(&inputs, context).any_ready());
+        assert_eq!(inputs.admin, Stage::Off);
+    }
+
+    /// ClusterNetworkPolicy's tiers wait until the API has answered and its list is
+    /// whole, then both are ready from one snapshot; a cluster without the kind has
+    /// them off.
+    #[test]
+    fn the_cluster_tiers_follow_the_kind() {
+        use super::super::cluster_network_policy::Availability;
+        let stores = PolicyStores::enforcing(true);
+        complete(&stores.pods);
+        complete(&stores.namespaces);
+        let cluster = stores.cluster_network_policy.as_ref().unwrap();
+        let inputs = stores.snapshot();
+        assert!(inputs.admin.waiting().is_some() && inputs.baseline.waiting().is_some());
+        cluster.served.set(Availability::Served);
+        assert!(stores.snapshot().admin.waiting().is_some(), "no list yet");
+        complete(&cluster.policies);
+        let inputs = stores.snapshot();
+        assert!(inputs.admin.ready().is_some() && inputs.baseline.ready().is_some());
+        let records = BTreeMap::new();
+        let nodes = BTreeMap::new();
+        let context = CompileContext {
+            node: "n1",
+            records: &records,
+            share_from: 16,
+            nodes: &nodes,
+        };
+        let pipeline = compile(&inputs, context);
+        assert_eq!(
+            pipeline.admin.ready(),
+            Some(&cluster_network_policy::TierWant::default())
+        );
+        cluster.served.set(Availability::Absent);
+        let inputs = stores.snapshot();
+        assert_eq!((inputs.admin, inputs.baseline), (Stage::Off, Stage::Off));
     }
 }
