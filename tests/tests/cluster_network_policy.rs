@@ -1407,6 +1407,8 @@ fn tiers_wrap_network_policy_and_change_in_place() {
         ],
         &mut failures,
     );
+    // The flows run on a second past the last change, so that a late drop shows.
+    std::thread::sleep(Duration::from_secs(1));
     failures.extend(flow_losses(
         flows,
         "cedric-diggory-0 -> luna-lovegood-1",
