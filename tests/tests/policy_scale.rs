@@ -40,8 +40,8 @@
 //! numbered ports, ranges and named ports; every action. None of their rules matches the
 //! connection benchmark's pods or the changes' addresses, so what is measured and
 //! checked is the same, with every tier's lookups in force on the way. A fifth kind of
-//! change then joins the four: an Admin ClusterNetworkPolicy added at priority 0, timed
-//! to the agent's commit.
+//! change then joins the four: an Admin ClusterNetworkPolicy added at priority 0 (egress
+//! denied to one /32 on one port), timed to the agent's commit.
 //!
 //! Sizes: `CNI_RS_SCALE_PODS` (default 1,000: 10 nodes), `CNI_RS_SCALE_POLICIES`
 //! (default 100), `CNI_RS_SCALE_CHANGES` (default 20), `CNI_RS_SCALE_CONNECTIONS` (per
@@ -896,17 +896,18 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
             4 => {
                 // First of all (priority 0), on an address and port of its own: no
                 // other rule shadows it, so it always changes what the kernel holds.
-                let from = format!("172.17.{}.{}/32", (c >> 8) & 255, c & 255);
+                // (`networks` peers are egress's only: in `from` they would fail closed.)
+                let to = format!("172.17.{}.{}/32", (c >> 8) & 255, c & 255);
                 let policy = cluster_network_policy(
                     &format!("added-{c}"),
                     json!({
                         "tier": "Admin",
                         "priority": 0,
                         "subject": {"namespaces": {}},
-                        "ingress": [{
+                        "egress": [{
                             "name": "deny-one-address",
                             "action": "Deny",
-                            "from": [{"networks": [from]}],
+                            "to": [{"networks": [to]}],
                             "protocols": [{"tcp": {"destinationPort": {
                                 "number": 10_000 + c % 50_000}}}],
                         }],
