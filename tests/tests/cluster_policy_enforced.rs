@@ -1,11 +1,12 @@
 //! ClusterNetworkPolicy enforced in the kernel, end to end: one node running `cni-node`
 //! against the Kubernetes API test server, two pods of one namespace, a NetworkPolicy
-//! that allows the client to reach the server, then an Admin tier policy that denies it.
+//! that isolates the server and allows the client on port 80, then an Admin tier policy
+//! that denies that.
 //! The Admin tier is judged before NetworkPolicy, so its Deny wins over the allow; once
 //! it is gone the allow holds again. The verdict chains count what they decided.
 
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{Cluster, node_name};
@@ -22,11 +23,11 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// How long a probe waits for its answer (a denial is a drop: it always waits this).
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// One TCP probe from the namespace at `from` to `to` port 80.
-fn probe(from: &PathBuf, to: IpAddr) -> Outcome {
+/// One TCP probe from the namespace at `from` to `to` port `port`.
+fn probe(from: &Path, to: IpAddr, port: u16) -> Outcome {
     let probes = [Probe {
-        from: from.clone(),
-        to: SocketAddr::new(to, 80),
+        from: from.to_path_buf(),
+        to: SocketAddr::new(to, port),
         protocol: Protocol::Tcp,
     }];
     netpol::run(&probes, PROBE_TIMEOUT, |_, _| false).remove(0)
@@ -34,10 +35,10 @@ fn probe(from: &PathBuf, to: IpAddr) -> Outcome {
 
 /// Probes until the outcome is `want` (passed or dropped), for at most [`DEADLINE`];
 /// a refusal or an error fails at once.
-fn until(from: &PathBuf, to: IpAddr, pass: bool, what: &str, log: &dyn Fn() -> String) {
+fn until(from: &Path, to: IpAddr, port: u16, pass: bool, what: &str, log: &dyn Fn() -> String) {
     let started = Instant::now();
     loop {
-        let outcome = probe(from, to);
+        let outcome = probe(from, to, port);
         assert!(!outcome.broken(), "{what}: {}\n{}", outcome.word(), log());
         if outcome.agrees(pass) {
             println!("{what}: after {:?}", started.elapsed());
@@ -85,7 +86,7 @@ fn an_admin_deny_wins_over_a_network_policy_allow() {
     }
     let (client, _) = pods[0].clone();
     let (server_ns, server) = pods[1].clone();
-    let _servers = Servers::start(&server_ns, &[80]);
+    let _servers = Servers::start(&server_ns, &[80, 81]);
     let host = &cluster.hosts[0];
     let log = || host.agent_log();
 
@@ -97,13 +98,11 @@ fn an_admin_deny_wins_over_a_network_policy_allow() {
                "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "client"}}}],
                             "ports": [{"protocol": "TCP", "port": 80}]}]}),
     ));
-    until(
-        &client,
-        server,
-        true,
-        "NetworkPolicy allows client -> server",
-        &log,
-    );
+    // In force once it isolates the server: port 81 is not allowed.
+    let isolates = "NetworkPolicy isolates the server";
+    until(&client, server, 81, false, isolates, &log);
+    let allows = "NetworkPolicy allows client -> server";
+    until(&client, server, 80, true, allows, &log);
 
     // The Admin tier denies it: judged first, its Deny wins.
     cluster
@@ -117,13 +116,8 @@ fn an_admin_deny_wins_over_a_network_policy_allow() {
                                                    "podSelector": {"matchLabels": {"pod": "client"}}}}],
                                 "protocols": [{"tcp": {"destinationPort": {"number": 80}}}]}]}),
         ));
-    until(
-        &client,
-        server,
-        false,
-        "the Admin Deny wins over the allow",
-        &log,
-    );
+    let denied = "the Admin Deny wins over the allow";
+    until(&client, server, 80, false, denied, &log);
     // The denial went through the rule's verdict chain, which counted it.
     let table = host
         .ns
@@ -153,11 +147,10 @@ fn an_admin_deny_wins_over_a_network_policy_allow() {
 
     // Gone: NetworkPolicy's allow holds again.
     cluster.api.delete_cluster_network_policy("deny-client");
-    until(
-        &client,
-        server,
-        true,
-        "without it the allow holds again",
-        &log,
+    let again = "without it the allow holds again";
+    until(&client, server, 80, true, again, &log);
+    assert!(
+        probe(&client, server, 81).dropped(),
+        "NetworkPolicy still isolates the server"
     );
 }

@@ -1742,6 +1742,10 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
             !tcp_ok(&a.ns, c.v4, 80),
             "Baseline Deny where NetworkPolicy is silent"
         );
+        assert!(
+            tcp_ok_here(c.v4, 80),
+            "the node reaches c (its probes are never judged)"
+        );
         assert!(tcp_ok(&b.ns, a.v4, 80), "a is in no tier: allowed");
 
         // Counters: a known number of new connections per verdict chain.
@@ -1830,5 +1834,64 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
         assert_eq!(listing(), bare);
         assert!(network_policy::read_verdict_counters().unwrap().is_empty());
         assert!(tcp_ok(&a.ns, b.v4, 80) && tcp_ok(&a.ns, c.v4, 80));
+    });
+}
+
+/// A table of the layout before the tiers (NetworkPolicy's maps `jump`ing straight from
+/// the base chains) is read for what it holds, so that a tier that waits keeps it, and
+/// is made again in the tiered layout, in one transaction, with its pods and profiles.
+#[test]
+fn an_earlier_layout_is_read_for_what_it_holds_and_made_again() {
+    if !privileged() {
+        return;
+    }
+    const EARLIER: &str = "add table inet cni_node_policy
+add map inet cni_node_policy ingress4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy ingress6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy egress4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy egress6 { type ipv6_addr : verdict; }
+add set inet cni_node_policy pending4 { type ipv4_addr; }
+add set inet cni_node_policy pending6 { type ipv6_addr; }
+add chain inet cni_node_policy forward { type filter hook forward priority filter; policy accept; }
+add rule inet cni_node_policy forward ct direction reply accept
+add rule inet cni_node_policy forward ip daddr vmap @ingress4
+add set inet cni_node_policy ingress-aa11-v4 { type ipv4_addr . inet_proto . inet_service; flags interval; }
+add element inet cni_node_policy ingress-aa11-v4 { 10.9.0.0-10.9.0.127 . 6 . 80-81 }
+add set inet cni_node_policy ingress-aa11-v6 { type ipv6_addr . inet_proto . inet_service; flags interval; }
+add chain inet cni_node_policy ingress-aa11
+add rule inet cni_node_policy ingress-aa11 ip saddr . meta l4proto . th dport @ingress-aa11-v4 accept
+add rule inet cni_node_policy ingress-aa11 ip6 saddr . meta l4proto . th dport @ingress-aa11-v6 accept
+add rule inet cni_node_policy ingress-aa11 drop
+add element inet cni_node_policy ingress4 { 10.9.0.2 : jump ingress-aa11 }
+add element inet cni_node_policy pending4 { 10.9.0.77 }
+";
+    in_netns(|| {
+        feed("nft", &["-f", "-"], EARLIER);
+        let mut t = PolicyTable::open().unwrap();
+        t.load().unwrap();
+        let held = t.held_state().expect("what the earlier table holds");
+        let mut want = PolicyState::default();
+        want.ingress_profiles.insert(
+            "aa11".into(),
+            profile(&[allow("10.9.0.0", "10.9.0.127", (6, 6), (80, 81))]),
+        );
+        want.ingress.insert(ip("10.9.0.2"), "aa11".into());
+        assert_eq!(held, want);
+        let c = t.apply(&held).unwrap();
+        assert!(c.created && c.pods_added == 1, "{c:?}");
+        let listed = listing();
+        assert!(
+            listed.contains("10.9.0.2 : goto ingress-aa11")
+                && listed.contains("jump judge-ingress"),
+            "{listed}"
+        );
+        assert_eq!(
+            network_policy::pending().unwrap(),
+            [(ip("10.9.0.77"), None)].into(),
+            "pending addresses carried over"
+        );
+        let mut again = PolicyTable::open().unwrap();
+        again.load().unwrap();
+        assert_eq!(again.apply(&held).unwrap(), Changes::default());
     });
 }

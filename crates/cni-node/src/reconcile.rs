@@ -943,4 +943,98 @@ mod tests {
         assert!(!log.contains(&"write conflist".to_owned()), "{log:?}");
         assert!(f.file.lock().unwrap().is_none());
     }
+
+    /// The policy datapath as the reconciler drives it: what each pass's pipeline held.
+    struct FakePolicy(Log);
+    impl PolicyDatapath for FakePolicy {
+        fn apply(&mut self, want: Pipeline) -> crate::error::Result<bool> {
+            fn stage<T>(s: &crate::policy::pipeline::Stage<T>) -> &'static str {
+                match s {
+                    crate::policy::pipeline::Stage::Off => "off",
+                    crate::policy::pipeline::Stage::Waiting(_) => "waiting",
+                    crate::policy::pipeline::Stage::Ready(_) => "ready",
+                }
+            }
+            self.0.lock().unwrap().push(format!(
+                "policy: admin {}, NetworkPolicy {}, baseline {}",
+                stage(&want.admin),
+                stage(&want.network_policy),
+                stage(&want.baseline)
+            ));
+            Ok(true)
+        }
+        fn reload(&mut self) -> crate::error::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// ClusterNetworkPolicy's tiers: while they wait (the API has not answered) the
+    /// datapath is told so and keeps the kernel's, and the pass is ready all the same;
+    /// once ready they reach the datapath with NetworkPolicy in one apply, and the
+    /// outcome counts the pods each tier judges.
+    #[test]
+    fn cluster_tiers_reach_the_datapath_and_never_hold_back_readiness() {
+        use crate::policy::cluster_network_policy;
+        use crate::policy::cluster_objects::ClusterPolicyInfo;
+        use crate::policy::objects::{PodInfo, SlimPod};
+        use crate::policy::pipeline::{PolicyInputs, Stage};
+        let mut f = fixture();
+        f.reconciler.effects.policy = Some(Box::new(FakePolicy(Arc::clone(&f.log))));
+        let pod: SlimPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "x", "name": "a", "labels": {"app": "a"}},
+            "spec": {"nodeName": "n1"},
+            "status": {"podIPs": [{"ip": "10.244.1.5"}]},
+        }))
+        .unwrap();
+        let info = PodInfo::from_slim(&pod);
+        let pods = Arc::new(BTreeMap::from([(info.key(), info)]));
+        let namespaces = Arc::new(BTreeMap::from([("x".to_owned(), BTreeMap::new())]));
+        let network_policy = crate::policy::network_policy::Snapshot {
+            pods: Arc::clone(&pods),
+            namespaces: Arc::clone(&namespaces),
+            policies: Arc::new(BTreeMap::new()),
+        };
+        let mut snapshot = nodes_only(&two_nodes());
+        snapshot.policy = PolicyInputs {
+            admin: Stage::Waiting(cluster_network_policy::WAITING.into()),
+            network_policy: Stage::Ready(network_policy.clone()),
+            baseline: Stage::Waiting(cluster_network_policy::WAITING.into()),
+        };
+        let outcome = f.reconciler.reconcile(&snapshot, false);
+        assert!(outcome.waiting.is_empty(), "{:?}", outcome.waiting);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        let log = take(&f.log);
+        assert!(
+            log.contains(&"policy: admin waiting, NetworkPolicy ready, baseline waiting".into()),
+            "{log:?}"
+        );
+
+        let deny = ClusterPolicyInfo::read(
+            "deny-all",
+            &serde_json::json!({"tier": "Admin", "priority": 1, "subject": {"namespaces": {}},
+                                "ingress": [{"action": "Deny", "from": [{"namespaces": {}}]}]}),
+        );
+        let cluster = cluster_network_policy::Snapshot {
+            pods,
+            namespaces,
+            policies: Arc::new(BTreeMap::from([("deny-all".to_owned(), deny)])),
+        };
+        snapshot.policy = PolicyInputs {
+            admin: Stage::Ready(cluster.clone()),
+            network_policy: Stage::Ready(network_policy),
+            baseline: Stage::Ready(cluster),
+        };
+        let outcome = f.reconciler.reconcile(&snapshot, false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            (outcome.policy.admin_pods, outcome.policy.baseline_pods),
+            (1, 0)
+        );
+        assert!(outcome.policy.admin_boxes > 0);
+        let log = take(&f.log);
+        assert!(
+            log.contains(&"policy: admin ready, NetworkPolicy ready, baseline ready".into()),
+            "{log:?}"
+        );
+    }
 }

@@ -257,6 +257,12 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                     let ip = addr_of(&e.key).filter(|ip| Family::of(*ip) == family);
                     let chain = match &e.verdict {
                         Some((VERDICT_GOTO, Some(chain))) => Some(chain.as_str()),
+                        // An earlier layout's `jump` (NetworkPolicy's maps): read for
+                        // what it holds, the table made again.
+                        Some((VERDICT_JUMP, Some(chain))) if tier.is_none() => {
+                            rebuild = true;
+                            Some(chain.as_str())
+                        }
                         _ => None,
                     };
                     let profile = chain.and_then(|chain| match tier {

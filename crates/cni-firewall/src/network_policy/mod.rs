@@ -1024,19 +1024,15 @@ impl PolicyTable {
 
     /// What the kernel holds, as far as this process knows (after [`PolicyTable::load`]
     /// or an apply), as a state: the tier that a caller cannot judge now (its view is
-    /// not complete) is kept as it is by applying this part of it again. `None` when
-    /// unknown, or when the table is not laid out as this module makes it (the next
-    /// apply makes it again whole).
+    /// not complete) is kept as it is by applying this part of it again. A table not
+    /// laid out as this module makes it (a hand edit, an earlier layout, which the next
+    /// apply makes again whole) gives what could be read of it. `None` when unknown (a
+    /// failure left it so: [`PolicyTable::load`] reads it again).
     pub fn held_state(&self) -> Option<PolicyState> {
-        let View::Held {
-            held,
-            rebuild: false,
-        } = &self.view
-        else {
-            return match self.view {
-                View::Absent => Some(PolicyState::default()),
-                _ => None,
-            };
+        let held = match &self.view {
+            View::Held { held, .. } => held,
+            View::Absent => return Some(PolicyState::default()),
+            View::Unknown => return None,
         };
         let profiles = |d: Direction| -> BTreeMap<String, Profile> {
             held.profiles[d.index()]

@@ -627,9 +627,9 @@ pub(super) fn diff(
             let i = direction.index();
             let profiles = state.profiles(direction);
             for (name, profile) in profiles {
-                let boxes: BTreeSet<TierBox> = profile.boxes.iter().cloned().collect();
                 let old = held.profiles[i].get(name);
-                if old != Some(&boxes) {
+                if old.is_none_or(|old| !same_tier_boxes(old, &profile.boxes)) {
+                    let boxes: BTreeSet<TierBox> = profile.boxes.iter().cloned().collect();
                     new_tier_profiles.push((tier, direction, name, old, boxes));
                 }
             }

@@ -246,6 +246,18 @@ pub(super) fn same_boxes(held: &BTreeSet<Allow>, allow: &[Allow]) -> bool {
     }
 }
 
+/// [`same_boxes`] for a tier profile's boxes.
+pub(super) fn same_tier_boxes(held: &BTreeSet<TierBox>, boxes: &[TierBox]) -> bool {
+    if held.len() != boxes.len() {
+        return false;
+    }
+    if boxes.windows(2).all(|w| w[0] <= w[1]) {
+        held.iter().eq(boxes.iter())
+    } else {
+        boxes.iter().all(|b| held.contains(b))
+    }
+}
+
 pub(super) fn is_sorted(allow: &[Allow]) -> bool {
     allow.windows(2).all(|w| w[0] <= w[1])
 }

@@ -95,6 +95,23 @@ fn expressions_round_trip_through_the_wire_format() {
             len: 1,
             size: 2,
         },
+        Expr::Counter {
+            packets: 3,
+            bytes: 180,
+        },
+        Expr::Counter {
+            packets: 0,
+            bytes: 0,
+        },
+        Expr::Limit {
+            rate: 10,
+            unit: 1,
+            burst: 5,
+        },
+        Expr::Log {
+            prefix: "v-0123".into(),
+            group: 7,
+        },
     ];
     let mut b = Batch::new();
     b.add_rule(NFPROTO_INET, "t", "c", &exprs, Some("hi"))

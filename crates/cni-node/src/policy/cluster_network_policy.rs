@@ -368,4 +368,93 @@ mod tests {
         stores.served.set(Availability::Served);
         assert!(stores.status().unwrap().contains("waiting"));
     }
+
+    fn pod(namespace: &str, name: &str, ip: &str) -> (String, super::super::objects::PodInfo) {
+        let slim: super::super::objects::SlimPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": namespace, "name": name, "labels": {"app": name}},
+            "spec": {"nodeName": "n1"},
+            "status": {"podIPs": [{"ip": ip}]},
+        }))
+        .unwrap();
+        let info = super::super::objects::PodInfo::from_slim(&slim);
+        (info.key(), info)
+    }
+
+    fn compiled(
+        pods: &[(&str, &str, &str)],
+        policies: &[(&str, serde_json::Value)],
+    ) -> (TierWant, TierWant) {
+        let snapshot = Snapshot {
+            pods: Arc::new(pods.iter().map(|(ns, n, ip)| pod(ns, n, ip)).collect()),
+            namespaces: Arc::new(
+                ["x", "y"]
+                    .into_iter()
+                    .map(|ns| (ns.to_owned(), BTreeMap::new()))
+                    .collect(),
+            ),
+            policies: Arc::new(
+                policies
+                    .iter()
+                    .map(|(name, spec)| ((*name).to_owned(), ClusterPolicyInfo::read(name, spec)))
+                    .collect(),
+            ),
+        };
+        let records = BTreeMap::new();
+        let nodes = BTreeMap::new();
+        compile(
+            &snapshot,
+            CompileContext {
+                node: "n1",
+                records: &records,
+                share_from: 16,
+                nodes: &nodes,
+            },
+        )
+    }
+
+    /// Pods the same policies decide for share one profile, whose name stays when what
+    /// the policies hold changes (a peer pod comes): the kernel gets the boxes that
+    /// differ. Each box names its rule: its `name`, else its place.
+    #[test]
+    fn pods_share_profiles_named_for_what_decides() {
+        let policies = [(
+            "deny-y",
+            serde_json::json!({"tier": "Admin", "priority": 1,
+                "subject": {"namespaces": {}},
+                "ingress": [{"action": "Deny", "from": [{"pods": {"namespaceSelector": {},
+                              "podSelector": {"matchLabels": {"app": "c"}}}}]},
+                            {"name": "pass-rest", "action": "Pass", "from": [{"namespaces": {}}]}]}),
+        )];
+        let before = compiled(
+            &[
+                ("x", "a", "10.1.1.1"),
+                ("x", "b", "10.1.1.2"),
+                ("y", "c", "10.1.2.1"),
+            ],
+            &policies,
+        );
+        let (admin, baseline) = &before;
+        assert!(baseline.ingress.is_empty() && baseline.ingress_profiles.is_empty());
+        let a = &admin.ingress[&"10.1.1.1".parse::<IpAddr>().unwrap()];
+        assert_eq!(admin.ingress[&"10.1.1.2".parse::<IpAddr>().unwrap()], *a);
+        assert_eq!(admin.ingress_profiles.len(), 1);
+        let rules: Vec<(&str, Verdict)> = admin.ingress_profiles[a]
+            .iter()
+            .map(|b| (b.origin.rule.as_str(), b.origin.verdict))
+            .collect();
+        assert!(rules.contains(&("ingress[0]", Verdict::Deny)), "{rules:?}");
+        assert!(rules.contains(&("pass-rest", Verdict::Pass)), "{rules:?}");
+        // A second pod c: the same profile name, more boxes.
+        let after = compiled(
+            &[
+                ("x", "a", "10.1.1.1"),
+                ("x", "b", "10.1.1.2"),
+                ("y", "c", "10.1.2.1"),
+                ("y", "c2", "10.1.2.9"),
+            ],
+            &policies,
+        );
+        assert_eq!(after.0.ingress_profiles.keys().collect::<Vec<_>>(), [a]);
+        assert_ne!(after.0.ingress_profiles[a], before.0.ingress_profiles[a]);
+    }
 }

@@ -15,9 +15,12 @@
 use std::collections::BTreeMap;
 
 use cni_firewall::network_policy::{
-    self, DenyLog, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
+    self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
     TierProfile, TierState, VerdictAction,
 };
+
+/// The deny log's settings ([`Table::with_deny_log`]).
+pub use cni_firewall::network_policy::DenyLog;
 
 use super::cluster_network_policy::TierWant;
 use super::pipeline::{Pipeline, Stage, Tier};
@@ -166,21 +169,27 @@ impl Building {
     /// NetworkPolicy's profiles, each through its namespace's allow and default-deny
     /// verdict chains (a profile's pods are all of one namespace: its name comes from
     /// the policies that select them, which are theirs).
-    fn network_policy(&mut self, want: &super::compile::Compiled) {
+    fn network_policy(&mut self, want: super::compile::Compiled) {
+        let super::compile::Compiled {
+            ingress,
+            egress,
+            ingress_profiles,
+            egress_profiles,
+            peer_sets,
+            judged,
+        } = want;
         let s = &mut self.state;
-        s.ingress = want.ingress.clone();
-        s.egress = want.egress.clone();
-        s.ingress_profiles = want.ingress_profiles.clone();
-        s.egress_profiles = want.egress_profiles.clone();
-        s.peer_sets = want.peer_sets.clone();
+        (s.ingress, s.egress) = (ingress, egress);
+        (s.ingress_profiles, s.egress_profiles) = (ingress_profiles, egress_profiles);
+        s.peer_sets = peer_sets;
         for direction in [Direction::Ingress, Direction::Egress] {
             let pods = match direction {
-                Direction::Ingress => &want.ingress,
-                Direction::Egress => &want.egress,
+                Direction::Ingress => &self.state.ingress,
+                Direction::Egress => &self.state.egress,
             };
             let mut namespace_of: BTreeMap<&str, &str> = BTreeMap::new();
             for (ip, profile) in pods {
-                if let Some(pod) = want.judged.get(ip) {
+                if let Some(pod) = judged.get(ip) {
                     let namespace = pod.split_once('/').map_or(pod.as_str(), |(ns, _)| ns);
                     namespace_of.entry(profile).or_insert(namespace);
                 }
@@ -261,13 +270,13 @@ impl Building {
 /// The firewall state of a pipeline, keeping `held`'s part for the tiers that wait;
 /// with the origins of the verdict chains it builds.
 fn state_of(
-    want: &Pipeline,
+    want: Pipeline,
     held: &PolicyState,
     deny_log: Option<DenyLog>,
 ) -> (PolicyState, BTreeMap<String, VerdictOrigin>) {
     let mut b = Building::default();
-    match &want.network_policy {
-        Stage::Ready(np) => b.network_policy(&np.compiled),
+    match want.network_policy {
+        Stage::Ready(np) => b.network_policy(np.compiled),
         Stage::Waiting(_) => b.keep_network_policy(held),
         Stage::Off => {}
     }
@@ -303,15 +312,25 @@ impl PolicyDatapath for Table {
             );
             self.bridge_netfilter_on = true;
         }
-        // What the kernel holds, for the tiers that wait (unknown or unreadable: they
-        // hold nothing to keep).
-        let held = self.table.held_state().unwrap_or_default();
-        let (state, origins) = state_of(&want, &held, self.deny_log);
-        let judged = want
-            .network_policy
-            .ready()
-            .map(|np| np.compiled.judged.clone())
-            .unwrap_or_default();
+        // What the kernel holds, for the tiers that wait; read back only when one
+        // waits. Not known (a failure): read again; still not: change nothing, for a
+        // waiting tier must never lose what it holds.
+        let held = if want.waiting().is_empty() {
+            PolicyState::default()
+        } else {
+            if self.table.held_state().is_none() {
+                self.table.load().map_err(Error::Policy)?;
+            }
+            match self.table.held_state() {
+                Some(held) => held,
+                None => return Ok(false),
+            }
+        };
+        let judged = match &want.network_policy {
+            Stage::Ready(np) => np.compiled.judged.clone(),
+            Stage::Waiting(_) | Stage::Off => BTreeMap::new(),
+        };
+        let (state, origins) = state_of(want, &held, self.deny_log);
         let changes = self
             .table
             .apply_judged(&state, &judged)
@@ -382,7 +401,7 @@ mod tests {
             network_policy: Stage::Off,
             baseline: Stage::Ready(tier_want(base_pass.clone())),
         };
-        let (state, origins) = state_of(&want, &PolicyState::default(), None);
+        let (state, origins) = state_of(want, &PolicyState::default(), None);
         assert_eq!(
             state.verdict_chains,
             [
@@ -406,7 +425,7 @@ mod tests {
             network_policy: Stage::Off,
             baseline: Stage::Off,
         };
-        let (kept, origins) = state_of(&waiting, &state, None);
+        let (kept, origins) = state_of(waiting, &state, None);
         assert_eq!(kept.admin, state.admin);
         assert!(kept.baseline.is_empty());
         assert_eq!(
@@ -435,7 +454,7 @@ mod tests {
             baseline: Stage::Off,
         };
         let (state, origins) = state_of(
-            &want,
+            want,
             &PolicyState::default(),
             Some(DenyLog {
                 group: 3,
