@@ -14,6 +14,9 @@
 //! over what they share: the nf_tables client (`nfnetlink`), the expressions and chains
 //! several features build alike (`nft_build`), the iptables-save/restore reader-writer
 //! (`iptables`) and the choice between the two tools ([`Backend`]).
+//!
+//! Beside them, `nflog` reads what nftables' `log ... group` rules send (the node
+//! agent's deny log).
 
 mod backend;
 pub mod conntrack;
@@ -26,6 +29,7 @@ pub mod macspoof;
 pub mod masq;
 pub mod naming;
 pub mod network_policy;
+pub mod nflog;
 mod nfnetlink;
 mod nft_build;
 pub mod port_security;

@@ -90,6 +90,22 @@ impl Socket {
         }
     }
 
+    /// Makes a blocking [`Socket::recv`] give up after `timeout` (`None`: wait for
+    /// ever), with an I/O error of kind `WouldBlock`: a reader of the kernel's
+    /// unsolicited messages (a log group) can then look up now and then.
+    pub fn set_recv_timeout(&self, timeout: Option<std::time::Duration>) -> io::Result<()> {
+        use nix::sys::socket::{setsockopt, sockopt};
+        // A zero timeval means "for ever" to the kernel: a zero timeout waits 1 µs.
+        let value = match timeout {
+            None => nix::sys::time::TimeVal::new(0, 0),
+            Some(t) => nix::sys::time::TimeVal::new(
+                libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+                libc::suseconds_t::from(t.subsec_micros().max(1)),
+            ),
+        };
+        setsockopt(&self.sock, sockopt::ReceiveTimeout, &value).map_err(io::Error::from)
+    }
+
     /// Sends one datagram (one message or a batch of them).
     pub fn send(&self, bytes: &[u8]) -> Result<(), Error> {
         let sent = self.sock.send(bytes, 0)?;

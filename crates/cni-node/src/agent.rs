@@ -4,6 +4,8 @@
 //! that arrive meanwhile collapse into one more pass), by a retry after a failure, or
 //! by the slow resync that repairs what was changed by hand. The probes and metrics,
 //! and `explain` on its own socket, are served on the runtime and never wait for a pass.
+//! With `--deny-log`, one more thread reads the policy table's log group
+//! ([`crate::deny_log`]).
 //!
 //! Nothing is removed on the word of a broken watch: a store changes only through
 //! watch events and complete lists; until the Nodes' first complete list nothing at all
@@ -234,7 +236,13 @@ pub async fn run(options: Options) -> Result<()> {
             policy: if options.network_policy {
                 Some(Box::new(
                     crate::policy::datapath::Table::open()?
-                        .with_verdict_names(Arc::clone(&stores.verdict_names)),
+                        .with_verdict_names(Arc::clone(&stores.verdict_names))
+                        .with_deny_log(options.deny_log_settings().map(|s| {
+                            cni_firewall::network_policy::DenyLog {
+                                group: s.group,
+                                per_second: s.per_second,
+                            }
+                        })),
                 ))
             } else {
                 None
@@ -242,6 +250,32 @@ pub async fn run(options: Options) -> Result<()> {
         },
     )
     .with_entries_watch(entries_watch);
+    if options.network_policy {
+        metrics.count_verdicts(crate::metrics::VerdictSource {
+            names: Arc::clone(&stores.verdict_names),
+            read: Box::new(|| {
+                cni_firewall::network_policy::read_verdict_counters().map_err(|e| chain(&e))
+            }),
+        });
+    }
+    if options.deny_log && !options.network_policy {
+        tracing::warn!(
+            "--deny-log has nothing to log: no policy is enforced (--network-policy=false)"
+        );
+    }
+    // Told to stop at a clean stop, as the reconciler is (it ends within a second).
+    let deny_log_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    if let Some(settings) = options.deny_log_settings() {
+        crate::deny_log::start(crate::deny_log::Reader {
+            settings,
+            names: Arc::clone(&stores.verdict_names),
+            pods: Arc::clone(&stores.policy.pods),
+            records_dir: Some(options.pod_record_dir.clone()),
+            metrics: Arc::clone(&metrics),
+            emit: Box::new(crate::deny_log::emit),
+            stop: Arc::clone(&deny_log_stop),
+        })?;
+    }
     let reconciler_thread = {
         let (stores, wake, health, metrics) = (
             Arc::clone(&stores),
@@ -311,6 +345,7 @@ pub async fn run(options: Options) -> Result<()> {
         watch.abort();
     }
     wake.stop();
+    deny_log_stop.store(true, std::sync::atomic::Ordering::SeqCst);
     // A pass in progress ends on its own (each step is one netlink request, one file
     // rename or one firewall transaction); the thread is not cut off mid-step.
     let _ = tokio::task::spawn_blocking(move || reconciler_thread.join()).await;

@@ -24,7 +24,8 @@ Stopping it leaves routes and rules in place; the next start reconciles them.
 
 /healthz, /readyz and /metrics (Prometheus) are served on --health-addr;
 `cni-node explain` is answered on --explain-socket, a unix socket only root reaches.
-The log goes to stderr; RUST_LOG (e.g. RUST_LOG=debug) overrides --verbose.";
+The log goes to stderr; RUST_LOG (e.g. RUST_LOG=debug) overrides --verbose; with
+--deny-log it has a line per new connection a policy denies.";
 
 /// Which egress SNAT rules to keep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -101,8 +102,9 @@ impl Cli {
 /// What else `cni-node` does.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Subcommand {
-    /// Says whether NetworkPolicy lets a connection through and which policies
-    /// decided it, as the agent running on this node sees it (asked on its
+    /// Says whether the policy tiers (ClusterNetworkPolicy's Admin tier, NetworkPolicy,
+    /// the Baseline tier) let a connection through and which tier, policy and rule
+    /// decided each direction, as the agent running on this node sees it (asked on its
     /// --explain-socket: run as root in the agent's pod or on its node); exits 0 when
     /// allowed, 1 when denied, 2 without an answer
     Explain(ExplainArgs),
@@ -296,6 +298,30 @@ pub struct Options {
     )]
     pub policy_shared_peer_ranges: u32,
 
+    /// Log a line per new connection a policy tier denies: both ends (pod or address),
+    /// protocol, port, and the tier, policy, rule and direction that denied it
+    #[arg(long = "deny-log")]
+    pub deny_log: bool,
+
+    /// The deny log's lines per second at most (in the kernel per verdict chain, in
+    /// the agent over all; the excess is dropped and counted in /metrics)
+    #[arg(
+        long = "deny-log-rate",
+        value_name = "N",
+        default_value_t = crate::deny_log::DEFAULT_RATE,
+        value_parser = clap::value_parser!(u32).range(1..=100_000)
+    )]
+    pub deny_log_rate: u32,
+
+    /// The nfnetlink_log group the deny log is read from (one reader per group on a
+    /// host: pick another if something else reads this one)
+    #[arg(
+        long = "deny-log-group",
+        value_name = "N",
+        default_value_t = crate::deny_log::DEFAULT_GROUP
+    )]
+    pub deny_log_group: u16,
+
     /// Where the bridge plugin records which pod a new address belongs to, so that
     /// NetworkPolicy applies from a pod's first packet (a directory the agent watches)
     #[arg(
@@ -351,6 +377,17 @@ pub struct Options {
         default_value_t = LogFormat::Text
     )]
     pub log_format: LogFormat,
+}
+
+impl Options {
+    /// The deny log's settings, when it is on (and NetworkPolicy enforced: nothing is
+    /// denied otherwise).
+    pub fn deny_log_settings(&self) -> Option<crate::deny_log::Settings> {
+        (self.deny_log && self.network_policy).then_some(crate::deny_log::Settings {
+            group: self.deny_log_group,
+            per_second: self.deny_log_rate,
+        })
+    }
 }
 
 /// `--health-addr`: an address or off.
@@ -613,6 +650,35 @@ mod tests {
         }
         assert!(run_err(&["--mtu"]).contains("--mtu"));
         assert!(run_err(&["--frobnicate"]).contains("--frobnicate"));
+    }
+
+    #[test]
+    fn the_deny_log_is_off_unless_asked_for() {
+        let o = run(&[]);
+        assert!(!o.deny_log);
+        assert_eq!(o.deny_log_settings(), None);
+        assert_eq!((o.deny_log_rate, o.deny_log_group), (100, 9743));
+        let o = run(&["--deny-log", "--deny-log-rate=5", "--deny-log-group", "7"]);
+        assert_eq!(
+            o.deny_log_settings(),
+            Some(crate::deny_log::Settings {
+                group: 7,
+                per_second: 5
+            })
+        );
+        // Without --deny-log the rate and group change nothing.
+        assert_eq!(run(&["--deny-log-rate=5"]).deny_log_settings(), None);
+        for (args, flag) in [
+            (&["--deny-log-rate=0"][..], "--deny-log-rate"),
+            (&["--deny-log-group=65536"][..], "--deny-log-group"),
+        ] {
+            assert!(run_err(args).contains(flag), "{args:?}");
+        }
+        // NetworkPolicy off: nothing is denied, nothing to log.
+        assert_eq!(
+            run(&["--deny-log", "--network-policy=false"]).deny_log_settings(),
+            None
+        );
     }
 
     fn run_err(args: &[&str]) -> String {

@@ -13,6 +13,7 @@
 //! own user (or root) is answered; a clean stop removes it, unless another agent's
 //! socket has replaced it meanwhile.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{self, Read as _, Write as _};
 use std::os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt};
@@ -24,7 +25,8 @@ use tokio::net::UnixListener;
 
 use crate::error::{Error, Result, chain};
 use crate::health::{self, Reply};
-use crate::policy::explain::Question;
+use crate::policy::cluster_model::NodePeer;
+use crate::policy::explain::{ClusterView, Question};
 use crate::store::Stores;
 
 /// Where the agent serves explain and `cni-node explain` asks, unless told otherwise.
@@ -189,9 +191,8 @@ fn answer(path: &str, query: &str, stores: &Stores) -> Reply {
 /// explanation (its first word `allowed` or `denied`), 400 for a bad question, 503
 /// before the agent's NetworkPolicy view is complete.
 fn explain(query: &str, stores: &Stores) -> Reply {
-    let snapshot = stores
-        .snapshot()
-        .and_then(|s| s.policy.network_policy.ready().cloned());
+    let whole = stores.snapshot();
+    let snapshot = whole.as_ref().and_then(|s| s.policy.network_policy.ready());
     let Some(snapshot) = snapshot else {
         return (
             "503 Service Unavailable",
@@ -214,8 +215,29 @@ fn explain(query: &str, stores: &Stores) -> Reply {
         .as_deref()
         .map(crate::host::pod_records)
         .unwrap_or_default();
-    match crate::policy::explain::explain(&snapshot, records, &question) {
-        Ok((_, text)) => ("200 OK", health::TEXT, text),
+    // ClusterNetworkPolicy's tiers, from the same snapshot (one view fills both).
+    let policy = whole.as_ref().map(|s| &s.policy);
+    let cluster = policy.and_then(|p| p.admin.ready().or(p.baseline.ready()));
+    let waiting = policy.and_then(|p| p.admin.waiting().or(p.baseline.waiting()));
+    let nodes: BTreeMap<String, NodePeer> = whole
+        .iter()
+        .flat_map(|s| s.nodes.iter())
+        .map(|(name, node)| (name.clone(), NodePeer::from(node)))
+        .collect();
+    let view = cluster.map(|c| ClusterView {
+        policies: &c.policies,
+        nodes: &nodes,
+    });
+    match crate::policy::explain::explain(snapshot, view, records, &question) {
+        Ok((_, mut text)) => {
+            if let Some(why) = waiting {
+                text.push_str(&format!(
+                    "not in this answer: the Admin and Baseline tiers (ClusterNetworkPolicy: \
+                     {why}; the kernel keeps what it held for them)\n"
+                ));
+            }
+            ("200 OK", health::TEXT, text)
+        }
         Err(why) => ("400 Bad Request", health::TEXT, chain(&why) + "\n"),
     }
 }

@@ -1,7 +1,8 @@
 //! The local endpoint the DaemonSet's probes and a Prometheus scraper call:
 //! `/healthz` (the reconciler is turning), `/readyz` (the last reconciliation succeeded
 //! in every step, or what failed) and `/metrics`. It runs on the async runtime, never
-//! on the reconciler's thread, so it answers at once whatever the reconciler is doing.
+//! on the reconciler's thread, so it answers at once whatever the reconciler is doing;
+//! the one kernel read, `/metrics`' policy verdict counters, runs on a blocking thread.
 //! A few lines of HTTP/1.0 are all a probe needs, so no server framework; the explain
 //! socket speaks the same ([`respond`]). Whatever reaches the health address (any pod,
 //! in the DaemonSet) reads it, so it holds counts and failures, never `explain`'s
@@ -172,12 +173,26 @@ pub async fn serve(
         let metrics = Arc::clone(&metrics);
         let stores = Arc::clone(&stores);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(
-                Duration::from_secs(5),
-                respond(stream, "GET /healthz, /readyz or /metrics", |path, _| {
-                    health.answer(path, &metrics, Some(&stores))
-                }),
-            )
+            let _ = tokio::time::timeout(Duration::from_secs(5), async {
+                let mut stream = stream;
+                let request = read_request(&mut stream).await?;
+                if request.path() == Some("/metrics") {
+                    // The verdict counters are read from the kernel, which blocks.
+                    let reader = Arc::clone(&metrics);
+                    if let Ok(Err(why)) =
+                        tokio::task::spawn_blocking(move || reader.refresh_verdicts()).await
+                    {
+                        tracing::warn!("/metrics: cannot read the policy verdict counters: {why}");
+                    }
+                }
+                reply(
+                    stream,
+                    &request,
+                    "GET /healthz, /readyz or /metrics",
+                    |path, _| health.answer(path, &metrics, Some(&stores)),
+                )
+                .await
+            })
             .await;
         });
     }
@@ -190,6 +205,28 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     usage: &str,
     answer: impl FnOnce(&str, &str) -> Reply,
 ) -> std::io::Result<()> {
+    let request = read_request(&mut stream).await?;
+    reply(stream, &request, usage, answer).await
+}
+
+/// A request's method and target (path and query), as far as they were read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    method: Option<String>,
+    target: Option<String>,
+}
+
+impl Request {
+    /// The path of a GET or HEAD.
+    pub fn path(&self) -> Option<&str> {
+        let target = self.target.as_deref()?;
+        matches!(self.method.as_deref(), Some("GET" | "HEAD"))
+            .then(|| target.split_once('?').map_or(target, |(path, _)| path))
+    }
+}
+
+/// Reads the request line from `stream`.
+pub async fn read_request<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Request> {
     let mut buf = [0u8; 1024];
     let mut len = 0;
     // The request line is all we need; stop at its end or when the buffer is full.
@@ -202,8 +239,22 @@ pub async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let request = String::from_utf8_lossy(&buf[..len]);
     let mut words = request.split_whitespace();
-    let (method, path) = (words.next(), words.next());
-    let (status, content_type, body) = match (method, path) {
+    Ok(Request {
+        method: words.next().map(str::to_owned),
+        target: words.next().map(str::to_owned),
+    })
+}
+
+/// Writes `answer(path, query)`'s reply to `request`, or a 400 naming `usage` for a
+/// request that is not a GET or HEAD.
+pub async fn reply<S: AsyncWrite + Unpin>(
+    mut stream: S,
+    request: &Request,
+    usage: &str,
+    answer: impl FnOnce(&str, &str) -> Reply,
+) -> std::io::Result<()> {
+    let method = request.method.as_deref();
+    let (status, content_type, body) = match (method, request.target.as_deref()) {
         (Some("GET" | "HEAD"), Some(target)) => {
             let (path, query) = target.split_once('?').unwrap_or((target, ""));
             answer(path, query)

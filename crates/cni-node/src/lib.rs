@@ -15,12 +15,13 @@
 //! - [`agent`]: how the parts meet (threads, wake-ups, retries); [`wake`]: the
 //!   coalescing wake-up; [`health`] and [`metrics`]: the probes' and Prometheus's
 //!   endpoint; [`explain_socket`]: where `explain` is answered, for root on this node
-//!   only.
+//!   only; [`deny_log`]: a line per connection a policy denied (`--deny-log`).
 
 pub mod agent;
 pub mod api;
 pub mod cli;
 pub mod conflist;
+pub mod deny_log;
 pub mod egress;
 pub mod error;
 pub mod explain_socket;

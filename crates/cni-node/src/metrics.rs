@@ -3,10 +3,15 @@
 //! the agent that has something to count gets it from here, so what is exported is
 //! listed in one place (and in the Kubernetes page of the docs).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -15,6 +20,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, Result};
 use crate::policy::datapath::PolicyCounts;
+use crate::policy::verdicts::{SharedVerdictNames, VerdictNames, VerdictOrigin};
 
 /// The labels of a metric family: one name, one value.
 pub type Label = [(&'static str, &'static str); 1];
@@ -41,10 +47,80 @@ pub struct Metrics {
     egress_prefixes: Gauge,
     skipped_nodes: Gauge,
     host_events: Counter,
+    verdicts: Arc<VerdictSeries>,
+    verdict_source: Mutex<Option<VerdictSource>>,
+    deny_log_lines: Counter,
+    deny_log_dropped: Family<Label, Counter>,
     policy_isolated: Family<Label, Gauge>,
     policy_profiles: Gauge,
     policy_peer_sets: Gauge,
 }
+
+/// The kernel's verdict counters: chain name -> (packets, bytes), or why not.
+pub type Counters = std::result::Result<BTreeMap<String, (u64, u64)>, String>;
+
+/// Reads the kernel's verdict counters.
+pub type ReadCounters = Box<dyn Fn() -> Counters + Send + Sync>;
+
+/// Where the verdict counters come from at a scrape: the kernel's counters, named by
+/// the datapath's last apply.
+pub struct VerdictSource {
+    /// The chains' names.
+    pub names: SharedVerdictNames,
+    /// The counters.
+    pub read: ReadCounters,
+}
+
+impl std::fmt::Debug for VerdictSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerdictSource").finish_non_exhaustive()
+    }
+}
+
+/// `policy_verdicts_total` as of the last read: one series per verdict chain the
+/// datapath named (so per tier, policy or namespace, rule, direction and verdict, never
+/// per pod or address).
+#[derive(Debug, Default)]
+struct VerdictSeries(Mutex<Vec<(VerdictOrigin, u64)>>);
+
+impl Collector for VerdictSeries {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::result::Result<(), std::fmt::Error> {
+        let series = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let metric = encoder.encode_descriptor(
+            "policy_verdicts",
+            "New connections the policy tiers decided, by tier, policy (NetworkPolicy: the \
+             local pod's namespace), rule (NetworkPolicy: allow or default-deny), direction \
+             and verdict",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        );
+        let mut metric = metric?;
+        for (origin, packets) in series.iter() {
+            let labels = [
+                ("tier", tier_label(origin)),
+                ("policy", origin.policy.as_str()),
+                ("rule", origin.rule.as_str()),
+                ("direction", origin.direction.as_str()),
+                ("verdict", origin.verdict.as_str()),
+            ];
+            ConstCounter::new(*packets).encode(metric.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// A tier as a label value: `Admin`, `NetworkPolicy`, `Baseline`.
+pub fn tier_label(origin: &VerdictOrigin) -> &'static str {
+    use crate::policy::pipeline::Tier;
+    match origin.tier {
+        Tier::Admin => "Admin",
+        Tier::NetworkPolicy => "NetworkPolicy",
+        Tier::Baseline => "Baseline",
+    }
+}
+
+/// Why a deny log line was not written, as in `reason` labels.
+pub const DENY_LOG_DROP_REASONS: [&str; 2] = ["rate", "overflow"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -72,6 +148,10 @@ impl Metrics {
             egress_prefixes: Gauge::default(),
             skipped_nodes: Gauge::default(),
             host_events: Counter::default(),
+            verdicts: Arc::default(),
+            verdict_source: Mutex::new(None),
+            deny_log_lines: Counter::default(),
+            deny_log_dropped: Family::default(),
             policy_isolated: Family::default(),
             policy_profiles: Gauge::default(),
             policy_peer_sets: Gauge::default(),
@@ -141,6 +221,22 @@ impl Metrics {
             "Link, address and route notifications received from this host's kernel",
             m.host_events.clone(),
         );
+        registry.register_collector(Box::new(Arc::clone(&m.verdicts)));
+        registry.register(
+            "policy_deny_log_lines",
+            "Lines the deny log (--deny-log) wrote, one per denied new connection",
+            m.deny_log_lines.clone(),
+        );
+        registry.register(
+            "policy_deny_log_dropped",
+            "Denied connections the deny log did not write, by reason: rate (over \
+             --deny-log-rate in the agent), overflow (the kernel's queue to the agent was \
+             full: counts the times, not the lines lost)",
+            m.deny_log_dropped.clone(),
+        );
+        for reason in DENY_LOG_DROP_REASONS {
+            let _ = m.deny_log_dropped.get_or_create(&[("reason", reason)]);
+        }
         registry.register(
             "policy_isolated_addresses",
             "Local pod addresses a NetworkPolicy isolates, by direction",
@@ -262,6 +358,62 @@ impl Metrics {
             .inc_by(u64::try_from(count).unwrap_or(u64::MAX));
     }
 
+    /// Where `policy_verdicts_total` comes from (without one it has no series).
+    pub fn count_verdicts(&self, source: VerdictSource) {
+        *self
+            .verdict_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(source);
+    }
+
+    /// Reads the kernel's verdict counters for the next [`Metrics::encode`]: a few
+    /// netlink requests, so the caller runs it off the async runtime's workers. A
+    /// failed read leaves the last series and says why.
+    pub fn refresh_verdicts(&self) -> std::result::Result<(), String> {
+        let source = self
+            .verdict_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(source) = source.as_ref() else {
+            return Ok(());
+        };
+        let counters = (source.read)()?;
+        let names = source
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        self.set_verdicts(&names, &counters);
+        Ok(())
+    }
+
+    /// The verdict series: each counted chain the names know (a chain they do not is
+    /// one the datapath is removing), its new connections.
+    pub fn set_verdicts(&self, names: &VerdictNames, counters: &BTreeMap<String, (u64, u64)>) {
+        let series = counters
+            .iter()
+            .filter_map(|(chain, (packets, _))| Some((names.origin(chain)?.clone(), *packets)))
+            .collect();
+        *self
+            .verdicts
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = series;
+    }
+
+    /// The deny log wrote a line.
+    pub fn deny_logged(&self) {
+        self.deny_log_lines.inc();
+    }
+
+    /// The deny log dropped `count` lines (or overflows) for `reason` (one of
+    /// [`DENY_LOG_DROP_REASONS`]).
+    pub fn deny_log_dropped(&self, reason: &'static str, count: u64) {
+        self.deny_log_dropped
+            .get_or_create(&[("reason", reason)])
+            .inc_by(count);
+    }
+
     /// The text exposition.
     pub fn encode(&self) -> Result<String> {
         let mut text = String::new();
@@ -319,6 +471,131 @@ mod tests {
         ] {
             assert_eq!(value(&text, series), Some(0.0), "{series}:\n{text}");
         }
+    }
+
+    fn origin(
+        tier: crate::policy::pipeline::Tier,
+        policy: &str,
+        rule: &str,
+        direction: crate::policy::verdicts::Direction,
+        verdict: crate::policy::verdicts::Verdict,
+    ) -> VerdictOrigin {
+        VerdictOrigin {
+            tier,
+            policy: policy.into(),
+            rule: rule.into(),
+            direction,
+            verdict,
+        }
+    }
+
+    /// The kernel's counters, joined with the chains' names at a scrape: one series per
+    /// named chain, none for a chain the names do not know, the last series kept when a
+    /// read fails.
+    #[test]
+    fn verdict_counters_become_labelled_series() {
+        use crate::policy::pipeline::Tier;
+        use crate::policy::verdicts::{Direction, Verdict};
+        let deny = origin(
+            Tier::Admin,
+            "deny-metadata",
+            "egress[0]",
+            Direction::Egress,
+            Verdict::Deny,
+        );
+        let allow = origin(
+            Tier::NetworkPolicy,
+            "shop",
+            "allow",
+            Direction::Ingress,
+            Verdict::Accept,
+        );
+        let pass = origin(
+            Tier::Baseline,
+            "default",
+            "dns",
+            Direction::Egress,
+            Verdict::Pass,
+        );
+        let names: SharedVerdictNames = Arc::new(Mutex::new(VerdictNames::new([
+            deny.clone(),
+            allow.clone(),
+            pass.clone(),
+        ])));
+        let counters: Arc<Mutex<Counters>> = Arc::new(Mutex::new(Ok([
+            (deny.chain(), (3, 180)),
+            (allow.chain(), (7, 420)),
+            ("v-000000000000000000000000".to_owned(), (9, 9)),
+        ]
+        .into())));
+        let m = Metrics::new();
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains("# TYPE cni_node_policy_verdicts counter\n"),
+            "{text}"
+        );
+        assert!(!text.contains("cni_node_policy_verdicts_total{"), "{text}");
+        m.count_verdicts(VerdictSource {
+            names: Arc::clone(&names),
+            read: Box::new({
+                let counters = Arc::clone(&counters);
+                move || counters.lock().unwrap().clone()
+            }),
+        });
+        m.refresh_verdicts().unwrap();
+        let text = m.encode().unwrap();
+        let deny_series = "cni_node_policy_verdicts_total{tier=\"Admin\",policy=\"deny-metadata\",\
+                           rule=\"egress[0]\",direction=\"egress\",verdict=\"deny\"}";
+        let allow_series = "cni_node_policy_verdicts_total{tier=\"NetworkPolicy\",policy=\"shop\",\
+                            rule=\"allow\",direction=\"ingress\",verdict=\"accept\"}";
+        assert_eq!(value(&text, deny_series), Some(3.0), "{text}");
+        assert_eq!(value(&text, allow_series), Some(7.0), "{text}");
+        assert_eq!(
+            text.matches("cni_node_policy_verdicts_total{").count(),
+            2,
+            "a chain without a name, or a name without a counter, has no series:\n{text}"
+        );
+        *counters.lock().unwrap() = Err("netlink said no".into());
+        assert_eq!(m.refresh_verdicts(), Err("netlink said no".into()));
+        assert_eq!(value(&m.encode().unwrap(), deny_series), Some(3.0));
+        *counters.lock().unwrap() = Ok([(deny.chain(), (5, 300)), (pass.chain(), (1, 60))].into());
+        m.refresh_verdicts().unwrap();
+        let text = m.encode().unwrap();
+        assert_eq!(value(&text, deny_series), Some(5.0), "{text}");
+        assert_eq!(value(&text, allow_series), None, "{text}");
+        assert!(
+            text.contains("tier=\"Baseline\",policy=\"default\",rule=\"dns\""),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn deny_log_lines_and_drops_are_counted() {
+        let m = Metrics::new();
+        let text = m.encode().unwrap();
+        assert_eq!(
+            value(&text, "cni_node_policy_deny_log_lines_total"),
+            Some(0.0)
+        );
+        for reason in DENY_LOG_DROP_REASONS {
+            let series = format!("cni_node_policy_deny_log_dropped_total{{reason=\"{reason}\"}}");
+            assert_eq!(value(&text, &series), Some(0.0), "{text}");
+        }
+        m.deny_logged();
+        m.deny_logged();
+        m.deny_log_dropped("rate", 5);
+        let text = m.encode().unwrap();
+        assert_eq!(
+            value(&text, "cni_node_policy_deny_log_lines_total"),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "cni_node_policy_deny_log_dropped_total{reason=\"rate\"}"
+            ),
+            Some(5.0)
+        );
     }
 
     #[test]

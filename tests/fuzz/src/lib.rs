@@ -266,8 +266,10 @@ pub fn netlink(data: &[u8]) {
 /// A datagram of an nf_tables rule or set-element dump: every message decoded as the
 /// firewall crate reads rules back (chain, handle, comment, expressions, jump target),
 /// with the expressions decoded for every chain and for one chain only, and as it reads
-/// set elements back (key, comment).
+/// set elements back (key, comment); and the same bytes as a datagram of an
+/// nfnetlink_log group (the agent's deny log: prefix, addresses, ports).
 pub fn nftables(data: &[u8]) {
+    let _ = cni_firewall::nflog::parse_datagram(data);
     for msg in messages(data) {
         let Ok(msg) = msg else {
             break;
