@@ -43,6 +43,12 @@
 //! change then joins the four: an Admin ClusterNetworkPolicy added at priority 0 (egress
 //! denied to one /32 on one port), timed to the agent's commit.
 //!
+//! With `CNI_RS_SCALE_DENY_LOG=1` the agent runs with `--deny-log` (its default rate,
+//! [`DENY_LOG_RATE`] lines a second), and after the connections the client floods the
+//! server with [`DENY_ATTEMPTS_PER_S`] denied attempts a second for [`DENY_LOAD`]
+//! ([`deny_log_load`]): the agent's CPU over it, the deny log's lines a second and the
+//! slowest `/healthz` meanwhile are printed as a second `policy-scale` line.
+//!
 //! Sizes: `CNI_RS_SCALE_PODS` (default 1,000: 10 nodes), `CNI_RS_SCALE_POLICIES`
 //! (default 100), `CNI_RS_SCALE_CHANGES` (default 20), `CNI_RS_SCALE_CONNECTIONS` (per
 //! setup, default 200); `CNI_NODE_BIN` picks the agent (the benchmark's static release
@@ -517,7 +523,14 @@ impl Drop for Agent {
 }
 
 impl Agent {
-    fn start(agent: &Path, ns: &Netns, dir: &Path, kubeconfig: &Path, log: &Path) -> Self {
+    fn start(
+        agent: &Path,
+        ns: &Netns,
+        dir: &Path,
+        kubeconfig: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> Self {
         let child = Command::new("ip")
             .args(["netns", "exec", ns.name()])
             .arg(agent)
@@ -532,6 +545,7 @@ impl Agent {
                 "--explain-socket={}",
                 dir.join("explain.sock").display()
             ))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}")))
@@ -762,7 +776,15 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
 
     // The initial sync.
     let start = Instant::now();
-    let agent = Agent::start(&agent_bin, &ns, dir.path(), &kubeconfig, &log);
+    let deny_log = std::env::var("CNI_RS_SCALE_DENY_LOG").is_ok_and(|v| v == "1");
+    let agent = Agent::start(
+        &agent_bin,
+        &ns,
+        dir.path(),
+        &kubeconfig,
+        &log,
+        if deny_log { &["--deny-log"] } else { &[] },
+    );
     let deadline = start + Duration::from_secs(120);
     let initial_sync = loop {
         if isolated_metric(&ns) == Some((want_ingress.len(), want_egress.len())) {
@@ -997,6 +1019,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         bare_dir.path(),
         &bare_kubeconfig,
         &bare_log,
+        &[],
     );
     let health: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
     let ready_by = Instant::now() + Duration::from_secs(30);
@@ -1048,6 +1071,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     with_times.sort();
     without_times.sort();
     drop(bare_agent);
+    let deny_load = deny_log.then(|| deny_log_load(&agent, &client, &ns, &log));
     drop(agent);
     if let Some(keep) = std::env::var_os("CNI_RS_SCALE_AGENT_LOG") {
         let _ = std::fs::copy(&log, keep);
@@ -1093,4 +1117,122 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         us(percentile(&with_times, 50)) / us(percentile(&without_times, 50)),
         us(percentile(&with_times, 99)) / us(percentile(&without_times, 99)),
     );
+    if let Some(load) = deny_load {
+        println!(
+            "policy-scale deny_log_attempts_per_s={:.0} deny_log_cpu_fraction={:.3} \
+             deny_log_lines_per_s={:.1} deny_log_rate_per_s={DENY_LOG_RATE} \
+             deny_log_healthz_max_ms={:.1} deny_log_healthz_asked={}",
+            load.attempts_per_s,
+            load.cpu_fraction,
+            load.lines_per_s,
+            ms(load.healthz_max),
+            load.healthz_asked,
+        );
+    }
+}
+
+/// The agent's default `--deny-log-rate`: lines a second.
+const DENY_LOG_RATE: u32 = 100;
+/// Denied attempts a second, and for how long, in [`deny_log_load`].
+const DENY_ATTEMPTS_PER_S: u32 = 10_000;
+const DENY_LOAD: Duration = Duration::from_secs(10);
+
+/// What the deny log cost under a flood of denied attempts.
+struct DenyLoad {
+    attempts_per_s: f64,
+    /// The agent's CPU time over the flood, as a fraction of one CPU.
+    cpu_fraction: f64,
+    lines_per_s: f64,
+    healthz_max: Duration,
+    healthz_asked: usize,
+}
+
+/// The agent's CPU time so far (user + system), from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+fn deny_log_lines(log: &Path) -> usize {
+    log_of(log)
+        .lines()
+        .filter(|l| l.contains("denied new connection"))
+        .count()
+}
+
+/// The deny log under load: the client sends [`DENY_ATTEMPTS_PER_S`] UDP datagrams a
+/// second for [`DENY_LOAD`] to ports of the server that its policy denies, each from the
+/// client's one socket to a port of its own (every one a new connection the kernel
+/// drops and may log), while `/healthz` is asked every 100 ms. Measured: the attempts'
+/// rate, the agent's CPU time over it, the deny log lines it wrote, the slowest answer
+/// of `/healthz`.
+fn deny_log_load(agent: &Agent, client: &Netns, node: &Netns, log: &Path) -> DenyLoad {
+    let socket = cni_blackbox::hostport::in_netns(client.path(), || {
+        std::net::UdpSocket::bind("0.0.0.0:0").unwrap_or_else(|e| panic!("bind: {e}"))
+    });
+    let lines_before = deny_log_lines(log);
+    let cpu_before = cpu_time(agent.pid());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    let node_path = node.path().to_path_buf();
+    let health_thread = std::thread::spawn(move || {
+        let health: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
+        let mut times = Vec::new();
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            let asked = Instant::now();
+            let answer = probe::get(&node_path, health, "/healthz", Duration::from_secs(2));
+            let took = asked.elapsed();
+            assert!(
+                answer.as_ref().is_ok_and(|a| a.status == 200),
+                "/healthz under the deny flood: {answer:?}"
+            );
+            times.push(took);
+            std::thread::sleep(Duration::from_millis(100).saturating_sub(took));
+        }
+        times
+    });
+    let started = Instant::now();
+    let mut sent: u64 = 0;
+    let batch = DENY_ATTEMPTS_PER_S / 100;
+    while started.elapsed() < DENY_LOAD {
+        for _ in 0..batch {
+            // Ports 20,000 to 59,999 in turn: none is allowed to the client.
+            let port = 20_000 + u16::try_from(sent % 40_000).unwrap_or(0);
+            let _ = socket.send_to(b"denied", SocketAddr::new(IpAddr::V4(SERVER_IP), port));
+            sent += 1;
+        }
+        let due = Duration::from_secs_f64(sent as f64 / f64::from(DENY_ATTEMPTS_PER_S));
+        std::thread::sleep(due.saturating_sub(started.elapsed()));
+    }
+    let took = started.elapsed();
+    let cpu = cpu_time(agent.pid()).saturating_sub(cpu_before);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let healthz = health_thread
+        .join()
+        .unwrap_or_else(|_| panic!("the /healthz asker failed"));
+    // The last lines of the flood reach the log a moment later.
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = deny_log_lines(log).saturating_sub(lines_before);
+    assert!(
+        lines > 0,
+        "the flood of denied attempts wrote no deny log line"
+    );
+    DenyLoad {
+        attempts_per_s: sent as f64 / took.as_secs_f64(),
+        cpu_fraction: cpu.as_secs_f64() / took.as_secs_f64(),
+        lines_per_s: lines as f64 / took.as_secs_f64(),
+        healthz_max: healthz.iter().max().copied().unwrap_or_default(),
+        healthz_asked: healthz.len(),
+    }
 }
