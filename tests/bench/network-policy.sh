@@ -17,6 +17,10 @@
 # the `[network_policy.cnp_*]` targets: what the tiers cost the sync, the memory, a
 # change (a fifth kind, an Admin policy added, joins the four) and a new connection.
 #
+# The last size's NetworkPolicy run also runs the agent with --deny-log and floods it
+# with 10,000 denied attempts a second for 10 s (`network_policy.deny_log_*`): its CPU,
+# the log's lines a second against its rate, the slowest /healthz meanwhile.
+#
 # The `policy-scale ...` lines go to $BENCH_OUT/network-policy.txt (default
 # target/bench) and, as figures, to $BENCH_OUT/figures/network_policy.tsv: the last size
 # gives the judged figures (`network_policy.initial_sync_ms`, ...), earlier sizes are
@@ -59,9 +63,12 @@ for run in "${runs[@]}"; do
     IFS=: read -r pods policies cnps prefix <<<"$run"
     name=$pods
     [[ $cnps != 0 ]] && name+=-cnp
+    # The deny log's flood runs with the last size's NetworkPolicy run.
+    deny_log=0
+    [[ $cnps == 0 && $pods:$policies == "$last" ]] && deny_log=1
     if ! RUST_LOG=warn,cni_node=debug \
         CNI_RS_SCALE_PODS=$pods CNI_RS_SCALE_POLICIES=$policies \
-        CNI_RS_SCALE_CLUSTER_POLICIES=$cnps \
+        CNI_RS_SCALE_CLUSTER_POLICIES=$cnps CNI_RS_SCALE_DENY_LOG=$deny_log \
         CNI_RS_SCALE_CHANGES=$changes CNI_RS_SCALE_CONNECTIONS=$connections \
         CNI_RS_SCALE_AGENT_LOG=$out/network-policy-$name.log \
         CNI_NODE_BIN=$PWD/$agent \
