@@ -11,11 +11,22 @@
 # of the node with the policies in force next to a node with none (p50/p99, alternating
 # rounds).
 #
+# Then the same again at the last size with 100 ClusterNetworkPolicies on top (half
+# Admin, half Baseline, up to 25 rules each; POLICY_CLUSTER_POLICIES sets how many, 0
+# skips it), whose figures are named `network_policy.cnp_<figure>` and judged against
+# the `[network_policy.cnp_*]` targets: what the tiers cost the sync, the memory, a
+# change (a fifth kind, an Admin policy added, joins the four) and a new connection.
+#
+# The last size's NetworkPolicy run also runs the agent with --deny-log and floods it
+# with 10,000 denied attempts a second for 10 s (`network_policy.deny_log_*`): its CPU,
+# the log's lines a second against its rate, the slowest /healthz meanwhile.
+#
 # The `policy-scale ...` lines go to $BENCH_OUT/network-policy.txt (default
 # target/bench) and, as figures, to $BENCH_OUT/figures/network_policy.tsv: the last size
 # gives the judged figures (`network_policy.initial_sync_ms`, ...), earlier sizes are
 # recorded with their number of pods in the name. The agent's debug log, with the time
-# of each step of each pass, is kept in $BENCH_OUT/network-policy-<pods>.log (the test's
+# of each step of each pass, is kept in $BENCH_OUT/network-policy-<pods>.log (<pods>-cnp.log
+# for the ClusterNetworkPolicy run; the test's
 # output beside it, .out). Exits non-zero when the test fails or a figure misses its
 # target.
 #
@@ -23,6 +34,7 @@
 #   sudo BENCH_SMOKE=1 tests/bench/network-policy.sh   # 1,000 pods, 100 policies
 #   POLICY_SIZES="2000:200 10000:1000" sudo tests/bench/network-policy.sh
 #   POLICY_CHANGES=200 POLICY_CONNECTIONS=5000         # the full run's defaults
+#   POLICY_CLUSTER_POLICIES=0                          # without the ClusterNetworkPolicy run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 # shellcheck source=tests/bench/static-agent.sh
@@ -36,33 +48,46 @@ fi
 mkdir -p "$out/figures"
 : >"$out/network-policy.txt"
 : >"$out/figures/network_policy.tsv"
+cluster_policies=${POLICY_CLUSTER_POLICIES:-100}
 failed=0
 last=${sizes##* }
+# pods:policies:cluster policies, and the prefix of its figures' names.
+runs=()
 for size in $sizes; do
-    pods=${size%%:*}
-    policies=${size##*:}
+    prefix=${size%%:*}_
+    [[ $size == "$last" ]] && prefix=
+    runs+=("$size:0:$prefix")
+done
+[[ $cluster_policies != 0 ]] && runs+=("$last:$cluster_policies:cnp_")
+for run in "${runs[@]}"; do
+    IFS=: read -r pods policies cnps prefix <<<"$run"
+    name=$pods
+    [[ $cnps != 0 ]] && name+=-cnp
+    # The deny log's flood runs with the last size's NetworkPolicy run.
+    deny_log=0
+    [[ $cnps == 0 && $pods:$policies == "$last" ]] && deny_log=1
     if ! RUST_LOG=warn,cni_node=debug \
         CNI_RS_SCALE_PODS=$pods CNI_RS_SCALE_POLICIES=$policies \
+        CNI_RS_SCALE_CLUSTER_POLICIES=$cnps CNI_RS_SCALE_DENY_LOG=$deny_log \
         CNI_RS_SCALE_CHANGES=$changes CNI_RS_SCALE_CONNECTIONS=$connections \
-        CNI_RS_SCALE_AGENT_LOG=$out/network-policy-$pods.log \
+        CNI_RS_SCALE_AGENT_LOG=$out/network-policy-$name.log \
         CNI_NODE_BIN=$PWD/$agent \
         cargo test -p cni-blackbox --test policy_scale -- --nocapture \
-        >"$out/network-policy-$pods.out" 2>&1; then
-        tail -40 "$out/network-policy-$pods.out"
-        echo "network-policy: $size failed (output in $out/network-policy-$pods.out)" >&2
+        >"$out/network-policy-$name.out" 2>&1; then
+        tail -40 "$out/network-policy-$name.out"
+        echo "network-policy: $pods:$policies with $cnps cluster policies failed (output in $out/network-policy-$name.out)" >&2
         failed=1
         continue
     fi
-    grep '^policy-scale ' "$out/network-policy-$pods.out" | tee -a "$out/network-policy.txt" |
-        awk -v size="$size" -v judged="$last" -v pods="$pods" '{
-            sized = (size == judged) ? "" : pods "_"
+    grep '^policy-scale ' "$out/network-policy-$name.out" | tee -a "$out/network-policy.txt" |
+        awk -v prefix="$prefix" '{
             for (i = 2; i <= NF; i++) {
                 split($i, kv, "=")
-                printf "network_policy.%s%s\t%s\n", sized, kv[1], kv[2]
+                printf "network_policy.%s%s\t%s\n", prefix, kv[1], kv[2]
             }
         }' >>"$out/figures/network_policy.tsv"
 done
-write_machine network_policy "pods:policies ${sizes// /, }; $changes changes; $connections connections per setup"
+write_machine network_policy "pods:policies ${sizes// /, }; $changes changes; $connections connections per setup; $cluster_policies ClusterNetworkPolicies at $last"
 cp "$out/network-policy.txt" "$out/network_policy/network-policy.txt"
 echo "recorded in $out/network-policy.txt and $out/figures/network_policy.tsv"
 judged=0

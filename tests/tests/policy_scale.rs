@@ -33,6 +33,22 @@
 //!   close), next to the same two pods on a second node whose agent holds no policy,
 //!   in alternating rounds: [`cni_blackbox::connections`].
 //!
+//! With `CNI_RS_SCALE_CLUSTER_POLICIES=N` (default 0) the API server also holds N
+//! ClusterNetworkPolicies, half Admin and half Baseline, each with 1 to 25 ingress rules
+//! and half as many egress rules ([`cluster_policy`]): subjects every namespace, or the
+//! namespaces of one `env`; peers namespaces and pods by label, `networks`; protocols
+//! numbered ports, ranges and named ports; every action. None of their rules matches the
+//! connection benchmark's pods or the changes' addresses, so what is measured and
+//! checked is the same, with every tier's lookups in force on the way. A fifth kind of
+//! change then joins the four: an Admin ClusterNetworkPolicy added at priority 0 (egress
+//! denied to one /32 on one port), timed to the agent's commit.
+//!
+//! With `CNI_RS_SCALE_DENY_LOG=1` the agent runs with `--deny-log` (its default rate,
+//! [`DENY_LOG_RATE`] lines a second), and after the connections the client floods the
+//! server with [`DENY_ATTEMPTS_PER_S`] denied attempts a second for [`DENY_LOAD`]
+//! ([`deny_log_load`]): the agent's CPU over it, the deny log's lines a second and the
+//! slowest `/healthz` meanwhile are printed as a second `policy-scale` line.
+//!
 //! Sizes: `CNI_RS_SCALE_PODS` (default 1,000: 10 nodes), `CNI_RS_SCALE_POLICIES`
 //! (default 100), `CNI_RS_SCALE_CHANGES` (default 20), `CNI_RS_SCALE_CONNECTIONS` (per
 //! setup, default 200); `CNI_NODE_BIN` picks the agent (the benchmark's static release
@@ -49,7 +65,10 @@ use cni_blackbox::nft::{Generation, PolicyTableView};
 use cni_blackbox::probe;
 use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
-use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
+use cni_kube_api::{
+    ApiServer, cluster_network_policy, network_policy, realistic_namespace, realistic_node,
+    realistic_pod,
+};
 use serde_json::{Value, json};
 
 const TABLE: &str = "cni_node_policy";
@@ -409,6 +428,73 @@ fn bench_pods() -> [Pod; 2] {
     ]
 }
 
+/// ClusterNetworkPolicy `k` of the benchmark: Admin when `k` is even, Baseline when odd;
+/// `1 + k % 25` ingress rules and half as many egress rules. Its peers are namespaces of
+/// teams 3 to 9 or the DNS and monitoring namespaces, pods of those teams, and
+/// documentation networks, never the benchmark's client or server (teams 1 and 2) nor
+/// the addresses the changes admit, so no verdict of the test changes; its rules still
+/// cover ports the benchmark uses (8080) and every protocol form.
+fn cluster_policy(k: u32) -> Value {
+    let admin = k.is_multiple_of(2);
+    let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
+    let actions: &[&str] = if admin {
+        &["Deny", "Accept", "Pass"]
+    } else {
+        &["Deny", "Accept"]
+    };
+    let rule = |r: u32, way: &str| {
+        let peer = match r % 4 {
+            0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
+            1 => json!({"pods": {
+                "namespaceSelector": {"matchLabels": {"team": team(r)}},
+                "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
+            }}),
+            2 if way == "to" => json!({"networks": [
+                format!("203.0.113.{}/32", r % 256),
+                "198.51.100.0/24",
+                format!("2001:db8::{r:x}/128"),
+            ]}),
+            2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
+            _ => json!({"namespaces": {"matchExpressions": [
+                {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
+            ]}}),
+        };
+        let mut rule = json!({
+            "name": format!("rule-{r}"),
+            "action": actions[(r % actions.len() as u32) as usize],
+            way: [peer],
+        });
+        match r % 5 {
+            0 => {}
+            1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": SERVER_PORT}}}]),
+            2 => {
+                rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
+                    "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
+            }
+            3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
+            _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
+        }
+        rule
+    };
+    let ingress: Vec<Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
+    let egress: Vec<Value> = (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
+    let subject = if k.is_multiple_of(5) {
+        json!({"namespaces": {}})
+    } else {
+        json!({"namespaces": {"matchLabels": {"env": ENVS[(k % 3) as usize]}}})
+    };
+    cluster_network_policy(
+        &format!("{}-{k}", if admin { "admin" } else { "baseline" }),
+        json!({
+            "tier": if admin { "Admin" } else { "Baseline" },
+            "priority": (k / 2 * 20 + k % 20) % 1000,
+            "subject": subject,
+            "ingress": ingress,
+            "egress": egress,
+        }),
+    )
+}
+
 /// The local pod addresses the policies isolate, for ingress and for egress.
 fn isolated(pods: &[Pod], policies: &[Policy]) -> (BTreeSet<IpAddr>, BTreeSet<IpAddr>) {
     let mut ingress = BTreeSet::new();
@@ -437,7 +523,14 @@ impl Drop for Agent {
 }
 
 impl Agent {
-    fn start(agent: &Path, ns: &Netns, dir: &Path, kubeconfig: &Path, log: &Path) -> Self {
+    fn start(
+        agent: &Path,
+        ns: &Netns,
+        dir: &Path,
+        kubeconfig: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> Self {
         let child = Command::new("ip")
             .args(["netns", "exec", ns.name()])
             .arg(agent)
@@ -452,6 +545,7 @@ impl Agent {
                 "--explain-socket={}",
                 dir.join("explain.sock").display()
             ))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(log).unwrap_or_else(|e| panic!("{e}")))
@@ -556,6 +650,9 @@ enum Check {
     IngressChanged(IpAddr),
     /// `ingress4` holds `ip`.
     Isolated(IpAddr),
+    /// A ClusterNetworkPolicy change: the commit is what is timed (the tiers' maps are
+    /// the datapath's to check, in its own tests).
+    Committed,
 }
 
 impl Check {
@@ -582,6 +679,7 @@ impl Check {
             }
             Self::IngressChanged(ip) => after.ingress4.get(&ip) != before.ingress4.get(&ip),
             Self::Isolated(ip) => after.ingress4.contains_key(&ip),
+            Self::Committed => true,
         }
     }
 
@@ -599,6 +697,7 @@ impl Check {
             ),
             Self::IngressChanged(ip) => format!("{ip} jumps to another ingress profile"),
             Self::Isolated(ip) => format!("{ip} is isolated for ingress"),
+            Self::Committed => "a ClusterNetworkPolicy change is committed".into(),
         }
     }
 }
@@ -608,9 +707,16 @@ enum Served {
     Policy(Value),
     Pod(Value),
     Namespace(Value),
+    ClusterPolicy(Value),
 }
 
-const KINDS: [&str; 4] = ["policy_added", "pod_label", "pod_added", "namespace_label"];
+const KINDS: [&str; 5] = [
+    "policy_added",
+    "pod_label",
+    "pod_added",
+    "namespace_label",
+    "cluster_policy_added",
+];
 
 #[test]
 #[allow(clippy::too_many_lines)] // one scenario, told in order
@@ -623,6 +729,8 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     let policy_count = env_size("CNI_RS_SCALE_POLICIES", 100, 100..=20_000);
     let changes = env_size("CNI_RS_SCALE_CHANGES", 20, 4..=2000);
     let connections = env_size("CNI_RS_SCALE_CONNECTIONS", 200, 20..=100_000) as usize;
+    let cluster_policies = env_size("CNI_RS_SCALE_CLUSTER_POLICIES", 0, 0..=1000);
+    let kinds: u32 = if cluster_policies > 0 { 5 } else { 4 };
     let agent_bin =
         std::env::var_os("CNI_NODE_BIN").map_or_else(|| plugin_path("cni-node"), Into::into);
 
@@ -658,6 +766,9 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     for policy in &policies {
         api.apply_network_policy(policy.object.clone());
     }
+    for k in 0..cluster_policies {
+        api.apply_cluster_network_policy(cluster_policy(k));
+    }
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);
     let (want_ingress, want_egress) = isolated(&pods, &policies);
@@ -665,7 +776,15 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
 
     // The initial sync.
     let start = Instant::now();
-    let agent = Agent::start(&agent_bin, &ns, dir.path(), &kubeconfig, &log);
+    let deny_log = std::env::var("CNI_RS_SCALE_DENY_LOG").is_ok_and(|v| v == "1");
+    let agent = Agent::start(
+        &agent_bin,
+        &ns,
+        dir.path(),
+        &kubeconfig,
+        &log,
+        if deny_log { &["--deny-log"] } else { &[] },
+    );
     let deadline = start + Duration::from_secs(120);
     let initial_sync = loop {
         if isolated_metric(&ns) == Some((want_ingress.len(), want_egress.len())) {
@@ -741,8 +860,8 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     let mut extra_commits = 0;
     std::thread::sleep(Duration::from_millis(200));
     for c in 0..changes {
-        let kind = (c % 4) as usize;
-        let round = c / 4;
+        let kind = (c % kinds) as usize;
+        let round = c / kinds;
         let (check, object) = match kind {
             0 => {
                 let j = isolating_all[round as usize % isolating_all.len()];
@@ -796,6 +915,28 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
                 pods.push(pod);
                 (Check::Isolated(IpAddr::V4(ip)), object)
             }
+            4 => {
+                // First of all (priority 0), on an address and port of its own: no
+                // other rule shadows it, so it always changes what the kernel holds.
+                // (`networks` peers are egress's only: in `from` they would fail closed.)
+                let to = format!("172.17.{}.{}/32", (c >> 8) & 255, c & 255);
+                let policy = cluster_network_policy(
+                    &format!("added-{c}"),
+                    json!({
+                        "tier": "Admin",
+                        "priority": 0,
+                        "subject": {"namespaces": {}},
+                        "egress": [{
+                            "name": "deny-one-address",
+                            "action": "Deny",
+                            "to": [{"networks": [to]}],
+                            "protocols": [{"tcp": {"destinationPort": {
+                                "number": 10_000 + c % 50_000}}}],
+                        }],
+                    }),
+                );
+                (Check::Committed, Served::ClusterPolicy(policy))
+            }
             _ => {
                 let candidates: Vec<u32> = (0..NAMESPACES)
                     .filter(spare)
@@ -822,6 +963,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
             Served::Policy(object) => api.apply_network_policy(object),
             Served::Pod(object) => api.apply_pod(object),
             Served::Namespace(object) => api.apply_namespace(object),
+            Served::ClusterPolicy(object) => api.apply_cluster_network_policy(object),
         };
         let committed = generation
             .changed_since(from, served + Duration::from_secs(30))
@@ -877,6 +1019,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         bare_dir.path(),
         &bare_kubeconfig,
         &bare_log,
+        &[],
     );
     let health: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
     let ready_by = Instant::now() + Duration::from_secs(30);
@@ -928,6 +1071,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
     with_times.sort();
     without_times.sort();
     drop(bare_agent);
+    let deny_load = deny_log.then(|| deny_log_load(&agent, &client, &ns, &log));
     drop(agent);
     if let Some(keep) = std::env::var_os("CNI_RS_SCALE_AGENT_LOG") {
         let _ = std::fs::copy(&log, keep);
@@ -953,7 +1097,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         })
         .collect();
     println!(
-        "policy-scale pods={} nodes={nodes} namespaces={NAMESPACES} policies={policy_count} local_pods={} isolated_ingress={} isolated_egress={} profiles={profiles} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} changes={changes} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} {} extra_commits={extra_commits} connections={} connect_none_p50_us={:.1} connect_none_p99_us={:.1} connect_policies_p50_us={:.1} connect_policies_p99_us={:.1} ratio_p50={:.3} ratio_p99={:.3}",
+        "policy-scale pods={} nodes={nodes} namespaces={NAMESPACES} policies={policy_count} cluster_policies={cluster_policies} local_pods={} isolated_ingress={} isolated_egress={} profiles={profiles} initial_sync_ms={:.0} rss_after_sync_mib={:.1} rss_peak_mib={:.1} changes={changes} event_p50_ms={:.2} event_p99_ms={:.2} event_max_ms={:.2} {} extra_commits={extra_commits} connections={} connect_none_p50_us={:.1} connect_none_p99_us={:.1} connect_policies_p50_us={:.1} connect_policies_p99_us={:.1} ratio_p50={:.3} ratio_p99={:.3}",
         served_pods,
         local_pods,
         want_ingress.len(),
@@ -973,4 +1117,140 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         us(percentile(&with_times, 50)) / us(percentile(&without_times, 50)),
         us(percentile(&with_times, 99)) / us(percentile(&without_times, 99)),
     );
+    if let Some(load) = deny_load {
+        println!(
+            "policy-scale deny_log_attempts_per_s={:.0} deny_log_cpu_fraction={:.3} \
+             deny_log_lines_per_s={:.1} deny_log_lines_vs_rate={:.3} \
+             deny_log_rate_per_s={DENY_LOG_RATE} \
+             deny_log_healthz_max_ms={:.1} deny_log_healthz_asked={}",
+            load.attempts_per_s,
+            load.cpu_fraction,
+            load.lines_per_s,
+            load.lines_vs_rate,
+            ms(load.healthz_max),
+            load.healthz_asked,
+        );
+    }
+}
+
+/// The agent's default `--deny-log-rate`: lines a second.
+const DENY_LOG_RATE: u32 = 100;
+/// Denied attempts a second, and for how long, in [`deny_log_load`].
+const DENY_ATTEMPTS_PER_S: u32 = 10_000;
+const DENY_LOAD: Duration = Duration::from_secs(10);
+
+/// What the deny log cost under a flood of denied attempts.
+struct DenyLoad {
+    attempts_per_s: f64,
+    /// The agent's CPU time over the flood, as a fraction of one CPU.
+    cpu_fraction: f64,
+    lines_per_s: f64,
+    /// The lines written over what the rate allows in that time: a second's worth at
+    /// once (the agent's bucket starts full), then the rate.
+    lines_vs_rate: f64,
+    healthz_max: Duration,
+    healthz_asked: usize,
+}
+
+/// The agent's CPU time so far (user + system), from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's name, which is in parentheses and may hold spaces.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&i| fields.get(i).and_then(|f| f.parse::<u64>().ok()))
+        .sum();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+fn deny_log_lines(log: &Path) -> usize {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("denied new connection"))
+        .count()
+}
+
+/// The deny log under load: the client sends [`DENY_ATTEMPTS_PER_S`] UDP datagrams a
+/// second for [`DENY_LOAD`] to ports of the server that its policy denies, each from the
+/// client's one socket to a port of its own (every one a new connection the kernel
+/// drops and may log), while `/healthz` is asked every 100 ms. Measured: the attempts'
+/// rate, the agent's CPU time over it, the deny log lines it wrote, the slowest answer
+/// of `/healthz`.
+fn deny_log_load(agent: &Agent, client: &Netns, node: &Netns, log: &Path) -> DenyLoad {
+    let socket = cni_blackbox::hostport::in_netns(client.path(), || {
+        std::net::UdpSocket::bind("0.0.0.0:0").unwrap_or_else(|e| panic!("bind: {e}"))
+    });
+    let lines_before = deny_log_lines(log);
+    let cpu_before = cpu_time(agent.pid());
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&stop);
+    let node_path = node.path().to_path_buf();
+    let health_thread = std::thread::spawn(move || {
+        let health: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
+        let mut times = Vec::new();
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            let asked = Instant::now();
+            let answer = probe::get(&node_path, health, "/healthz", Duration::from_secs(2));
+            let took = asked.elapsed();
+            assert!(
+                answer.as_ref().is_ok_and(|a| a.status == 200),
+                "/healthz under the deny flood: {answer:?}"
+            );
+            times.push(took);
+            std::thread::sleep(Duration::from_millis(100).saturating_sub(took));
+        }
+        times
+    });
+    let started = Instant::now();
+    let mut sent: u64 = 0;
+    let batch = DENY_ATTEMPTS_PER_S / 100;
+    while started.elapsed() < DENY_LOAD {
+        for _ in 0..batch {
+            // Ports 20,000 to 59,999 in turn: none is allowed to the client.
+            let port = 20_000 + u16::try_from(sent % 40_000).unwrap_or(0);
+            let _ = socket.send_to(b"denied", SocketAddr::new(IpAddr::V4(SERVER_IP), port));
+            sent += 1;
+        }
+        let due = Duration::from_secs_f64(sent as f64 / f64::from(DENY_ATTEMPTS_PER_S));
+        std::thread::sleep(due.saturating_sub(started.elapsed()));
+    }
+    let took = started.elapsed();
+    let cpu = cpu_time(agent.pid()).saturating_sub(cpu_before);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let healthz = health_thread
+        .join()
+        .unwrap_or_else(|_| panic!("the /healthz asker failed"));
+    // The last lines of the flood reach the log a moment later.
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = deny_log_lines(log).saturating_sub(lines_before);
+    assert!(
+        lines > 0,
+        "the flood of denied attempts wrote no deny log line"
+    );
+    // What the agent says it wrote and dropped, and why (the kernel's own limit, per
+    // verdict chain, drops the rest before the agent sees it).
+    let health: SocketAddr = HEALTH_ADDR.parse().unwrap_or_else(|e| panic!("{e}"));
+    let metrics = probe::get(node.path(), health, "/metrics", Duration::from_secs(2))
+        .map(|a| a.body)
+        .unwrap_or_default();
+    let counters: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("cni_node_policy_deny_log_"))
+        .collect();
+    println!("deny log counters after the flood: {}", counters.join("; "));
+    DenyLoad {
+        attempts_per_s: sent as f64 / took.as_secs_f64(),
+        cpu_fraction: cpu.as_secs_f64() / took.as_secs_f64(),
+        lines_per_s: lines as f64 / took.as_secs_f64(),
+        lines_vs_rate: lines as f64 / (f64::from(DENY_LOG_RATE) * (took.as_secs_f64() + 1.0)),
+        healthz_max: healthz.iter().max().copied().unwrap_or_default(),
+        healthz_asked: healthz.len(),
+    }
 }

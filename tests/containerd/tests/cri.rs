@@ -14,7 +14,8 @@
 //! runs the agent with a NetworkPolicy and Pod objects that kubelet has not yet given
 //! addresses: a new pod is closed to the clients the policy does not allow from its
 //! first packet, open to the allowed one, held while the agent cannot judge it, and
-//! leaves nothing behind. Every test also checks that the machine's own netns, /run and
+//! leaves nothing behind; the same again with an Admin ClusterNetworkPolicy's deny over
+//! a NetworkPolicy that admits every pod. Every test also checks that the machine's own netns, /run and
 //! /var/lib were not touched.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,7 +32,10 @@ use cni_blackbox::hostport::{in_netns, netns_of, peer_seen};
 use cni_blackbox::{plugin_path, require_root, unique_name};
 use cni_containerd_suite::cri::{HostPort, Protocol};
 use cni_containerd_suite::{Containerd, NETWORK, PodMeta, ping_from};
-use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
+use cni_kube_api::{
+    ApiServer, cluster_network_policy, network_policy, realistic_namespace, realistic_node,
+    realistic_pod,
+};
 use serde_json::json;
 
 /// The template a node operator would install: our bridge with host-local over every
@@ -1502,14 +1506,96 @@ fn pending(node: &Containerd) -> BTreeMap<String, String> {
     held
 }
 
+/// What closes the server to dev/other and leaves it open to dev/client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guard {
+    /// A NetworkPolicy of prod admitting dev's pods labelled role=client.
+    NetworkPolicy,
+    /// An Admin ClusterNetworkPolicy over prod's pods: dev's role=client pods accepted,
+    /// every other pod denied; under it, a NetworkPolicy of prod that admits every pod
+    /// (the Admin tier decides first).
+    AdminDeny,
+}
+
+/// The NetworkPolicy of [`Guard::NetworkPolicy`], and the one under the Admin deny.
+const POLICY: (&str, &str) = ("prod", "clients-from-dev");
+/// The ClusterNetworkPolicy of [`Guard::AdminDeny`].
+const CLUSTER_POLICY: &str = "prod-only-from-dev-clients";
+
+fn apply_guard(api: &ApiServer, guard: Guard) {
+    match guard {
+        // Ingress to every pod of prod only from dev's pods labelled role=client (one
+        // peer: both selectors must match); egress is not restricted.
+        Guard::NetworkPolicy => {
+            api.apply_network_policy(network_policy(
+                POLICY.0,
+                POLICY.1,
+                json!({
+                    "podSelector": {},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [{"from": [{
+                        "namespaceSelector": {"matchLabels": {"env": "dev"}},
+                        "podSelector": {"matchLabels": {"role": "client"}},
+                    }]}],
+                }),
+            ));
+        }
+        Guard::AdminDeny => {
+            api.apply_network_policy(network_policy(
+                POLICY.0,
+                POLICY.1,
+                json!({
+                    "podSelector": {},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [{"from": [{"namespaceSelector": {}}]}],
+                }),
+            ));
+            api.apply_cluster_network_policy(cluster_network_policy(
+                CLUSTER_POLICY,
+                json!({
+                    "tier": "Admin",
+                    "priority": 10,
+                    "subject": {"namespaces": {"matchLabels": {"env": "prod"}}},
+                    "ingress": [
+                        {"name": "accept-dev-clients", "action": "Accept", "from": [{"pods": {
+                            "namespaceSelector": {"matchLabels": {"env": "dev"}},
+                            "podSelector": {"matchLabels": {"role": "client"}},
+                        }}]},
+                        {"name": "deny-every-other-pod", "action": "Deny",
+                         "from": [{"namespaces": {}}]},
+                    ],
+                }),
+            ));
+        }
+    }
+}
+
+/// Deletes what [`apply_guard`] applied.
+fn delete_guard(api: &ApiServer, guard: Guard) {
+    assert!(api.delete_network_policy(POLICY.0, POLICY.1));
+    if guard == Guard::AdminDeny {
+        assert!(api.delete_cluster_network_policy(CLUSTER_POLICY));
+    }
+}
+
 #[test]
 fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_clients() {
+    new_pod_behind(Guard::NetworkPolicy);
+}
+
+/// The same under an Admin ClusterNetworkPolicy's deny, over a NetworkPolicy that would
+/// admit every pod: the denied client never reaches the new pod.
+#[test]
+fn an_admin_deny_holds_a_new_pod_from_its_first_packet_over_a_network_policy_allow() {
+    new_pod_behind(Guard::AdminDeny);
+}
+
+fn new_pod_behind(guard: Guard) {
     if !require_containerd() {
         return;
     }
     let own = ["10.244.11.0/24", "fd00:10:244:11::/64"];
     let node_ips = ["192.168.79.1", "fd00:79::1"];
-    let policy = ("prod", "clients-from-dev");
     let machine = MachineState::now();
     let bridge = {
         let node = Containerd::start_without_template();
@@ -1541,20 +1627,7 @@ fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_
         api.apply_node(realistic_node("node-a", &own, &node_ips, 5));
         api.apply_namespace(realistic_namespace("prod", &[("env", "prod")]));
         api.apply_namespace(realistic_namespace("dev", &[("env", "dev")]));
-        // Ingress to every pod of prod only from dev's pods labelled role=client (one
-        // peer: both selectors must match); egress is not restricted.
-        api.apply_network_policy(network_policy(
-            policy.0,
-            policy.1,
-            json!({
-                "podSelector": {},
-                "policyTypes": ["Ingress"],
-                "ingress": [{"from": [{
-                    "namespaceSelector": {"matchLabels": {"env": "dev"}},
-                    "podSelector": {"matchLabels": {"role": "client"}},
-                }]}],
-            }),
-        ));
+        apply_guard(&api, guard);
         let agent = NodeAgent::start(&node, "node-a", &kubeconfig);
         wait_network_ready(&node);
         // The plugin holds new pods only where the agent has made its table.
@@ -1640,7 +1713,7 @@ fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_
         let known: Vec<(Instant, SocketAddr)> = lock(&targets).clone();
 
         println!(
-            "NetworkPolicy through the CRI, ms from RunPodSandbox's return (negative: before):\n\
+            "{guard:?} through the CRI, ms from RunPodSandbox's return (negative: before):\n\
              \x20 RunPodSandbox took {:.1}; SYN counters in the server at {:+.1}, its listener at {:+.1}",
             ms(returned, called),
             ms(counted, returned),
@@ -1826,7 +1899,7 @@ fn network_policy_holds_a_new_pod_from_its_first_packet_and_admits_only_allowed_
             agent.log()
         );
         // ... and without the policy the server is open to both clients.
-        assert!(api.delete_network_policy(policy.0, policy.1));
+        delete_guard(&api, guard);
         let deleted = Instant::now();
         let mut opened = deleted;
         wait_until(SETTLE_LIMIT, "dev/other still cannot connect", || {
