@@ -18,7 +18,7 @@
 //! the datapath loads; the boxes are checked against [`super::cluster_model`] on random
 //! clusters.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use cni_protocol::ip::{bounds, from_u128, to_u128};
@@ -137,6 +137,17 @@ type Row = Vec<((u32, u32), usize)>;
 /// A rectangle of one family: addresses × keys, inclusive.
 type Rect = ((u128, u128), (u32, u32));
 
+/// What a pod's boxes in one tier and direction depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ProfileKey {
+    tier: Tier,
+    ingress: bool,
+    /// The policies that select the pod, in evaluation order.
+    policies: Vec<String>,
+    /// The pod's named ports (ingress only).
+    named_ports: Vec<(String, u8, u16)>,
+}
+
 /// One rule as rectangles per family, with what it does.
 struct Painted {
     v4: Vec<Rect>,
@@ -149,6 +160,9 @@ struct Painted {
 pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
     let mut out = ClusterCompiled::default();
     let view = tiered.view;
+    // Pods that the same policies select get the same boxes (for ingress, also the same
+    // named ports, which ingress rules resolve against the subject pod): cut once.
+    let mut cut_for: HashMap<ProfileKey, Option<Vec<VerdictBox>>> = HashMap::new();
     for pod in view
         .pods
         .values()
@@ -166,6 +180,34 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                 .filter(|p| p.tier == tier && tiered.subject_holds(&p.subject, pod))
                 .collect();
             for ingress in [true, false] {
+                let profile = ProfileKey {
+                    tier,
+                    ingress,
+                    policies: policies.iter().map(|p| p.name.clone()).collect(),
+                    named_ports: if ingress {
+                        pod.named_ports
+                            .iter()
+                            .map(|n| (n.name.clone(), n.protocol, n.port))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    },
+                };
+                let table = match (tier, ingress) {
+                    (Tier::Admin, true) => &mut out.admin_ingress,
+                    (Tier::Admin, false) => &mut out.admin_egress,
+                    (_, true) => &mut out.baseline_ingress,
+                    (_, false) => &mut out.baseline_egress,
+                };
+                if let Some(cached) = cut_for.get(&profile) {
+                    // None: no rule in this direction, so no entry.
+                    if let Some(boxes) = cached {
+                        for ip in &ips {
+                            table.insert(*ip, boxes.clone());
+                        }
+                    }
+                    continue;
+                }
                 let painted: Vec<Painted> = policies
                     .iter()
                     .flat_map(|policy| {
@@ -189,19 +231,15 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                     })
                     .collect();
                 if painted.is_empty() {
+                    cut_for.insert(profile, None);
                     continue;
                 }
                 let mut boxes = cut(&painted, true);
                 boxes.extend(cut(&painted, false));
-                let table = match (tier, ingress) {
-                    (Tier::Admin, true) => &mut out.admin_ingress,
-                    (Tier::Admin, false) => &mut out.admin_egress,
-                    (_, true) => &mut out.baseline_ingress,
-                    (_, false) => &mut out.baseline_egress,
-                };
                 for ip in &ips {
                     table.insert(*ip, boxes.clone());
                 }
+                cut_for.insert(profile, Some(boxes));
             }
         }
     }
@@ -239,11 +277,30 @@ fn paint(
         rule_rects(tiered, pod, ingress, rule, &mut push);
     }
     Painted {
-        v4: v4s,
-        v6: v6s,
+        v4: merged(v4s),
+        v6: merged(v6s),
         verdict,
         rule: reference,
     }
+}
+
+/// The same area in fewer rectangles: those of equal keys whose addresses overlap or
+/// touch become one (a selector's pods sit at neighbouring addresses more often than
+/// not).
+fn merged(mut rects: Vec<Rect>) -> Vec<Rect> {
+    rects.sort_unstable_by_key(|((a0, a1), keys)| (*keys, *a0, *a1));
+    let mut out: Vec<Rect> = Vec::with_capacity(rects.len());
+    for (addresses, keys) in rects {
+        match out.last_mut() {
+            Some((last, last_keys))
+                if *last_keys == keys && last.1.checked_add(1).is_none_or(|n| n >= addresses.0) =>
+            {
+                last.1 = last.1.max(addresses.1);
+            }
+            _ => out.push((addresses, keys)),
+        }
+    }
+    out
 }
 
 /// The rectangles of a rule that did not fail closed.
@@ -370,44 +427,50 @@ fn rects(p: &Painted, v4: bool) -> &[Rect] {
     if v4 { &p.v4 } else { &p.v6 }
 }
 
-/// The first-match-wins boxes of one family.
+/// The first-match-wins boxes of one family: a sweep along the addresses, keeping the
+/// rectangles that cover the current address interval (in rule order), each interval's
+/// key intervals decided by the first of them that covers each, and equal neighbouring
+/// rows merged.
 fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
+    // (first address, last address, rule, keys), by first address.
+    let mut starts: Vec<(u128, u128, usize, (u32, u32))> = painted
+        .iter()
+        .enumerate()
+        .flat_map(|(rule, p)| {
+            rects(p, v4)
+                .iter()
+                .map(move |&((a0, a1), keys)| (a0, a1, rule, keys))
+        })
+        .collect();
+    starts.sort_unstable_by_key(|r| r.0);
     let mut address_cuts = BTreeSet::new();
-    let mut key_cuts = BTreeSet::new();
-    for rect in painted.iter().flat_map(|p| rects(p, v4).iter()) {
-        let ((a0, a1), (k0, k1)) = *rect;
+    for &(a0, a1, _, _) in &starts {
         address_cuts.insert(a0);
         if let Some(next) = a1.checked_add(1) {
             address_cuts.insert(next);
         }
-        key_cuts.insert(k0);
-        key_cuts.insert(k1 + 1);
     }
     let address_cuts: Vec<u128> = address_cuts.into_iter().collect();
-    let key_cuts: Vec<u32> = key_cuts.into_iter().collect();
     let last_address = if v4 { u128::from(u32::MAX) } else { u128::MAX };
-    let interval = |cuts: &[u128], i: usize| -> (u128, u128) {
-        (cuts[i], cuts.get(i + 1).map_or(last_address, |n| n - 1))
-    };
-    // Rows: for each address interval, its key intervals with their deciding rule,
-    // merged along the key.
     let mut rows: Vec<((u128, u128), Row)> = Vec::new();
-    for i in 0..address_cuts.len() {
-        let addresses = interval(&address_cuts, i);
-        let mut row: Vec<((u32, u32), usize)> = Vec::new();
-        for j in 0..key_cuts.len().saturating_sub(1) {
-            let keys = (key_cuts[j], key_cuts[j + 1] - 1);
-            let first = painted.iter().position(|p| {
-                rects(p, v4).iter().any(|((a0, a1), (k0, k1))| {
-                    *a0 <= addresses.0 && addresses.0 <= *a1 && *k0 <= keys.0 && keys.0 <= *k1
-                })
-            });
-            let Some(first) = first else { continue };
-            match row.last_mut() {
-                Some((last, rule)) if *rule == first && last.1 + 1 == keys.0 => last.1 = keys.1,
-                _ => row.push((keys, first)),
+    // Rectangles covering the current interval: (last address, rule, keys), in rule order.
+    let mut active: Vec<(u128, usize, (u32, u32))> = Vec::new();
+    let mut next_start = 0;
+    for (i, &first) in address_cuts.iter().enumerate() {
+        let addresses = (
+            first,
+            address_cuts.get(i + 1).map_or(last_address, |n| n - 1),
+        );
+        active.retain(|(a1, _, _)| *a1 >= first);
+        while next_start < starts.len() && starts[next_start].0 <= first {
+            let (_, a1, rule, keys) = starts[next_start];
+            if a1 >= first {
+                let at = active.partition_point(|(_, r, _)| *r <= rule);
+                active.insert(at, (a1, rule, keys));
             }
+            next_start += 1;
         }
+        let row = first_match_row(&active);
         if row.is_empty() {
             continue;
         }
@@ -431,6 +494,32 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
             })
         })
         .collect()
+}
+
+/// The key intervals of one address interval, each with the first rule (of `active`, in
+/// rule order) that covers it, equal neighbours merged.
+fn first_match_row(active: &[(u128, usize, (u32, u32))]) -> Row {
+    let mut key_cuts: Vec<u32> = active
+        .iter()
+        .flat_map(|(_, _, (k0, k1))| [*k0, k1 + 1])
+        .collect();
+    key_cuts.sort_unstable();
+    key_cuts.dedup();
+    let mut row: Row = Vec::new();
+    for pair in key_cuts.windows(2) {
+        let keys = (pair[0], pair[1] - 1);
+        let Some(&(_, first, _)) = active
+            .iter()
+            .find(|(_, _, (k0, k1))| *k0 <= keys.0 && keys.0 <= *k1)
+        else {
+            continue;
+        };
+        match row.last_mut() {
+            Some((last, rule)) if *rule == first && last.1 + 1 == keys.0 => last.1 = keys.1,
+            _ => row.push((keys, first)),
+        }
+    }
+    row
 }
 
 /// An address of a family from its integer (for messages and tests).
