@@ -20,6 +20,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use cni_protocol::ip::{bounds, from_u128, to_u128};
 
@@ -70,9 +71,10 @@ impl VerdictBox {
     }
 }
 
-/// One tier of one direction: local pod address -> its disjoint boxes. A pod the tier
-/// has no rule for has no entry.
-pub type TierTable = BTreeMap<IpAddr, Vec<VerdictBox>>;
+/// One tier of one direction: local pod address -> its disjoint boxes, shared (the same
+/// `Arc`) by the pods that the same policies select. A pod the tier has no rule for has
+/// no entry.
+pub type TierTable = BTreeMap<IpAddr, Arc<Vec<VerdictBox>>>;
 
 /// What the Admin and Baseline tiers hold on this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -126,7 +128,7 @@ impl ClusterCompiled {
         ]
         .iter()
         .flat_map(|t| t.values())
-        .map(Vec::len)
+        .map(|boxes| boxes.len())
         .sum()
     }
 }
@@ -149,6 +151,7 @@ struct ProfileKey {
 }
 
 /// One rule as rectangles per family, with what it does.
+#[derive(Clone)]
 struct Painted {
     v4: Vec<Rect>,
     v6: Vec<Rect>,
@@ -162,7 +165,8 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
     let view = tiered.view;
     // Pods that the same policies select get the same boxes (for ingress, also the same
     // named ports, which ingress rules resolve against the subject pod): cut once.
-    let mut cut_for: HashMap<ProfileKey, Option<Vec<VerdictBox>>> = HashMap::new();
+    let mut cut_for: HashMap<ProfileKey, Option<Arc<Vec<VerdictBox>>>> = HashMap::new();
+    let mut painted_rule: HashMap<(RuleRef, bool), Painted> = HashMap::new();
     for pod in view
         .pods
         .values()
@@ -203,47 +207,59 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                     // None: no rule in this direction, so no entry.
                     if let Some(boxes) = cached {
                         for ip in &ips {
-                            table.insert(*ip, boxes.clone());
+                            table.insert(*ip, Arc::clone(boxes));
                         }
                     }
                     continue;
                 }
-                let painted: Vec<Painted> = policies
-                    .iter()
-                    .flat_map(|policy| {
-                        let rules = if ingress {
-                            &policy.ingress
-                        } else {
-                            &policy.egress
+                let mut painted: Vec<Painted> = Vec::new();
+                for policy in &policies {
+                    let rules = if ingress {
+                        &policy.ingress
+                    } else {
+                        &policy.egress
+                    };
+                    for (index, rule) in rules.iter().enumerate() {
+                        let reference = RuleRef {
+                            policy: policy.name.clone(),
+                            index,
                         };
-                        rules.iter().enumerate().map(move |(index, rule)| {
-                            paint(
-                                tiered,
-                                pod,
-                                ingress,
-                                rule,
-                                RuleRef {
-                                    policy: policy.name.clone(),
-                                    index,
-                                },
-                            )
-                        })
-                    })
-                    .collect();
+                        // Only an ingress rule's named ports depend on the subject pod;
+                        // any other rule paints the same for every pod: once a pass.
+                        if ingress && has_named_port(rule) {
+                            painted.push(paint(tiered, pod, ingress, rule, reference));
+                            continue;
+                        }
+                        let key = (reference.clone(), ingress);
+                        let done = painted_rule
+                            .entry(key)
+                            .or_insert_with(|| paint(tiered, pod, ingress, rule, reference));
+                        painted.push(done.clone());
+                    }
+                }
                 if painted.is_empty() {
                     cut_for.insert(profile, None);
                     continue;
                 }
                 let mut boxes = cut(&painted, true);
                 boxes.extend(cut(&painted, false));
+                let boxes = Arc::new(boxes);
                 for ip in &ips {
-                    table.insert(*ip, boxes.clone());
+                    table.insert(*ip, Arc::clone(&boxes));
                 }
                 cut_for.insert(profile, Some(boxes));
             }
         }
     }
     out
+}
+
+/// Whether the rule names a port (`destinationNamedPort`).
+fn has_named_port(rule: &ClusterRule) -> bool {
+    rule.protocols
+        .iter()
+        .flatten()
+        .any(|p| matches!(p, ClusterPort::Named(_)))
 }
 
 /// The rectangles a rule matches for `pod` (the subject) in one direction.

@@ -11,7 +11,7 @@
 //! the API has answered or while a list is missing: the kernel keeps what it holds for
 //! the tiers meanwhile. Nothing of it holds back readiness.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -252,8 +252,14 @@ fn fill(
     pods: &mut BTreeMap<IpAddr, String>,
     profiles: &mut BTreeMap<String, Vec<TierVerdict>>,
 ) {
+    // Pods that share their boxes (the same `Arc`) share their profile: converted once.
+    let mut named: HashMap<*const Vec<VerdictBox>, String> = HashMap::new();
     for (ip, boxes) in table {
         if boxes.is_empty() {
+            continue;
+        }
+        if let Some(name) = named.get(&Arc::as_ptr(boxes)) {
+            pods.insert(*ip, name.clone());
             continue;
         }
         let mut deciding: Vec<&str> = boxes.iter().map(|b| b.rule.policy.as_str()).collect();
@@ -279,6 +285,7 @@ fn fill(
             _ => base,
         };
         profiles.entry(name.clone()).or_insert(verdicts);
+        named.insert(Arc::as_ptr(boxes), name.clone());
         pods.insert(*ip, name);
     }
 }
