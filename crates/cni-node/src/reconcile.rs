@@ -1027,6 +1027,43 @@ mod tests {
     }
 
     #[test]
+    fn a_quiet_pass_reads_neither_the_key_file_nor_the_device_and_writes_nothing() {
+        let mut e = encrypting(false, None);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", own.public());
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        e.kernel.take_log();
+        let reads = |e: &Encrypting| {
+            (
+                e.kernel.0.lock().unwrap().reads,
+                e.f.reconciler.encryption.as_ref().unwrap().key_reads(),
+            )
+        };
+        let before = reads(&e);
+        let published = e.published.lock().unwrap().len();
+        for _ in 0..3 {
+            let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+            assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+            assert_eq!(outcome.encrypted, (1, 0));
+        }
+        assert_eq!(
+            e.kernel.take_log(),
+            Vec::<String>::new(),
+            "no WireGuard request"
+        );
+        assert_eq!(reads(&e), before, "(device dumps, key file reads)");
+        assert_eq!(e.published.lock().unwrap().len(), published, "no patch");
+        // The resync reads the device again, but the key only if its file changed.
+        e.f.reconciler.reconcile(&nodes_only(&nodes), true);
+        assert_eq!(reads(&e), (before.0 + 1, before.1));
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
+    }
+
+    #[test]
     fn a_restart_adopts_the_device_its_key_and_peers_without_a_change() {
         let mut e = encrypting(false, None);
         let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));

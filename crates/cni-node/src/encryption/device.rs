@@ -84,13 +84,16 @@ pub struct PeerChanges {
 /// The changes that make the device's peers `want`, from what it has.
 pub fn peer_changes(have: &[PeerState], want: &BTreeMap<Key, PeerSpec>) -> PeerChanges {
     let mut out = PeerChanges::default();
+    // Indexed: at thousands of peers, a search of the list per wanted peer would cost
+    // millions of comparisons on every pass.
+    let by_key: BTreeMap<&Key, &PeerState> = have.iter().map(|p| (&p.public_key, p)).collect();
     for (key, spec) in want {
-        let same = have.iter().find(|p| p.public_key == *key).is_some_and(|p| {
-            let mut a = p.allowed_ips.clone();
-            let mut b = spec.allowed_ips.clone();
-            a.sort();
-            b.sort();
-            p.endpoint == Some(spec.endpoint) && a == b
+        // WireGuard holds each allowed IP once: same length and every one present is
+        // the same set.
+        let same = by_key.get(key).is_some_and(|p| {
+            p.endpoint == Some(spec.endpoint)
+                && p.allowed_ips.len() == spec.allowed_ips.len()
+                && spec.allowed_ips.iter().all(|ip| p.allowed_ips.contains(ip))
         });
         if !same {
             out.write.push(spec.clone());
@@ -327,6 +330,8 @@ pub mod fakes {
         pub log: Vec<String>,
         /// The next index handed out.
         pub next_index: u32,
+        /// How many times the device was read (a dump: not logged with the changes).
+        pub reads: usize,
     }
 
     /// The fake device.
@@ -404,6 +409,7 @@ pub mod fakes {
         }
         fn device(&mut self, name: &str) -> Result<DeviceState> {
             self.with(|s| {
+                s.reads += 1;
                 let d = s.device.as_ref().ok_or_else(|| missing(name))?;
                 Ok(DeviceState {
                     public_key: d.private_key.map(|k| k.public()),

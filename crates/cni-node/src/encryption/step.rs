@@ -1,7 +1,7 @@
 //! The reconciler's encryption step, in three parts around the plan and the routes:
 //!
-//! 1. [`Step::before_plan`]: the key (made once, read every pass, so a rotation is
-//!    seen), the device (made, adopted, its MTU and up state repaired), the key and
+//! 1. [`Step::before_plan`]: the key (made once, read again whenever its file
+//!    changed, so a rotation is seen; a quiet pass costs a `stat`), the device (made, adopted, its MTU and up state repaired), the key and
 //!    port on it, the annotation published; what is ready goes into the host view the
 //!    plan reads. With encryption off, the annotation is taken away.
 //! 2. [`Step::write_peers`]: new and changed peers, before the routes use them.
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::annotation::Publisher;
 use super::device::{KnownPeers, PeerState, WireguardKernel, peer_changes};
+use super::key::KeyCache;
 use super::strict::{StrictPolicy, StrictRules};
 use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, key};
 use crate::error::{Error, Result};
@@ -76,6 +77,8 @@ pub struct Step {
     node: String,
     effects: EncryptionEffects,
     peers: KnownPeers,
+    /// The key file as last read.
+    key: KeyCache,
     /// The device, key and port last put on the device.
     applied: Option<(u32, Key, u16)>,
     /// The annotation value last sent, and when.
@@ -109,6 +112,7 @@ impl Step {
             node,
             effects,
             peers: KnownPeers::default(),
+            key: KeyCache::default(),
             applied: None,
             published: None,
             bytes: BTreeMap::new(),
@@ -183,8 +187,7 @@ impl Step {
     ) -> Result<LocalEncryption> {
         let kernel = self.effects.kernel.as_mut().ok_or(Error::NoWireguard)?;
         kernel.check(&settings.device)?;
-        let (private, made) = key::load_or_create(&settings.state_dir)?;
-        let public = private.public();
+        let (private, public, made) = self.key.load(&settings.state_dir)?;
         if made {
             tracing::info!(
                 "encryption: made a new WireGuard key in {}; public key {}",
@@ -253,6 +256,12 @@ impl Step {
             port: settings.port,
             published: false,
         })
+    }
+
+    /// How many times the key file was read.
+    #[cfg(test)]
+    pub fn key_reads(&self) -> u64 {
+        self.key.reads()
     }
 
     /// Sends the annotation `value` unless the same was sent a moment ago.
