@@ -247,7 +247,7 @@ impl Step {
                     }
                 );
             }
-            self.peers.known = Some((index, device.peers));
+            self.peers.set(index, device.peers);
             self.applied = Some(want);
         }
         Ok(LocalEncryption {
