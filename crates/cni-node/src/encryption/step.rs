@@ -1,9 +1,10 @@
 //! The reconciler's encryption step, in three parts around the plan and the routes:
 //!
 //! 1. [`Step::before_plan`]: the key (made once, read again whenever its file
-//!    changed, so a rotation is seen; a quiet pass costs a `stat`), the device (made, adopted, its MTU and up state repaired), the key and
-//!    port on it, the annotation published; what is ready goes into the host view the
-//!    plan reads. With encryption off, the annotation is taken away.
+//!    changed, so a rotation is seen; a quiet pass costs a `stat`), the device (made,
+//!    adopted, its MTU and up state repaired), the key and port on it, the annotation
+//!    published; what is ready goes into the host view the plan reads. With
+//!    encryption off, the annotation is taken away.
 //! 2. [`Step::write_peers`]: new and changed peers, before the routes use them.
 //! 3. [`Step::after_routes`]: peers no longer wanted, after the routes left them; the
 //!    strict table; with encryption off, the agent's device deleted.
