@@ -146,20 +146,24 @@ impl Step {
         match self.prepare(&settings, me, host, resync) {
             Ok(local) => {
                 let shown = me.and_then(NodeInfo::key);
-                let published = shown == Some(local.public_key);
+                let mut published = shown == Some(local.public_key);
                 let rotating = shown.is_some() && shown == self.replaced;
                 if published {
                     self.replaced = None;
+                } else {
+                    // A patch the API took is as good as the watch showing it (the
+                    // watch only tells this node, not its peers): the routes move at
+                    // once instead of a pass later, which at thousands of nodes would
+                    // write every route twice, in clear first.
+                    match self.publish(Some(local.public_key.to_base64()), resync) {
+                        Ok(()) => published = true,
+                        Err(e) => failures.push((STEP, e)),
+                    }
                 }
                 let published = published || rotating;
                 let local = LocalEncryption { published, ..local };
                 self.local = Some(local);
                 host.view.wireguard = Some(local);
-                if shown != Some(local.public_key)
-                    && let Err(e) = self.publish(Some(local.public_key.to_base64()), resync)
-                {
-                    failures.push((STEP, e));
-                }
             }
             Err(e) => {
                 // Without a device of its own, this node must be reached in clear: its
