@@ -8,10 +8,17 @@
 //! crosses between the segments, and a capture on the underlay (a packet socket in the
 //! underlay namespace, every bridge port) holds, between nodes, only WireGuard's UDP
 //! between node addresses: no frame carries a pod address or the probes' payload in
-//! clear.
+//! clear. Then, on the same cluster, the faults: the agents go quiet once converged
+//! (their own changes do not wake them again); an agent SIGKILLed and restarted under a
+//! ping every 10 ms keeps its device and loses no packet worth mentioning; a key rotated
+//! with `cni-node rotate-key` under the same ping reaches the peers; a node deleted from
+//! the API leaves the others' devices.
 
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -21,7 +28,7 @@ use cni_blackbox::cluster::{API_V4, Host, pod_cidr_v4, pod_cidr_v6, wait};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::measured::{record, record_duration};
 use cni_blackbox::segments::{Place, df_ping, node_at, two_segments};
-use cni_blackbox::{Netns, require_root};
+use cni_blackbox::{Netns, plugin_path, require_root};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, recv, socket};
 
@@ -50,13 +57,17 @@ fn kernel_has_wireguard(test: &str) -> bool {
     false
 }
 
-/// Turns encryption on for a node, its state directory beside its other files.
-fn encrypting(host: &mut Host) {
-    let state = host
-        .conf_dir
+/// A node's state directory (its key file's), beside its other files.
+fn state_dir(host: &Host) -> PathBuf {
+    host.conf_dir
         .parent()
         .unwrap_or_else(|| panic!("{} has no parent", host.conf_dir.display()))
-        .join("state");
+        .join("state")
+}
+
+/// Turns encryption on for a node, its state directory beside its other files.
+fn encrypting(host: &mut Host) {
+    let state = state_dir(host);
     host.extra_args.extend([
         "--encryption=wireguard".to_owned(),
         format!("--wireguard-device={DEVICE}"),
@@ -215,6 +226,259 @@ fn classify(frame: &[u8], nodes: &[IpAddr]) -> Frame {
     }
 }
 
+/// The ping interval of the fault scenarios.
+const PING_INTERVAL: Duration = Duration::from_millis(10);
+
+/// `ping` every 10 ms from a pod to an address, until [`Pinger::stop`].
+struct Pinger {
+    child: Child,
+}
+
+impl Pinger {
+    fn start(from: &Netns, to: IpAddr) -> Self {
+        let child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                from.name(),
+                "ping",
+                "-n",
+                "-i",
+                "0.01",
+                "-W",
+                "1",
+            ])
+            .arg(to.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start ping: {e}"));
+        Self { child }
+    }
+
+    /// Interrupts ping and returns the longest run of lost echoes followed by an
+    /// answered one, times the interval, and how many were sent.
+    fn stop(mut self) -> (Duration, u64) {
+        let pid = nix::unistd::Pid::from_raw(
+            i32::try_from(self.child.id()).unwrap_or_else(|e| panic!("{e}")),
+        );
+        // Lets the last echoes come back first.
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let mut out = String::new();
+        if let Some(mut stdout) = self.child.stdout.take() {
+            let _ = stdout.read_to_string(&mut out);
+        }
+        let _ = self.child.wait();
+        let answered: std::collections::BTreeSet<u64> = out
+            .lines()
+            .filter_map(|l| l.split("icmp_seq=").nth(1))
+            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+            .collect();
+        (
+            longest_gap(&answered),
+            answered.last().copied().unwrap_or(0),
+        )
+    }
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The longest run of sequence numbers missing between answered ones (from 1), times
+/// the interval: echoes still in flight at the end are not a gap.
+fn longest_gap(answered: &std::collections::BTreeSet<u64>) -> Duration {
+    let mut last = 0;
+    let mut longest = 0;
+    for &seq in answered {
+        longest = longest.max(seq.saturating_sub(last + 1));
+        last = seq;
+    }
+    PING_INTERVAL * u32::try_from(longest).unwrap_or(u32::MAX)
+}
+
+/// The index of the WireGuard device in `host`.
+fn device_index(host: &Host) -> String {
+    let out = host.ns.exec_ok(&["ip", "-o", "link", "show", DEVICE]);
+    out.split(':').next().unwrap_or_default().trim().to_owned()
+}
+
+/// The public key the API shows on node `n`.
+fn published_key(cluster: &cni_blackbox::cluster::Cluster, n: u8) -> Option<String> {
+    let node = cluster.api.get(
+        cni_kube_api::Kind::Node,
+        "",
+        &cni_blackbox::cluster::node_name(n),
+    )?;
+    node["metadata"]["annotations"]["cni-plugins-rs.io/wireguard-public-key"]
+        .as_str()
+        .map(ToOwned::to_owned)
+}
+
+/// Waits until `what` holds, at most `limit`; how long it took.
+fn took(limit: Duration, what: &str, ok: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    wait(limit, what, ok).unwrap_or_else(|e| panic!("{e}"));
+    start.elapsed()
+}
+
+/// The faults, on the converged cluster of the test below.
+fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
+    // Quiet: converged agents make no pass but the resync (every 10 s), whatever they
+    // changed themselves a moment ago.
+    for host in &cluster.hosts {
+        host.wait_until_quiet(Duration::from_secs(4));
+    }
+    let before: Vec<f64> = cluster
+        .hosts
+        .iter()
+        .map(|h| h.passes().unwrap_or(0.0))
+        .collect();
+    std::thread::sleep(Duration::from_secs(10));
+    for (host, before) in cluster.hosts.iter().zip(before) {
+        let passes = host.passes().unwrap_or(0.0) - before;
+        record(
+            &format!(
+                "wireguard faults: node {} passes in 10 s once quiet",
+                host.n
+            ),
+            passes,
+            "count",
+        );
+        assert!(
+            passes <= 2.0,
+            "node {}: {passes} passes in 10 s with nothing changing (the resync is every 10 s)\nagent log:\n{}",
+            host.n,
+            host.agent_log()
+        );
+    }
+
+    let pod_of = |cluster: &cni_blackbox::cluster::Cluster, n: u8| -> (String, IpAddr) {
+        let host = cluster
+            .hosts
+            .iter()
+            .find(|h| h.n == n)
+            .unwrap_or_else(|| panic!("node {n}"));
+        (host.pods[0].ns.name().to_owned(), host.pods[0].v4)
+    };
+    let (_, to_v4) = pod_of(cluster, 3);
+    let kubeconfig = cluster.kubeconfig.clone();
+
+    // SIGKILL and restart node 1's agent under a ping from its pod to node 3's.
+    let index = device_index(&cluster.hosts[0]);
+    let ping = Pinger::start(&cluster.hosts[0].pods[0].ns, to_v4);
+    std::thread::sleep(Duration::from_millis(500));
+    let restart = Instant::now();
+    let host = &mut cluster.hosts[0];
+    host.kill_agent();
+    host.start_agent(&kubeconfig);
+    wait(
+        Duration::from_secs(120),
+        "the restarted agent's first pass",
+        || host.passes().is_some_and(|p| p >= 1.0),
+    )
+    .unwrap_or_else(|e| panic!("{e}\nagent log:\n{}", host.agent_log()));
+    record_duration(
+        "wireguard faults: SIGKILL until the new agent's first pass",
+        restart.elapsed(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let (gap, sent) = ping.stop();
+    record(
+        "wireguard faults: restart: pings sent",
+        sent as f64,
+        "count",
+    );
+    record_duration("wireguard faults: restart: longest ping gap", gap);
+    assert!(sent > 0, "no ping answered at all across the restart");
+    assert_eq!(
+        device_index(&cluster.hosts[0]),
+        index,
+        "the device was not kept"
+    );
+    assert!(
+        gap <= Duration::from_millis(100),
+        "a gap of {gap:?} across the restart (the device and its peers stay)"
+    );
+
+    // Rotation on node 1 under the same ping: node 2 and 3 replace its peer.
+    let ping = Pinger::start(&cluster.hosts[0].pods[0].ns, to_v4);
+    std::thread::sleep(Duration::from_millis(500));
+    let rotated = Instant::now();
+    let out = Command::new(plugin_path("cni-node"))
+        .args(["rotate-key", "--state-dir"])
+        .arg(state_dir(&cluster.hosts[0]))
+        .output()
+        .unwrap_or_else(|e| panic!("cni-node rotate-key: {e}"));
+    assert!(
+        out.status.success(),
+        "rotate-key: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let new_key = stdout
+        .split_whitespace()
+        .find(|w| w.len() == 44 && w.ends_with('='))
+        .unwrap_or_else(|| panic!("no public key in {stdout:?}"))
+        .to_owned();
+    let peer_line = format!("peer node-1 ({new_key})");
+    let follow = took(
+        Duration::from_secs(60),
+        "node 2 and 3 peer node 1's new key",
+        || {
+            cluster.hosts[1..]
+                .iter()
+                .all(|h| h.agent_log().contains(&peer_line))
+        },
+    );
+    record_duration(
+        "wireguard faults: rotate-key until both peers have the new key",
+        follow,
+    );
+    assert_eq!(published_key(cluster, 1).as_deref(), Some(new_key.as_str()));
+    // The ping goes on until an echo crosses again, plus a moment.
+    std::thread::sleep(Duration::from_secs(2));
+    let (gap, sent) = ping.stop();
+    record_duration("wireguard faults: rotation: longest ping gap", gap);
+    record_duration(
+        "wireguard faults: rotation: whole scenario",
+        rotated.elapsed(),
+    );
+    assert!(sent > 0, "no ping answered at all across the rotation");
+    // WireGuard retries a handshake every 5 s: the gap is the peers' delay and one retry.
+    assert!(
+        gap <= follow + Duration::from_secs(6),
+        "a gap of {gap:?}: more than the peers' {follow:?} and one handshake"
+    );
+
+    // Node 2 deleted from the API: its peer leaves node 1 and 3.
+    let key2 = published_key(cluster, 2).unwrap_or_else(|| panic!("node-2 shows no key"));
+    let removed_line = format!("removed the peer {key2}");
+    assert!(
+        cluster
+            .api
+            .delete_node(&cni_blackbox::cluster::node_name(2))
+    );
+    let gone = took(
+        Duration::from_secs(60),
+        "node 2's peer removed from node 1 and 3",
+        || {
+            [0, 2]
+                .iter()
+                .all(|&i| cluster.hosts[i].agent_log().contains(&removed_line))
+        },
+    );
+    record_duration(
+        "wireguard faults: node deleted until its peer left both others",
+        gone,
+    );
+}
+
 #[test]
 fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() {
     let test = "encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes";
@@ -343,6 +607,9 @@ fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() 
         f64::from(wireguard),
         "count",
     );
+    let faults_started = Instant::now();
+    faults(&mut cluster);
+    record_duration("wireguard faults: all scenarios", faults_started.elapsed());
     record_duration("wireguard cluster: whole test", started.elapsed());
 }
 
@@ -366,6 +633,22 @@ fn frame(src: &str, dst: &str, protocol: u8, l4: &[u8]) -> Vec<u8> {
     }
     f.extend_from_slice(l4);
     f
+}
+
+#[test]
+fn a_gap_is_the_longest_run_of_lost_echoes_between_answered_ones() {
+    let seqs = |v: &[u64]| {
+        v.iter()
+            .copied()
+            .collect::<std::collections::BTreeSet<u64>>()
+    };
+    assert_eq!(longest_gap(&seqs(&[1, 2, 3, 4])), Duration::ZERO);
+    assert_eq!(longest_gap(&seqs(&[1, 2, 6, 7, 9])), PING_INTERVAL * 3);
+    assert_eq!(
+        longest_gap(&seqs(&[3, 4])),
+        PING_INTERVAL * 2,
+        "lost from the start"
+    );
 }
 
 #[test]

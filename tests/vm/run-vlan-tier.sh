@@ -14,7 +14,8 @@
 #   - the `vlan` tests of crates/cni-linux/tests/netlink.rs (the netlink calls);
 #   - crates/cni-linux/tests/wireguard.rs (WireGuard devices, peers, a tunnel);
 #   - tests/tests/cluster_wireguard.rs (three `cni-node --encryption wireguard` agents:
-#     pod to pod across every pair, only WireGuard on the underlay).
+#     pod to pod across every pair, only WireGuard on the underlay; then quiet agents,
+#     a SIGKILL and restart and a key rotation under a 10 ms ping, a node deleted).
 # CNI_RS_REQUIRE_VLAN=1 and CNI_RS_REQUIRE_WIREGUARD=1 in the guest make a kernel
 # without VLAN filtering or WireGuard a failure.
 # Exit status: the tests' (0 = all passed); 1 for a setup or guest failure.

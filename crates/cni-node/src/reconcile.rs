@@ -968,20 +968,25 @@ mod tests {
             ]
         );
         assert_eq!(*e.published.lock().unwrap(), vec![Some(public.to_base64())]);
-        // Not published yet as far as the API shows: n2 stays in clear, peered.
+        // The API took the key (the watch does not show it yet): n2's route goes
+        // through the device at once, never in clear first.
+        let made = e.kernel.0.lock().unwrap().device.as_ref().unwrap().index;
         let log = take(&e.f.log);
         assert!(
-            log.contains(&"route 10.244.2.0/24 via 198.18.0.12 table 254".to_owned()),
+            log.iter().any(|l| l.starts_with("route 10.244.2.0/24")
+                && l.contains(&format!("#{made}"))
+                && !l.contains("via")),
             "{log:?}"
         );
         assert_eq!(*e.strict.lock().unwrap(), vec!["strict off"]);
         assert_eq!(outcome.encryption.peers, 1);
-        assert_eq!(outcome.encryption.without_key, 2, "n2 until published, n3");
+        assert_eq!(outcome.encryption.without_key, 1, "n3");
+        assert_eq!(outcome.encrypted, (1, 0));
         let json: serde_json::Value =
             serde_json::from_slice(&e.f.file.lock().unwrap().clone().unwrap()).unwrap();
         assert_eq!(json["plugins"][0]["mtu"], 1390, "1450 - 60");
 
-        // The API shows the key now: n2's route moves to the device, nothing else.
+        // The watch shows the key now: nothing more to publish or to write.
         let index = show_device(&e);
         let nodes = with_key(nodes, "n1", public);
         let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
@@ -1024,6 +1029,82 @@ mod tests {
         let log = e.kernel.take_log();
         assert_eq!(log.len(), 3, "{log:?}");
         assert!(log[0].starts_with("create cni-wg0") && log[2].starts_with("peer n3"));
+    }
+
+    /// A publisher the API refuses.
+    struct RefusedPublisher;
+    impl crate::encryption::annotation::Publisher for RefusedPublisher {
+        fn publish(&self, node: &str, _: Option<&str>) -> crate::error::Result<()> {
+            Err(Error::Publish {
+                annotation: crate::encryption::ANNOTATION,
+                node: node.to_owned(),
+                source: "forbidden".into(),
+            })
+        }
+    }
+
+    #[test]
+    fn while_the_api_has_not_taken_the_key_the_routes_stay_in_clear() {
+        let mut e = encrypting(false, None);
+        let old = std::mem::replace(
+            &mut e.f.reconciler,
+            Reconciler::new(Settings::default(), 77, effects_for_swap()),
+        );
+        let settings = old.settings.clone();
+        let mut effects = old.effects;
+        effects.encryption = Some(EncryptionEffects {
+            kernel: Some(Box::new(e.kernel.clone())),
+            publisher: Box::new(RefusedPublisher),
+            strict: Box::new(FakeStrict(Arc::clone(&e.strict))),
+        });
+        e.f.reconciler = Reconciler::new(settings, 77, effects);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(outcome.failed_steps(), vec!["encryption"]);
+        let log = take(&e.f.log);
+        assert!(
+            log.contains(&"route 10.244.2.0/24 via 198.18.0.12 table 254".to_owned()),
+            "{log:?}"
+        );
+        assert_eq!(outcome.encrypted, (0, 0));
+        assert_eq!(outcome.encryption.peers, 1, "peered all the same");
+    }
+
+    #[test]
+    fn a_quiet_pass_reads_neither_the_key_file_nor_the_device_and_writes_nothing() {
+        let mut e = encrypting(false, None);
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", own.public());
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        e.kernel.take_log();
+        let reads = |e: &Encrypting| {
+            (
+                e.kernel.0.lock().unwrap().reads,
+                e.f.reconciler.encryption.as_ref().unwrap().key_reads(),
+            )
+        };
+        let before = reads(&e);
+        let published = e.published.lock().unwrap().len();
+        for _ in 0..3 {
+            let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+            assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+            assert_eq!(outcome.encrypted, (1, 0));
+        }
+        assert_eq!(
+            e.kernel.take_log(),
+            Vec::<String>::new(),
+            "no WireGuard request"
+        );
+        assert_eq!(reads(&e), before, "(device dumps, key file reads)");
+        assert_eq!(e.published.lock().unwrap().len(), published, "no patch");
+        // The resync reads the device again, but the key only if its file changed.
+        e.f.reconciler.reconcile(&nodes_only(&nodes), true);
+        assert_eq!(reads(&e), (before.0 + 1, before.1));
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! peer by its key) written with the node's allowed IPs, which moves them from the old
 //! peer at once; the old one goes after the routes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
@@ -84,13 +84,16 @@ pub struct PeerChanges {
 /// The changes that make the device's peers `want`, from what it has.
 pub fn peer_changes(have: &[PeerState], want: &BTreeMap<Key, PeerSpec>) -> PeerChanges {
     let mut out = PeerChanges::default();
+    // Indexed: at thousands of peers, a search of the list per wanted peer would cost
+    // millions of comparisons on every pass.
+    let by_key: BTreeMap<&Key, &PeerState> = have.iter().map(|p| (&p.public_key, p)).collect();
     for (key, spec) in want {
-        let same = have.iter().find(|p| p.public_key == *key).is_some_and(|p| {
-            let mut a = p.allowed_ips.clone();
-            let mut b = spec.allowed_ips.clone();
-            a.sort();
-            b.sort();
-            p.endpoint == Some(spec.endpoint) && a == b
+        // WireGuard holds each allowed IP once: same length and every one present is
+        // the same set.
+        let same = by_key.get(key).is_some_and(|p| {
+            p.endpoint == Some(spec.endpoint)
+                && p.allowed_ips.len() == spec.allowed_ips.len()
+                && spec.allowed_ips.iter().all(|ip| p.allowed_ips.contains(ip))
         });
         if !same {
             out.write.push(spec.clone());
@@ -106,17 +109,39 @@ pub fn peer_changes(have: &[PeerState], want: &BTreeMap<Key, PeerSpec>) -> PeerC
 
 /// The peers as the agent last knew them: read at a resync or after a failure, and
 /// kept up to date with what the kernel acknowledged since (at thousands of peers,
-/// reading them on every pass would cost more than the change).
+/// reading them on every pass would cost more than the change). Indexed by key and by
+/// allowed IP, so that programming thousands of peers one by one costs no search of the
+/// list per peer.
 #[derive(Debug, Default)]
 pub struct KnownPeers {
     /// The device's index they belong to, and the peers; `None`: read them next.
-    pub known: Option<(u32, Vec<PeerState>)>,
+    known: Option<(u32, Vec<PeerState>)>,
+    /// Where each peer is in the list.
+    at: HashMap<Key, usize>,
+    /// Which peer holds each allowed IP.
+    owner: HashMap<IpNetwork, Key>,
 }
 
 impl KnownPeers {
+    /// The peers of device `index` as just read.
+    pub fn set(&mut self, index: u32, peers: Vec<PeerState>) {
+        self.at = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.public_key, i))
+            .collect();
+        self.owner = peers
+            .iter()
+            .flat_map(|p| p.allowed_ips.iter().map(|ip| (*ip, p.public_key)))
+            .collect();
+        self.known = Some((index, peers));
+    }
+
     /// Forgets them: the next pass reads the device.
     pub fn forget(&mut self) {
         self.known = None;
+        self.at.clear();
+        self.owner.clear();
     }
 
     /// The peers of device `index`, when known.
@@ -129,33 +154,59 @@ impl KnownPeers {
 
     /// The kernel took `spec`.
     pub fn written(&mut self, spec: &PeerSpec) {
-        if let Some((_, peers)) = &mut self.known {
-            let state = PeerState {
-                public_key: spec.public_key,
-                endpoint: Some(spec.endpoint),
-                allowed_ips: spec.allowed_ips.clone(),
-                last_handshake: None,
-                rx_bytes: 0,
-                tx_bytes: 0,
-            };
-            // The allowed IPs moved to this peer (WireGuard keeps each on one peer).
-            for p in peers.iter_mut() {
-                p.allowed_ips.retain(|ip| !spec.allowed_ips.contains(ip));
+        let Some((_, peers)) = &mut self.known else {
+            return;
+        };
+        // The allowed IPs moved to this peer (WireGuard keeps each on one peer).
+        for ip in &spec.allowed_ips {
+            if let Some(old) = self.owner.insert(*ip, spec.public_key)
+                && old != spec.public_key
+                && let Some(&i) = self.at.get(&old)
+            {
+                peers[i].allowed_ips.retain(|a| a != ip);
             }
-            match peers.iter_mut().find(|p| p.public_key == spec.public_key) {
-                Some(p) => {
-                    p.endpoint = state.endpoint;
-                    p.allowed_ips = state.allowed_ips;
+        }
+        match self.at.get(&spec.public_key) {
+            Some(&i) => {
+                let p = &mut peers[i];
+                for ip in &p.allowed_ips {
+                    if !spec.allowed_ips.contains(ip) {
+                        self.owner.remove(ip);
+                    }
                 }
-                None => peers.push(state),
+                p.endpoint = Some(spec.endpoint);
+                p.allowed_ips.clone_from(&spec.allowed_ips);
+            }
+            None => {
+                self.at.insert(spec.public_key, peers.len());
+                peers.push(PeerState {
+                    public_key: spec.public_key,
+                    endpoint: Some(spec.endpoint),
+                    allowed_ips: spec.allowed_ips.clone(),
+                    last_handshake: None,
+                    rx_bytes: 0,
+                    tx_bytes: 0,
+                });
             }
         }
     }
 
     /// The kernel removed the peer with `key`.
     pub fn removed(&mut self, key: &Key) {
-        if let Some((_, peers)) = &mut self.known {
-            peers.retain(|p| p.public_key != *key);
+        let Some((_, peers)) = &mut self.known else {
+            return;
+        };
+        let Some(i) = self.at.remove(key) else {
+            return;
+        };
+        let gone = peers.swap_remove(i);
+        for ip in &gone.allowed_ips {
+            if self.owner.get(ip) == Some(key) {
+                self.owner.remove(ip);
+            }
+        }
+        if let Some(moved) = peers.get(i) {
+            self.at.insert(moved.public_key, i);
         }
     }
 }
@@ -327,6 +378,8 @@ pub mod fakes {
         pub log: Vec<String>,
         /// The next index handed out.
         pub next_index: u32,
+        /// How many times the device was read (a dump: not logged with the changes).
+        pub reads: usize,
     }
 
     /// The fake device.
@@ -404,6 +457,7 @@ pub mod fakes {
         }
         fn device(&mut self, name: &str) -> Result<DeviceState> {
             self.with(|s| {
+                s.reads += 1;
                 let d = s.device.as_ref().ok_or_else(|| missing(name))?;
                 Ok(DeviceState {
                     public_key: d.private_key.map(|k| k.public()),
@@ -510,6 +564,44 @@ mod tests {
     }
 
     #[test]
+    fn what_the_agent_keeps_follows_writes_and_removals_in_any_order() {
+        let a = spec("a", 1, "198.18.0.12:51830", &["10.244.2.0/24"]);
+        let b = spec("b", 2, "198.18.0.13:51830", &["10.244.3.0/24", "fd00::/64"]);
+        let c = spec("c", 3, "198.18.0.14:51830", &["10.244.4.0/24"]);
+        let mut known = KnownPeers::default();
+        known.set(7, vec![state(&a), state(&b), state(&c)]);
+        // a removed: c moves into its place, and is still found afterwards.
+        known.removed(&key(1));
+        let c2 = spec(
+            "c",
+            3,
+            "198.18.0.99:51830",
+            &["10.244.4.0/24", "10.244.9.0/24"],
+        );
+        known.written(&c2);
+        // b's key changes: its allowed IPs move to the new peer, b keeps none.
+        let b2 = spec("b", 8, "198.18.0.13:51830", &["10.244.3.0/24", "fd00::/64"]);
+        known.written(&b2);
+        let mut peers = known.of(7).unwrap().to_vec();
+        peers.sort_by_key(|p| p.public_key);
+        let mut b_emptied = state(&b);
+        b_emptied.allowed_ips.clear();
+        assert_eq!(peers, vec![b_emptied, state(&c2), state(&b2)]);
+        known.removed(&key(2));
+        known.removed(&key(2));
+        assert_eq!(known.of(7).unwrap().len(), 2);
+        // c gives up one prefix: a new peer takes it, c is not touched again.
+        let d = spec("d", 4, "198.18.0.15:51830", &["10.244.9.0/24"]);
+        known.written(&spec("c", 3, "198.18.0.99:51830", &["10.244.4.0/24"]));
+        known.written(&d);
+        let c_now = known.of(7).unwrap().iter().find(|p| p.public_key == key(3));
+        assert_eq!(
+            c_now.map(|p| p.allowed_ips.clone()),
+            Some(vec!["10.244.4.0/24".parse().unwrap()])
+        );
+    }
+
+    #[test]
     fn a_changed_key_is_a_new_peer_written_first_and_the_old_one_removed_after() {
         let old = spec("a", 1, "198.18.0.12:51830", &["10.244.2.0/24"]);
         let new = spec("a", 9, "198.18.0.12:51830", &["10.244.2.0/24"]);
@@ -517,9 +609,8 @@ mod tests {
         assert_eq!(changes.write, vec![new.clone()]);
         assert_eq!(changes.remove, vec![key(1)]);
         // What the agent keeps in memory follows: the allowed IPs moved to the new key.
-        let mut known = KnownPeers {
-            known: Some((7, vec![state(&old)])),
-        };
+        let mut known = KnownPeers::default();
+        known.set(7, vec![state(&old)]);
         known.written(&new);
         let peers = known.of(7).unwrap();
         assert_eq!(peers.len(), 2);

@@ -84,6 +84,87 @@ pub fn load_or_create(state_dir: &Path) -> Result<(Key, bool)> {
     }
 }
 
+/// What changes whenever the key file is written or replaced: its device, inode,
+/// size, and modification and change times (a writer can set the first time back, not
+/// the second).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    modified: (i64, i64),
+    changed: (i64, i64),
+}
+
+/// The key file's [`Stamp`], `None` when there is no file.
+fn stamp(file: &Path) -> Result<Option<Stamp>> {
+    use std::os::unix::fs::MetadataExt;
+    match fs::metadata(file) {
+        Ok(m) => Ok(Some(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            modified: (m.mtime(), m.mtime_nsec()),
+            changed: (m.ctime(), m.ctime_nsec()),
+        })),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(Error::KeyFile {
+            action: "read",
+            path: file.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// This node's key as last read from its file, read again (and its public key derived
+/// again) only when the file changed: the reconciler asks for it on every pass, and
+/// deriving a public key is a curve multiplication, which is not free on a slow host.
+#[derive(Default)]
+pub struct KeyCache {
+    loaded: Option<(Stamp, Key, Key)>,
+    reads: u64,
+}
+
+/// Never shows the private key.
+impl std::fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyCache")
+            .field("public", &self.loaded.as_ref().map(|(_, _, public)| public))
+            .field("reads", &self.reads)
+            .finish()
+    }
+}
+
+impl KeyCache {
+    /// The private key in `state_dir` and its public key, made first when there is
+    /// none (`true` then), read from the file only when it changed since the last call.
+    pub fn load(&mut self, state_dir: &Path) -> Result<(Key, Key, bool)> {
+        let file = path(state_dir);
+        // Taken before the read: a file replaced between the two is read again next
+        // time, never taken for the one read now.
+        let before = stamp(&file)?;
+        if let (Some(now), Some((then, private, public))) = (before, &self.loaded)
+            && now == *then
+        {
+            return Ok((*private, *public, false));
+        }
+        let (private, made) = load_or_create(state_dir)?;
+        self.reads += 1;
+        let public = match &self.loaded {
+            Some((_, p, public)) if *p == private => *public,
+            _ => private.public(),
+        };
+        let stamp = if made { stamp(&file)? } else { before };
+        self.loaded = stamp.map(|s| (s, private, public));
+        Ok((private, public, made))
+    }
+
+    /// How many times the file was read.
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+}
+
 /// The key in `file`, `None` when there is no file.
 pub fn read(file: &Path) -> Result<Option<Key>> {
     let text = match fs::read(file) {
@@ -243,6 +324,26 @@ mod tests {
             );
             assert_eq!(fs::read(path(&dir)).unwrap(), contents, "left as it was");
         }
+    }
+
+    #[test]
+    fn the_cache_reads_the_file_only_when_it_changed() {
+        let dir = temp_dir("cache");
+        let _guard = Removed(dir.clone());
+        let mut cache = KeyCache::default();
+        let (private, public, made) = cache.load(&dir).unwrap();
+        assert!(made);
+        assert_eq!(public, private.public());
+        for _ in 0..3 {
+            assert_eq!(cache.load(&dir).unwrap(), (private, public, false));
+        }
+        assert_eq!(cache.reads(), 1, "an unchanged file is not read again");
+        // Replaced (a rotation), then written in place: each is seen.
+        let rotated = rotate(&dir).unwrap();
+        assert_eq!(cache.load(&dir).unwrap().1, rotated);
+        assert_eq!(cache.reads(), 2);
+        fs::write(path(&dir), "not a key\n").unwrap();
+        assert!(cache.load(&dir).is_err(), "a corrupt file is an error");
     }
 
     /// RFC 7748's test vector: Alice's private key gives her public key.

@@ -12,8 +12,9 @@
 //! ([`strict`]) drops pod traffic to other nodes that would leave in clear, and clear
 //! pod traffic from nodes that publish a key.
 //!
-//! This node encrypts towards its peers only while the API shows its own current
-//! public key: a peer that has not learned the key would drop what it sends.
+//! This node encrypts towards its peers only once the API has its own current public
+//! key (the patch accepted, or the watch showing it): a peer that has not learned the
+//! key would drop what it sends.
 
 pub mod annotation;
 pub mod device;
@@ -78,7 +79,8 @@ pub struct LocalEncryption {
     pub public_key: Key,
     /// The device's UDP port (every node's).
     pub port: u16,
-    /// Whether the API shows this key on this node's Node: only then do the routes go
+    /// Whether the API has this key on this node's Node (it took the patch, or the
+    /// watch shows it): only then do the routes go
     /// through the device (a peer that does not know the key drops what it gets), while
     /// the peers are on the device from the start, so what they send is taken.
     pub published: bool,

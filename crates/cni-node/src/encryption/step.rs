@@ -1,9 +1,10 @@
 //! The reconciler's encryption step, in three parts around the plan and the routes:
 //!
-//! 1. [`Step::before_plan`]: the key (made once, read every pass, so a rotation is
-//!    seen), the device (made, adopted, its MTU and up state repaired), the key and
-//!    port on it, the annotation published; what is ready goes into the host view the
-//!    plan reads. With encryption off, the annotation is taken away.
+//! 1. [`Step::before_plan`]: the key (made once, read again whenever its file
+//!    changed, so a rotation is seen; a quiet pass costs a `stat`), the device (made,
+//!    adopted, its MTU and up state repaired), the key and port on it, the annotation
+//!    published; what is ready goes into the host view the plan reads. With
+//!    encryption off, the annotation is taken away.
 //! 2. [`Step::write_peers`]: new and changed peers, before the routes use them.
 //! 3. [`Step::after_routes`]: peers no longer wanted, after the routes left them; the
 //!    strict table; with encryption off, the agent's device deleted.
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::annotation::Publisher;
 use super::device::{KnownPeers, PeerState, WireguardKernel, peer_changes};
+use super::key::KeyCache;
 use super::strict::{StrictPolicy, StrictRules};
 use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, key};
 use crate::error::{Error, Result};
@@ -76,6 +78,8 @@ pub struct Step {
     node: String,
     effects: EncryptionEffects,
     peers: KnownPeers,
+    /// The key file as last read.
+    key: KeyCache,
     /// The device, key and port last put on the device.
     applied: Option<(u32, Key, u16)>,
     /// The annotation value last sent, and when.
@@ -109,6 +113,7 @@ impl Step {
             node,
             effects,
             peers: KnownPeers::default(),
+            key: KeyCache::default(),
             applied: None,
             published: None,
             bytes: BTreeMap::new(),
@@ -141,20 +146,24 @@ impl Step {
         match self.prepare(&settings, me, host, resync) {
             Ok(local) => {
                 let shown = me.and_then(NodeInfo::key);
-                let published = shown == Some(local.public_key);
+                let mut published = shown == Some(local.public_key);
                 let rotating = shown.is_some() && shown == self.replaced;
                 if published {
                     self.replaced = None;
+                } else {
+                    // A patch the API took is as good as the watch showing it (the
+                    // watch only tells this node, not its peers): the routes move at
+                    // once instead of a pass later, which at thousands of nodes would
+                    // write every route twice, in clear first.
+                    match self.publish(Some(local.public_key.to_base64()), resync) {
+                        Ok(()) => published = true,
+                        Err(e) => failures.push((STEP, e)),
+                    }
                 }
                 let published = published || rotating;
                 let local = LocalEncryption { published, ..local };
                 self.local = Some(local);
                 host.view.wireguard = Some(local);
-                if shown != Some(local.public_key)
-                    && let Err(e) = self.publish(Some(local.public_key.to_base64()), resync)
-                {
-                    failures.push((STEP, e));
-                }
             }
             Err(e) => {
                 // Without a device of its own, this node must be reached in clear: its
@@ -183,8 +192,7 @@ impl Step {
     ) -> Result<LocalEncryption> {
         let kernel = self.effects.kernel.as_mut().ok_or(Error::NoWireguard)?;
         kernel.check(&settings.device)?;
-        let (private, made) = key::load_or_create(&settings.state_dir)?;
-        let public = private.public();
+        let (private, public, made) = self.key.load(&settings.state_dir)?;
         if made {
             tracing::info!(
                 "encryption: made a new WireGuard key in {}; public key {}",
@@ -244,7 +252,7 @@ impl Step {
                     }
                 );
             }
-            self.peers.known = Some((index, device.peers));
+            self.peers.set(index, device.peers);
             self.applied = Some(want);
         }
         Ok(LocalEncryption {
@@ -253,6 +261,12 @@ impl Step {
             port: settings.port,
             published: false,
         })
+    }
+
+    /// How many times the key file was read.
+    #[cfg(test)]
+    pub fn key_reads(&self) -> u64 {
+        self.key.reads()
     }
 
     /// Sends the annotation `value` unless the same was sent a moment ago.
