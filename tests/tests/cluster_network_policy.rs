@@ -1768,6 +1768,24 @@ fn without_the_crd_network_policy_works_and_the_kind_is_found_once_installed() {
         .unwrap_or_else(|e| panic!("{e}"));
     let wrong = world.check_stated(&[("harry-potter-0", "draco-malfoy-1", "TCP", 80, false)]);
     failures.extend(wrong);
+    // The agents look for the kind again every 30 s: wait for them to say they enforce
+    // it before probing, rather than probing the whole matrix over and over meanwhile
+    // (tens of thousands of probes a second fill the node's conntrack table, and a full
+    // table drops new connections: a send fails with EPERM).
+    for host in &world.cluster.hosts {
+        let found =
+            cni_blackbox::cluster::wait(CRD_DEADLINE, "ClusterNetworkPolicy enforced", || {
+                host.health("/readyz")
+                    .is_ok_and(|a| a.body.contains("ClusterNetworkPolicy: enforced"))
+            });
+        if let Err(e) = found {
+            failures.push(format!(
+                "node {} after the CRD's installation: {e}: {:?}",
+                host.n,
+                host.health("/readyz")
+            ));
+        }
+    }
     match world.converge_within(installed, CRD_DEADLINE) {
         Ok(c) => println!(
             "CRD installed: the Admin deny enforced {} after the installation",
