@@ -228,9 +228,15 @@ pub async fn run(options: Options) -> Result<()> {
         host::notify_records(&options.pod_record_dir, Arc::clone(&wake))?;
     }
     let encryption = encryption_settings(&options);
+    let peers_watch = Arc::new(crate::encryption::watch::PeersWatch::default());
     if let Some(settings) = &encryption {
         // `cni-node rotate-key` replaces the key file: the agent hears it at once.
         host::notify_key_dir(&settings.state_dir, Arc::clone(&wake))?;
+        crate::encryption::watch::watch_peers(
+            settings.device.clone(),
+            Arc::clone(&peers_watch),
+            Arc::clone(&wake),
+        )?;
         tracing::info!(
             "encryption: WireGuard on {} (port {}){}, key in {}",
             settings.device,
@@ -291,7 +297,8 @@ pub async fn run(options: Options) -> Result<()> {
             }),
         },
     )
-    .with_entries_watch(entries_watch);
+    .with_entries_watch(entries_watch)
+    .with_peers_watch(peers_watch);
     if options.network_policy {
         metrics.count_verdicts(crate::metrics::VerdictSource {
             names: Arc::clone(&stores.verdict_names),

@@ -228,6 +228,13 @@ impl Reconciler {
         self
     }
 
+    /// Reads the WireGuard device again on the pass after `watch` saw it change (a peer
+    /// deleted by hand), not only at the resync.
+    pub fn with_peers_watch(mut self, watch: Arc<crate::encryption::watch::PeersWatch>) -> Self {
+        self.encryption = self.encryption.map(|step| step.with_peers_watch(watch));
+        self
+    }
+
     /// One pass against a snapshot of the stores; `resync` re-reads what is cached of
     /// the kernel first.
     pub fn reconcile(&mut self, snapshot: &Snapshot, resync: bool) -> Outcome {

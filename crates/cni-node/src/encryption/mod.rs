@@ -21,6 +21,7 @@ pub mod device;
 pub mod key;
 pub mod step;
 pub mod strict;
+pub mod watch;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

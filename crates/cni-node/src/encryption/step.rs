@@ -10,12 +10,14 @@
 //!    strict table; with encryption off, the agent's device deleted.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use super::annotation::Publisher;
 use super::device::{KnownPeers, PeerState, WireguardKernel, peer_changes};
 use super::key::KeyCache;
 use super::strict::{StrictPolicy, StrictRules};
+use super::watch::PeersWatch;
 use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, key};
 use crate::error::{Error, Result};
 use crate::host::{self, HostState};
@@ -96,6 +98,8 @@ pub struct Step {
     /// rotation): while the API still shows that one, the peers are about to follow,
     /// and the routes stay on the device rather than flap to clear and back.
     replaced: Option<Key>,
+    /// Says when the device changed behind the agent's back (a peer deleted by hand).
+    watch: Option<Arc<PeersWatch>>,
 }
 
 impl Step {
@@ -121,7 +125,15 @@ impl Step {
             reported_clear: BTreeMap::new(),
             local: None,
             replaced: None,
+            watch: None,
         }
+    }
+
+    /// Reads the device again on the pass after `watch` saw it change, not only at the
+    /// resync.
+    pub fn with_peers_watch(mut self, watch: Arc<PeersWatch>) -> Self {
+        self.watch = Some(watch);
+        self
     }
 
     /// Part 1: the key, the device and the annotation; fills `host.view.wireguard`.
@@ -143,7 +155,8 @@ impl Step {
             }
             return;
         };
-        match self.prepare(&settings, me, host, resync) {
+        let changed = self.watch.as_ref().is_some_and(|w| w.take_changed());
+        match self.prepare(&settings, me, host, resync || changed) {
             Ok(local) => {
                 let shown = me.and_then(NodeInfo::key);
                 let mut published = shown == Some(local.public_key);
@@ -251,6 +264,25 @@ impl Step {
                         _ => String::new(),
                     }
                 );
+            }
+            if let Some(known) = self.peers.of(index) {
+                let lost: Vec<String> = known
+                    .iter()
+                    .filter(|k| !device.peers.iter().any(|p| p.public_key == k.public_key))
+                    .map(|k| k.public_key.to_base64())
+                    .collect();
+                if !lost.is_empty() {
+                    tracing::info!(
+                        "encryption: {name} lost {} peer(s) behind the agent's back ({}): \
+                         writing them again",
+                        lost.len(),
+                        if lost.len() > 8 {
+                            format!("{} ...", lost[..8].join(", "))
+                        } else {
+                            lost.join(", ")
+                        }
+                    );
+                }
             }
             self.peers.set(index, device.peers);
             self.applied = Some(want);
