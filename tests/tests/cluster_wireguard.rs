@@ -11,8 +11,11 @@
 //! clear. Then, on the same cluster, the faults: the agents go quiet once converged
 //! (their own changes do not wake them again); an agent SIGKILLed and restarted under a
 //! ping every 10 ms keeps its device and loses no packet worth mentioning; a key rotated
-//! with `cni-node rotate-key` under the same ping reaches the peers; a node deleted from
-//! the API leaves the others' devices.
+//! with `cni-node rotate-key` under the same ping reaches the peers; with no resync
+//! left to help, a peer removed by hand with `wg` and the device deleted by hand are
+//! repaired; a node that turns encryption off is reached in clear by a node that does
+//! not insist and is cut off from a strict one, and comes back encrypted; a node deleted
+//! from the API leaves the others' devices.
 
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -24,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cni_blackbox::cluster::{API_V4, Host, pod_cidr_v4, pod_cidr_v6, wait};
+use cni_blackbox::cluster::{API_V4, Host, WITHOUT_RESYNC, pod_cidr_v4, pod_cidr_v6, wait};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::measured::{record, record_duration};
 use cni_blackbox::segments::{Place, df_ping, node_at, two_segments};
@@ -327,6 +330,156 @@ fn took(limit: Duration, what: &str, ok: impl FnMut() -> bool) -> Duration {
     start.elapsed()
 }
 
+/// The public keys of the peers of node `host`'s device (`wg show`, as an operator
+/// checks).
+fn wg_peers(host: &Host) -> String {
+    host.ns.exec_ok(&["wg", "show", DEVICE, "peers"])
+}
+
+/// Whether a ping from `from`'s first pod reaches `to`'s first pod (IPv4 and IPv6).
+fn pods_reach(cluster: &cni_blackbox::cluster::Cluster, from: usize, to: usize) -> bool {
+    let (a, b) = (&cluster.hosts[from].pods[0], &cluster.hosts[to].pods[0]);
+    df_ping(&a.ns, b.v4, 56).is_ok() && df_ping(&a.ns, b.v6, 56).is_ok()
+}
+
+/// Node 1's device changed by hand, its agent running without a resync: a peer removed
+/// with `wg` (WireGuard notifies nobody; the agent's watch of the device sees it) and
+/// the device deleted (its link notification) are both repaired, and traffic flows.
+fn by_hand(cluster: &mut cni_blackbox::cluster::Cluster) {
+    let key3 = published_key(cluster, 3).unwrap_or_else(|| panic!("node-3 shows no key"));
+    assert!(wg_peers(&cluster.hosts[0]).contains(&key3));
+    cluster.hosts[0]
+        .ns
+        .exec_ok(&["wg", "set", DEVICE, "peer", &key3, "remove"]);
+    let back = took(
+        Duration::from_secs(30),
+        "node 3's peer written again on node 1",
+        || wg_peers(&cluster.hosts[0]).contains(&key3),
+    );
+    record_duration(
+        "wireguard faults: peer removed by hand until written again",
+        back,
+    );
+    assert!(
+        cluster.hosts[0]
+            .agent_log()
+            .contains("lost 1 peer(s) behind the agent's back"),
+        "node 1's agent did not say it lost the peer:\n{}",
+        cluster.hosts[0].agent_log()
+    );
+    took(Duration::from_secs(30), "pod 1 reaches pod 3 again", || {
+        pods_reach(cluster, 0, 2)
+    });
+
+    let key1 = published_key(cluster, 1).unwrap_or_else(|| panic!("node-1 shows no key"));
+    cluster.hosts[0].ns.exec_ok(&["ip", "link", "del", DEVICE]);
+    let back = took(
+        Duration::from_secs(30),
+        "node 1's device back with its key and routes",
+        || {
+            let host = &cluster.hosts[0];
+            let key = host.ns.exec(&["wg", "show", DEVICE, "public-key"]);
+            String::from_utf8_lossy(&key.stdout).trim() == key1
+                && routes_through_device(host, &[2, 3])
+        },
+    );
+    record_duration("wireguard faults: device deleted by hand until back", back);
+    took(
+        Duration::from_secs(30),
+        "pod 1 reaches pod 3 through the new device",
+        || pods_reach(cluster, 0, 2),
+    );
+}
+
+/// Node 2 turns encryption off and node 3 turns strict mode on, as documented: node 1
+/// (encrypting, not strict) reaches node 2 in clear and node 3 encrypted; node 3 and
+/// node 2 are cut off from each other for pod traffic. Then node 2 turns encryption on
+/// again with the key it had.
+fn mixed_and_strict(cluster: &mut cni_blackbox::cluster::Cluster) {
+    let kubeconfig = cluster.kubeconfig.clone();
+    let plain: Vec<String> = cluster.hosts[1]
+        .extra_args
+        .iter()
+        .filter(|a| {
+            !["--encryption", "--wireguard-", "--state-dir"]
+                .iter()
+                .any(|flag| a.starts_with(flag))
+        })
+        .cloned()
+        .collect();
+    let encrypted = std::mem::replace(&mut cluster.hosts[1].extra_args, plain);
+    cluster.hosts[1].kill_agent();
+    cluster.hosts[1].start_agent(&kubeconfig);
+    cluster.hosts[2]
+        .extra_args
+        .push("--encryption-strict".to_owned());
+    cluster.hosts[2].kill_agent();
+    cluster.hosts[2].start_agent(&kubeconfig);
+    let settled = took(
+        Duration::from_secs(120),
+        "node 2 without a key and device, node 1 routing to it in clear, node 3 strict",
+        || {
+            published_key(cluster, 2).is_none()
+                && !cluster.hosts[1]
+                    .ns
+                    .exec(&["ip", "link", "show", DEVICE])
+                    .status
+                    .success()
+                && !routes_through_device(&cluster.hosts[0], &[2])
+                && routes_through_device(&cluster.hosts[0], &[3])
+                && cluster.hosts[2]
+                    .ns
+                    .exec(&["nft", "list", "table", "inet", "cni_node_encryption"])
+                    .status
+                    .success()
+        },
+    );
+    record_duration(
+        "wireguard mixed: node 2 off and node 3 strict, settled",
+        settled,
+    );
+    took(
+        Duration::from_secs(30),
+        "pod 1 reaches pod 2 in clear",
+        || pods_reach(cluster, 0, 1) && pods_reach(cluster, 1, 0),
+    );
+    took(
+        Duration::from_secs(30),
+        "pod 1 and pod 3 reach each other",
+        || pods_reach(cluster, 0, 2) && pods_reach(cluster, 2, 0),
+    );
+    let (pod2, pod3) = (&cluster.hosts[1].pods[0], &cluster.hosts[2].pods[0]);
+    for (from, to, what) in [
+        (&pod3.ns, pod2.v4, "3 -> 2, IPv4"),
+        (&pod3.ns, pod2.v6, "3 -> 2, IPv6"),
+        (&pod2.ns, pod3.v4, "2 -> 3, IPv4"),
+        (&pod2.ns, pod3.v6, "2 -> 3, IPv6"),
+    ] {
+        assert!(
+            df_ping(from, to, 56).is_err(),
+            "pod {what} crossed between a strict node and a node without a key"
+        );
+    }
+
+    cluster.hosts[1].extra_args = encrypted;
+    cluster.hosts[1].kill_agent();
+    cluster.hosts[1].start_agent(&kubeconfig);
+    took(
+        Duration::from_secs(120),
+        "node 2 encrypting again, node 1 and 3 routing to it through the device",
+        || {
+            published_key(cluster, 2).is_some()
+                && routes_through_device(&cluster.hosts[0], &[2])
+                && routes_through_device(&cluster.hosts[2], &[2])
+        },
+    );
+    took(
+        Duration::from_secs(30),
+        "pod 3 and pod 2 reach each other again",
+        || pods_reach(cluster, 2, 1) && pods_reach(cluster, 1, 2),
+    );
+}
+
 /// The faults, on the converged cluster of the test below.
 fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
     // Quiet: converged agents make no pass but the resync (every 10 s), whatever they
@@ -376,6 +529,8 @@ fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
     let restart = Instant::now();
     let host = &mut cluster.hosts[0];
     host.kill_agent();
+    // From here on node 1 makes no resync: what it repairs below, its events did.
+    host.resync_secs = WITHOUT_RESYNC;
     host.start_agent(&kubeconfig);
     wait(
         Duration::from_secs(120),
@@ -455,6 +610,9 @@ fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
         gap <= follow + Duration::from_secs(6),
         "a gap of {gap:?}: more than the peers' {follow:?} and one handshake"
     );
+
+    by_hand(cluster);
+    mixed_and_strict(cluster);
 
     // Node 2 deleted from the API: its peer leaves node 1 and 3.
     let key2 = published_key(cluster, 2).unwrap_or_else(|| panic!("node-2 shows no key"));

@@ -61,8 +61,9 @@ vng_version=${VNG_VERSION:-1.42}
 # --- what the tier needs: QEMU, virtme-ng (PyPI, in its own venv), Debian's kernel ---
 # Debian's python3 (not a pyenv one that may come first in PATH) builds the venv, so the
 # venv outlives changes to the user's Python setup; pip into a venv needs no
-# --break-system-packages. kmod's depmod indexes the unpacked modules.
-packages=(qemu-system-x86 python3-venv binutils kmod iproute2 iputils-ping)
+# --break-system-packages. kmod's depmod indexes the unpacked modules. wireguard-tools'
+# `wg` is the operator's hand in the WireGuard test (a peer removed by hand).
+packages=(qemu-system-x86 python3-venv binutils kmod iproute2 iputils-ping wireguard-tools)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
