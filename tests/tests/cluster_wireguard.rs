@@ -14,8 +14,9 @@
 //! with `cni-node rotate-key` under the same ping reaches the peers; with no resync
 //! left to help, a peer removed by hand with `wg` and the device deleted by hand are
 //! repaired; a node that turns encryption off is reached in clear by a node that does
-//! not insist and is cut off from a strict one, and comes back encrypted; a node deleted
-//! from the API leaves the others' devices.
+//! not insist and is cut off from a strict one, and comes back encrypted; a renumbered
+//! node's endpoint moves on every peer; a node deleted from the API leaves the others'
+//! devices.
 
 use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -30,7 +31,8 @@ use std::time::{Duration, Instant};
 use cni_blackbox::cluster::{API_V4, Host, WITHOUT_RESYNC, pod_cidr_v4, pod_cidr_v6, wait};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::measured::{record, record_duration};
-use cni_blackbox::segments::{Place, df_ping, node_at, two_segments};
+use cni_blackbox::segments::{Place, b_v4, b_v6, df_ping, node_at, two_segments};
+use cni_blackbox::underlay::address;
 use cni_blackbox::{Netns, plugin_path, require_root};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, recv, socket};
@@ -480,6 +482,45 @@ fn mixed_and_strict(cluster: &mut cni_blackbox::cluster::Cluster) {
     );
 }
 
+/// Node 3 renumbered on its segment (the new addresses added, its Node updated, then
+/// the old addresses removed): node 1's and node 2's peers of it move their endpoint to
+/// the new address, and their pods reach node 3's pod once the old address is gone.
+fn renumbered(cluster: &mut cni_blackbox::cluster::Cluster) {
+    let (old_v4, old_v6) = (b_v4(3), b_v6(3));
+    let new = Place {
+        segment: 'B',
+        v4: b_v4(33),
+        v6: b_v6(33),
+    };
+    let ns = &cluster.hosts[2].ns;
+    ns.exec_ok(&["sysctl", "-qw", "net.ipv4.conf.ul0.promote_secondaries=1"]);
+    address(ns, &new.v4, "24");
+    address(ns, &new.v6, "64");
+    cluster.api.apply_node(node_at(3, &new));
+    let endpoint = format!("{}:{PORT}", new.v4);
+    let moved = took(
+        Duration::from_secs(60),
+        "node 1's and node 2's peer of node 3 at its new address",
+        || {
+            cluster.hosts[..2].iter().all(|h| {
+                h.ns.exec_ok(&["wg", "show", DEVICE, "endpoints"])
+                    .contains(&endpoint)
+            })
+        },
+    );
+    record_duration(
+        "wireguard faults: node renumbered until both peers' endpoints moved",
+        moved,
+    );
+    ns.exec_ok(&["ip", "addr", "del", &format!("{old_v4}/24"), "dev", "ul0"]);
+    ns.exec_ok(&["ip", "addr", "del", &format!("{old_v6}/64"), "dev", "ul0"]);
+    took(
+        Duration::from_secs(30),
+        "pods of node 1 and 2 reach node 3's pod at its node's new address",
+        || pods_reach(cluster, 0, 2) && pods_reach(cluster, 1, 2),
+    );
+}
+
 /// The faults, on the converged cluster of the test below.
 fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
     // Quiet: converged agents make no pass but the resync (every 10 s), whatever they
@@ -613,6 +654,7 @@ fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
 
     by_hand(cluster);
     mixed_and_strict(cluster);
+    renumbered(cluster);
 
     // Node 2 deleted from the API: its peer leaves node 1 and 3.
     let key2 = published_key(cluster, 2).unwrap_or_else(|| panic!("node-2 shows no key"));
