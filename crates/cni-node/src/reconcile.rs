@@ -1114,6 +1114,45 @@ mod tests {
         assert_eq!(e.kernel.take_log(), Vec::<String>::new());
     }
 
+    /// A peer removed behind the agent's back is not seen by a quiet pass (the agent
+    /// keeps what it wrote); once the device watch says the device changed, the next
+    /// pass reads it and writes the peer again.
+    #[test]
+    fn a_peer_removed_by_hand_is_written_again_on_the_pass_after_the_watch_saw_it() {
+        let mut e = encrypting(false, None);
+        let watch = Arc::new(crate::encryption::watch::PeersWatch::default());
+        let step = e.f.reconciler.encryption.take().unwrap();
+        e.f.reconciler.encryption = Some(step.with_peers_watch(Arc::clone(&watch)));
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(&e);
+        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        let nodes = with_key(nodes, "n1", own.public());
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        let peers = |e: &Encrypting| {
+            let state = e.kernel.0.lock().unwrap();
+            state.device.as_ref().map_or(0, |d| d.peers.len())
+        };
+        assert_eq!(peers(&e), 1);
+        e.kernel
+            .0
+            .lock()
+            .unwrap()
+            .device
+            .as_mut()
+            .unwrap()
+            .peers
+            .clear();
+        e.kernel.take_log();
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(peers(&e), 0, "a quiet pass trusts what it wrote");
+        watch.mark_changed();
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(peers(&e), 1, "{:?}", e.kernel.take_log());
+        assert!(!watch.take_changed(), "the pass took the change");
+    }
+
     #[test]
     fn a_restart_adopts_the_device_its_key_and_peers_without_a_change() {
         let mut e = encrypting(false, None);

@@ -33,11 +33,16 @@ impl PeersWatch {
         self.changed.swap(false, Ordering::SeqCst)
     }
 
+    /// The device changed: the next pass reads it.
+    pub fn mark_changed(&self) {
+        self.changed.store(true, Ordering::SeqCst);
+    }
+
     /// The device reads as `now` after `before`: whether that is a change to act on.
     fn heard(&self, before: Option<u64>, now: Option<u64>) -> bool {
         let changed = before.is_some() && before != now;
         if changed {
-            self.changed.store(true, Ordering::SeqCst);
+            self.mark_changed();
         }
         changed
     }
