@@ -508,6 +508,33 @@ mod tests {
         }
     }
 
+    /// A reconciler for node `n1` on a host that holds nothing, whose conflist writes
+    /// fail while `refuse` holds, with `policy` as its policy tables.
+    fn quiet_reconciler(
+        refuse: &Arc<Mutex<bool>>,
+        policy: Option<Box<dyn crate::policy::datapath::PolicyDatapath>>,
+    ) -> Reconciler {
+        Reconciler::new(
+            Settings {
+                plan: PlanSettings {
+                    node_name: "n1".into(),
+                    ..PlanSettings::default()
+                },
+                ..Settings::default()
+            },
+            77,
+            Effects {
+                host: Box::new(Quiet),
+                config: Box::new(Dir(Arc::clone(refuse))),
+                routes: Box::new(Quiet),
+                devices: Box::new(crate::overlay::fakes::NoDevices),
+                egress: None,
+                policy,
+                encryption: None,
+            },
+        )
+    }
+
     /// The Nodes store complete with one node, `n1`.
     fn list_one_node(stores: &Stores) {
         let mut nodes = stores.nodes.lock().unwrap();
@@ -519,25 +546,7 @@ mod tests {
     #[test]
     fn the_loop_waits_for_a_list_retries_failures_and_then_is_ready() {
         let refuse = Arc::new(Mutex::new(true));
-        let reconciler = Reconciler::new(
-            Settings {
-                plan: PlanSettings {
-                    node_name: "n1".into(),
-                    ..PlanSettings::default()
-                },
-                ..Settings::default()
-            },
-            77,
-            Effects {
-                host: Box::new(Quiet),
-                config: Box::new(Dir(Arc::clone(&refuse))),
-                routes: Box::new(Quiet),
-                devices: Box::new(crate::overlay::fakes::NoDevices),
-                egress: None,
-                policy: None,
-                encryption: None,
-            },
-        );
+        let reconciler = quiet_reconciler(&refuse, None);
         let Running {
             stores,
             wake,
@@ -604,25 +613,7 @@ mod tests {
     fn a_policy_kind_that_is_not_complete_holds_back_nothing_else() {
         let applied = Arc::new(Mutex::new(Vec::new()));
         let refuse = Arc::new(Mutex::new(false));
-        let reconciler = Reconciler::new(
-            Settings {
-                plan: PlanSettings {
-                    node_name: "n1".into(),
-                    ..PlanSettings::default()
-                },
-                ..Settings::default()
-            },
-            77,
-            Effects {
-                host: Box::new(Quiet),
-                config: Box::new(Dir(Arc::clone(&refuse))),
-                routes: Box::new(Quiet),
-                devices: Box::new(crate::overlay::fakes::NoDevices),
-                egress: None,
-                policy: Some(Box::new(Tables(Arc::clone(&applied)))),
-                encryption: None,
-            },
-        );
+        let reconciler = quiet_reconciler(&refuse, Some(Box::new(Tables(Arc::clone(&applied)))));
         let Running {
             stores,
             wake,
