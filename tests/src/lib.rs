@@ -52,6 +52,7 @@ pub mod netpol;
 pub mod nft;
 pub mod plugin;
 pub mod podman;
+pub mod policy_matrix;
 pub mod policy_oracle;
 pub mod privilege;
 pub mod probe;

@@ -59,6 +59,7 @@ use cluster_network_policy_cases::{
 use cni_blackbox::cluster::{Cluster, NETWORK, node_name, node_v4, node_v6, parse};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::netpol::{self, Datagram, Outcome, Probe, Protocol, Sequence, Servers};
+use cni_blackbox::policy_matrix::{self, Cell, NotConverged, Pods, Server, seconds};
 use cni_blackbox::policy_oracle::{Oracle, Verdict};
 use cni_blackbox::{Netns, require_root};
 use cni_kube_api::{
@@ -123,36 +124,6 @@ impl Member {
             &POD_SERVICES
         }
     }
-}
-
-/// One probe of a matrix.
-#[derive(Debug, Clone, Copy)]
-struct Cell {
-    from: usize,
-    to: usize,
-    protocol: Protocol,
-    port: u16,
-    v6: bool,
-}
-
-impl Cell {
-    fn server(&self) -> Server {
-        Server {
-            member: self.to,
-            protocol: self.protocol,
-            port: self.port,
-            v6: self.v6,
-        }
-    }
-}
-
-/// One server of a pod: what a probe reaches, whoever sends it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Server {
-    member: usize,
-    protocol: Protocol,
-    port: u16,
-    v6: bool,
 }
 
 /// A matrix that equalled the oracle.
@@ -418,69 +389,6 @@ impl World {
             .collect()
     }
 
-    fn probe(&self, cell: &Cell) -> Probe {
-        Probe {
-            from: self.members[cell.from].netns.clone(),
-            to: SocketAddr::new(self.members[cell.to].ip(cell.v6), cell.port),
-            protocol: cell.protocol,
-        }
-    }
-
-    /// A probe of `server` from its pod's node, which always reaches its own pods (and
-    /// a host-network pod is its node): it shows the server alive when no pod may.
-    fn node_probe(&self, server: Server) -> Probe {
-        let m = &self.members[server.member];
-        Probe {
-            from: self.node_ns(m.node).path().to_path_buf(),
-            to: SocketAddr::new(m.ip(server.v6), server.port),
-            protocol: server.protocol,
-        }
-    }
-
-    fn describe(&self, cell: &Cell) -> String {
-        format!(
-            "{} -> {} {}/{} IPv{}",
-            self.members[cell.from].name,
-            self.members[cell.to].name,
-            cell.protocol.name(),
-            cell.port,
-            if cell.v6 { 6 } else { 4 }
-        )
-    }
-
-    fn describe_server(&self, server: Server) -> String {
-        format!(
-            "{} {}/{} IPv{}",
-            self.members[server.member].name,
-            server.protocol.name(),
-            server.port,
-            if server.v6 { 6 } else { 4 }
-        )
-    }
-
-    /// The probes of `cells`, then of the servers of `need` that no allowed cell
-    /// reaches (from their nodes); returns them with those servers.
-    fn probes_with_alive(
-        &self,
-        cells: &[Cell],
-        allowed: &[bool],
-        need: &BTreeSet<Server>,
-    ) -> (Vec<Probe>, Vec<Server>) {
-        let reached: BTreeSet<Server> = cells
-            .iter()
-            .zip(allowed)
-            .filter(|(_, a)| **a)
-            .map(|(c, _)| c.server())
-            .collect();
-        let servers: Vec<Server> = need.difference(&reached).copied().collect();
-        let probes = cells
-            .iter()
-            .map(|c| self.probe(c))
-            .chain(servers.iter().map(|s| self.node_probe(*s)))
-            .collect();
-        (probes, servers)
-    }
-
     /// What a round of `cells` and of `servers` (from their nodes) says is broken, and
     /// the servers of `need` it did not show alive.
     fn round_problems(
@@ -491,41 +399,13 @@ impl World {
         need: &BTreeSet<Server>,
     ) -> Vec<String> {
         let (cell_outcomes, server_outcomes) = outcomes.split_at(cells.len());
-        let mut problems: Vec<String> = cells
-            .iter()
-            .zip(cell_outcomes)
-            .filter(|(c, o)| o.broken() && !refused_locally(self.members[c.from].host_network, o))
-            .map(|(c, o)| (self.describe(c), o))
-            .chain(
-                servers
-                    .iter()
-                    .zip(server_outcomes)
-                    .filter(|(_, o)| o.broken() && !refused_locally(true, o))
-                    .map(|(s, o)| {
-                        let node = self.members[s.member].node;
-                        (format!("node {node} -> {}", self.describe_server(*s)), o)
-                    }),
-            )
-            .map(|(what, o)| {
-                format!(
-                    "  {what}: {}: the server or the route is broken, not the policy (a policy \
-                     drops: nothing answers)",
-                    o.word()
-                )
-            })
-            .collect();
-        let alive: BTreeSet<Server> = cells
-            .iter()
-            .map(Cell::server)
-            .zip(cell_outcomes)
-            .chain(servers.iter().copied().zip(server_outcomes))
-            .filter(|(_, o)| o.passed())
-            .map(|(s, _)| s)
-            .collect();
-        let dead: Vec<String> = need
-            .difference(&alive)
-            .map(|s| self.describe_server(*s))
-            .collect();
+        let mut problems =
+            policy_matrix::broken(self, cells, cell_outcomes, servers, server_outcomes);
+        let dead: Vec<String> =
+            policy_matrix::not_shown_alive(need, cells, cell_outcomes, servers, server_outcomes)
+                .into_iter()
+                .map(|s| self.describe_server(s))
+                .collect();
         if !dead.is_empty() {
             problems.push(format!(
                 "  no probe reached these servers of denied probes (nor their node): {}",
@@ -536,66 +416,22 @@ impl World {
     }
 
     /// Runs the matrix until it equals the oracle (of the objects now), for at most
-    /// `deadline` after `since`; the time is when the pass that matched began. A
-    /// refusal or an error fails at once; the servers of denied probes must be shown
-    /// alive in the pass that matches.
+    /// `deadline` after `since` ([`policy_matrix::converge`]); the failure's text has
+    /// the cells that differ and each node's table and log.
     fn converge_within(&self, since: Instant, deadline: Duration) -> Result<Converged, String> {
         let cells = self.cells();
         let verdicts = self.verdicts(&cells);
         let expected: Vec<bool> = verdicts.iter().map(Verdict::allowed).collect();
-        let need: BTreeSet<Server> = cells
-            .iter()
-            .zip(&expected)
-            .filter(|(_, a)| !**a)
-            .map(|(c, _)| c.server())
-            .collect();
-        let (probes, servers) = self.probes_with_alive(&cells, &expected, &need);
-        let n = cells.len();
-        let mut passes = 0;
-        loop {
-            let began = since.elapsed();
-            let last = began >= deadline;
-            passes += 1;
-            let pass = Instant::now();
-            let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |i, outcome| {
-                !last && (outcome.broken() || expected.get(i).is_some_and(|e| !outcome.agrees(*e)))
-            });
-            let broken: Vec<String> = self
-                .round_problems(&cells, &outcomes, &servers, &BTreeSet::new())
-                .into_iter()
-                .collect();
-            if !broken.is_empty() {
-                return Err(format!(
-                    "{} probes refused or failed {} after the change (pass {passes}):\n{}",
-                    broken.len(),
-                    seconds(began),
-                    broken.join("\n")
-                ));
-            }
-            if outcomes[..n]
-                .iter()
-                .zip(&expected)
-                .all(|(o, e)| o.agrees(*e))
-            {
-                let dead = self.round_problems(&cells, &outcomes, &servers, &need);
-                if !dead.is_empty() {
-                    return Err(format!(
-                        "the matrix equals the oracle {} after the change (pass {passes}), but:\n{}",
-                        seconds(began),
-                        dead.join("\n")
-                    ));
-                }
-                return Ok(Converged {
-                    after: began,
-                    passes,
-                    cells: n,
-                    denied: expected.iter().filter(|a| !**a).count(),
-                });
-            } else if last {
-                return Err(self.report(&cells, &verdicts, &outcomes[..n], passes, deadline));
-            }
-            if let Some(rest) = Duration::from_millis(20).checked_sub(pass.elapsed()) {
-                std::thread::sleep(rest);
+        match policy_matrix::converge(self, &cells, &expected, since, deadline, PROBE_TIMEOUT) {
+            Ok(c) => Ok(Converged {
+                after: c.after,
+                passes: c.passes,
+                cells: cells.len(),
+                denied: expected.iter().filter(|a| !**a).count(),
+            }),
+            Err(NotConverged::Broken(why)) => Err(why),
+            Err(NotConverged::Differs { passes, outcomes }) => {
+                Err(self.report(&cells, &verdicts, &outcomes, passes, deadline))
             }
         }
     }
@@ -911,7 +747,7 @@ impl World {
             .map(|(c, _)| c.server())
             .collect();
         let allowed: Vec<bool> = keep.iter().map(|k| *k == Some(true)).collect();
-        let (probes, servers) = self.probes_with_alive(cells, &allowed, &need);
+        let (probes, servers) = policy_matrix::probes_with_alive(self, cells, &allowed, &need);
         let started = Instant::now();
         let mut rounds = 0;
         let mut problems = Vec::new();
@@ -938,6 +774,59 @@ impl World {
             }
         }
         (rounds, problems)
+    }
+}
+
+impl Pods for World {
+    fn probe(&self, cell: &Cell) -> Probe {
+        Probe {
+            from: self.members[cell.from].netns.clone(),
+            to: SocketAddr::new(self.members[cell.to].ip(cell.v6), cell.port),
+            protocol: cell.protocol,
+        }
+    }
+
+    /// A probe of `server` from its pod's node, which always reaches its own pods (and
+    /// a host-network pod is its node): it shows the server alive when no pod may.
+    fn node_probe(&self, server: Server) -> Probe {
+        let m = &self.members[server.member];
+        Probe {
+            from: self.node_ns(m.node).path().to_path_buf(),
+            to: SocketAddr::new(m.ip(server.v6), server.port),
+            protocol: server.protocol,
+        }
+    }
+
+    fn describe(&self, cell: &Cell) -> String {
+        format!(
+            "{} -> {} {}/{} IPv{}",
+            self.members[cell.from].name,
+            self.members[cell.to].name,
+            cell.protocol.name(),
+            cell.port,
+            if cell.v6 { 6 } else { 4 }
+        )
+    }
+
+    fn describe_server(&self, server: Server) -> String {
+        format!(
+            "{} {}/{} IPv{}",
+            self.members[server.member].name,
+            server.protocol.name(),
+            server.port,
+            if server.v6 { 6 } else { 4 }
+        )
+    }
+
+    fn node_of(&self, member: usize) -> u8 {
+        self.members[member].node
+    }
+
+    /// A send the sender's own node refused ([`refused_locally`]); from a pod, only a
+    /// host-network one's.
+    fn excused(&self, cell: Option<&Cell>, outcome: &Outcome) -> bool {
+        let from_node = cell.is_none_or(|c| self.members[c.from].host_network);
+        refused_locally(from_node, outcome)
     }
 }
 
@@ -1065,10 +954,6 @@ fn first_of(problems: Vec<String>, n: usize) -> Vec<String> {
         lines.push(format!("... and {} more", total - n));
     }
     lines
-}
-
-fn seconds(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
 
 /// The shape of a node's policy table: every chain, set, map and rule, without

@@ -74,6 +74,7 @@ use std::time::{Duration, Instant};
 use cni_blackbox::cluster::{Cluster, Host, node_name, node_v4, node_v6, parse};
 use cni_blackbox::hostport::in_netns;
 use cni_blackbox::netpol::{self, Datagram, Outcome, Probe, Protocol, Sequence, Servers};
+use cni_blackbox::policy_matrix::{self, Cell, NotConverged, Pods, Server, seconds};
 use cni_blackbox::policy_oracle::{Direction, Oracle, Verdict};
 use cni_blackbox::{Netns, parallel, plugin_path, require_root};
 use cni_kube_api::{Kind, network_policy, realistic_namespace, realistic_pod};
@@ -123,36 +124,6 @@ impl Member {
     fn ip(&self, v6: bool) -> IpAddr {
         if v6 { self.v6 } else { self.v4 }
     }
-}
-
-/// One probe of a matrix.
-#[derive(Debug, Clone, Copy)]
-struct Cell {
-    from: usize,
-    to: usize,
-    protocol: Protocol,
-    port: u16,
-    v6: bool,
-}
-
-impl Cell {
-    fn server(&self) -> Server {
-        Server {
-            member: self.to,
-            protocol: self.protocol,
-            port: self.port,
-            v6: self.v6,
-        }
-    }
-}
-
-/// One server of a pod: what a probe reaches, whoever sends it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Server {
-    member: usize,
-    protocol: Protocol,
-    port: u16,
-    v6: bool,
 }
 
 /// What a probe is asked about: source and destination addresses, protocol (as
@@ -574,186 +545,22 @@ impl World {
             .collect()
     }
 
-    /// A probe of `server` from its pod's node, which always reaches its own pods
-    /// (kubelet's probes must): it shows the server alive when no pod may reach it.
-    fn node_probe(&self, server: Server) -> Probe {
-        let m = &self.members[server.member];
-        let node = self
-            .cluster
-            .hosts
-            .iter()
-            .find(|h| h.n == m.node)
-            .unwrap_or_else(|| panic!("no node {}", m.node));
-        Probe {
-            from: node.ns.path().to_path_buf(),
-            to: SocketAddr::new(m.ip(server.v6), server.port),
-            protocol: server.protocol,
-        }
-    }
-
-    fn describe_server(&self, server: Server) -> String {
-        format!(
-            "{} {}/{} IPv{}",
-            self.members[server.member].key(),
-            server.protocol.name(),
-            server.port,
-            if server.v6 { 6 } else { 4 }
-        )
-    }
-
-    /// Every probe of `cells` and of `servers` (from their nodes) that says the path is
-    /// broken: a policy drops, so a refusal or an error means the server is down or the
-    /// route is wrong, whatever the policy says.
-    fn broken(
-        &self,
-        cells: &[Cell],
-        outcomes: &[Outcome],
-        servers: &[Server],
-        server_outcomes: &[Outcome],
-    ) -> Vec<String> {
-        let cells = cells
-            .iter()
-            .zip(outcomes)
-            .filter(|(_, o)| o.broken())
-            .map(|(c, o)| (self.describe(c), o));
-        let servers = servers
-            .iter()
-            .zip(server_outcomes)
-            .filter(|(_, o)| o.broken())
-            .map(|(s, o)| {
-                let node = self.members[s.member].node;
-                (format!("node {node} -> {}", self.describe_server(*s)), o)
-            });
-        cells
-            .chain(servers)
-            .map(|(what, o)| {
-                format!(
-                    "  {what}: {}: the server or the route is broken, not the policy (a \
-                     policy drops: nothing answers)",
-                    o.word()
-                )
-            })
-            .collect()
-    }
-
-    /// The servers of `need` that no probe of the round reached: not a cell of
-    /// `cells` to it, nor a probe of `servers` from its node.
-    fn not_shown_alive(
-        &self,
-        need: &BTreeSet<Server>,
-        cells: &[Cell],
-        outcomes: &[Outcome],
-        servers: &[Server],
-        server_outcomes: &[Outcome],
-    ) -> Vec<Server> {
-        let alive: BTreeSet<Server> = cells
-            .iter()
-            .map(Cell::server)
-            .zip(outcomes)
-            .chain(servers.iter().copied().zip(server_outcomes))
-            .filter(|(_, o)| o.passed())
-            .map(|(s, _)| s)
-            .collect();
-        need.difference(&alive).copied().collect()
-    }
-
-    fn probe(&self, cell: &Cell) -> Probe {
-        Probe {
-            from: self.members[cell.from].netns.clone(),
-            to: SocketAddr::new(self.members[cell.to].ip(cell.v6), cell.port),
-            protocol: cell.protocol,
-        }
-    }
-
-    fn describe(&self, cell: &Cell) -> String {
-        format!(
-            "{} -> {} {}/{} IPv{}",
-            self.members[cell.from].key(),
-            self.members[cell.to].key(),
-            cell.protocol.name(),
-            cell.port,
-            if cell.v6 { 6 } else { 4 }
-        )
-    }
-
     /// Runs the matrix until it equals the model (of the objects now), for at most
-    /// [`DEADLINE`] after `since`; the time is when the pass that matched began. A pass
-    /// ends at the first probe that disagrees, so while a change that denies is not in
-    /// force passes follow each other every few milliseconds; a change that allows
-    /// shows up to one [`PROBE_TIMEOUT`] late, when the first SYNs were dropped (TCP
-    /// sends the next one only after a second).
-    ///
-    /// A probe the model denies agrees only when it times out; a refusal or an error
-    /// anywhere fails at once (the server or the route is broken). Every server of a
-    /// denied probe must be shown alive in the pass that matches: a probe the model
-    /// allows reached it, or, when none may, a probe from its node (not judged) did.
+    /// [`DEADLINE`] after `since` ([`policy_matrix::converge`]); the failure's text has
+    /// the cells that differ and each node's table and log.
     fn converge(&self, since: Instant) -> Result<Converged, String> {
         let (cells, verdicts) = self.model();
         let expected: Vec<bool> = verdicts.iter().map(Verdict::allowed).collect();
-        let need: BTreeSet<Server> = cells
-            .iter()
-            .zip(&expected)
-            .filter(|(_, allowed)| !**allowed)
-            .map(|(c, _)| c.server())
-            .collect();
-        let reached: BTreeSet<Server> = cells
-            .iter()
-            .zip(&expected)
-            .filter(|(_, allowed)| **allowed)
-            .map(|(c, _)| c.server())
-            .collect();
-        let servers: Vec<Server> = need.difference(&reached).copied().collect();
-        let probes: Vec<Probe> = cells
-            .iter()
-            .map(|c| self.probe(c))
-            .chain(servers.iter().map(|s| self.node_probe(*s)))
-            .collect();
-        let n = cells.len();
-        let mut passes = 0;
-        loop {
-            let began = since.elapsed();
-            let last = began >= DEADLINE;
-            passes += 1;
-            let pass = Instant::now();
-            // A probe that disagrees ends the pass at once, but for the last one,
-            // whose every outcome goes into the report. (A node's probe that is not
-            // answered times out with the denied probes: the pass is over then anyway.)
-            let outcomes = netpol::run(&probes, PROBE_TIMEOUT, |i, outcome| {
-                !last && (outcome.broken() || expected.get(i).is_some_and(|e| !outcome.agrees(*e)))
-            });
-            let (outcomes, server_outcomes) = outcomes.split_at(n);
-            let broken = self.broken(&cells, outcomes, &servers, server_outcomes);
-            if !broken.is_empty() {
-                return Err(format!(
-                    "{} probes refused or failed {} after the change (pass {passes}):\n{}",
-                    broken.len(),
-                    seconds(began),
-                    broken.join("\n")
-                ));
-            }
-            if outcomes.iter().zip(&expected).all(|(o, e)| o.agrees(*e)) {
-                let dead = self.not_shown_alive(&need, &cells, outcomes, &servers, server_outcomes);
-                if dead.is_empty() {
-                    return Ok(Converged {
-                        after: began,
-                        passes,
-                        cells,
-                        outcomes: outcomes.to_vec(),
-                    });
-                }
-                let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
-                return Err(format!(
-                    "the matrix equals the model {} after the change (pass {passes}), but no \
-                     probe of that pass reached these servers of denied probes (nor their \
-                     node): {}",
-                    seconds(began),
-                    dead.join(", ")
-                ));
-            } else if last {
-                return Err(self.report(&cells, &verdicts, outcomes, passes));
-            }
-            if let Some(rest) = Duration::from_millis(20).checked_sub(pass.elapsed()) {
-                std::thread::sleep(rest);
+        match policy_matrix::converge(self, &cells, &expected, since, DEADLINE, PROBE_TIMEOUT) {
+            Ok(c) => Ok(Converged {
+                after: c.after,
+                passes: c.passes,
+                cells,
+                outcomes: c.outcomes,
+            }),
+            Err(NotConverged::Broken(why)) => Err(why),
+            Err(NotConverged::Differs { passes, outcomes }) => {
+                Err(self.report(&cells, &verdicts, &outcomes, passes))
             }
         }
     }
@@ -990,7 +797,7 @@ impl World {
                 rounds.len()
             );
             let (outcomes, server_outcomes) = round.outcomes.split_at(cells.len());
-            for line in self.broken(cells, outcomes, servers, server_outcomes) {
+            for line in policy_matrix::broken(self, cells, outcomes, servers, server_outcomes) {
                 problems.push(format!("{when}:{line}"));
             }
             for ((cell, outcome), want) in cells.iter().zip(outcomes).zip(untouched) {
@@ -1007,7 +814,8 @@ impl World {
                     ));
                 }
             }
-            let dead = self.not_shown_alive(&need, cells, outcomes, servers, server_outcomes);
+            let dead =
+                policy_matrix::not_shown_alive(&need, cells, outcomes, servers, server_outcomes);
             if !dead.is_empty() {
                 let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
                 problems.push(format!(
@@ -1143,13 +951,61 @@ impl World {
     }
 }
 
+impl Pods for World {
+    /// A probe of `server` from its pod's node, which always reaches its own pods
+    /// (kubelet's probes must): it shows the server alive when no pod may reach it.
+    fn node_probe(&self, server: Server) -> Probe {
+        let m = &self.members[server.member];
+        let node = self
+            .cluster
+            .hosts
+            .iter()
+            .find(|h| h.n == m.node)
+            .unwrap_or_else(|| panic!("no node {}", m.node));
+        Probe {
+            from: node.ns.path().to_path_buf(),
+            to: SocketAddr::new(m.ip(server.v6), server.port),
+            protocol: server.protocol,
+        }
+    }
+
+    fn describe_server(&self, server: Server) -> String {
+        format!(
+            "{} {}/{} IPv{}",
+            self.members[server.member].key(),
+            server.protocol.name(),
+            server.port,
+            if server.v6 { 6 } else { 4 }
+        )
+    }
+
+    fn probe(&self, cell: &Cell) -> Probe {
+        Probe {
+            from: self.members[cell.from].netns.clone(),
+            to: SocketAddr::new(self.members[cell.to].ip(cell.v6), cell.port),
+            protocol: cell.protocol,
+        }
+    }
+
+    fn describe(&self, cell: &Cell) -> String {
+        format!(
+            "{} -> {} {}/{} IPv{}",
+            self.members[cell.from].key(),
+            self.members[cell.to].key(),
+            cell.protocol.name(),
+            cell.port,
+            if cell.v6 { 6 } else { 4 }
+        )
+    }
+
+    fn node_of(&self, member: usize) -> u8 {
+        self.members[member].node
+    }
+}
+
 /// Why the model decided, in a few words.
 fn why(verdict: &Verdict) -> String {
     verdict.why()
-}
-
-fn seconds(d: Duration) -> String {
-    format!("{:.2} s", d.as_secs_f64())
 }
 
 fn note_sctp() {
@@ -2183,10 +2039,11 @@ impl World {
             let (outcomes, server_outcomes) = outcomes.split_at(cells.len());
             let at = seconds(stopped.elapsed());
             rounds += 1;
-            for line in self.broken(cells, outcomes, &servers, server_outcomes) {
+            for line in policy_matrix::broken(self, cells, outcomes, &servers, server_outcomes) {
                 problems.push(format!("{at} after the API went away:{line}"));
             }
-            let dead = self.not_shown_alive(&need, cells, outcomes, &servers, server_outcomes);
+            let dead =
+                policy_matrix::not_shown_alive(&need, cells, outcomes, &servers, server_outcomes);
             if !dead.is_empty() {
                 let dead: Vec<String> = dead.iter().map(|s| self.describe_server(*s)).collect();
                 problems.push(format!(
