@@ -266,6 +266,18 @@ pub fn converge(
     }
 }
 
+/// Fails the test with every failure a test gathered (it goes on past the first, so one
+/// run shows them all), each as a paragraph.
+#[track_caller]
+pub fn assert_no_failures(failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
+}
+
 /// A duration in seconds, for messages.
 pub fn seconds(d: Duration) -> String {
     format!("{:.2} s", d.as_secs_f64())

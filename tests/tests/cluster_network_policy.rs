@@ -1139,12 +1139,7 @@ fn the_conformance_suite_holds_on_the_kernel() {
             seconds(started.elapsed())
         );
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    policy_matrix::assert_no_failures(&failures);
 }
 
 /// The tiers around NetworkPolicy, changes in place, a new pod under an Admin deny,
@@ -1447,12 +1442,7 @@ fn tiers_wrap_network_policy_and_change_in_place() {
             );
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    policy_matrix::assert_no_failures(&failures);
 }
 
 /// An agent SIGKILLed right after a ClusterNetworkPolicy change is served, then the API
@@ -1589,12 +1579,7 @@ fn a_killed_agent_or_a_lost_api_keeps_the_tiers_enforced() {
         "cedric-diggory-0 -> harry-potter-0",
         "through the kill and the outage",
     ));
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    policy_matrix::assert_no_failures(&failures);
 }
 
 /// An API server without the CRD: NetworkPolicy is enforced as before and the agents
@@ -1698,10 +1683,5 @@ fn without_the_crd_network_policy_works_and_the_kind_is_found_once_installed() {
             ));
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    policy_matrix::assert_no_failures(&failures);
 }

@@ -1320,12 +1320,7 @@ fn upstream_cases_and_ours_match_the_model() {
             seconds(started.elapsed())
         );
     }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    policy_matrix::assert_no_failures(&failures);
 }
 
 /// Numbered UDP flows from x/b (member `xb`) to x/a (`xa`) port 80, IPv4 then IPv6,
@@ -1839,12 +1834,7 @@ fn nodes_reach_their_pods_established_connections_follow_and_new_pods_are_judged
         Err(e) => failures.push(format!("with the new pods posted: {e}")),
     }
     println!("run time {}", seconds(started.elapsed()));
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    policy_matrix::assert_no_failures(&failures);
 }
 
 /// An agent SIGKILLed right after a policy change is served, then restarted: the
