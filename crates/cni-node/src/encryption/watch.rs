@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use cni_linux::netlink::wireguard::{WgDevice, Wireguard};
+use cni_linux::netlink::wireguard::{WgDevice, WgPeer, Wireguard};
+use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
 use crate::wake::Wake;
@@ -54,20 +55,19 @@ impl PeersWatch {
 /// peers there are, and a change it would miss by a collision (one in 2^64) is still
 /// repaired by the resync.
 fn fingerprint(device: &WgDevice) -> u64 {
-    let mut peers: Vec<(&[u8; 32], Vec<String>)> = device
-        .peers
-        .iter()
-        .map(|p| {
-            let mut ips: Vec<String> = p.allowed_ips.iter().map(ToString::to_string).collect();
-            ips.sort_unstable();
-            (&p.public_key, ips)
-        })
-        .collect();
-    peers.sort_unstable();
+    let mut peers: Vec<&WgPeer> = device.peers.iter().collect();
+    peers.sort_unstable_by_key(|p| p.public_key);
     let mut hasher = DefaultHasher::new();
     device.public_key.hash(&mut hasher);
     device.listen_port.hash(&mut hasher);
-    peers.hash(&mut hasher);
+    let mut ips: Vec<IpNetwork> = Vec::new();
+    for peer in peers {
+        peer.public_key.hash(&mut hasher);
+        ips.clear();
+        ips.extend_from_slice(&peer.allowed_ips);
+        ips.sort_unstable();
+        ips.hash(&mut hasher);
+    }
     hasher.finish()
 }
 
@@ -107,7 +107,6 @@ pub fn watch_peers(device: String, watch: Arc<PeersWatch>, wake: Arc<Wake>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cni_linux::netlink::wireguard::WgPeer;
 
     fn peer(n: u8, ips: &[&str]) -> WgPeer {
         WgPeer {
