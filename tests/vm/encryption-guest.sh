@@ -1,14 +1,16 @@
 #!/bin/sh
 # Inside the stock-kernel guest booted by tests/bench/encryption.sh (not meant to be run
 # by hand):
-#   encryption-guest.sh OUT NODES KEY_CHANGES TRAFFIC_SECS
+#   encryption-guest.sh OUT NODES ROUNDS KEY_CHANGES TRAFFIC_SECS
 # OUT holds the staged binaries (bin/{bridge,host-local,loopback,portmap,bandwidth,
 # cnitool,cni-node}, encryption_scale) and is the only directory written back to the
-# host: tests.log, boot-seconds, encryption.txt (the tests' `encryption-...` lines) and
-# rc (0 when both tests passed; its absence tells the host the guest died).
+# host: tests.log, boot-seconds, encryption.txt (the tests' `encryption-...` lines), the
+# scale test's agent logs (agent-vxlan.log, agent-wireguard.log) and rc (0 when both
+# tests passed; its absence tells the host the guest died).
 set -u
 out=$1
-export CNI_RS_SCALE_NODES="$2" CNI_RS_KEY_CHANGES="$3" ENCRYPTION_TRAFFIC_SECS="$4"
+export CNI_RS_SCALE_NODES="$2" CNI_RS_SCALE_ROUNDS="$3" CNI_RS_KEY_CHANGES="$4" \
+    ENCRYPTION_TRAFFIC_SECS="$5"
 
 cut -d' ' -f1 /proc/uptime > "$out/boot-seconds"
 
@@ -17,7 +19,7 @@ work=/run/cni-encryption-bench
 mkdir -p "$work" && cp -r --preserve=links "$out/bin" "$out/encryption_scale" "$work/" || exit 1
 
 export CNI_BLACKBOX_BIN_DIR="$work/bin" CNI_NODE_BIN="$work/bin/cni-node" \
-    CNI_RS_REQUIRE_WIREGUARD=1 RUST_BACKTRACE=1
+    CNI_RS_REQUIRE_WIREGUARD=1 RUST_BACKTRACE=1 ENCRYPTION_AGENT_LOGS="$out"
 
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
 

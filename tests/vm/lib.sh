@@ -61,7 +61,9 @@ vm_prepare() {
     fi
     if ! "$venv/bin/vng" --version 2>/dev/null | grep -qx "virtme-ng $vng_version"; then
         vm_step "pip install virtme-ng==$vng_version into $venv"
-        [[ -x $venv/bin/pip ]] || /usr/bin/python3 -m venv "$venv"
+        # A venv moved from where it was made keeps scripts that start a Python that
+        # is not there: made again.
+        "$venv/bin/python3" -c '' 2>/dev/null || /usr/bin/python3 -m venv --clear "$venv"
         "$venv/bin/pip" install -q "virtme-ng==$vng_version"
     fi
     # vng starts its helpers (virtme-run) from PATH.
