@@ -60,11 +60,13 @@ const MTU: u32 = 1500;
 
 /// Whether the kernel makes WireGuard links (tried in a throwaway namespace); a kernel
 /// that does not is a skip, or a failure under `CNI_RS_REQUIRE_WIREGUARD=1`.
-fn kernel_has_wireguard(test: &str) -> bool {
+/// The namespace it was tried in is returned, to be deleted at the test's end (see
+/// [`sync`]).
+fn kernel_has_wireguard(test: &str) -> Option<Netns> {
     let probe = Netns::new("cnibb-wgs-probe");
     let out = probe.exec(&["ip", "link", "add", "wg-probe", "type", "wireguard"]);
     if out.status.success() {
-        return true;
+        return Some(probe);
     }
     let why = String::from_utf8_lossy(&out.stderr).trim().to_owned();
     assert!(
@@ -72,7 +74,7 @@ fn kernel_has_wireguard(test: &str) -> bool {
         "{test}: CNI_RS_REQUIRE_WIREGUARD=1 but this kernel makes no WireGuard link: {why}"
     );
     eprintln!("skipping {test}: this kernel makes no WireGuard link ({why})");
-    false
+    None
 }
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -169,17 +171,25 @@ struct Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
+        self.stop_agent();
+    }
+}
+
+impl Run {
+    /// Kills the agent and keeps its log for the benchmark's record (the guest's only
+    /// way out is its shared directory).
+    fn stop_agent(&mut self) {
+        if self.agent.try_wait().is_ok_and(|status| status.is_some()) {
+            return;
+        }
         let _ = self.agent.kill();
         let _ = self.agent.wait();
-        // Kept for the benchmark's record (the guest's only way out is its shared dir).
         if let Some(dir) = std::env::var_os("ENCRYPTION_AGENT_LOGS") {
             let to = PathBuf::from(dir).join(format!("agent-{:?}.log", self.mode).to_lowercase());
             let _ = std::fs::copy(&self.log, to);
         }
     }
-}
 
-impl Run {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -440,9 +450,12 @@ fn key_changes(run: &Run, changes: u32) -> (Vec<Duration>, Vec<Duration>) {
 #[ignore = "a benchmark: tests/bench/encryption.sh"]
 fn keyed_peers_sync_against_vxlan() {
     let test = "keyed_peers_sync_against_vxlan";
-    if !require_root() || !kernel_has_wireguard(test) {
+    if !require_root() {
         return;
     }
+    let Some(probe) = kernel_has_wireguard(test) else {
+        return;
+    };
     let nodes =
         u32::try_from(env_number("CNI_RS_SCALE_NODES", 300).clamp(3, 60_000)).unwrap_or(300);
     let changes =
@@ -455,18 +468,29 @@ fn keyed_peers_sync_against_vxlan() {
     let mut vxlan_sync = Duration::MAX;
     let mut wg_sync = Duration::MAX;
     let mut vxlan_rss = 0;
+    // The runs' namespaces are deleted at the end: the kernel tears a namespace down on
+    // a worker, holding locks every netlink change needs (seconds under emulation for
+    // one with a WireGuard device and its peers), which would land inside the next
+    // measurement.
+    let mut done = vec![];
     let mut last = None;
     for round in 0..rounds {
-        let (vxlan, took) = sync(Mode::Vxlan, nodes);
+        let (mut vxlan, took) = sync(Mode::Vxlan, nodes);
         check_synced(&vxlan);
         vxlan_sync = vxlan_sync.min(took);
         vxlan_rss = vxlan_rss.max(vm_hwm_kib(vxlan.agent.id()));
-        drop(vxlan);
-        let (wg, took) = sync(Mode::Wireguard, nodes);
+        vxlan.stop_agent();
+        vxlan.api.stop();
+        done.push(vxlan);
+        let (mut wg, took) = sync(Mode::Wireguard, nodes);
         check_synced(&wg);
         wg_sync = wg_sync.min(took);
         if round + 1 == rounds {
             last = Some(wg);
+        } else {
+            wg.stop_agent();
+            wg.api.stop();
+            done.push(wg);
         }
     }
     let Some(wg) = last else {
@@ -491,6 +515,9 @@ fn keyed_peers_sync_against_vxlan() {
         ms(latencies[latencies.len() - 1]),
         ms(pct(&reads, 50)),
     );
+    drop(wg);
+    drop(done);
+    drop(probe);
 }
 
 /// A connected pair of TCP sockets from `from` to `ip` in `to`.
@@ -550,7 +577,7 @@ fn routed_through(ns: &Netns, cidr: &str, device: &str) -> bool {
 #[ignore = "a benchmark: tests/bench/encryption.sh"]
 fn tcp_through_wireguard_and_vxlan() {
     let test = "tcp_through_wireguard_and_vxlan";
-    if !require_root() || !kernel_has_wireguard(test) {
+    if !require_root() || kernel_has_wireguard(test).is_none() {
         return;
     }
     let secs = env_number("ENCRYPTION_TRAFFIC_SECS", 3).clamp(1, 600);

@@ -46,5 +46,6 @@ uptime_s() { cut -d' ' -f1 /proc/uptime; }
     done
     [ "$failed" -eq 0 ] && echo 0 > "$out/rc" || echo 1 > "$out/rc"
 } > "$out/tests.log" 2>&1
-grep '^encryption-' "$out/tests.log" > "$out/encryption.txt"
+# A test's own output follows `test <name> ... ` on its line.
+grep -oE 'encryption-(scale|traffic) .*' "$out/tests.log" > "$out/encryption.txt"
 exit "$(cat "$out/rc")"
