@@ -20,8 +20,9 @@
 # without VLAN filtering or WireGuard a failure.
 # Exit status: the tests' (0 = all passed); 1 for a setup or guest failure.
 #
-# Nothing is installed into /boot or /lib/modules and no bootloader or initramfs hook
-# runs: the kernel package that linux-image-amd64 points at is downloaded
+# The preparation and the boot are tests/vm/lib.sh's (shared with the WireGuard
+# benchmark, tests/bench/encryption.sh). Nothing is installed into /boot or
+# /lib/modules and no bootloader or initramfs hook runs: the kernel package that linux-image-amd64 points at is downloaded
 # (`apt-get download`) and unpacked (`dpkg-deb -x`) into the cache directory, and booted
 # from there with its modules beside it; virtme-ng goes into a venv in the same cache. A
 # second run reuses both. The cache is $CNI_RS_VM_CACHE, else
