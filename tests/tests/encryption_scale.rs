@@ -242,6 +242,9 @@ fn sync(mode: Mode, nodes: u32) -> (Run, Duration) {
 
     // The routes as the kernel announces them, counted on a thread: a count reached is
     // then checked by reading the routes (a route written twice is announced twice).
+    // The thread waits on the namespace's notifications until the process ends, and
+    // its socket keeps the namespace's kernel side until then: no teardown of an
+    // earlier run overlaps a later one.
     let (tx, rx) = mpsc::channel::<Option<(usize, Instant)>>();
     let mut subscription = in_netns(ns.path(), || {
         subscribe_host_changes().unwrap_or_else(|e| panic!("subscribe: {e}"))

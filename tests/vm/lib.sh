@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that boot Debian's stock kernel under emulation
 # (tests/vm/run-vlan-tier.sh, tests/bench/encryption.sh), from the repository's root,
 # with `set -euo pipefail`. It defines:
@@ -120,6 +121,7 @@ vm_boot() {
     set +e
     timeout "$timeout_s" vng -r "$kernel" --disable-kvm --memory 2G --cpus 2 \
         --rwdir "$rwdir" --exec "$cmd" 2>&1 | cat
+    # shellcheck disable=SC2034 # the caller's to read
     vng_rc=${PIPESTATUS[0]}
     set -e
 }
