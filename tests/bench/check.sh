@@ -59,6 +59,7 @@ benches=(
     tests/bench/network-policy.sh
     tests/bench/agent-soak.sh
     tests/bench/contracts.sh
+    tests/bench/encryption.sh
 )
 failed=()
 absent=()

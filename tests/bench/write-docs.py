@@ -60,6 +60,9 @@ SOURCES = {
     "plugins": [("machine.txt", "machine.txt"), ("summary.csv", "summary.csv"),
                 ("concurrent.csv", "concurrent.csv"), ("sizes.csv", "sizes.csv"),
                 ("bench.png", "bench.png")],
+    # Its directory also holds the guest's and the agents' logs, which are not kept.
+    "encryption": [("encryption/machine.txt", "machine.txt"),
+                   ("encryption.txt", "encryption.txt")],
 }
 
 
@@ -169,6 +172,16 @@ RECORDED_WHAT = {
         "podRecordDir: ADD p50 with it (no NetworkPolicy table) / without, first 50",
     "plugins.podrecord_last_no_table_vs_without": "the same, last 50",
     "portmap.no_mappings_add_ms": "a portmap ADD with nothing to map, p50 (the floor of a call)",
+    "encryption.vxlan_sync_ms": "initial sync of N VXLAN peers, from the agent's start to its last route",
+    "encryption.wireguard_sync_ms": "initial sync of N keyed WireGuard peers, the same",
+    "encryption.vxlan_rss_peak_mib": "peak RSS of the agent (VmHWM) after the VXLAN sync",
+    "encryption.rss_after_sync_mib": "peak RSS of the agent (VmHWM) after the WireGuard sync",
+    "encryption.key_change_p50_ms": "one node's key changed to its new peer on the device, p50",
+    "encryption.key_change_max_ms": "the same, the slowest",
+    "encryption.device_read_p50_ms":
+        "one read of the device with all its peers over generic netlink, p50 (part of each key change's figure)",
+    "encryption.vxlan_tcp_mbit_s": "one TCP stream between two pods on two nodes through VXLAN (emulated)",
+    "encryption.tcp_ratio": "the stream's throughput through WireGuard / through VXLAN",
 }
 
 

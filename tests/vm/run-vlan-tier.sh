@@ -20,8 +20,9 @@
 # without VLAN filtering or WireGuard a failure.
 # Exit status: the tests' (0 = all passed); 1 for a setup or guest failure.
 #
-# Nothing is installed into /boot or /lib/modules and no bootloader or initramfs hook
-# runs: the kernel package that linux-image-amd64 points at is downloaded
+# The preparation and the boot are tests/vm/lib.sh's (shared with the WireGuard
+# benchmark, tests/bench/encryption.sh). Nothing is installed into /boot or
+# /lib/modules and no bootloader or initramfs hook runs: the kernel package that linux-image-amd64 points at is downloaded
 # (`apt-get download`) and unpacked (`dpkg-deb -x`) into the cache directory, and booted
 # from there with its modules beside it; virtme-ng goes into a venv in the same cache. A
 # second run reuses both. The cache is $CNI_RS_VM_CACHE, else
@@ -41,77 +42,17 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 root=$PWD
 
-step() { printf '\n==> [vlan tier] %s\n' "$*"; }
-die() { echo "error: [vlan tier] $*" >&2; exit 1; }
+# shellcheck source=tests/vm/lib.sh
+. tests/vm/lib.sh
+vm_label="vlan tier"
+step() { vm_step "$@"; }
+die() { vm_die "$@"; }
 
 tier_start=$(date +%s)
 timeout_s=${VLAN_TIER_TIMEOUT:-900}
-if [[ -n ${CNI_RS_VM_CACHE:-} ]]; then
-    cache=$CNI_RS_VM_CACHE
-elif [[ -n ${XDG_CACHE_HOME:-} ]]; then
-    cache=$XDG_CACHE_HOME/cni-plugins-rs/vm
-else
-    cache=$root/target/vm-cache
-fi
-mkdir -p "$cache"
-cache=$(cd "$cache" && pwd)
-venv=${VNG_VENV:-$cache/vng}
-vng_version=${VNG_VERSION:-1.42}
 
 # --- what the tier needs: QEMU, virtme-ng (PyPI, in its own venv), Debian's kernel ---
-# Debian's python3 (not a pyenv one that may come first in PATH) builds the venv, so the
-# venv outlives changes to the user's Python setup; pip into a venv needs no
-# --break-system-packages. kmod's depmod indexes the unpacked modules. wireguard-tools'
-# `wg` is the operator's hand in the WireGuard test (a peer removed by hand).
-packages=(qemu-system-x86 python3-venv binutils kmod iproute2 iputils-ping wireguard-tools)
-missing=()
-for p in "${packages[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-    [[ $(id -u) -eq 0 ]] || die "missing packages (${missing[*]}) and not root"
-    step "apt-get install ${missing[*]}"
-    apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q \
-        --no-install-recommends "${missing[@]}"
-fi
-if ! "$venv/bin/vng" --version 2>/dev/null | grep -qx "virtme-ng $vng_version"; then
-    step "pip install virtme-ng==$vng_version into $venv"
-    [[ -x $venv/bin/pip ]] || /usr/bin/python3 -m venv "$venv"
-    "$venv/bin/pip" install -q "virtme-ng==$vng_version"
-fi
-# vng starts its helpers (virtme-run) from PATH.
-export PATH="$venv/bin:$PATH"
-
-# The versioned kernel package the meta-package points at (linux-image-6.1.0-N-amd64).
-kernel_package() {
-    apt-cache depends linux-image-amd64 2>/dev/null |
-        awk '$1 == "Depends:" && $2 ~ /^linux-image-[0-9]/ {print $2; exit}'
-}
-pkg=$(kernel_package)
-if [[ -z $pkg ]]; then
-    step "apt-get update (no package list names linux-image-amd64's kernel)"
-    apt-get update -q
-    pkg=$(kernel_package)
-fi
-[[ -n $pkg ]] || die "apt cannot tell which kernel package linux-image-amd64 depends on"
-kroot=$cache/$pkg
-if [[ ! -f $kroot/unpacked ]]; then
-    step "apt-get download $pkg; dpkg-deb -x into $kroot (nothing is installed)"
-    rm -rf "$kroot" "$kroot.tmp"
-    mkdir -p "$kroot.tmp"
-    (cd "$kroot.tmp" && apt-get download -q "$pkg")
-    dpkg-deb -x "$kroot.tmp/${pkg}"_*.deb "$kroot.tmp/root"
-    rm -f "$kroot.tmp/${pkg}"_*.deb
-    for dir in "$kroot.tmp/root/lib/modules/"*/; do
-        depmod -b "$kroot.tmp/root" "$(basename "$dir")"
-    done
-    touch "$kroot.tmp/unpacked"
-    mv "$kroot.tmp" "$kroot"
-fi
-kernel=$(find "$kroot/root/boot" -maxdepth 1 -name 'vmlinuz-*' | sort -V | tail -n 1)
-[[ -n $kernel ]] || die "no vmlinuz in $kroot/root/boot"
-[[ -d $kroot/root/lib/modules/${kernel##*/vmlinuz-} ]] || die "no modules for $kernel in $kroot"
+vm_prepare
 
 # --- build on the host: the plugins and the two test binaries ---
 if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
@@ -120,28 +61,14 @@ if ! command -v cargo >/dev/null && [[ -f "${HOME:-/root}/.cargo/env" ]]; then
 fi
 command -v cargo >/dev/null || die "cargo not found"
 
-# Paths of the executables cargo reports in its JSON messages (one per line).
-executables() {
-    /usr/bin/python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable"):
-        print(m["target"]["name"], m["executable"])
-'
-}
-
 step "cargo build: plugins, cnitool, cni-node and test binaries"
 build_start=$(date +%s)
 plugins=$(cargo build -q --bins -p cni-plugins -p cnitool -p cni-node \
-    --message-format=json-render-diagnostics | executables)
+    --message-format=json-render-diagnostics | cargo_executables)
 tests=$(cargo test -q --no-run -p cni-blackbox --test bridge_vlan --test cluster_wireguard \
-    --message-format=json-render-diagnostics | executables)
+    --message-format=json-render-diagnostics | cargo_executables)
 netlink_tests=$(cargo test -q --no-run -p cni-linux --test netlink --test wireguard \
-    --message-format=json-render-diagnostics | executables)
+    --message-format=json-render-diagnostics | cargo_executables)
 multicall=$(awk '$1 == "cni-plugins-rs" {print $2}' <<<"$plugins")
 cnitool=$(awk '$1 == "cnitool" {print $2}' <<<"$plugins")
 agent=$(awk '$1 == "cni-node" {print $2}' <<<"$plugins")
@@ -175,14 +102,9 @@ strip -o "$out/cluster_wireguard" "$cluster_test"
 strip -o "$out/netlink" "$netlink_test"
 strip -o "$out/wireguard" "$wireguard_test"
 
-step "boot $kernel under emulation (timeout ${timeout_s} s)"
 guest_cmd="$root/tests/vm/vlan-tier-guest.sh $out CI=${CI:-}"
 vm_start=$(date +%s)
-set +e
-timeout "$timeout_s" vng -r "$kernel" --disable-kvm --memory 2G --cpus 2 \
-    --rwdir "$out" --exec "$guest_cmd" 2>&1 | cat
-vng_rc=${PIPESTATUS[0]}
-set -e
+vm_boot "$timeout_s" "$out" "$guest_cmd"
 vm_end=$(date +%s)
 
 for log in "$out"/*.log; do

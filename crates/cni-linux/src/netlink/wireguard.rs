@@ -193,35 +193,8 @@ impl Wireguard {
     /// the kernel sends). A missing link is `is_not_found()`; a link of another kind is
     /// refused with `EOPNOTSUPP`.
     pub fn device(&mut self, ifname: &str) -> Result<WgDevice> {
-        let context = || format!("failed to read WireGuard device {ifname:?}");
         for _ in 0..DUMP_ATTEMPTS {
-            let mut w = Writer::new();
-            let start = w.begin_msg(
-                self.family,
-                NLM_F_REQUEST | NLM_F_DUMP,
-                self.sock.next_seq(),
-            );
-            get_device(&mut w, ifname);
-            w.end_msg(start);
-            let family = self.family;
-            let mut device = WgDevice::default();
-            let mut bad = None;
-            let mut interrupted = false;
-            self.sock
-                .request(w.as_bytes(), |msg| {
-                    if msg.ty != family {
-                        return;
-                    }
-                    interrupted |= msg.flags & NLM_F_DUMP_INTR != 0;
-                    if bad.is_none() {
-                        bad = add_dump_message(&mut device, msg.payload).err();
-                    }
-                })
-                .map_err(|e| Error::netlink(context(), e))?;
-            if let Some(malformed) = bad {
-                return Err(Error::netlink(context(), malformed.into()));
-            }
-            if !interrupted {
+            if let Some(device) = self.device_once(ifname)? {
                 return Ok(device);
             }
         }
@@ -229,7 +202,44 @@ impl Wireguard {
             io::ErrorKind::Interrupted,
             format!("the peers changed during each of {DUMP_ATTEMPTS} dumps"),
         );
-        Err(Error::netlink(context(), busy.into()))
+        Err(Error::netlink(
+            format!("failed to read WireGuard device {ifname:?}"),
+            busy.into(),
+        ))
+    }
+
+    /// One dump of the device, as [`Wireguard::device`] makes it: `None` when the device
+    /// changed while it ran (`NLM_F_DUMP_INTR`). A dump returned is the device as it was
+    /// throughout the dump, so a change it shows was made before the dump began.
+    pub fn device_once(&mut self, ifname: &str) -> Result<Option<WgDevice>> {
+        let context = || format!("failed to read WireGuard device {ifname:?}");
+        let mut w = Writer::new();
+        let start = w.begin_msg(
+            self.family,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            self.sock.next_seq(),
+        );
+        get_device(&mut w, ifname);
+        w.end_msg(start);
+        let family = self.family;
+        let mut device = WgDevice::default();
+        let mut bad = None;
+        let mut interrupted = false;
+        self.sock
+            .request(w.as_bytes(), |msg| {
+                if msg.ty != family {
+                    return;
+                }
+                interrupted |= msg.flags & NLM_F_DUMP_INTR != 0;
+                if bad.is_none() {
+                    bad = add_dump_message(&mut device, msg.payload).err();
+                }
+            })
+            .map_err(|e| Error::netlink(context(), e))?;
+        if let Some(malformed) = bad {
+            return Err(Error::netlink(context(), malformed.into()));
+        }
+        Ok((!interrupted).then_some(device))
     }
 
     /// Sets the device's private key, listen port (0: the kernel picks one) and

@@ -74,15 +74,16 @@ pub trait WireguardKernel: Send {
 /// The peer changes a pass makes, in two parts: writes before the routes, removals
 /// after.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct PeerChanges {
-    /// Peers to add or change, before the routes.
-    pub write: Vec<PeerSpec>,
+pub struct PeerChanges<'a> {
+    /// Peers to add or change, before the routes (the plan's own: at the first pass of
+    /// thousands of nodes, copies would be megabytes more at the agent's peak).
+    pub write: Vec<&'a PeerSpec>,
     /// Peers to remove, after the routes.
     pub remove: Vec<Key>,
 }
 
 /// The changes that make the device's peers `want`, from what it has.
-pub fn peer_changes(have: &[PeerState], want: &BTreeMap<Key, PeerSpec>) -> PeerChanges {
+pub fn peer_changes<'a>(have: &[PeerState], want: &'a BTreeMap<Key, PeerSpec>) -> PeerChanges<'a> {
     let mut out = PeerChanges::default();
     // Indexed: at thousands of peers, a search of the list per wanted peer would cost
     // millions of comparisons on every pass.
@@ -96,7 +97,7 @@ pub fn peer_changes(have: &[PeerState], want: &BTreeMap<Key, PeerSpec>) -> PeerC
                 && spec.allowed_ips.iter().all(|ip| p.allowed_ips.contains(ip))
         });
         if !same {
-            out.write.push(spec.clone());
+            out.write.push(spec);
         }
     }
     for peer in have {
@@ -125,15 +126,16 @@ pub struct KnownPeers {
 impl KnownPeers {
     /// The peers of device `index` as just read.
     pub fn set(&mut self, index: u32, peers: Vec<PeerState>) {
-        self.at = peers
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p.public_key, i))
-            .collect();
-        self.owner = peers
-            .iter()
-            .flat_map(|p| p.allowed_ips.iter().map(|ip| (*ip, p.public_key)))
-            .collect();
+        // The list known before goes first and the indexes are refilled in place: at
+        // thousands of peers, the old beside the new at every resync is megabytes.
+        self.forget();
+        self.at
+            .extend(peers.iter().enumerate().map(|(i, p)| (p.public_key, i)));
+        self.owner.extend(
+            peers
+                .iter()
+                .flat_map(|p| p.allowed_ips.iter().map(|ip| (*ip, p.public_key))),
+        );
         self.known = Some((index, peers));
     }
 
@@ -559,7 +561,7 @@ mod tests {
         let have = vec![a_have, b_have, state(&c)];
         let want: BTreeMap<Key, PeerSpec> = [(a.public_key, a), (b.public_key, b.clone())].into();
         let changes = peer_changes(&have, &want);
-        assert_eq!(changes.write, vec![b]);
+        assert_eq!(changes.write, vec![&b]);
         assert_eq!(changes.remove, vec![key(3)]);
     }
 
@@ -605,8 +607,9 @@ mod tests {
     fn a_changed_key_is_a_new_peer_written_first_and_the_old_one_removed_after() {
         let old = spec("a", 1, "198.18.0.12:51830", &["10.244.2.0/24"]);
         let new = spec("a", 9, "198.18.0.12:51830", &["10.244.2.0/24"]);
-        let changes = peer_changes(&[state(&old)], &[(new.public_key, new.clone())].into());
-        assert_eq!(changes.write, vec![new.clone()]);
+        let want: BTreeMap<Key, PeerSpec> = [(new.public_key, new.clone())].into();
+        let changes = peer_changes(&[state(&old)], &want);
+        assert_eq!(changes.write, vec![&new]);
         assert_eq!(changes.remove, vec![key(1)]);
         // What the agent keeps in memory follows: the allowed IPs moved to the new key.
         let mut known = KnownPeers::default();

@@ -249,6 +249,9 @@ impl Step {
         };
         let want = (index, public, settings.port);
         if fresh || resync || self.applied != Some(want) || self.peers.of(index).is_none() {
+            // Forgotten before the read, not replaced after it: thousands of peers held
+            // twice would be the agent's peak. A failed read leaves them to be read again.
+            self.peers.forget();
             let device = kernel.device(name)?;
             if device.public_key != Some(public) || device.listen_port != settings.port {
                 kernel.set_device(name, &private, settings.port)?;
