@@ -1134,6 +1134,20 @@ mod tests {
             state.device.as_ref().map_or(0, |d| d.peers.len())
         };
         assert_eq!(peers(&e), 1);
+        // What the agent wrote is what the watch expects: its own changes are no change.
+        let held = |e: &Encrypting| {
+            let state = e.kernel.0.lock().unwrap();
+            let device = state.device.as_ref().unwrap();
+            crate::encryption::watch::fingerprint(
+                device.private_key.map(|k| k.public().0).as_ref(),
+                device.port,
+                device
+                    .peers
+                    .iter()
+                    .map(|p| (&p.public_key.0, p.allowed_ips.as_slice())),
+            )
+        };
+        assert_eq!(watch.expected(), Some(held(&e)));
         e.kernel
             .0
             .lock()
@@ -1151,6 +1165,7 @@ mod tests {
         assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
         assert_eq!(peers(&e), 1, "{:?}", e.kernel.take_log());
         assert!(!watch.take_changed(), "the pass took the change");
+        assert_eq!(watch.expected(), Some(held(&e)));
     }
 
     #[test]

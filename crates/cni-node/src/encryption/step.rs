@@ -100,6 +100,9 @@ pub struct Step {
     replaced: Option<Key>,
     /// Says when the device changed behind the agent's back (a peer deleted by hand).
     watch: Option<Arc<PeersWatch>>,
+    /// The peers known changed in this pass (read, written or removed): the watch is
+    /// told what the device now holds.
+    peers_touched: bool,
 }
 
 impl Step {
@@ -126,6 +129,7 @@ impl Step {
             local: None,
             replaced: None,
             watch: None,
+            peers_touched: false,
         }
     }
 
@@ -288,6 +292,7 @@ impl Step {
                 }
             }
             self.peers.set(index, device.peers);
+            self.peers_touched = true;
             self.applied = Some(want);
         }
         Ok(LocalEncryption {
@@ -361,14 +366,43 @@ impl Step {
                             .join(", ")
                     );
                     self.peers.written(spec);
+                    self.peers_touched = true;
                 }
                 Err(e) => {
                     self.peers.forget();
+                    self.peers_touched = true;
                     failures.push((STEP, e));
-                    return;
+                    break;
                 }
             }
         }
+        self.tell_watch();
+    }
+
+    /// Tells the device watch what the device holds now, when that changed in this
+    /// pass: the peers known and the key and port put on it (nothing known: `None`).
+    fn tell_watch(&mut self) {
+        let Some(watch) = &self.watch else {
+            return;
+        };
+        if !std::mem::take(&mut self.peers_touched) {
+            return;
+        }
+        let expected = match (self.local, self.applied) {
+            (Some(local), Some((index, public, port))) if index == local.index => {
+                self.peers.of(index).map(|peers| {
+                    super::watch::fingerprint(
+                        Some(&public.0),
+                        port,
+                        peers
+                            .iter()
+                            .map(|p| (&p.public_key.0, p.allowed_ips.as_slice())),
+                    )
+                })
+            }
+            _ => None,
+        };
+        watch.expect(expected);
     }
 
     /// Part 3: peers no longer wanted, the strict table, a device no longer wanted.
@@ -398,15 +432,18 @@ impl Step {
                     Ok(()) => {
                         tracing::info!("encryption: removed the peer {}", key.to_base64());
                         self.peers.removed(&key);
+                        self.peers_touched = true;
                     }
                     Err(e) => {
                         self.peers.forget();
+                        self.peers_touched = true;
                         failures.push((STEP, e));
                         break;
                     }
                 }
             }
         }
+        self.tell_watch();
         if let Some(local) = self.local
             && let Some(peers) = self.peers.of(local.index)
         {

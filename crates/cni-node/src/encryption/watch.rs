@@ -1,18 +1,19 @@
 //! Hears of peers changed behind the agent's back. WireGuard's generic netlink family
 //! sends no notification when a peer is added, changed or removed, so a thread of the
-//! agent reads its device every [`INTERVAL`] (one dump over a socket of its own) and,
-//! when the device's keys, port or peers' allowed IPs differ from the read before,
-//! tells the reconciler to read the device again and wakes it: a peer deleted by hand
-//! is back within about a second, not at the next resync. The agent's own changes are
-//! seen the same way and cost one read of the device more.
+//! agent reads its device every [`INTERVAL`] (one dump over a socket of its own) and
+//! compares it with what the reconciler last said the device holds
+//! ([`PeersWatch::expect`]): when the two differ, it tells the reconciler to read the
+//! device again and wakes it, so a peer deleted by hand is back within about a second,
+//! not at the next resync. The agent's own changes are what it expects: they cost no
+//! read more.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use cni_linux::netlink::wireguard::{WgDevice, WgPeer, Wireguard};
+use cni_linux::netlink::wireguard::{WgDevice, Wireguard};
 use ipnetwork::IpNetwork;
 
 use crate::error::{Error, Result};
@@ -22,10 +23,14 @@ use crate::wake::Wake;
 /// which the kernel answers in a few milliseconds.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
-/// Whether the device changed since the reconciler last asked.
+/// What the reconciler and the watch tell each other of the device.
 #[derive(Debug, Default)]
 pub struct PeersWatch {
+    /// The device differs from what the reconciler holds: the next pass reads it.
     changed: AtomicBool,
+    /// The fingerprint of what the reconciler last said the device holds; `None`: it
+    /// does not know (then two reads that differ are a change).
+    expected: Mutex<Option<u64>>,
 }
 
 impl PeersWatch {
@@ -39,9 +44,25 @@ impl PeersWatch {
         self.changed.store(true, Ordering::SeqCst);
     }
 
-    /// The device reads as `now` after `before`: whether that is a change to act on.
+    /// The device holds what `fingerprint` says (`None`: the reconciler does not know).
+    pub fn expect(&self, fingerprint: Option<u64>) {
+        *self.expected.lock().unwrap_or_else(PoisonError::into_inner) = fingerprint;
+    }
+
+    /// What the reconciler last said the device holds.
+    pub fn expected(&self) -> Option<u64> {
+        *self.expected.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The device reads as `now`, after `before` (the watch's last read): whether that
+    /// is a change to act on. Against a known expectation, a device that differs from
+    /// it is, once per distinct reading (a difference the reconciler cannot mend is not
+    /// heard again every second); without one, a reading that differs from the last.
     fn heard(&self, before: Option<u64>, now: Option<u64>) -> bool {
-        let changed = before.is_some() && before != now;
+        let changed = match self.expected() {
+            Some(expected) => now.is_some() && now != Some(expected) && now != before,
+            None => before.is_some() && before != now,
+        };
         if changed {
             self.mark_changed();
         }
@@ -49,26 +70,43 @@ impl PeersWatch {
     }
 }
 
-/// What of a device the agent sets and a hand may change: its key, its port and each
-/// peer's key and allowed IPs (not endpoints, which WireGuard moves itself when a peer
-/// roams, nor handshakes and counters). A hash: the watch keeps 8 bytes however many
-/// peers there are, and a change it would miss by a collision (one in 2^64) is still
-/// repaired by the resync.
-fn fingerprint(device: &WgDevice) -> u64 {
-    let mut peers: Vec<&WgPeer> = device.peers.iter().collect();
-    peers.sort_unstable_by_key(|p| p.public_key);
+/// What of a device the agent sets and a hand may change: its public key, its port and
+/// each peer's key and allowed IPs (not endpoints, which WireGuard moves itself when a
+/// peer roams, nor handshakes and counters), in any order. A hash (peers combined
+/// without regard to order): the watch keeps 8 bytes however many peers there are, and
+/// a change it would miss by a collision (one in 2^64) is still repaired by the resync.
+pub fn fingerprint<'a>(
+    public_key: Option<&[u8; 32]>,
+    port: u16,
+    peers: impl Iterator<Item = (&'a [u8; 32], &'a [IpNetwork])>,
+) -> u64 {
     let mut hasher = DefaultHasher::new();
-    device.public_key.hash(&mut hasher);
-    device.listen_port.hash(&mut hasher);
+    public_key.hash(&mut hasher);
+    port.hash(&mut hasher);
+    let mut combined = hasher.finish();
     let mut ips: Vec<IpNetwork> = Vec::new();
-    for peer in peers {
-        peer.public_key.hash(&mut hasher);
+    for (key, allowed) in peers {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
         ips.clear();
-        ips.extend_from_slice(&peer.allowed_ips);
+        ips.extend_from_slice(allowed);
         ips.sort_unstable();
         ips.hash(&mut hasher);
+        // A sum, not a xor: two peers with one hash would cancel out in a xor.
+        combined = combined.wrapping_add(hasher.finish());
     }
-    hasher.finish()
+    combined
+}
+
+fn fingerprint_of(device: &WgDevice) -> u64 {
+    fingerprint(
+        device.public_key.as_ref(),
+        device.listen_port,
+        device
+            .peers
+            .iter()
+            .map(|p| (&p.public_key, p.allowed_ips.as_slice())),
+    )
 }
 
 /// Reads `device` every [`INTERVAL`] from a thread of its own; on a change, marks
@@ -89,9 +127,9 @@ pub fn watch_peers(device: String, watch: Arc<PeersWatch>, wake: Arc<Wake>) -> R
                 let now = handle
                     .as_mut()
                     .and_then(|wg| wg.device(&device).ok())
-                    .map(|d| fingerprint(&d));
+                    .map(|d| fingerprint_of(&d));
                 if watch.heard(last, now) {
-                    tracing::debug!("encryption: {device} changed: reading it again");
+                    tracing::debug!("encryption: {device} is not as the agent left it");
                     wake.notify();
                 }
                 last = now;
@@ -107,6 +145,7 @@ pub fn watch_peers(device: String, watch: Arc<PeersWatch>, wake: Arc<Wake>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cni_linux::netlink::wireguard::WgPeer;
 
     fn peer(n: u8, ips: &[&str]) -> WgPeer {
         WgPeer {
@@ -140,28 +179,31 @@ mod tests {
             peer(2, &["10.2.0.0/24"]),
             peer(1, &["fd00:1::/64", "10.1.0.0/24"]),
         ]);
-        assert_eq!(fingerprint(&both), fingerprint(&reordered));
+        assert_eq!(fingerprint_of(&both), fingerprint_of(&reordered));
         let mut busy = both.clone();
         busy.peers[0].endpoint = Some("192.0.2.7:51830".parse().unwrap());
         busy.peers[0].rx_bytes = 1 << 20;
         busy.peers[0].last_handshake = Some(std::time::SystemTime::now());
-        assert_eq!(fingerprint(&both), fingerprint(&busy));
+        assert_eq!(fingerprint_of(&both), fingerprint_of(&busy));
 
         let one_gone = device(vec![peer(1, &["10.1.0.0/24", "fd00:1::/64"])]);
-        assert_ne!(fingerprint(&both), fingerprint(&one_gone));
+        assert_ne!(fingerprint_of(&both), fingerprint_of(&one_gone));
         let moved = device(vec![
             peer(1, &["10.1.0.0/24"]),
             peer(2, &["10.2.0.0/24", "fd00:1::/64"]),
         ]);
-        assert_ne!(fingerprint(&both), fingerprint(&moved));
+        assert_ne!(fingerprint_of(&both), fingerprint_of(&moved));
         let mut other_port = both.clone();
         other_port.listen_port = 51831;
-        assert_ne!(fingerprint(&both), fingerprint(&other_port));
+        assert_ne!(fingerprint_of(&both), fingerprint_of(&other_port));
+        let twice = device(vec![peer(1, &["10.1.0.0/24"]), peer(1, &["10.1.0.0/24"])]);
+        assert_ne!(fingerprint_of(&twice), fingerprint_of(&device(Vec::new())));
     }
 
-    /// The first read is no change; a difference from the read before is, once.
+    /// Without an expectation, a reading that differs from the last is a change; the
+    /// first reading is not.
     #[test]
-    fn a_change_is_heard_against_the_read_before_and_taken_once() {
+    fn without_an_expectation_a_change_is_heard_against_the_read_before() {
         let watch = PeersWatch::default();
         assert!(!watch.heard(None, Some(1)));
         assert!(!watch.heard(Some(1), Some(1)));
@@ -170,5 +212,26 @@ mod tests {
         assert!(watch.heard(Some(2), None), "the device gone");
         assert!(watch.take_changed());
         assert!(!watch.take_changed(), "taken once");
+    }
+
+    /// With one, what the reconciler expects is no change however it came about (the
+    /// agent's own writes), anything else is, once per reading.
+    #[test]
+    fn with_an_expectation_only_a_device_that_differs_from_it_is_a_change() {
+        let watch = PeersWatch::default();
+        watch.expect(Some(7));
+        assert!(!watch.heard(Some(1), Some(7)), "the agent's own change");
+        assert!(!watch.heard(Some(7), Some(7)));
+        assert!(watch.heard(Some(7), Some(8)), "a peer removed by hand");
+        assert!(watch.take_changed());
+        assert!(
+            !watch.heard(Some(8), Some(8)),
+            "heard once, not every second"
+        );
+        assert!(watch.heard(Some(8), Some(9)));
+        assert!(
+            !watch.heard(Some(9), None),
+            "a missing device: its link says so"
+        );
     }
 }
