@@ -167,6 +167,7 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
     // named ports, which ingress rules resolve against the subject pod): cut once.
     let mut cut_for: HashMap<ProfileKey, Option<Arc<Vec<VerdictBox>>>> = HashMap::new();
     let mut painted_rule: HashMap<(RuleRef, bool), Painted> = HashMap::new();
+    let peers = PeerIndex::new(tiered);
     for pod in view
         .pods
         .values()
@@ -227,13 +228,13 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                         // Only an ingress rule's named ports depend on the subject pod;
                         // any other rule paints the same for every pod: once a pass.
                         if ingress && has_named_port(rule) {
-                            painted.push(paint(tiered, pod, ingress, rule, reference));
+                            painted.push(paint(&peers, pod, ingress, rule, reference));
                             continue;
                         }
                         let key = (reference.clone(), ingress);
                         let done = painted_rule
                             .entry(key)
-                            .or_insert_with(|| paint(tiered, pod, ingress, rule, reference));
+                            .or_insert_with(|| paint(&peers, pod, ingress, rule, reference));
                         painted.push(done.clone());
                     }
                 }
@@ -264,7 +265,7 @@ fn has_named_port(rule: &ClusterRule) -> bool {
 
 /// The rectangles a rule matches for `pod` (the subject) in one direction.
 fn paint(
-    tiered: &TieredView<'_>,
+    peers: &PeerIndex<'_, '_>,
     pod: &PodInfo,
     ingress: bool,
     rule: &ClusterRule,
@@ -290,7 +291,7 @@ fn paint(
                 v6s.push((range, keys));
             }
         };
-        rule_rects(tiered, pod, ingress, rule, &mut push);
+        rule_rects(peers, pod, ingress, rule, &mut push);
     }
     Painted {
         v4: merged(v4s),
@@ -321,7 +322,7 @@ fn merged(mut rects: Vec<Rect>) -> Vec<Rect> {
 
 /// The rectangles of a rule that did not fail closed.
 fn rule_rects(
-    tiered: &TieredView<'_>,
+    peers: &PeerIndex<'_, '_>,
     pod: &PodInfo,
     ingress: bool,
     rule: &ClusterRule,
@@ -351,8 +352,10 @@ fn rule_rects(
             ClusterPort::Numbers { .. } => None,
         })
         .collect();
-    let view = tiered.view;
-    let ranges = peer_ranges(tiered, &rule.peers);
+    let mut ranges: Vec<(bool, (u128, u128))> = Vec::new();
+    for peer in &rule.peers {
+        ranges.extend_from_slice(&peers.ranges(peer));
+    }
     for &(v4, range) in &ranges {
         for keys in &keys {
             push(range, v4, *keys);
@@ -374,55 +377,102 @@ fn rule_rects(
             }
         }
     } else {
-        // The destination is the peer: each pod's own named ports, at its addresses
-        // the peers hold.
-        for peer_pod in view.pods.values().filter(|p| !p.host_network) {
-            let ports: Vec<u32> = peer_pod
-                .named_ports
-                .iter()
-                .filter(|n| named.contains(&n.name.as_str()))
-                .map(|n| key(n.protocol, n.port))
-                .collect();
-            if ports.is_empty() {
-                continue;
-            }
-            for ip in view.ips(peer_pod) {
-                // The model resolves a named port against the pod that holds the
-                // address; an address another pod holds is that one's.
-                let held = view.pod_at(ip).is_some_and(|p| p.key() == peer_pod.key());
-                if !held || !rule.peers.iter().any(|peer| tiered.peer_holds(peer, ip)) {
-                    continue;
-                }
+        // The destination is the peer: each pod's own named ports at the addresses it
+        // holds (the model resolves a named port against the pod that holds the
+        // address) that the peers hold.
+        for peer in &rule.peers {
+            peers.for_each_held(peer, |ip, peer_pod| {
                 let n = to_u128(ip);
-                for k in &ports {
-                    push((n, n), ip.is_ipv4(), (*k, *k));
+                for port in peer_pod
+                    .named_ports
+                    .iter()
+                    .filter(|n| named.contains(&n.name.as_str()))
+                {
+                    let k = key(port.protocol, port.port);
+                    push((n, n), ip.is_ipv4(), (k, k));
                 }
-            }
+            });
         }
     }
 }
 
-/// The address ranges the peers hold, per family (`true`: IPv4).
-fn peer_ranges(tiered: &TieredView<'_>, peers: &[ClusterPeer]) -> Vec<(bool, (u128, u128))> {
-    let view = tiered.view;
-    let mut out = Vec::new();
-    for peer in peers {
+/// The addresses pods hold grouped by namespace, and the address ranges of each
+/// distinct peer, made once a pass: the rules of many policies share their peers, and
+/// a namespace's labels are matched once per peer instead of once per pod.
+struct PeerIndex<'t, 'a> {
+    tiered: &'t TieredView<'a>,
+    /// Namespace -> the addresses its pods hold, with the pods.
+    by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>>,
+    /// Peer -> the address ranges it holds, per family (`true`: IPv4), merged.
+    ranges: std::cell::RefCell<HashMap<ClusterPeer, Arc<Vec<(bool, (u128, u128))>>>>,
+}
+
+impl<'t, 'a> PeerIndex<'t, 'a> {
+    fn new(tiered: &'t TieredView<'a>) -> Self {
+        let mut by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>> = BTreeMap::new();
+        for (ip, pod) in tiered.view.held() {
+            by_namespace
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push((ip, pod));
+        }
+        Self {
+            tiered,
+            by_namespace,
+            ranges: std::cell::RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Calls `f` with every address a pod holds that `peer` holds, and that pod: what
+    /// [`TieredView::peer_holds`] says of every held address.
+    fn for_each_held(&self, peer: &ClusterPeer, mut f: impl FnMut(IpAddr, &PodInfo)) {
+        let view = self.tiered.view;
         match peer {
-            ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
-                for pod in view.pods.values().filter(|p| !p.host_network) {
-                    for ip in view.ips(pod) {
-                        if tiered.peer_holds(peer, ip) {
-                            let n = to_u128(ip);
-                            out.push((ip.is_ipv4(), (n, n)));
-                        }
+            ClusterPeer::Namespaces(namespaces) => {
+                for (name, held) in &self.by_namespace {
+                    if view.namespace_selected(name, namespaces) {
+                        held.iter().for_each(|(ip, pod)| f(*ip, pod));
                     }
                 }
+            }
+            ClusterPeer::Pods { namespaces, pods } => {
+                for (name, held) in &self.by_namespace {
+                    if view.namespace_selected(name, namespaces) {
+                        held.iter()
+                            .filter(|(_, pod)| pods.matches(&pod.labels))
+                            .for_each(|(ip, pod)| f(*ip, pod));
+                    }
+                }
+            }
+            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames => {
+                for held in self.by_namespace.values() {
+                    held.iter()
+                        .filter(|(ip, _)| self.tiered.peer_holds(peer, *ip))
+                        .for_each(|(ip, pod)| f(*ip, pod));
+                }
+            }
+        }
+    }
+
+    /// The address ranges `peer` holds, per family (`true`: IPv4).
+    fn ranges(&self, peer: &ClusterPeer) -> Arc<Vec<(bool, (u128, u128))>> {
+        if let Some(done) = self.ranges.borrow().get(peer) {
+            return Arc::clone(done);
+        }
+        let mut out = Vec::new();
+        match peer {
+            ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
+                self.for_each_held(peer, |ip, _| {
+                    let n = to_u128(ip);
+                    out.push((ip.is_ipv4(), (n, n)));
+                });
             }
             ClusterPeer::Networks(networks) => {
                 out.extend(networks.iter().map(|n| (n.is_ipv4(), bounds(*n))));
             }
             ClusterPeer::Nodes(selector) => {
-                for node in tiered
+                for node in self
+                    .tiered
                     .nodes
                     .values()
                     .filter(|n| selector.matches(&n.labels))
@@ -435,8 +485,25 @@ fn peer_ranges(tiered: &TieredView<'_>, peers: &[ClusterPeer]) -> Vec<(bool, (u1
             }
             ClusterPeer::DomainNames => {}
         }
+        // Fewer ranges, the same addresses: neighbouring pods are one range.
+        out.sort_unstable();
+        let mut merged_ranges: Vec<(bool, (u128, u128))> = Vec::with_capacity(out.len());
+        for (v4, (first, last)) in out {
+            match merged_ranges.last_mut() {
+                Some((last_v4, range))
+                    if *last_v4 == v4 && range.1.checked_add(1).is_none_or(|n| n >= first) =>
+                {
+                    range.1 = range.1.max(last);
+                }
+                _ => merged_ranges.push((v4, (first, last))),
+            }
+        }
+        let done = Arc::new(merged_ranges);
+        self.ranges
+            .borrow_mut()
+            .insert(peer.clone(), Arc::clone(&done));
+        done
     }
-    out
 }
 
 fn rects(p: &Painted, v4: bool) -> &[Rect] {

@@ -464,4 +464,173 @@ mod tests {
         assert_eq!(after.0.ingress_profiles.keys().collect::<Vec<_>>(), [a]);
         assert_ne!(after.0.ingress_profiles[a], before.0.ingress_profiles[a]);
     }
+
+    /// The shape of the policy-scale benchmark's ClusterNetworkPolicy run (10,000 pods
+    /// over 100 nodes, 100 namespaces, 100 policies of up to 25 ingress rules), timed in
+    /// process: `cargo test -p cni-node --release --lib scale_compile -- --ignored
+    /// --nocapture`. It prints the figures and asserts nothing of them.
+    #[test]
+    #[ignore = "a timing aid, not a test"]
+    fn scale_compile() {
+        use serde_json::json;
+        const ENVS: [&str; 3] = ["prod", "staging", "dev"];
+        let namespaces: BTreeMap<String, super::super::selector::Labels> = (0..100u32)
+            .map(|j| {
+                let purpose = match j {
+                    0 => "dns",
+                    99 => "monitoring",
+                    _ => "apps",
+                };
+                let labels = [
+                    ("team", format!("team-{}", j % 10)),
+                    ("env", ENVS[(j % 3) as usize].to_owned()),
+                    ("purpose", purpose.to_owned()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+                (format!("ns-{j:02}"), labels)
+            })
+            .collect();
+        let mut pods = BTreeMap::new();
+        let mut records = BTreeMap::new();
+        for node in 0..100u32 {
+            for slot in 0..100u32 {
+                let g = node * 100 + slot;
+                let ip = format!("10.100.{node}.{}", slot + 2);
+                let tiers = ["web", "api", "db"];
+                let slim: super::super::objects::SlimPod = serde_json::from_value(json!({
+                    "metadata": {"namespace": format!("ns-{:02}", (slot + node) % 100),
+                                 "name": format!("app-{}-5d8f7c9b4-{g:05}", g % 10),
+                                 "labels": {"app": format!("app-{}", g % 10),
+                                            "tier": tiers[(g % 3) as usize],
+                                            "pod-template-hash": "5d8f7c9b4"}},
+                    "spec": {"nodeName": format!("np-{node}"), "containers": [{"ports": [
+                        {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                        {"name": "grpc", "containerPort": 9090},
+                        {"name": "http", "containerPort": 8080},
+                        {"name": "metrics", "containerPort": 9100}]}]},
+                    "status": {"podIPs": [{"ip": ip}]},
+                }))
+                .unwrap();
+                let info = super::super::objects::PodInfo::from_slim(&slim);
+                if node == 0 {
+                    records.insert(ip.parse().unwrap(), info.key());
+                }
+                pods.insert(info.key(), info);
+            }
+        }
+        let policies: BTreeMap<String, ClusterPolicyInfo> = (0..100u32)
+            .map(|k| {
+                let (name, spec) = scale_policy(k);
+                (name.clone(), ClusterPolicyInfo::read(&name, &spec))
+            })
+            .collect();
+        let snapshot = Snapshot {
+            pods: Arc::new(pods),
+            namespaces: Arc::new(namespaces),
+            policies: Arc::new(policies),
+        };
+        let nodes = BTreeMap::new();
+        let context = CompileContext {
+            node: "np-0",
+            records: &records,
+            share_from: 16,
+            nodes: &nodes,
+        };
+        for round in 0..1 {
+            let started = std::time::Instant::now();
+            let no_policies = BTreeMap::new();
+            let view = View::with_records(
+                &snapshot.pods,
+                &snapshot.namespaces,
+                &no_policies,
+                records.clone(),
+            );
+            let node_peers = BTreeMap::new();
+            let tiered = TieredView::new(&view, &snapshot.policies, &node_peers);
+            let boxes = super::super::cluster_compile::compile(&tiered, "np-0").boxes();
+            println!(
+                "round {round}: boxes {:.1} ms: {boxes} boxes",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            let started = std::time::Instant::now();
+            let (admin, baseline) = compile(&snapshot, context);
+            println!(
+                "round {round}: compile {:.1} ms: admin {} pods {} boxes, baseline {} pods {} boxes",
+                started.elapsed().as_secs_f64() * 1e3,
+                admin.pods(),
+                admin.boxes(),
+                baseline.pods(),
+                baseline.boxes()
+            );
+        }
+    }
+
+    /// The benchmark's ClusterNetworkPolicy `k`.
+    fn scale_policy(k: u32) -> (String, serde_json::Value) {
+        use serde_json::json;
+        let admin = k.is_multiple_of(2);
+        let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
+        let actions: &[&str] = if admin {
+            &["Deny", "Accept", "Pass"]
+        } else {
+            &["Deny", "Accept"]
+        };
+        let rule = |r: u32, way: &str| {
+            let peer = match r % 4 {
+                0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
+                1 => json!({"pods": {
+                    "namespaceSelector": {"matchLabels": {"team": team(r)}},
+                    "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
+                }}),
+                2 if way == "to" => json!({"networks": [
+                    format!("203.0.113.{}/32", r % 256),
+                    "198.51.100.0/24",
+                    format!("2001:db8::{r:x}/128"),
+                ]}),
+                2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
+                _ => json!({"namespaces": {"matchExpressions": [
+                    {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
+                ]}}),
+            };
+            let mut rule = json!({
+                "name": format!("rule-{r}"),
+                "action": actions[(r % actions.len() as u32) as usize],
+                way: [peer],
+            });
+            match r % 5 {
+                0 => {}
+                1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": 8080}}}]),
+                2 => {
+                    rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
+                        "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
+                }
+                3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
+                _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
+            }
+            rule
+        };
+        let ingress: Vec<serde_json::Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
+        let egress: Vec<serde_json::Value> =
+            (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
+        let subject = if k.is_multiple_of(5) {
+            json!({"namespaces": {}})
+        } else {
+            json!({"namespaces": {"matchLabels": {"env": ENVS_OF_POLICY[(k % 3) as usize]}}})
+        };
+        let name = format!("{}-{k}", if admin { "admin" } else { "baseline" });
+        (
+            name,
+            json!({
+                "tier": if admin { "Admin" } else { "Baseline" },
+                "priority": (k / 2 * 20 + k % 20) % 1000,
+                "subject": subject,
+                "ingress": ingress,
+                "egress": egress,
+            }),
+        )
+    }
+
+    const ENVS_OF_POLICY: [&str; 3] = ["prod", "staging", "dev"];
 }
