@@ -18,7 +18,7 @@
 //! the datapath loads; the boxes are checked against [`super::cluster_model`] on random
 //! clusters.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -526,16 +526,24 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
         })
         .collect();
     starts.sort_unstable_by_key(|r| r.0);
-    let mut address_cuts = BTreeSet::new();
+    let mut address_cuts: Vec<u128> = Vec::with_capacity(starts.len() * 2);
     for &(a0, a1, _, _) in &starts {
-        address_cuts.insert(a0);
+        address_cuts.push(a0);
         if let Some(next) = a1.checked_add(1) {
-            address_cuts.insert(next);
+            address_cuts.push(next);
         }
     }
-    let address_cuts: Vec<u128> = address_cuts.into_iter().collect();
+    address_cuts.sort_unstable();
+    address_cuts.dedup();
     let last_address = if v4 { u128::from(u32::MAX) } else { u128::MAX };
-    let mut rows: Vec<((u128, u128), Row)> = Vec::new();
+    // Address intervals with their row, an index into `distinct`.
+    let mut rows: Vec<((u128, u128), usize)> = Vec::new();
+    // A row depends only on which rectangles cover the interval (their rules and keys,
+    // in rule order), and the addresses of one namespace's pods are covered alike: each
+    // such set is resolved once.
+    let mut distinct: Vec<Row> = Vec::new();
+    let mut row_of: HashMap<Vec<(usize, (u32, u32))>, usize> = HashMap::new();
+    let mut covering: Vec<(usize, (u32, u32))> = Vec::new();
     // Rectangles covering the current interval: (last address, rule, keys), in rule order.
     let mut active: Vec<(u128, usize, (u32, u32))> = Vec::new();
     let mut next_start = 0;
@@ -553,13 +561,26 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
             }
             next_start += 1;
         }
-        let row = first_match_row(&active);
-        if row.is_empty() {
+        if active.is_empty() {
+            continue;
+        }
+        covering.clear();
+        covering.extend(active.iter().map(|(_, rule, keys)| (*rule, *keys)));
+        let row = match row_of.get(&covering) {
+            Some(row) => *row,
+            None => {
+                distinct.push(first_match_row(&active));
+                row_of.insert(covering.clone(), distinct.len() - 1);
+                distinct.len() - 1
+            }
+        };
+        if distinct[row].is_empty() {
             continue;
         }
         match rows.last_mut() {
             Some((last, last_row))
-                if *last_row == row && last.1.checked_add(1) == Some(addresses.0) =>
+                if (*last_row == row || distinct[*last_row] == distinct[row])
+                    && last.1.checked_add(1) == Some(addresses.0) =>
             {
                 last.1 = addresses.1;
             }
@@ -568,7 +589,7 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
     }
     rows.into_iter()
         .flat_map(|(addresses, row)| {
-            row.into_iter().map(move |(keys, rule)| VerdictBox {
+            distinct[row].iter().map(move |&(keys, rule)| VerdictBox {
                 v4,
                 addresses,
                 keys,

@@ -140,8 +140,8 @@ impl Stores {
 pub struct TierVerdict {
     /// The peers, protocols and destination ports.
     pub peers: Allow,
-    /// The tier, policy, rule, direction and verdict.
-    pub origin: VerdictOrigin,
+    /// The tier, policy, rule, direction and verdict (shared by the boxes of a rule).
+    pub origin: Arc<VerdictOrigin>,
 }
 
 /// What one tier (Admin or Baseline) wants of the kernel on this node: which local pod
@@ -254,6 +254,7 @@ fn fill(
 ) {
     // Pods that share their boxes (the same `Arc`) share their profile: converted once.
     let mut named: HashMap<*const Vec<VerdictBox>, String> = HashMap::new();
+    let mut origins: Origins = HashMap::new();
     for (ip, boxes) in table {
         if boxes.is_empty() {
             continue;
@@ -265,7 +266,7 @@ fn fill(
         let mut deciding: Vec<&str> = boxes.iter().map(|b| b.rule.policy.as_str()).collect();
         deciding.sort_unstable();
         deciding.dedup();
-        let verdicts = tier_verdicts(tier, direction, boxes, policies);
+        let verdicts = tier_verdicts(tier, direction, boxes, policies, &mut origins);
         let base = profile_name(&[
             &format!("{tier:?}"),
             direction.as_str(),
@@ -290,15 +291,27 @@ fn fill(
     }
 }
 
+/// The origin of each (policy, rule index, verdict) of one tier and direction, made
+/// once: the boxes of a rule share it.
+type Origins = HashMap<String, HashMap<(usize, Action), Arc<VerdictOrigin>>>;
+
 /// The boxes of one pod as the firewall's boxes, each with its origin; sorted.
 fn tier_verdicts(
     tier: Tier,
     direction: Direction,
     boxes: &[VerdictBox],
     policies: &BTreeMap<String, ClusterPolicyInfo>,
+    origins: &mut Origins,
 ) -> Vec<TierVerdict> {
-    let mut out = Vec::new();
-    for b in boxes {
+    let mut out = Vec::with_capacity(boxes.len());
+    let mut made = |b: &VerdictBox| -> Arc<VerdictOrigin> {
+        let key = (b.rule.index, b.verdict);
+        if let Some(origin) = origins
+            .get(b.rule.policy.as_str())
+            .and_then(|o| o.get(&key))
+        {
+            return Arc::clone(origin);
+        }
         let rules = policies.get(&b.rule.policy).map(|p| match direction {
             Direction::Ingress => &p.ingress,
             Direction::Egress => &p.egress,
@@ -308,7 +321,7 @@ fn tier_verdicts(
             .map(|r| r.name.clone())
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| format!("{}[{}]", direction.as_str(), b.rule.index));
-        let origin = VerdictOrigin {
+        let origin = Arc::new(VerdictOrigin {
             tier,
             policy: b.rule.policy.clone(),
             rule,
@@ -318,7 +331,15 @@ fn tier_verdicts(
                 Action::Deny => Verdict::Deny,
                 Action::Pass => Verdict::Pass,
             },
-        };
+        });
+        origins
+            .entry(b.rule.policy.clone())
+            .or_default()
+            .insert(key, Arc::clone(&origin));
+        origin
+    };
+    for b in boxes {
+        let origin = made(b);
         let (first, last) = (
             from_u128(b.addresses.0, b.v4),
             from_u128(b.addresses.1, b.v4),
@@ -331,7 +352,7 @@ fn tier_verdicts(
                     protocols,
                     ports,
                 },
-                origin: origin.clone(),
+                origin: Arc::clone(&origin),
             });
         }
     }

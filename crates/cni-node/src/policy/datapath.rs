@@ -12,7 +12,7 @@
 //! ([`SharedVerdictNames`]). A tier that waits keeps what the kernel holds for it; a
 //! tier that is off holds nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cni_firewall::network_policy::{
     self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
@@ -129,15 +129,24 @@ fn action(origin: &VerdictOrigin) -> VerdictAction {
 struct Building {
     state: PolicyState,
     origins: BTreeMap<String, VerdictOrigin>,
+    /// The chain of each origin met so far: a tier's boxes share a few hundred origins
+    /// among hundreds of thousands of boxes, and a name costs a hash.
+    chain_of: HashMap<VerdictOrigin, String>,
 }
 
 impl Building {
-    fn chain(&mut self, origin: VerdictOrigin) -> String {
+    fn chain(&mut self, origin: &VerdictOrigin) -> String {
+        if let Some(name) = self.chain_of.get(origin) {
+            return name.clone();
+        }
         let name = origin.chain();
         self.state
             .verdict_chains
-            .insert(name.clone(), action(&origin));
-        self.origins.entry(name.clone()).or_insert(origin);
+            .insert(name.clone(), action(origin));
+        self.origins
+            .entry(name.clone())
+            .or_insert_with(|| origin.clone());
+        self.chain_of.insert(origin.clone(), name.clone());
         name
     }
 
@@ -157,7 +166,7 @@ impl Building {
                     .iter()
                     .map(|b| TierBox {
                         peers: b.peers.clone(),
-                        chain: self.chain(b.origin.clone()),
+                        chain: self.chain(&b.origin),
                     })
                     .collect();
                 into.insert(name.clone(), TierProfile { boxes });
@@ -207,8 +216,8 @@ impl Building {
                     verdict,
                 };
                 let verdicts = ProfileVerdicts {
-                    allow: self.chain(origin("allow", Verdict::Accept)),
-                    deny: self.chain(origin("default-deny", Verdict::Deny)),
+                    allow: self.chain(&origin("allow", Verdict::Accept)),
+                    deny: self.chain(&origin("default-deny", Verdict::Deny)),
                 };
                 let profiles = match direction {
                     Direction::Ingress => &mut self.state.ingress_profiles,
@@ -384,7 +393,7 @@ mod tests {
             "e1".into(),
             vec![TierVerdict {
                 peers: Allow::all_traffic(ip("10.0.0.0"), ip("10.0.0.255")),
-                origin,
+                origin: std::sync::Arc::new(origin),
             }],
         );
         want
