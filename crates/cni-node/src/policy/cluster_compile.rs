@@ -39,8 +39,8 @@ fn key(protocol: u8, port: u16) -> u32 {
 /// The rule a box's verdict comes from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RuleRef {
-    /// The policy's name.
-    pub policy: String,
+    /// The policy's name (shared by the boxes of its rules).
+    pub policy: Arc<str>,
     /// The rule's index in the policy's list for the direction.
     pub index: usize,
 }
@@ -220,9 +220,10 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                     } else {
                         &policy.egress
                     };
+                    let name: Arc<str> = Arc::from(policy.name.as_str());
                     for (index, rule) in rules.iter().enumerate() {
                         let reference = RuleRef {
-                            policy: policy.name.clone(),
+                            policy: Arc::clone(&name),
                             index,
                         };
                         // Only an ingress rule's named ports depend on the subject pod;
@@ -863,7 +864,7 @@ mod tests {
 
     fn model_answer(d: &Decision) -> (Option<Tier>, bool, Option<RuleRef>, Vec<RuleRef>) {
         let reference = |r: &crate::policy::cluster_model::RuleMatch| RuleRef {
-            policy: r.policy.clone(),
+            policy: r.policy.as_str().into(),
             index: r.index,
         };
         (

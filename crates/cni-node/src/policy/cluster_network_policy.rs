@@ -263,7 +263,7 @@ fn fill(
             pods.insert(*ip, name.clone());
             continue;
         }
-        let mut deciding: Vec<&str> = boxes.iter().map(|b| b.rule.policy.as_str()).collect();
+        let mut deciding: Vec<&str> = boxes.iter().map(|b| &*b.rule.policy).collect();
         deciding.sort_unstable();
         deciding.dedup();
         let verdicts = tier_verdicts(tier, direction, boxes, policies, &mut origins);
@@ -306,13 +306,10 @@ fn tier_verdicts(
     let mut out = Vec::with_capacity(boxes.len());
     let mut made = |b: &VerdictBox| -> Arc<VerdictOrigin> {
         let key = (b.rule.index, b.verdict);
-        if let Some(origin) = origins
-            .get(b.rule.policy.as_str())
-            .and_then(|o| o.get(&key))
-        {
+        if let Some(origin) = origins.get(&*b.rule.policy).and_then(|o| o.get(&key)) {
             return Arc::clone(origin);
         }
-        let rules = policies.get(&b.rule.policy).map(|p| match direction {
+        let rules = policies.get(&*b.rule.policy).map(|p| match direction {
             Direction::Ingress => &p.ingress,
             Direction::Egress => &p.egress,
         });
@@ -323,7 +320,7 @@ fn tier_verdicts(
             .unwrap_or_else(|| format!("{}[{}]", direction.as_str(), b.rule.index));
         let origin = Arc::new(VerdictOrigin {
             tier,
-            policy: b.rule.policy.clone(),
+            policy: b.rule.policy.to_string(),
             rule,
             direction,
             verdict: match b.verdict {
@@ -333,7 +330,7 @@ fn tier_verdicts(
             },
         });
         origins
-            .entry(b.rule.policy.clone())
+            .entry(b.rule.policy.to_string())
             .or_default()
             .insert(key, Arc::clone(&origin));
         origin
@@ -559,7 +556,7 @@ mod tests {
             share_from: 16,
             nodes: &nodes,
         };
-        for round in 0..1 {
+        for round in 0..3 {
             let started = std::time::Instant::now();
             let no_policies = BTreeMap::new();
             let view = View::with_records(
