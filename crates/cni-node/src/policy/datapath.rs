@@ -13,6 +13,7 @@
 //! tier that is off holds nothing.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cni_firewall::network_policy::{
     self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
@@ -131,13 +132,13 @@ struct Building {
     origins: BTreeMap<String, VerdictOrigin>,
     /// The chain of each origin met so far: a tier's boxes share a few hundred origins
     /// among hundreds of thousands of boxes, and a name costs a hash.
-    chain_of: HashMap<VerdictOrigin, String>,
+    chain_of: HashMap<VerdictOrigin, Arc<str>>,
 }
 
 impl Building {
-    fn chain(&mut self, origin: &VerdictOrigin) -> String {
+    fn chain(&mut self, origin: &VerdictOrigin) -> Arc<str> {
         if let Some(name) = self.chain_of.get(origin) {
-            return name.clone();
+            return Arc::clone(name);
         }
         let name = origin.chain();
         self.state
@@ -146,7 +147,8 @@ impl Building {
         self.origins
             .entry(name.clone())
             .or_insert_with(|| origin.clone());
-        self.chain_of.insert(origin.clone(), name.clone());
+        let name: Arc<str> = name.into();
+        self.chain_of.insert(origin.clone(), Arc::clone(&name));
         name
     }
 
@@ -216,8 +218,10 @@ impl Building {
                     verdict,
                 };
                 let verdicts = ProfileVerdicts {
-                    allow: self.chain(&origin("allow", Verdict::Accept)),
-                    deny: self.chain(&origin("default-deny", Verdict::Deny)),
+                    allow: self.chain(&origin("allow", Verdict::Accept)).to_string(),
+                    deny: self
+                        .chain(&origin("default-deny", Verdict::Deny))
+                        .to_string(),
                 };
                 let profiles = match direction {
                     Direction::Ingress => &mut self.state.ingress_profiles,
@@ -424,7 +428,7 @@ mod tests {
         );
         assert_eq!(origins.len(), 2);
         assert_eq!(
-            state.admin.egress_profiles["e1"].boxes[0].chain,
+            *state.admin.egress_profiles["e1"].boxes[0].chain,
             pass.chain()
         );
 
