@@ -166,7 +166,7 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
     // Pods that the same policies select get the same boxes (for ingress, also the same
     // named ports, which ingress rules resolve against the subject pod): cut once.
     let mut cut_for: HashMap<ProfileKey, Option<Arc<Vec<VerdictBox>>>> = HashMap::new();
-    let mut painted_rule: HashMap<(RuleRef, bool), Painted> = HashMap::new();
+    let mut painted_rule: HashMap<(RuleRef, bool), Arc<Painted>> = HashMap::new();
     let peers = PeerIndex::new(tiered);
     for pod in view
         .pods
@@ -213,7 +213,7 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                     }
                     continue;
                 }
-                let mut painted: Vec<Painted> = Vec::new();
+                let mut painted: Vec<Arc<Painted>> = Vec::new();
                 for policy in &policies {
                     let rules = if ingress {
                         &policy.ingress
@@ -229,14 +229,14 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                         // Only an ingress rule's named ports depend on the subject pod;
                         // any other rule paints the same for every pod: once a pass.
                         if ingress && has_named_port(rule) {
-                            painted.push(paint(&peers, pod, ingress, rule, reference));
+                            painted.push(Arc::new(paint(&peers, pod, ingress, rule, reference)));
                             continue;
                         }
                         let key = (reference.clone(), ingress);
-                        let done = painted_rule
-                            .entry(key)
-                            .or_insert_with(|| paint(&peers, pod, ingress, rule, reference));
-                        painted.push(done.clone());
+                        let done = painted_rule.entry(key).or_insert_with(|| {
+                            Arc::new(paint(&peers, pod, ingress, rule, reference))
+                        });
+                        painted.push(Arc::clone(done));
                     }
                 }
                 if painted.is_empty() {
@@ -515,7 +515,7 @@ fn rects(p: &Painted, v4: bool) -> &[Rect] {
 /// rectangles that cover the current address interval (in rule order), each interval's
 /// key intervals decided by the first of them that covers each, and equal neighbouring
 /// rows merged.
-fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
+fn cut(painted: &[Arc<Painted>], v4: bool) -> Vec<VerdictBox> {
     // (first address, last address, rule, keys), by first address.
     let mut starts: Vec<(u128, u128, usize, (u32, u32))> = painted
         .iter()

@@ -164,11 +164,26 @@ impl Building {
             (&want.egress_profiles, &mut out.egress_profiles),
         ] {
             for (name, boxes) in profiles {
+                // The boxes of a rule share their origin (one `Arc`, alive as long as
+                // `want`): looked up by its address first, which spares hashing the
+                // origin's strings per box.
+                let mut by_address: HashMap<*const VerdictOrigin, Arc<str>> = HashMap::new();
                 let boxes = boxes
                     .iter()
-                    .map(|b| TierBox {
-                        peers: b.peers.clone(),
-                        chain: self.chain(&b.origin),
+                    .map(|b| {
+                        let address = Arc::as_ptr(&b.origin);
+                        let chain = match by_address.get(&address) {
+                            Some(chain) => Arc::clone(chain),
+                            None => {
+                                let chain = self.chain(&b.origin);
+                                by_address.insert(address, Arc::clone(&chain));
+                                chain
+                            }
+                        };
+                        TierBox {
+                            peers: b.peers.clone(),
+                            chain,
+                        }
                     })
                     .collect();
                 into.insert(name.clone(), TierProfile { boxes });
