@@ -139,6 +139,12 @@ type Row = Vec<((u32, u32), usize)>;
 /// A rectangle of one family: addresses × keys, inclusive.
 type Rect = ((u128, u128), (u32, u32));
 
+/// The address ranges a peer holds, per family (`true`: IPv4).
+type PeerRanges = Vec<(bool, (u128, u128))>;
+
+/// The rectangles that cover an address interval, as (rule, keys), in rule order.
+type Covering = Vec<(usize, (u32, u32))>;
+
 /// What a pod's boxes in one tier and direction depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ProfileKey {
@@ -405,7 +411,7 @@ struct PeerIndex<'t, 'a> {
     /// Namespace -> the addresses its pods hold, with the pods.
     by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>>,
     /// Peer -> the address ranges it holds, per family (`true`: IPv4), merged.
-    ranges: std::cell::RefCell<HashMap<ClusterPeer, Arc<Vec<(bool, (u128, u128))>>>>,
+    ranges: std::cell::RefCell<HashMap<ClusterPeer, Arc<PeerRanges>>>,
 }
 
 impl<'t, 'a> PeerIndex<'t, 'a> {
@@ -456,7 +462,7 @@ impl<'t, 'a> PeerIndex<'t, 'a> {
     }
 
     /// The address ranges `peer` holds, per family (`true`: IPv4).
-    fn ranges(&self, peer: &ClusterPeer) -> Arc<Vec<(bool, (u128, u128))>> {
+    fn ranges(&self, peer: &ClusterPeer) -> Arc<PeerRanges> {
         if let Some(done) = self.ranges.borrow().get(peer) {
             return Arc::clone(done);
         }
@@ -543,8 +549,8 @@ fn cut(painted: &[Arc<Painted>], v4: bool) -> Vec<VerdictBox> {
     // in rule order), and the addresses of one namespace's pods are covered alike: each
     // such set is resolved once.
     let mut distinct: Vec<Row> = Vec::new();
-    let mut row_of: HashMap<Vec<(usize, (u32, u32))>, usize> = HashMap::new();
-    let mut covering: Vec<(usize, (u32, u32))> = Vec::new();
+    let mut row_of: HashMap<Covering, usize> = HashMap::new();
+    let mut covering: Covering = Vec::new();
     // Rectangles covering the current interval: (last address, rule, keys), in rule order.
     let mut active: Vec<(u128, usize, (u32, u32))> = Vec::new();
     let mut next_start = 0;
