@@ -152,21 +152,29 @@ impl Building {
         name
     }
 
-    /// A ClusterNetworkPolicy tier's profiles and pods.
-    fn tier(&mut self, want: &TierWant) -> TierState {
+    /// A ClusterNetworkPolicy tier's profiles and pods. Takes the tier's want, so that
+    /// each profile's boxes are freed once converted: the two copies of every box are
+    /// never held at once.
+    fn tier(&mut self, want: TierWant) -> TierState {
+        let TierWant {
+            ingress,
+            egress,
+            ingress_profiles,
+            egress_profiles,
+        } = want;
         let mut out = TierState {
-            ingress: want.ingress.clone(),
-            egress: want.egress.clone(),
+            ingress,
+            egress,
             ..TierState::default()
         };
         for (profiles, into) in [
-            (&want.ingress_profiles, &mut out.ingress_profiles),
-            (&want.egress_profiles, &mut out.egress_profiles),
+            (ingress_profiles, &mut out.ingress_profiles),
+            (egress_profiles, &mut out.egress_profiles),
         ] {
             for (name, boxes) in profiles {
                 // The boxes of a rule share their origin (one `Arc`, alive as long as
-                // `want`): looked up by its address first, which spares hashing the
-                // origin's strings per box.
+                // the profile's boxes): looked up by its address first, which spares
+                // hashing the origin's strings per box.
                 let mut by_address: HashMap<*const VerdictOrigin, Arc<str>> = HashMap::new();
                 let boxes = boxes
                     .iter()
@@ -186,7 +194,7 @@ impl Building {
                         }
                     })
                     .collect();
-                into.insert(name.clone(), TierProfile { boxes });
+                into.insert(name, TierProfile { boxes });
             }
         }
         out
@@ -308,12 +316,12 @@ fn state_of(
         Stage::Waiting(_) => b.keep_network_policy(held),
         Stage::Off => {}
     }
-    b.state.admin = match &want.admin {
+    b.state.admin = match want.admin {
         Stage::Ready(admin) => b.tier(admin),
         Stage::Waiting(_) => b.keep_tier(held, Tier::Admin),
         Stage::Off => TierState::default(),
     };
-    b.state.baseline = match &want.baseline {
+    b.state.baseline = match want.baseline {
         Stage::Ready(baseline) => b.tier(baseline),
         Stage::Waiting(_) => b.keep_tier(held, Tier::Baseline),
         Stage::Off => TierState::default(),
