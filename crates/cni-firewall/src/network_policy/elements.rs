@@ -65,7 +65,7 @@ pub(super) fn tier_box_spec(name: &str, family: Family) -> SetSpec<'_> {
 /// A tier box: its box, and a `goto` to its verdict chain.
 pub(super) fn tier_box_element(b: &TierBox) -> Element {
     Element {
-        verdict: Some((VERDICT_GOTO, Some(b.chain.clone()))),
+        verdict: Some((VERDICT_GOTO, Some(b.chain.to_string()))),
         ..box_element(&b.peers)
     }
 }
@@ -75,7 +75,7 @@ pub(super) fn decode_tier_box(e: &Element, family: Family) -> Option<TierBox> {
     match &e.verdict {
         Some((VERDICT_GOTO, Some(chain))) if valid_verdict_chain(chain) => Some(TierBox {
             peers,
-            chain: chain.clone(),
+            chain: chain.as_str().into(),
         }),
         _ => None,
     }

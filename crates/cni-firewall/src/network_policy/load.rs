@@ -218,7 +218,7 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                         continue;
                     }
                     for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
-                        let fits = |b: &TierBox| match held.verdicts.get(&b.chain) {
+                        let fits = |b: &TierBox| match held.verdicts.get(&*b.chain) {
                             None => false,
                             Some((VerdictAction::ToNetworkPolicy(d), _)) => {
                                 tier == ClusterTier::Admin && *d == direction

@@ -416,8 +416,9 @@ pub struct DenyLog {
 pub struct TierBox {
     /// The peers, protocols and ports.
     pub peers: Allow,
-    /// The verdict chain ([`PolicyState::verdict_chains`]).
-    pub chain: String,
+    /// The verdict chain ([`PolicyState::verdict_chains`]), shared by the many boxes
+    /// that go to it.
+    pub chain: std::sync::Arc<str>,
 }
 
 /// A profile of a ClusterNetworkPolicy tier: its boxes, pairwise disjoint (per

@@ -95,7 +95,7 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
                 let boxes: Vec<Allow> = profile.boxes.iter().map(|b| b.peers.clone()).collect();
                 check_boxes(&boxes, &what)?;
                 for b in &profile.boxes {
-                    let fits = match want.verdict_chains.get(&b.chain) {
+                    let fits = match want.verdict_chains.get(&*b.chain) {
                         None => false,
                         Some(VerdictAction::ToNetworkPolicy(d)) => {
                             tier == ClusterTier::Admin && *d == direction

@@ -18,7 +18,7 @@
 //! the datapath loads; the boxes are checked against [`super::cluster_model`] on random
 //! clusters.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -39,8 +39,8 @@ fn key(protocol: u8, port: u16) -> u32 {
 /// The rule a box's verdict comes from.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RuleRef {
-    /// The policy's name.
-    pub policy: String,
+    /// The policy's name (shared by the boxes of its rules).
+    pub policy: Arc<str>,
     /// The rule's index in the policy's list for the direction.
     pub index: usize,
 }
@@ -139,6 +139,12 @@ type Row = Vec<((u32, u32), usize)>;
 /// A rectangle of one family: addresses × keys, inclusive.
 type Rect = ((u128, u128), (u32, u32));
 
+/// The address ranges a peer holds, per family (`true`: IPv4).
+type PeerRanges = Vec<(bool, (u128, u128))>;
+
+/// The rectangles that cover an address interval, as (rule, keys), in rule order.
+type Covering = Vec<(usize, (u32, u32))>;
+
 /// What a pod's boxes in one tier and direction depend on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ProfileKey {
@@ -166,7 +172,8 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
     // Pods that the same policies select get the same boxes (for ingress, also the same
     // named ports, which ingress rules resolve against the subject pod): cut once.
     let mut cut_for: HashMap<ProfileKey, Option<Arc<Vec<VerdictBox>>>> = HashMap::new();
-    let mut painted_rule: HashMap<(RuleRef, bool), Painted> = HashMap::new();
+    let mut painted_rule: HashMap<(RuleRef, bool), Arc<Painted>> = HashMap::new();
+    let peers = PeerIndex::new(tiered);
     for pod in view
         .pods
         .values()
@@ -212,29 +219,30 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                     }
                     continue;
                 }
-                let mut painted: Vec<Painted> = Vec::new();
+                let mut painted: Vec<Arc<Painted>> = Vec::new();
                 for policy in &policies {
                     let rules = if ingress {
                         &policy.ingress
                     } else {
                         &policy.egress
                     };
+                    let name: Arc<str> = Arc::from(policy.name.as_str());
                     for (index, rule) in rules.iter().enumerate() {
                         let reference = RuleRef {
-                            policy: policy.name.clone(),
+                            policy: Arc::clone(&name),
                             index,
                         };
                         // Only an ingress rule's named ports depend on the subject pod;
                         // any other rule paints the same for every pod: once a pass.
                         if ingress && has_named_port(rule) {
-                            painted.push(paint(tiered, pod, ingress, rule, reference));
+                            painted.push(Arc::new(paint(&peers, pod, ingress, rule, reference)));
                             continue;
                         }
                         let key = (reference.clone(), ingress);
-                        let done = painted_rule
-                            .entry(key)
-                            .or_insert_with(|| paint(tiered, pod, ingress, rule, reference));
-                        painted.push(done.clone());
+                        let done = painted_rule.entry(key).or_insert_with(|| {
+                            Arc::new(paint(&peers, pod, ingress, rule, reference))
+                        });
+                        painted.push(Arc::clone(done));
                     }
                 }
                 if painted.is_empty() {
@@ -264,7 +272,7 @@ fn has_named_port(rule: &ClusterRule) -> bool {
 
 /// The rectangles a rule matches for `pod` (the subject) in one direction.
 fn paint(
-    tiered: &TieredView<'_>,
+    peers: &PeerIndex<'_, '_>,
     pod: &PodInfo,
     ingress: bool,
     rule: &ClusterRule,
@@ -290,7 +298,7 @@ fn paint(
                 v6s.push((range, keys));
             }
         };
-        rule_rects(tiered, pod, ingress, rule, &mut push);
+        rule_rects(peers, pod, ingress, rule, &mut push);
     }
     Painted {
         v4: merged(v4s),
@@ -321,7 +329,7 @@ fn merged(mut rects: Vec<Rect>) -> Vec<Rect> {
 
 /// The rectangles of a rule that did not fail closed.
 fn rule_rects(
-    tiered: &TieredView<'_>,
+    peers: &PeerIndex<'_, '_>,
     pod: &PodInfo,
     ingress: bool,
     rule: &ClusterRule,
@@ -351,8 +359,10 @@ fn rule_rects(
             ClusterPort::Numbers { .. } => None,
         })
         .collect();
-    let view = tiered.view;
-    let ranges = peer_ranges(tiered, &rule.peers);
+    let mut ranges: Vec<(bool, (u128, u128))> = Vec::new();
+    for peer in &rule.peers {
+        ranges.extend_from_slice(&peers.ranges(peer));
+    }
     for &(v4, range) in &ranges {
         for keys in &keys {
             push(range, v4, *keys);
@@ -374,55 +384,102 @@ fn rule_rects(
             }
         }
     } else {
-        // The destination is the peer: each pod's own named ports, at its addresses
-        // the peers hold.
-        for peer_pod in view.pods.values().filter(|p| !p.host_network) {
-            let ports: Vec<u32> = peer_pod
-                .named_ports
-                .iter()
-                .filter(|n| named.contains(&n.name.as_str()))
-                .map(|n| key(n.protocol, n.port))
-                .collect();
-            if ports.is_empty() {
-                continue;
-            }
-            for ip in view.ips(peer_pod) {
-                // The model resolves a named port against the pod that holds the
-                // address; an address another pod holds is that one's.
-                let held = view.pod_at(ip).is_some_and(|p| p.key() == peer_pod.key());
-                if !held || !rule.peers.iter().any(|peer| tiered.peer_holds(peer, ip)) {
-                    continue;
-                }
+        // The destination is the peer: each pod's own named ports at the addresses it
+        // holds (the model resolves a named port against the pod that holds the
+        // address) that the peers hold.
+        for peer in &rule.peers {
+            peers.for_each_held(peer, |ip, peer_pod| {
                 let n = to_u128(ip);
-                for k in &ports {
-                    push((n, n), ip.is_ipv4(), (*k, *k));
+                for port in peer_pod
+                    .named_ports
+                    .iter()
+                    .filter(|n| named.contains(&n.name.as_str()))
+                {
+                    let k = key(port.protocol, port.port);
+                    push((n, n), ip.is_ipv4(), (k, k));
                 }
-            }
+            });
         }
     }
 }
 
-/// The address ranges the peers hold, per family (`true`: IPv4).
-fn peer_ranges(tiered: &TieredView<'_>, peers: &[ClusterPeer]) -> Vec<(bool, (u128, u128))> {
-    let view = tiered.view;
-    let mut out = Vec::new();
-    for peer in peers {
+/// The addresses pods hold grouped by namespace, and the address ranges of each
+/// distinct peer, made once a pass: the rules of many policies share their peers, and
+/// a namespace's labels are matched once per peer instead of once per pod.
+struct PeerIndex<'t, 'a> {
+    tiered: &'t TieredView<'a>,
+    /// Namespace -> the addresses its pods hold, with the pods.
+    by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>>,
+    /// Peer -> the address ranges it holds, per family (`true`: IPv4), merged.
+    ranges: std::cell::RefCell<HashMap<ClusterPeer, Arc<PeerRanges>>>,
+}
+
+impl<'t, 'a> PeerIndex<'t, 'a> {
+    fn new(tiered: &'t TieredView<'a>) -> Self {
+        let mut by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>> = BTreeMap::new();
+        for (ip, pod) in tiered.view.held() {
+            by_namespace
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push((ip, pod));
+        }
+        Self {
+            tiered,
+            by_namespace,
+            ranges: std::cell::RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Calls `f` with every address a pod holds that `peer` holds, and that pod: what
+    /// [`TieredView::peer_holds`] says of every held address.
+    fn for_each_held(&self, peer: &ClusterPeer, mut f: impl FnMut(IpAddr, &PodInfo)) {
+        let view = self.tiered.view;
         match peer {
-            ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
-                for pod in view.pods.values().filter(|p| !p.host_network) {
-                    for ip in view.ips(pod) {
-                        if tiered.peer_holds(peer, ip) {
-                            let n = to_u128(ip);
-                            out.push((ip.is_ipv4(), (n, n)));
-                        }
+            ClusterPeer::Namespaces(namespaces) => {
+                for (name, held) in &self.by_namespace {
+                    if view.namespace_selected(name, namespaces) {
+                        held.iter().for_each(|(ip, pod)| f(*ip, pod));
                     }
                 }
+            }
+            ClusterPeer::Pods { namespaces, pods } => {
+                for (name, held) in &self.by_namespace {
+                    if view.namespace_selected(name, namespaces) {
+                        held.iter()
+                            .filter(|(_, pod)| pods.matches(&pod.labels))
+                            .for_each(|(ip, pod)| f(*ip, pod));
+                    }
+                }
+            }
+            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames => {
+                for held in self.by_namespace.values() {
+                    held.iter()
+                        .filter(|(ip, _)| self.tiered.peer_holds(peer, *ip))
+                        .for_each(|(ip, pod)| f(*ip, pod));
+                }
+            }
+        }
+    }
+
+    /// The address ranges `peer` holds, per family (`true`: IPv4).
+    fn ranges(&self, peer: &ClusterPeer) -> Arc<PeerRanges> {
+        if let Some(done) = self.ranges.borrow().get(peer) {
+            return Arc::clone(done);
+        }
+        let mut out = Vec::new();
+        match peer {
+            ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
+                self.for_each_held(peer, |ip, _| {
+                    let n = to_u128(ip);
+                    out.push((ip.is_ipv4(), (n, n)));
+                });
             }
             ClusterPeer::Networks(networks) => {
                 out.extend(networks.iter().map(|n| (n.is_ipv4(), bounds(*n))));
             }
             ClusterPeer::Nodes(selector) => {
-                for node in tiered
+                for node in self
+                    .tiered
                     .nodes
                     .values()
                     .filter(|n| selector.matches(&n.labels))
@@ -435,8 +492,25 @@ fn peer_ranges(tiered: &TieredView<'_>, peers: &[ClusterPeer]) -> Vec<(bool, (u1
             }
             ClusterPeer::DomainNames => {}
         }
+        // Fewer ranges, the same addresses: neighbouring pods are one range.
+        out.sort_unstable();
+        let mut merged_ranges: Vec<(bool, (u128, u128))> = Vec::with_capacity(out.len());
+        for (v4, (first, last)) in out {
+            match merged_ranges.last_mut() {
+                Some((last_v4, range))
+                    if *last_v4 == v4 && range.1.checked_add(1).is_none_or(|n| n >= first) =>
+                {
+                    range.1 = range.1.max(last);
+                }
+                _ => merged_ranges.push((v4, (first, last))),
+            }
+        }
+        let done = Arc::new(merged_ranges);
+        self.ranges
+            .borrow_mut()
+            .insert(peer.clone(), Arc::clone(&done));
+        done
     }
-    out
 }
 
 fn rects(p: &Painted, v4: bool) -> &[Rect] {
@@ -447,7 +521,7 @@ fn rects(p: &Painted, v4: bool) -> &[Rect] {
 /// rectangles that cover the current address interval (in rule order), each interval's
 /// key intervals decided by the first of them that covers each, and equal neighbouring
 /// rows merged.
-fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
+fn cut(painted: &[Arc<Painted>], v4: bool) -> Vec<VerdictBox> {
     // (first address, last address, rule, keys), by first address.
     let mut starts: Vec<(u128, u128, usize, (u32, u32))> = painted
         .iter()
@@ -459,16 +533,24 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
         })
         .collect();
     starts.sort_unstable_by_key(|r| r.0);
-    let mut address_cuts = BTreeSet::new();
+    let mut address_cuts: Vec<u128> = Vec::with_capacity(starts.len() * 2);
     for &(a0, a1, _, _) in &starts {
-        address_cuts.insert(a0);
+        address_cuts.push(a0);
         if let Some(next) = a1.checked_add(1) {
-            address_cuts.insert(next);
+            address_cuts.push(next);
         }
     }
-    let address_cuts: Vec<u128> = address_cuts.into_iter().collect();
+    address_cuts.sort_unstable();
+    address_cuts.dedup();
     let last_address = if v4 { u128::from(u32::MAX) } else { u128::MAX };
-    let mut rows: Vec<((u128, u128), Row)> = Vec::new();
+    // Address intervals with their row, an index into `distinct`.
+    let mut rows: Vec<((u128, u128), usize)> = Vec::new();
+    // A row depends only on which rectangles cover the interval (their rules and keys,
+    // in rule order), and the addresses of one namespace's pods are covered alike: each
+    // such set is resolved once.
+    let mut distinct: Vec<Row> = Vec::new();
+    let mut row_of: HashMap<Covering, usize> = HashMap::new();
+    let mut covering: Covering = Vec::new();
     // Rectangles covering the current interval: (last address, rule, keys), in rule order.
     let mut active: Vec<(u128, usize, (u32, u32))> = Vec::new();
     let mut next_start = 0;
@@ -486,13 +568,26 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
             }
             next_start += 1;
         }
-        let row = first_match_row(&active);
-        if row.is_empty() {
+        if active.is_empty() {
+            continue;
+        }
+        covering.clear();
+        covering.extend(active.iter().map(|(_, rule, keys)| (*rule, *keys)));
+        let row = match row_of.get(&covering) {
+            Some(row) => *row,
+            None => {
+                distinct.push(first_match_row(&active));
+                row_of.insert(covering.clone(), distinct.len() - 1);
+                distinct.len() - 1
+            }
+        };
+        if distinct[row].is_empty() {
             continue;
         }
         match rows.last_mut() {
             Some((last, last_row))
-                if *last_row == row && last.1.checked_add(1) == Some(addresses.0) =>
+                if (*last_row == row || distinct[*last_row] == distinct[row])
+                    && last.1.checked_add(1) == Some(addresses.0) =>
             {
                 last.1 = addresses.1;
             }
@@ -501,7 +596,7 @@ fn cut(painted: &[Painted], v4: bool) -> Vec<VerdictBox> {
     }
     rows.into_iter()
         .flat_map(|(addresses, row)| {
-            row.into_iter().map(move |(keys, rule)| VerdictBox {
+            distinct[row].iter().map(move |&(keys, rule)| VerdictBox {
                 v4,
                 addresses,
                 keys,
@@ -775,7 +870,7 @@ mod tests {
 
     fn model_answer(d: &Decision) -> (Option<Tier>, bool, Option<RuleRef>, Vec<RuleRef>) {
         let reference = |r: &crate::policy::cluster_model::RuleMatch| RuleRef {
-            policy: r.policy.clone(),
+            policy: r.policy.as_str().into(),
             index: r.index,
         };
         (

@@ -140,8 +140,8 @@ impl Stores {
 pub struct TierVerdict {
     /// The peers, protocols and destination ports.
     pub peers: Allow,
-    /// The tier, policy, rule, direction and verdict.
-    pub origin: VerdictOrigin,
+    /// The tier, policy, rule, direction and verdict (shared by the boxes of a rule).
+    pub origin: Arc<VerdictOrigin>,
 }
 
 /// What one tier (Admin or Baseline) wants of the kernel on this node: which local pod
@@ -254,6 +254,7 @@ fn fill(
 ) {
     // Pods that share their boxes (the same `Arc`) share their profile: converted once.
     let mut named: HashMap<*const Vec<VerdictBox>, String> = HashMap::new();
+    let mut origins: Origins = HashMap::new();
     for (ip, boxes) in table {
         if boxes.is_empty() {
             continue;
@@ -262,10 +263,10 @@ fn fill(
             pods.insert(*ip, name.clone());
             continue;
         }
-        let mut deciding: Vec<&str> = boxes.iter().map(|b| b.rule.policy.as_str()).collect();
+        let mut deciding: Vec<&str> = boxes.iter().map(|b| &*b.rule.policy).collect();
         deciding.sort_unstable();
         deciding.dedup();
-        let verdicts = tier_verdicts(tier, direction, boxes, policies);
+        let verdicts = tier_verdicts(tier, direction, boxes, policies, &mut origins);
         let base = profile_name(&[
             &format!("{tier:?}"),
             direction.as_str(),
@@ -290,16 +291,25 @@ fn fill(
     }
 }
 
+/// The origin of each (policy, rule index, verdict) of one tier and direction, made
+/// once: the boxes of a rule share it.
+type Origins = HashMap<String, HashMap<(usize, Action), Arc<VerdictOrigin>>>;
+
 /// The boxes of one pod as the firewall's boxes, each with its origin; sorted.
 fn tier_verdicts(
     tier: Tier,
     direction: Direction,
     boxes: &[VerdictBox],
     policies: &BTreeMap<String, ClusterPolicyInfo>,
+    origins: &mut Origins,
 ) -> Vec<TierVerdict> {
-    let mut out = Vec::new();
-    for b in boxes {
-        let rules = policies.get(&b.rule.policy).map(|p| match direction {
+    let mut out = Vec::with_capacity(boxes.len());
+    let mut made = |b: &VerdictBox| -> Arc<VerdictOrigin> {
+        let key = (b.rule.index, b.verdict);
+        if let Some(origin) = origins.get(&*b.rule.policy).and_then(|o| o.get(&key)) {
+            return Arc::clone(origin);
+        }
+        let rules = policies.get(&*b.rule.policy).map(|p| match direction {
             Direction::Ingress => &p.ingress,
             Direction::Egress => &p.egress,
         });
@@ -308,9 +318,9 @@ fn tier_verdicts(
             .map(|r| r.name.clone())
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| format!("{}[{}]", direction.as_str(), b.rule.index));
-        let origin = VerdictOrigin {
+        let origin = Arc::new(VerdictOrigin {
             tier,
-            policy: b.rule.policy.clone(),
+            policy: b.rule.policy.to_string(),
             rule,
             direction,
             verdict: match b.verdict {
@@ -318,7 +328,15 @@ fn tier_verdicts(
                 Action::Deny => Verdict::Deny,
                 Action::Pass => Verdict::Pass,
             },
-        };
+        });
+        origins
+            .entry(b.rule.policy.to_string())
+            .or_default()
+            .insert(key, Arc::clone(&origin));
+        origin
+    };
+    for b in boxes {
+        let origin = made(b);
         let (first, last) = (
             from_u128(b.addresses.0, b.v4),
             from_u128(b.addresses.1, b.v4),
@@ -331,7 +349,7 @@ fn tier_verdicts(
                     protocols,
                     ports,
                 },
-                origin: origin.clone(),
+                origin: Arc::clone(&origin),
             });
         }
     }
@@ -464,4 +482,173 @@ mod tests {
         assert_eq!(after.0.ingress_profiles.keys().collect::<Vec<_>>(), [a]);
         assert_ne!(after.0.ingress_profiles[a], before.0.ingress_profiles[a]);
     }
+
+    /// The shape of the policy-scale benchmark's ClusterNetworkPolicy run (10,000 pods
+    /// over 100 nodes, 100 namespaces, 100 policies of up to 25 ingress rules), timed in
+    /// process: `cargo test -p cni-node --release --lib scale_compile -- --ignored
+    /// --nocapture`. It prints the figures and asserts nothing of them.
+    #[test]
+    #[ignore = "a timing aid, not a test"]
+    fn scale_compile() {
+        use serde_json::json;
+        const ENVS: [&str; 3] = ["prod", "staging", "dev"];
+        let namespaces: BTreeMap<String, super::super::selector::Labels> = (0..100u32)
+            .map(|j| {
+                let purpose = match j {
+                    0 => "dns",
+                    99 => "monitoring",
+                    _ => "apps",
+                };
+                let labels = [
+                    ("team", format!("team-{}", j % 10)),
+                    ("env", ENVS[(j % 3) as usize].to_owned()),
+                    ("purpose", purpose.to_owned()),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v))
+                .collect();
+                (format!("ns-{j:02}"), labels)
+            })
+            .collect();
+        let mut pods = BTreeMap::new();
+        let mut records = BTreeMap::new();
+        for node in 0..100u32 {
+            for slot in 0..100u32 {
+                let g = node * 100 + slot;
+                let ip = format!("10.100.{node}.{}", slot + 2);
+                let tiers = ["web", "api", "db"];
+                let slim: super::super::objects::SlimPod = serde_json::from_value(json!({
+                    "metadata": {"namespace": format!("ns-{:02}", (slot + node) % 100),
+                                 "name": format!("app-{}-5d8f7c9b4-{g:05}", g % 10),
+                                 "labels": {"app": format!("app-{}", g % 10),
+                                            "tier": tiers[(g % 3) as usize],
+                                            "pod-template-hash": "5d8f7c9b4"}},
+                    "spec": {"nodeName": format!("np-{node}"), "containers": [{"ports": [
+                        {"name": "dns", "containerPort": 53, "protocol": "UDP"},
+                        {"name": "grpc", "containerPort": 9090},
+                        {"name": "http", "containerPort": 8080},
+                        {"name": "metrics", "containerPort": 9100}]}]},
+                    "status": {"podIPs": [{"ip": ip}]},
+                }))
+                .unwrap();
+                let info = super::super::objects::PodInfo::from_slim(&slim);
+                if node == 0 {
+                    records.insert(ip.parse().unwrap(), info.key());
+                }
+                pods.insert(info.key(), info);
+            }
+        }
+        let policies: BTreeMap<String, ClusterPolicyInfo> = (0..100u32)
+            .map(|k| {
+                let (name, spec) = scale_policy(k);
+                (name.clone(), ClusterPolicyInfo::read(&name, &spec))
+            })
+            .collect();
+        let snapshot = Snapshot {
+            pods: Arc::new(pods),
+            namespaces: Arc::new(namespaces),
+            policies: Arc::new(policies),
+        };
+        let nodes = BTreeMap::new();
+        let context = CompileContext {
+            node: "np-0",
+            records: &records,
+            share_from: 16,
+            nodes: &nodes,
+        };
+        for round in 0..3 {
+            let started = std::time::Instant::now();
+            let no_policies = BTreeMap::new();
+            let view = View::with_records(
+                &snapshot.pods,
+                &snapshot.namespaces,
+                &no_policies,
+                records.clone(),
+            );
+            let node_peers = BTreeMap::new();
+            let tiered = TieredView::new(&view, &snapshot.policies, &node_peers);
+            let boxes = super::super::cluster_compile::compile(&tiered, "np-0").boxes();
+            println!(
+                "round {round}: boxes {:.1} ms: {boxes} boxes",
+                started.elapsed().as_secs_f64() * 1e3
+            );
+            let started = std::time::Instant::now();
+            let (admin, baseline) = compile(&snapshot, context);
+            println!(
+                "round {round}: compile {:.1} ms: admin {} pods {} boxes, baseline {} pods {} boxes",
+                started.elapsed().as_secs_f64() * 1e3,
+                admin.pods(),
+                admin.boxes(),
+                baseline.pods(),
+                baseline.boxes()
+            );
+        }
+    }
+
+    /// The benchmark's ClusterNetworkPolicy `k`.
+    fn scale_policy(k: u32) -> (String, serde_json::Value) {
+        use serde_json::json;
+        let admin = k.is_multiple_of(2);
+        let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
+        let actions: &[&str] = if admin {
+            &["Deny", "Accept", "Pass"]
+        } else {
+            &["Deny", "Accept"]
+        };
+        let rule = |r: u32, way: &str| {
+            let peer = match r % 4 {
+                0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
+                1 => json!({"pods": {
+                    "namespaceSelector": {"matchLabels": {"team": team(r)}},
+                    "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
+                }}),
+                2 if way == "to" => json!({"networks": [
+                    format!("203.0.113.{}/32", r % 256),
+                    "198.51.100.0/24",
+                    format!("2001:db8::{r:x}/128"),
+                ]}),
+                2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
+                _ => json!({"namespaces": {"matchExpressions": [
+                    {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
+                ]}}),
+            };
+            let mut rule = json!({
+                "name": format!("rule-{r}"),
+                "action": actions[(r % actions.len() as u32) as usize],
+                way: [peer],
+            });
+            match r % 5 {
+                0 => {}
+                1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": 8080}}}]),
+                2 => {
+                    rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
+                        "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
+                }
+                3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
+                _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
+            }
+            rule
+        };
+        let ingress: Vec<serde_json::Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
+        let egress: Vec<serde_json::Value> =
+            (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
+        let subject = if k.is_multiple_of(5) {
+            json!({"namespaces": {}})
+        } else {
+            json!({"namespaces": {"matchLabels": {"env": ENVS_OF_POLICY[(k % 3) as usize]}}})
+        };
+        let name = format!("{}-{k}", if admin { "admin" } else { "baseline" });
+        (
+            name,
+            json!({
+                "tier": if admin { "Admin" } else { "Baseline" },
+                "priority": (k / 2 * 20 + k % 20) % 1000,
+                "subject": subject,
+                "ingress": ingress,
+                "egress": egress,
+            }),
+        )
+    }
+
+    const ENVS_OF_POLICY: [&str; 3] = ["prod", "staging", "dev"];
 }

@@ -54,7 +54,7 @@ pub enum Subject {
 }
 
 /// One entry of a rule's `from` or `to`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ClusterPeer {
     /// Every pod of the namespaces selected.
     Namespaces(Selector),

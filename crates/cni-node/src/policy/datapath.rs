@@ -12,7 +12,8 @@
 //! ([`SharedVerdictNames`]). A tier that waits keeps what the kernel holds for it; a
 //! tier that is off holds nothing.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cni_firewall::network_policy::{
     self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
@@ -129,38 +130,71 @@ fn action(origin: &VerdictOrigin) -> VerdictAction {
 struct Building {
     state: PolicyState,
     origins: BTreeMap<String, VerdictOrigin>,
+    /// The chain of each origin met so far: a tier's boxes share a few hundred origins
+    /// among hundreds of thousands of boxes, and a name costs a hash.
+    chain_of: HashMap<VerdictOrigin, Arc<str>>,
 }
 
 impl Building {
-    fn chain(&mut self, origin: VerdictOrigin) -> String {
+    fn chain(&mut self, origin: &VerdictOrigin) -> Arc<str> {
+        if let Some(name) = self.chain_of.get(origin) {
+            return Arc::clone(name);
+        }
         let name = origin.chain();
         self.state
             .verdict_chains
-            .insert(name.clone(), action(&origin));
-        self.origins.entry(name.clone()).or_insert(origin);
+            .insert(name.clone(), action(origin));
+        self.origins
+            .entry(name.clone())
+            .or_insert_with(|| origin.clone());
+        let name: Arc<str> = name.into();
+        self.chain_of.insert(origin.clone(), Arc::clone(&name));
         name
     }
 
-    /// A ClusterNetworkPolicy tier's profiles and pods.
-    fn tier(&mut self, want: &TierWant) -> TierState {
+    /// A ClusterNetworkPolicy tier's profiles and pods. Takes the tier's want, so that
+    /// each profile's boxes are freed once converted: the two copies of every box are
+    /// never held at once.
+    fn tier(&mut self, want: TierWant) -> TierState {
+        let TierWant {
+            ingress,
+            egress,
+            ingress_profiles,
+            egress_profiles,
+        } = want;
         let mut out = TierState {
-            ingress: want.ingress.clone(),
-            egress: want.egress.clone(),
+            ingress,
+            egress,
             ..TierState::default()
         };
         for (profiles, into) in [
-            (&want.ingress_profiles, &mut out.ingress_profiles),
-            (&want.egress_profiles, &mut out.egress_profiles),
+            (ingress_profiles, &mut out.ingress_profiles),
+            (egress_profiles, &mut out.egress_profiles),
         ] {
             for (name, boxes) in profiles {
+                // The boxes of a rule share their origin (one `Arc`, alive as long as
+                // the profile's boxes): looked up by its address first, which spares
+                // hashing the origin's strings per box.
+                let mut by_address: HashMap<*const VerdictOrigin, Arc<str>> = HashMap::new();
                 let boxes = boxes
                     .iter()
-                    .map(|b| TierBox {
-                        peers: b.peers.clone(),
-                        chain: self.chain(b.origin.clone()),
+                    .map(|b| {
+                        let address = Arc::as_ptr(&b.origin);
+                        let chain = match by_address.get(&address) {
+                            Some(chain) => Arc::clone(chain),
+                            None => {
+                                let chain = self.chain(&b.origin);
+                                by_address.insert(address, Arc::clone(&chain));
+                                chain
+                            }
+                        };
+                        TierBox {
+                            peers: b.peers.clone(),
+                            chain,
+                        }
                     })
                     .collect();
-                into.insert(name.clone(), TierProfile { boxes });
+                into.insert(name, TierProfile { boxes });
             }
         }
         out
@@ -207,8 +241,10 @@ impl Building {
                     verdict,
                 };
                 let verdicts = ProfileVerdicts {
-                    allow: self.chain(origin("allow", Verdict::Accept)),
-                    deny: self.chain(origin("default-deny", Verdict::Deny)),
+                    allow: self.chain(&origin("allow", Verdict::Accept)).to_string(),
+                    deny: self
+                        .chain(&origin("default-deny", Verdict::Deny))
+                        .to_string(),
                 };
                 let profiles = match direction {
                     Direction::Ingress => &mut self.state.ingress_profiles,
@@ -280,12 +316,12 @@ fn state_of(
         Stage::Waiting(_) => b.keep_network_policy(held),
         Stage::Off => {}
     }
-    b.state.admin = match &want.admin {
+    b.state.admin = match want.admin {
         Stage::Ready(admin) => b.tier(admin),
         Stage::Waiting(_) => b.keep_tier(held, Tier::Admin),
         Stage::Off => TierState::default(),
     };
-    b.state.baseline = match &want.baseline {
+    b.state.baseline = match want.baseline {
         Stage::Ready(baseline) => b.tier(baseline),
         Stage::Waiting(_) => b.keep_tier(held, Tier::Baseline),
         Stage::Off => TierState::default(),
@@ -384,7 +420,7 @@ mod tests {
             "e1".into(),
             vec![TierVerdict {
                 peers: Allow::all_traffic(ip("10.0.0.0"), ip("10.0.0.255")),
-                origin,
+                origin: std::sync::Arc::new(origin),
             }],
         );
         want
@@ -415,7 +451,7 @@ mod tests {
         );
         assert_eq!(origins.len(), 2);
         assert_eq!(
-            state.admin.egress_profiles["e1"].boxes[0].chain,
+            *state.admin.egress_profiles["e1"].boxes[0].chain,
             pass.chain()
         );
 

@@ -151,7 +151,7 @@ pub fn rule_name(
 ) -> String {
     let direction = if ingress { "ingress" } else { "egress" };
     policies
-        .get(&rule.policy)
+        .get(&*rule.policy)
         .and_then(|p| {
             if ingress {
                 p.ingress.get(rule.index)
@@ -199,12 +199,12 @@ pub fn decide(
         };
         let rule = rule_name(policies, &found.rule, ingress);
         match found.verdict {
-            Action::Pass => passed.push((tier, found.rule.policy.clone(), rule)),
+            Action::Pass => passed.push((tier, found.rule.policy.to_string(), rule)),
             verdict => {
                 return Decided {
                     tier: Some(tier),
                     allowed: verdict == Action::Accept,
-                    policy: found.rule.policy.clone(),
+                    policy: found.rule.policy.to_string(),
                     rule,
                     passed,
                 };

@@ -133,6 +133,12 @@ impl<'a> View<'a> {
         })
     }
 
+    /// Every address a (non-hostNetwork) pod holds, with that pod: the addresses of
+    /// [`View::ips`] over all pods, each with the pod [`View::pod_at`] names.
+    pub fn held(&self) -> impl Iterator<Item = (IpAddr, &'a PodInfo)> + '_ {
+        self.by_ip().iter().map(|(ip, pod)| (*ip, *pod))
+    }
+
     /// This node's pod records: address -> pod key.
     pub fn records(&self) -> &BTreeMap<IpAddr, String> {
         &self.records
