@@ -23,7 +23,7 @@ use sha2::Digest as _;
 
 use super::cluster_compile::{TierTable, VerdictBox};
 use super::cluster_model::{NodePeer, TieredView};
-use super::cluster_objects::{Action, ClusterPolicyInfo};
+use super::cluster_objects::{Action, ClusterPeer, ClusterPolicyInfo};
 use super::model::View;
 use super::objects::SlimClusterNetworkPolicy;
 use super::pipeline::{CompileContext, Selected, Stage, Tier};
@@ -184,6 +184,11 @@ impl TierWant {
 /// Compiles the Admin and Baseline tiers for the pods of this node (their addresses
 /// from the API and from the plugin's records).
 pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, TierWant) {
+    // Nothing to judge: no pod has an entry (and at thousands of Nodes, reading them as
+    // peers would cost a pass more than the rest of it).
+    if snapshot.policies.is_empty() {
+        return (TierWant::default(), TierWant::default());
+    }
     let no_policies = BTreeMap::new();
     let view = View::with_records(
         &snapshot.pods,
@@ -191,11 +196,23 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
         &no_policies,
         context.records.clone(),
     );
-    let nodes: BTreeMap<String, NodePeer> = context
-        .nodes
-        .iter()
-        .map(|(name, node)| (name.clone(), NodePeer::from(node)))
-        .collect();
+    // The Nodes as peers, only when some rule names `nodes`.
+    let nodes_named = snapshot.policies.values().any(|p| {
+        p.ingress.iter().chain(&p.egress).any(|r| {
+            r.peers
+                .iter()
+                .any(|peer| matches!(peer, ClusterPeer::Nodes(_)))
+        })
+    });
+    let nodes: BTreeMap<String, NodePeer> = if nodes_named {
+        context
+            .nodes
+            .iter()
+            .map(|(name, node)| (name.clone(), NodePeer::from(node)))
+            .collect()
+    } else {
+        BTreeMap::new()
+    };
     let policies: &BTreeMap<String, ClusterPolicyInfo> = &snapshot.policies;
     let tiered = TieredView::new(&view, policies, &nodes);
     let compiled = super::cluster_compile::compile(&tiered, context.node);
