@@ -9,7 +9,7 @@
 //! 3. [`Step::after_routes`]: peers no longer wanted, after the routes left them; the
 //!    strict table; with encryption off, the agent's device deleted.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -160,7 +160,7 @@ impl Step {
             return;
         };
         let changed = self.watch.as_ref().is_some_and(|w| w.take_changed());
-        match self.prepare(&settings, me, host, resync || changed) {
+        match self.prepare(&settings, me, host, resync, changed) {
             Ok(local) => {
                 let shown = me.and_then(NodeInfo::key);
                 let mut published = shown == Some(local.public_key);
@@ -206,6 +206,7 @@ impl Step {
         me: Option<&NodeInfo>,
         host: &HostState,
         resync: bool,
+        changed_by_hand: bool,
     ) -> Result<LocalEncryption> {
         let kernel = self.effects.kernel.as_mut().ok_or(Error::NoWireguard)?;
         kernel.check(&settings.device)?;
@@ -252,7 +253,18 @@ impl Step {
             }
         };
         let want = (index, public, settings.port);
-        if fresh || resync || self.applied != Some(want) || self.peers.of(index).is_none() {
+        if fresh
+            || resync
+            || changed_by_hand
+            || self.applied != Some(want)
+            || self.peers.of(index).is_none()
+        {
+            // When the watch saw the device changed, the keys known before the read tell
+            // what was lost.
+            let mut lost: Option<HashSet<Key>> = changed_by_hand
+                .then(|| self.peers.of(index))
+                .flatten()
+                .map(|known| known.iter().map(|p| p.public_key).collect());
             // Forgotten before the read, not replaced after it: thousands of peers held
             // twice would be the agent's peak. A failed read leaves them to be read again.
             self.peers.forget();
@@ -272,12 +284,12 @@ impl Step {
                     }
                 );
             }
-            if let Some(known) = self.peers.of(index) {
-                let lost: Vec<String> = known
-                    .iter()
-                    .filter(|k| !device.peers.iter().any(|p| p.public_key == k.public_key))
-                    .map(|k| k.public_key.to_base64())
-                    .collect();
+            if let Some(lost) = &mut lost {
+                for peer in &device.peers {
+                    lost.remove(&peer.public_key);
+                }
+                let mut lost: Vec<String> = lost.iter().map(|k| k.to_base64()).collect();
+                lost.sort_unstable();
                 if !lost.is_empty() {
                     tracing::info!(
                         "encryption: {name} lost {} peer(s) behind the agent's back ({}): \
