@@ -1,6 +1,7 @@
-//! Short TCP connections between two namespaces, timed one by one: what a new
+//! TCP between two namespaces: short connections timed one by one, what a new
 //! connection costs on a path (the NetworkPolicy benchmark compares a node without
-//! policies with one holding a thousand).
+//! policies with one holding a thousand); and one long stream's throughput, what a
+//! path carries (the overlay and encryption benchmarks).
 //!
 //! The server accepts and closes at once; the client connects and reads until the
 //! server's close arrives. One connection is timed from the client's `connect` to
@@ -8,8 +9,8 @@
 //! FIN. Each connection is a new conntrack entry, so each SYN goes through every
 //! hook's rules as a new connection would.
 
-use std::io::Read as _;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -64,4 +65,56 @@ pub fn try_connect(netns: &Path, to: SocketAddr, within: Duration) -> Result<(),
             .map(drop)
             .map_err(|e| format!("{:?}", e.kind()))
     })
+}
+
+/// A TCP connection from the namespace at `from` to a listener in the one at `to` on
+/// `ip`, with Nagle off on both ends: (client, server side).
+pub fn tcp_pair(from: &Path, to: &Path, ip: IpAddr) -> (TcpStream, TcpStream) {
+    let listener = in_netns(to, move || {
+        TcpListener::bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"))
+    });
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("local_addr: {e}"));
+    let client = in_netns(from, move || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
+    });
+    let (server, _) = listener.accept().unwrap_or_else(|e| panic!("accept: {e}"));
+    for s in [&client, &server] {
+        s.set_nodelay(true)
+            .unwrap_or_else(|e| panic!("nodelay: {e}"));
+    }
+    (client, server)
+}
+
+/// One TCP stream from the namespace at `from` to `ip` in the one at `to` for `secs`:
+/// bits per second as the receiver counted. Panics if no byte crossed.
+pub fn tcp_throughput(from: &Path, to: &Path, ip: IpAddr, secs: u64) -> f64 {
+    let (mut client, mut server) = tcp_pair(from, to, ip);
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 256 * 1024];
+        let mut total = 0u64;
+        let start = Instant::now();
+        loop {
+            match server.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n as u64,
+            }
+        }
+        (total, start.elapsed())
+    });
+    let chunk = vec![0x5au8; 128 * 1024];
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        if client.write_all(&chunk).is_err() {
+            break;
+        }
+    }
+    drop(client);
+    let (bytes, took) = reader
+        .join()
+        .unwrap_or_else(|_| panic!("the reader panicked"));
+    assert!(bytes > 0, "no byte crossed to {ip}");
+    bytes as f64 * 8.0 / took.as_secs_f64()
 }

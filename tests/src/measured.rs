@@ -1,5 +1,5 @@
-//! Figures that tests measure (a convergence, a latency, a gap), recorded so that a green
-//! run shows them.
+//! Figures that tests measure (a convergence, a latency, a gap, a process's peak memory),
+//! recorded so that a green run shows them.
 //!
 //! Tests assert only generous "it happened" bounds; what they measured is worth seeing
 //! all the same. [`record`] prints one `measured: <what> = <value> <unit>` line (shown by
@@ -39,4 +39,20 @@ pub fn record(what: &str, value: f64, unit: &str) {
 /// [`record`] for a duration, in milliseconds.
 pub fn record_duration(what: &str, took: Duration) {
     record(what, took.as_secs_f64() * 1000.0, "ms");
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`"VmHWM:"` for the peak RSS, `"VmRSS:"`,
+/// `"Threads:"`), or 0 when the process or the field is gone.
+pub fn process_status(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The peak resident set of a process in KiB (`VmHWM`), or 0 when it is gone.
+pub fn peak_rss_kib(pid: u32) -> u64 {
+    process_status(pid, "VmHWM:")
 }

@@ -31,6 +31,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cni_blackbox::measured::{peak_rss_kib, process_status};
 use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, probe, require_root};
 use cni_kube_api::{ApiServer, network_policy, realistic_namespace, realistic_node, realistic_pod};
@@ -213,15 +214,6 @@ struct Sample {
     threads: u64,
     elements: usize,
     routes: usize,
-}
-
-fn status_field(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn open_files(pid: u32) -> usize {
@@ -561,9 +553,9 @@ fn the_agent_stays_flat_under_churn() {
                 .sum();
             samples.push(Sample {
                 at: now - start,
-                rss_kib: status_field(pid, "VmRSS:"),
+                rss_kib: process_status(pid, "VmRSS:"),
                 fds: open_files(pid),
-                threads: status_field(pid, "Threads:"),
+                threads: process_status(pid, "Threads:"),
                 elements: state_elements,
                 routes: ns
                     .exec_ok(&["ip", "-4", "route", "show", "proto", "77"])
@@ -674,7 +666,7 @@ fn the_agent_stays_flat_under_churn() {
     let elapsed = start.elapsed();
     let end = State::read(&ns);
     let failures = reconcile_failures(&ns).saturating_sub(failures_before);
-    let rss_peak_kib = status_field(pid, "VmHWM:");
+    let rss_peak_kib = peak_rss_kib(pid);
     drop(agent);
     if let Some(keep) = std::env::var_os("CNI_RS_SOAK_AGENT_LOG") {
         let _ = std::fs::copy(&log, keep);

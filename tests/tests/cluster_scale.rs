@@ -25,6 +25,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use cni_blackbox::measured::peak_rss_kib;
 use cni_blackbox::probe::{Probe, Prober};
 use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
@@ -86,15 +87,6 @@ fn probe_report(probes: &[Probe]) -> (Vec<Duration>, Vec<String>) {
     }
     latencies.sort();
     (latencies, problems)
-}
-
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
@@ -184,7 +176,7 @@ fn sync(overlay: bool) {
         std::thread::sleep(Duration::from_millis(5));
     }
     let initial_sync = start.elapsed();
-    let rss_after_sync = vm_hwm_kib(child.id());
+    let rss_after_sync = peak_rss_kib(child.id());
     if overlay {
         let entries = ns
             .exec_ok(&["bridge", "fdb", "show", "dev", "cni-vx4"])
@@ -270,7 +262,7 @@ fn sync(overlay: bool) {
         latencies.push(arrived.saturating_duration_since(served));
         std::thread::sleep(Duration::from_millis(10));
     }
-    let rss_peak = vm_hwm_kib(child.id());
+    let rss_peak = peak_rss_kib(child.id());
     let _ = monitor.kill();
     let _ = monitor.wait();
     let _ = child.kill();

@@ -34,15 +34,15 @@
 //! names a directory the scale test's agent logs are copied into.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::wait;
+use cni_blackbox::connections::tcp_throughput;
 use cni_blackbox::hostport::in_netns;
+use cni_blackbox::measured::peak_rss_kib;
 use cni_blackbox::segments::{node_at, two_segments};
 use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
@@ -120,15 +120,6 @@ fn node(i: u32, key: Option<Key>) -> serde_json::Value {
         node["metadata"]["annotations"][ANNOTATION] = key.to_base64().into();
     }
     node
-}
-
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 fn mib(kib: u64) -> f64 {
@@ -487,7 +478,7 @@ fn keyed_peers_sync_against_vxlan() {
         let (mut vxlan, took) = sync(Mode::Vxlan, nodes);
         check_synced(&vxlan);
         vxlan_sync = vxlan_sync.min(took);
-        vxlan_rss = vxlan_rss.max(vm_hwm_kib(vxlan.agent.id()));
+        vxlan_rss = vxlan_rss.max(peak_rss_kib(vxlan.agent.id()));
         vxlan.stop_agent();
         vxlan.api.stop();
         done.push(vxlan);
@@ -505,9 +496,9 @@ fn keyed_peers_sync_against_vxlan() {
     let Some(wg) = last else {
         panic!("no round ran");
     };
-    let wg_rss_sync = vm_hwm_kib(wg.agent.id());
+    let wg_rss_sync = peak_rss_kib(wg.agent.id());
     let (mut latencies, mut reads) = key_changes(&wg, changes);
-    let wg_rss_peak = vm_hwm_kib(wg.agent.id());
+    let wg_rss_peak = peak_rss_kib(wg.agent.id());
     assert_eq!(latencies.len(), changes as usize);
     latencies.sort();
     reads.sort();
@@ -530,51 +521,6 @@ fn keyed_peers_sync_against_vxlan() {
 }
 
 /// A connected pair of TCP sockets from `from` to `ip` in `to`.
-fn connection(from: &Netns, to: &Netns, ip: IpAddr) -> (TcpStream, TcpStream) {
-    let listener = in_netns(to.path(), move || {
-        TcpListener::bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"))
-    });
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("local_addr: {e}"));
-    let client = in_netns(from.path(), move || {
-        TcpStream::connect_timeout(&addr, Duration::from_secs(10))
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
-    });
-    let (server, _) = listener.accept().unwrap_or_else(|e| panic!("accept: {e}"));
-    (client, server)
-}
-
-/// One TCP stream from `from` to `to` for `secs`: Mbit/s as the receiver counted.
-fn throughput(from: &Netns, to: &Netns, ip: IpAddr, secs: u64) -> f64 {
-    let (mut client, mut server) = connection(from, to, ip);
-    let reader = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut total = 0u64;
-        let start = Instant::now();
-        loop {
-            match server.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => total += n as u64,
-            }
-        }
-        (total, start.elapsed())
-    });
-    let chunk = vec![0x5au8; 128 * 1024];
-    let until = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < until {
-        if client.write_all(&chunk).is_err() {
-            break;
-        }
-    }
-    drop(client);
-    let (bytes, took) = reader
-        .join()
-        .unwrap_or_else(|_| panic!("the reader panicked"));
-    assert!(bytes > 0, "no byte crossed to {ip}");
-    bytes as f64 * 8.0 / took.as_secs_f64() / 1e6
-}
-
 /// Whether `ns` routes `cidr` (the agent's route) through `device`.
 fn routed_through(ns: &Netns, cidr: &str, device: &str) -> bool {
     let out = ns.exec(&["ip", "-4", "route", "show", "proto", "77", cidr]);
@@ -614,7 +560,7 @@ fn tcp_through_wireguard_and_vxlan() {
         host.add_pod();
     }
     let (from, to) = (&cluster.hosts[0].pods[0], &cluster.hosts[1].pods[0]);
-    let vxlan = throughput(&from.ns, &to.ns, to.v4, secs);
+    let vxlan = tcp_throughput(from.ns.path(), to.ns.path(), to.v4, secs) / 1e6;
 
     for host in &mut cluster.hosts {
         host.kill_agent();
@@ -631,7 +577,7 @@ fn tcp_through_wireguard_and_vxlan() {
     }
     through(&cluster, WG_DEVICE);
     let (from, to) = (&cluster.hosts[0].pods[0], &cluster.hosts[1].pods[0]);
-    let wireguard = throughput(&from.ns, &to.ns, to.v4, secs);
+    let wireguard = tcp_throughput(from.ns.path(), to.ns.path(), to.v4, secs) / 1e6;
     // The stream went through the device: its peer counted the bytes.
     let sent: u64 = in_netns(cluster.hosts[0].ns.path(), || {
         Wireguard::open()

@@ -12,14 +12,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::IpAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{
     Cluster, PROTO, WITHOUT_RESYNC, node_name, pod_cidr_v4, pod_cidr_v6, wait,
 };
-use cni_blackbox::hostport::in_netns;
+use cni_blackbox::connections::{tcp_pair, tcp_throughput};
 use cni_blackbox::measured::record_duration;
 use cni_blackbox::segments::{
     Place, ROUTER_B_V4, ROUTER_B_V6, b_v4, df_ping, node_at, on_a, on_b, segment_a_routes,
@@ -635,59 +635,10 @@ fn move_node(cluster: &mut Cluster, places: &mut BTreeMap<u8, Place>, n: u8, to:
     }
 }
 
-/// A TCP connection from `from` to a listener in `to` at `ip`: (client, server side).
-fn connection(from: &Netns, to: &Netns, ip: IpAddr) -> (TcpStream, TcpStream) {
-    let listener = in_netns(to.path(), move || {
-        TcpListener::bind(SocketAddr::new(ip, 0)).unwrap_or_else(|e| panic!("bind {ip}: {e}"))
-    });
-    let addr = listener
-        .local_addr()
-        .unwrap_or_else(|e| panic!("local_addr: {e}"));
-    let client = in_netns(from.path(), move || {
-        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .unwrap_or_else(|e| panic!("connect {addr}: {e}"))
-    });
-    let (server, _) = listener.accept().unwrap_or_else(|e| panic!("accept: {e}"));
-    for s in [&client, &server] {
-        s.set_nodelay(true)
-            .unwrap_or_else(|e| panic!("nodelay: {e}"));
-    }
-    (client, server)
-}
-
-/// One TCP stream from `from` to `to` for `secs`: Gbit/s as the receiver counted.
-fn throughput(from: &Netns, to: &Netns, ip: IpAddr, secs: u64) -> f64 {
-    let (mut client, mut server) = connection(from, to, ip);
-    let reader = std::thread::spawn(move || {
-        let mut buf = vec![0u8; 256 * 1024];
-        let mut total = 0u64;
-        let start = Instant::now();
-        loop {
-            match server.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => total += n as u64,
-            }
-        }
-        (total, start.elapsed())
-    });
-    let chunk = vec![0x5au8; 128 * 1024];
-    let until = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < until {
-        if client.write_all(&chunk).is_err() {
-            break;
-        }
-    }
-    drop(client);
-    let (bytes, took) = reader
-        .join()
-        .unwrap_or_else(|_| panic!("the reader panicked"));
-    bytes as f64 * 8.0 / took.as_secs_f64() / 1e9
-}
-
 /// `count` one-byte requests, each answered with one byte, from `from` to `to`: the
 /// round trips' p50, p99 and max in microseconds.
 fn request_response(from: &Netns, to: &Netns, ip: IpAddr, count: usize) -> (f64, f64, f64) {
-    let (mut client, mut server) = connection(from, to, ip);
+    let (mut client, mut server) = tcp_pair(from.path(), to.path(), ip);
     let echo = std::thread::spawn(move || {
         let mut byte = [0u8; 1];
         while server.read_exact(&mut byte).is_ok() {
@@ -757,7 +708,7 @@ fn traffic_direct_and_encapsulated() {
         ("vxlan", &cluster.hosts[2].pods[0]),
     ] {
         for (family, ip) in [("ipv4", to.v4), ("ipv6", to.v6)] {
-            let gbps = throughput(&from.ns, &to.ns, ip, secs);
+            let gbps = tcp_throughput(from.ns.path(), to.ns.path(), ip, secs) / 1e9;
             let (p50, p99, max) = request_response(&from.ns, &to.ns, ip, 5_000);
             println!(
                 "overlay-traffic path={path} family={family} pod_mtu={} tcp_gbit_s={gbps:.2} \

@@ -61,6 +61,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cni_blackbox::connections::{serve_and_close, time_connections, try_connect};
+use cni_blackbox::measured::peak_rss_kib;
 use cni_blackbox::nft::{Generation, PolicyTableView};
 use cni_blackbox::probe;
 use cni_blackbox::underlay::lone_node;
@@ -593,15 +594,6 @@ fn pod_netns(node: &Netns, port: &str, ip: Ipv4Addr) -> Netns {
     pod
 }
 
-fn vm_hwm_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// The agent's isolated addresses (ingress, egress) from its metrics, if it answers.
 fn isolated_metric(ns: &Netns) -> Option<(usize, usize)> {
     let addr: SocketAddr = HEALTH_ADDR.parse().ok()?;
@@ -800,7 +792,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         );
         std::thread::sleep(Duration::from_millis(10));
     };
-    let rss_after_sync = vm_hwm_kib(agent.pid());
+    let rss_after_sync = peak_rss_kib(agent.pid());
     let mut initial = PolicyTableView::read_maps(&ns, TABLE);
     initial.read_ingress_set(&ns, TABLE, IpAddr::V4(SERVER_IP));
     let have_ingress: BTreeSet<IpAddr> = initial.ingress4.keys().copied().collect();
@@ -986,7 +978,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
             log_of(&log)
         );
     }
-    let rss_peak = vm_hwm_kib(agent.pid());
+    let rss_peak = peak_rss_kib(agent.pid());
     let table = PolicyTableView::read_maps(&ns, TABLE);
     let (want_ingress_end, want_egress_end) = isolated(&pods, &policies);
     let have_ingress: BTreeSet<IpAddr> = table.ingress4.keys().copied().collect();
