@@ -46,6 +46,8 @@ pub const INTERNET_V4: &str = "198.18.0.1";
 pub const INTERNET_V6: &str = "fd00:18::1";
 /// Where the API server listens, on the underlay bridge.
 pub const API_V4: &str = "198.18.0.250";
+/// The underlay bridge's MAC (locally administered), set so that it never follows its ports'.
+const UNDERLAY_BRIDGE_MAC: &str = "02:c0:00:00:02:50";
 /// Where every agent serves `/healthz`, `/readyz` and `/metrics` (its default), in its
 /// node's namespace.
 pub const HEALTH_ADDR: &str = "127.0.0.1:9743";
@@ -464,11 +466,17 @@ impl Cluster {
     pub fn without_nodes(mtu: u32) -> Self {
         let dir = TempDir::new("cnibb-cl");
         let underlay = Netns::new("cnibb-cl-underlay");
+        // A MAC of its own: a bridge without one takes its lowest port's, so a node
+        // joining later with a lower one would change the API server's MAC under the
+        // nodes' ARP caches, and their packets to the API would be dropped until those
+        // entries expire (half a minute).
         underlay.exec_ok(&[
             "ip",
             "link",
             "add",
             "ulbr",
+            "address",
+            UNDERLAY_BRIDGE_MAC,
             "mtu",
             &mtu.to_string(),
             "type",
