@@ -19,6 +19,7 @@ use cni_linux::Netlink;
 use cni_linux::netlink::wireguard::{WgPeerConfig, Wireguard};
 use ipnetwork::IpNetwork;
 
+use super::watch::peer_hash;
 use super::{Key, PeerSpec};
 use crate::error::{Error, Result};
 
@@ -121,6 +122,13 @@ pub struct KnownPeers {
     at: HashMap<Key, usize>,
     /// Which peer holds each allowed IP.
     owner: HashMap<IpNetwork, Key>,
+    /// The sum of the known peers' [`peer_hash`]es, kept as they change: the device
+    /// watch's expectation without hashing every peer on every pass.
+    hashes: u64,
+}
+
+fn hash_of(peer: &PeerState) -> u64 {
+    peer_hash(&peer.public_key.0, &peer.allowed_ips)
 }
 
 impl KnownPeers {
@@ -136,6 +144,7 @@ impl KnownPeers {
                 .iter()
                 .flat_map(|p| p.allowed_ips.iter().map(|ip| (*ip, p.public_key))),
         );
+        self.hashes = peers.iter().fold(0, |sum, p| sum.wrapping_add(hash_of(p)));
         self.known = Some((index, peers));
     }
 
@@ -144,6 +153,12 @@ impl KnownPeers {
         self.known = None;
         self.at.clear();
         self.owner.clear();
+        self.hashes = 0;
+    }
+
+    /// The sum of the known peers' [`peer_hash`]es (0 when none are known).
+    pub fn hashes(&self) -> u64 {
+        self.hashes
     }
 
     /// The peers of device `index`, when known.
@@ -165,12 +180,15 @@ impl KnownPeers {
                 && old != spec.public_key
                 && let Some(&i) = self.at.get(&old)
             {
+                self.hashes = self.hashes.wrapping_sub(hash_of(&peers[i]));
                 peers[i].allowed_ips.retain(|a| a != ip);
+                self.hashes = self.hashes.wrapping_add(hash_of(&peers[i]));
             }
         }
         match self.at.get(&spec.public_key) {
             Some(&i) => {
                 let p = &mut peers[i];
+                self.hashes = self.hashes.wrapping_sub(hash_of(p));
                 for ip in &p.allowed_ips {
                     if !spec.allowed_ips.contains(ip) {
                         self.owner.remove(ip);
@@ -178,17 +196,20 @@ impl KnownPeers {
                 }
                 p.endpoint = Some(spec.endpoint);
                 p.allowed_ips.clone_from(&spec.allowed_ips);
+                self.hashes = self.hashes.wrapping_add(hash_of(p));
             }
             None => {
                 self.at.insert(spec.public_key, peers.len());
-                peers.push(PeerState {
+                let p = PeerState {
                     public_key: spec.public_key,
                     endpoint: Some(spec.endpoint),
                     allowed_ips: spec.allowed_ips.clone(),
                     last_handshake: None,
                     rx_bytes: 0,
                     tx_bytes: 0,
-                });
+                };
+                self.hashes = self.hashes.wrapping_add(hash_of(&p));
+                peers.push(p);
             }
         }
     }
@@ -202,6 +223,7 @@ impl KnownPeers {
             return;
         };
         let gone = peers.swap_remove(i);
+        self.hashes = self.hashes.wrapping_sub(hash_of(&gone));
         for ip in &gone.allowed_ips {
             if self.owner.get(ip) == Some(key) {
                 self.owner.remove(ip);
@@ -546,6 +568,46 @@ mod tests {
             rx_bytes: 0,
             tx_bytes: 0,
         }
+    }
+
+    /// The sum kept as peers are written (new, changed, taking another's allowed IP)
+    /// and removed is the one a fresh count of the list gives, so the device watch
+    /// expects what the device holds.
+    #[test]
+    fn the_kept_hash_sum_follows_every_change_to_the_known_peers() {
+        let fresh = |known: &KnownPeers| {
+            known
+                .of(7)
+                .unwrap()
+                .iter()
+                .fold(0u64, |sum, p| sum.wrapping_add(hash_of(p)))
+        };
+        let a = spec("a", 1, "198.18.0.12:51830", &["10.244.2.0/24", "fd00::/64"]);
+        let b = spec("b", 2, "198.18.0.13:51830", &["10.244.3.0/24"]);
+        let mut known = KnownPeers::default();
+        known.set(7, vec![state(&a), state(&b)]);
+        assert_eq!(known.hashes(), fresh(&known));
+        assert_ne!(known.hashes(), 0);
+        // A new key for node b takes its allowed IP from the old peer, which stays.
+        let b2 = spec("b", 3, "198.18.0.13:51830", &["10.244.3.0/24"]);
+        known.written(&b2);
+        assert_eq!(known.hashes(), fresh(&known));
+        known.removed(&b.public_key);
+        assert_eq!(known.hashes(), fresh(&known));
+        // A changed peer, and one that gives up an allowed IP.
+        known.written(&spec("a", 1, "198.18.0.14:51830", &["10.244.2.0/24"]));
+        assert_eq!(known.hashes(), fresh(&known));
+        let before = known.hashes();
+        known.written(&spec("c", 4, "198.18.0.15:51830", &["10.244.9.0/24"]));
+        known.removed(&key(4));
+        assert_eq!(known.hashes(), before);
+        // The same list in another order sums the same.
+        let list = known.of(7).unwrap().to_vec();
+        let mut reversed = KnownPeers::default();
+        reversed.set(7, list.into_iter().rev().collect());
+        assert_eq!(reversed.hashes(), known.hashes());
+        known.forget();
+        assert_eq!(known.hashes(), 0);
     }
 
     #[test]

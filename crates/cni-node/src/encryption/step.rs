@@ -402,14 +402,9 @@ impl Step {
         }
         let expected = match (self.local, self.applied) {
             (Some(local), Some((index, public, port))) if index == local.index => {
-                self.peers.of(index).map(|peers| {
-                    super::watch::fingerprint(
-                        Some(&public.0),
-                        port,
-                        peers
-                            .iter()
-                            .map(|p| (&p.public_key.0, p.allowed_ips.as_slice())),
-                    )
+                self.peers.of(index).map(|_| {
+                    super::watch::device_hash(Some(&public.0), port)
+                        .wrapping_add(self.peers.hashes())
                 })
             }
             _ => None,

@@ -75,27 +75,41 @@ impl PeersWatch {
 /// peer roams, nor handshakes and counters), in any order. A hash (peers combined
 /// without regard to order): the watch keeps 8 bytes however many peers there are, and
 /// a change it would miss by a collision (one in 2^64) is still repaired by the resync.
+/// It is [`device_hash`] plus each peer's [`peer_hash`], so that the reconciler keeps the
+/// sum of its known peers' as it writes them instead of hashing thousands each pass.
 pub fn fingerprint<'a>(
     public_key: Option<&[u8; 32]>,
     port: u16,
     peers: impl Iterator<Item = (&'a [u8; 32], &'a [IpNetwork])>,
 ) -> u64 {
+    peers.fold(device_hash(public_key, port), |sum, (key, allowed)| {
+        sum.wrapping_add(peer_hash(key, allowed))
+    })
+}
+
+/// The device's own share of a [`fingerprint`]: its public key and port.
+pub fn device_hash(public_key: Option<&[u8; 32]>, port: u16) -> u64 {
     let mut hasher = DefaultHasher::new();
     public_key.hash(&mut hasher);
     port.hash(&mut hasher);
-    let mut combined = hasher.finish();
-    let mut ips: Vec<IpNetwork> = Vec::new();
-    for (key, allowed) in peers {
+    hasher.finish()
+}
+
+/// One peer's share of a [`fingerprint`]: its key and its allowed IPs in any order.
+/// Shares are summed, not xored: two peers with one hash would cancel out in a xor.
+pub fn peer_hash(key: &[u8; 32], allowed: &[IpNetwork]) -> u64 {
+    // The allowed IPs summed as well (the kernel holds each once per peer), so that
+    // their order needs no sorted copy.
+    let ips = allowed.iter().fold(0u64, |sum, ip| {
         let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        ips.clear();
-        ips.extend_from_slice(allowed);
-        ips.sort_unstable();
-        ips.hash(&mut hasher);
-        // A sum, not a xor: two peers with one hash would cancel out in a xor.
-        combined = combined.wrapping_add(hasher.finish());
-    }
-    combined
+        ip.hash(&mut hasher);
+        sum.wrapping_add(hasher.finish())
+    });
+    let mut hasher = DefaultHasher::new();
+    key.hash(&mut hasher);
+    ips.hash(&mut hasher);
+    allowed.len().hash(&mut hasher);
+    hasher.finish()
 }
 
 fn fingerprint_of(device: &WgDevice) -> u64 {
