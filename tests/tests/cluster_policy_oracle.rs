@@ -435,14 +435,16 @@ mod agent {
     };
     use cni_node::policy::pipeline::Tier;
     use cni_node::policy::selector::Labels;
+    use cni_node::store::ItemMap;
     use serde_json::Value;
+    use std::sync::Arc;
 
     /// The agent's items of some objects.
     pub struct Agent {
-        pods: BTreeMap<String, PodInfo>,
-        namespaces: BTreeMap<String, Labels>,
-        policies: BTreeMap<String, PolicyInfo>,
-        cluster: BTreeMap<String, ClusterPolicyInfo>,
+        pods: ItemMap<PodInfo>,
+        namespaces: ItemMap<Labels>,
+        policies: ItemMap<PolicyInfo>,
+        cluster: ItemMap<ClusterPolicyInfo>,
         nodes: BTreeMap<String, NodePeer>,
     }
 
@@ -467,13 +469,13 @@ mod agent {
             };
             for pod in pods {
                 let info = PodInfo::from_slim(&slim::<SlimPod>(pod));
-                agent.pods.insert(info.key(), info);
+                agent.pods.insert(info.key(), Arc::new(info));
             }
             for ns in namespaces {
                 let ns: SlimNamespace = slim(ns);
                 agent.namespaces.insert(
                     ns.metadata.name.clone().unwrap_or_default(),
-                    ns.metadata.labels.clone().unwrap_or_default(),
+                    Arc::new(ns.metadata.labels.clone().unwrap_or_default()),
                 );
             }
             for node in nodes {
@@ -485,11 +487,11 @@ mod agent {
             }
             for policy in network_policies {
                 let info = PolicyInfo::from_slim(&slim::<SlimNetworkPolicy>(policy));
-                agent.policies.insert(info.key(), info);
+                agent.policies.insert(info.key(), Arc::new(info));
             }
             for policy in cluster_policies {
                 let info = ClusterPolicyInfo::from_slim(&slim::<SlimClusterNetworkPolicy>(policy));
-                agent.cluster.insert(info.name.clone(), info);
+                agent.cluster.insert(info.name.clone(), Arc::new(info));
             }
             agent
         }

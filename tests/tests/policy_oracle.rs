@@ -18,12 +18,14 @@ mod network_policy_cases;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use cni_blackbox::policy_oracle::{Direction, Oracle, Verdict};
 use cni_kube_api::{network_policy, realistic_namespace, realistic_pod};
 use cni_node::policy::model::{self, Side, View};
 use cni_node::policy::objects::{PodInfo, PolicyInfo, SlimNamespace, SlimNetworkPolicy, SlimPod};
 use cni_node::policy::selector::Labels;
+use cni_node::store::ItemMap;
 use network_policy_cases::{Action, Case};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -35,9 +37,9 @@ const DEFAULT_CASES: u32 = 2000;
 
 /// The agent's model of some objects, read as the agent reads them.
 struct Agent {
-    pods: BTreeMap<String, PodInfo>,
-    namespaces: BTreeMap<String, Labels>,
-    policies: BTreeMap<String, PolicyInfo>,
+    pods: ItemMap<PodInfo>,
+    namespaces: ItemMap<Labels>,
+    policies: ItemMap<PolicyInfo>,
 }
 
 impl Agent {
@@ -50,7 +52,7 @@ impl Agent {
         for pod in pods {
             let slim: SlimPod = serde_json::from_value(pod.clone()).map_err(|e| e.to_string())?;
             let info = PodInfo::from_slim(&slim);
-            agent.pods.insert(info.key(), info);
+            agent.pods.insert(info.key(), Arc::new(info));
         }
         for ns in namespaces {
             let slim: SlimNamespace =
@@ -58,7 +60,7 @@ impl Agent {
             let name = slim.metadata.name.clone().unwrap_or_default();
             agent
                 .namespaces
-                .insert(name, slim.metadata.labels.unwrap_or_default());
+                .insert(name, Arc::new(slim.metadata.labels.unwrap_or_default()));
         }
         for policy in policies {
             let slim: SlimNetworkPolicy =
@@ -71,7 +73,7 @@ impl Agent {
                     info.problems
                 ));
             }
-            agent.policies.insert(info.key(), info);
+            agent.policies.insert(info.key(), Arc::new(info));
         }
         Ok(agent)
     }

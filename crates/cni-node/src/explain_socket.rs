@@ -222,7 +222,7 @@ fn explain(query: &str, stores: &Stores) -> Reply {
     let nodes: BTreeMap<String, NodePeer> = whole
         .iter()
         .flat_map(|s| s.nodes.iter())
-        .map(|(name, node)| (name.clone(), NodePeer::from(node)))
+        .map(|(name, node)| (name.clone(), NodePeer::from(&**node)))
         .collect();
     let view = cluster.map(|c| ClusterView {
         policies: &c.policies,

@@ -25,6 +25,7 @@ use crate::host::{self, HostState, HostView, Reach};
 use crate::node::NodeInfo;
 use crate::policy::compile::SHARE_FROM;
 use crate::policy::pipeline::{self, CompileContext, Pipeline};
+use crate::store::ItemMap;
 use crate::store::Snapshot;
 
 /// How another node's pod CIDR is reached.
@@ -177,7 +178,7 @@ pub struct Plan {
 }
 
 /// Computes the plan.
-pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &PlanSettings) -> Plan {
+pub fn plan(nodes: &ItemMap<NodeInfo>, host: &HostView, settings: &PlanSettings) -> Plan {
     let mut out = Plan::default();
     let skip = |out: &mut Plan, name: &str, why: String| {
         out.skipped
@@ -312,7 +313,7 @@ pub fn plan(nodes: &BTreeMap<String, NodeInfo>, host: &HostView, settings: &Plan
 
 /// Public keys that more than one node publishes, or that are this node's own: such
 /// nodes are reached in clear (one key is one peer; a copied key would merge them).
-fn shared_keys(nodes: &BTreeMap<String, NodeInfo>, host: &HostView) -> BTreeMap<Key, String> {
+fn shared_keys(nodes: &ItemMap<NodeInfo>, host: &HostView) -> BTreeMap<Key, String> {
     let mut seen: BTreeMap<Key, Vec<&str>> = BTreeMap::new();
     for node in nodes.values() {
         if let Some(key) = node.key() {
@@ -789,7 +790,7 @@ mod tests {
     use super::*;
     use crate::host::HostRoute;
 
-    fn nodes_only(nodes: BTreeMap<String, NodeInfo>) -> Snapshot {
+    fn nodes_only(nodes: ItemMap<NodeInfo>) -> Snapshot {
         Snapshot {
             nodes: std::sync::Arc::new(nodes),
             policy: pipeline::PolicyInputs::default(),
@@ -807,8 +808,8 @@ mod tests {
         }
     }
 
-    fn map(nodes: Vec<NodeInfo>) -> BTreeMap<String, NodeInfo> {
-        nodes.into_iter().map(|n| (n.name.clone(), n)).collect()
+    fn map(nodes: Vec<NodeInfo>) -> ItemMap<NodeInfo> {
+        crate::store::item_map(nodes.into_iter().map(|n| (n.name.clone(), n)))
     }
 
     /// A host on 198.18.0.0/24 and fd00:18::/64 with a default route via .1.
@@ -1217,8 +1218,8 @@ mod tests {
         use std::sync::Arc;
         let (mut pods, namespaces) = cluster();
         // x/a runs on n1, and the API has no address of it yet: its pod record has.
-        pods.get_mut("x/a").unwrap().ips.clear();
-        let policies = [policy("x", "deny", serde_json::json!({"podSelector": {}}))]
+        Arc::make_mut(pods.get_mut("x/a").unwrap()).ips.clear();
+        let policies: ItemMap<_> = [policy("x", "deny", serde_json::json!({"podSelector": {}}))]
             .into_iter()
             .collect();
         let mut snapshot = nodes_only(map(three()));

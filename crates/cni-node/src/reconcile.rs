@@ -31,6 +31,7 @@ use crate::plan::{self, Desired, NetworkConfig, Settings};
 use crate::policy::datapath::{PolicyCounts, PolicyDatapath};
 use crate::policy::pipeline::{Pipeline, Tier};
 use crate::routes::{self, RouteChanges, RouteTable};
+use crate::store::ItemMap;
 use crate::store::Snapshot;
 
 /// Where the network config is written: a trait so the reconciler is tested without a
@@ -238,7 +239,7 @@ impl Reconciler {
     /// One pass against a snapshot of the stores; `resync` re-reads what is cached of
     /// the kernel first.
     pub fn reconcile(&mut self, snapshot: &Snapshot, resync: bool) -> Outcome {
-        let nodes: &BTreeMap<String, NodeInfo> = &snapshot.nodes;
+        let nodes: &ItemMap<NodeInfo> = &snapshot.nodes;
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
         let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
@@ -504,7 +505,7 @@ impl Reconciler {
         Ok(())
     }
 
-    fn report_skipped(&mut self, desired: &Desired, nodes: &BTreeMap<String, NodeInfo>) {
+    fn report_skipped(&mut self, desired: &Desired, nodes: &ItemMap<NodeInfo>) {
         let skipped = &desired.plan.skipped;
         for (name, why) in skipped {
             if self.reported.skipped.get(name) != Some(why) {
@@ -801,16 +802,17 @@ mod tests {
         )
     }
 
-    fn two_nodes() -> BTreeMap<String, NodeInfo> {
+    fn two_nodes() -> ItemMap<NodeInfo> {
         [
             node("n1", "10.244.1.0/24", "198.18.0.11"),
             node("n2", "10.244.2.0/24", "198.18.0.12"),
         ]
         .into_iter()
+        .map(|(name, node)| (name, Arc::new(node)))
         .collect()
     }
 
-    fn nodes_only(nodes: &BTreeMap<String, NodeInfo>) -> Snapshot {
+    fn nodes_only(nodes: &ItemMap<NodeInfo>) -> Snapshot {
         Snapshot {
             nodes: Arc::new(nodes.clone()),
             policy: crate::policy::pipeline::PolicyInputs::default(),
@@ -927,17 +929,21 @@ mod tests {
     }
 
     fn with_key(
-        mut nodes: BTreeMap<String, NodeInfo>,
+        mut nodes: ItemMap<NodeInfo>,
         name: &str,
         key: crate::encryption::Key,
-    ) -> BTreeMap<String, NodeInfo> {
-        nodes.get_mut(name).unwrap().wireguard_key = Some(Ok(key));
+    ) -> ItemMap<NodeInfo> {
+        Arc::make_mut(nodes.get_mut(name).unwrap()).wireguard_key = Some(Ok(key));
         nodes
     }
 
-    fn three_nodes() -> BTreeMap<String, NodeInfo> {
+    fn three_nodes() -> ItemMap<NodeInfo> {
         let mut nodes = two_nodes();
-        nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
+        nodes.extend(crate::store::item_map([node(
+            "n3",
+            "10.244.3.0/24",
+            "198.18.0.13",
+        )]));
         nodes
     }
 
@@ -1355,7 +1361,11 @@ mod tests {
         take(&f.log);
         let mut nodes = two_nodes();
         nodes.remove("n2");
-        nodes.extend([node("n3", "10.244.3.0/24", "198.18.0.13")]);
+        nodes.extend(crate::store::item_map([node(
+            "n3",
+            "10.244.3.0/24",
+            "198.18.0.13",
+        )]));
         let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
         let log = take(&f.log);
         assert_eq!(
@@ -1389,7 +1399,11 @@ mod tests {
                 gw: Some("198.18.0.1".parse().unwrap()),
             });
         let mut nodes = two_nodes();
-        nodes.extend([node("n3", "10.244.3.0/24", "203.0.113.3")]);
+        nodes.extend(crate::store::item_map([node(
+            "n3",
+            "10.244.3.0/24",
+            "203.0.113.3",
+        )]));
         let entries = |log: &[String]| {
             log.iter()
                 .filter(|l| l.starts_with("ReplaceFdb") || l.starts_with("ReplaceNeigh"))
@@ -1433,7 +1447,9 @@ mod tests {
     fn without_a_pod_cidr_no_config_is_written_but_routes_are_kept() {
         let mut f = fixture();
         let mut nodes = two_nodes();
-        nodes.get_mut("n1").unwrap().pod_cidrs.clear();
+        Arc::make_mut(nodes.get_mut("n1").unwrap())
+            .pod_cidrs
+            .clear();
         let outcome = f.reconciler.reconcile(&nodes_only(&nodes), false);
         assert!(outcome.failures.is_empty());
         let log = take(&f.log);
@@ -1484,8 +1500,11 @@ mod tests {
         }))
         .unwrap();
         let info = PodInfo::from_slim(&pod);
-        let pods = Arc::new(BTreeMap::from([(info.key(), info)]));
-        let namespaces = Arc::new(BTreeMap::from([("x".to_owned(), BTreeMap::new())]));
+        let pods = Arc::new(BTreeMap::from([(info.key(), Arc::new(info))]));
+        let namespaces = Arc::new(BTreeMap::from([(
+            "x".to_owned(),
+            Arc::new(BTreeMap::new()),
+        )]));
         let network_policy = crate::policy::network_policy::Snapshot {
             pods: Arc::clone(&pods),
             namespaces: Arc::clone(&namespaces),
@@ -1514,7 +1533,7 @@ mod tests {
         let cluster = cluster_network_policy::Snapshot {
             pods,
             namespaces,
-            policies: Arc::new(BTreeMap::from([("deny-all".to_owned(), deny)])),
+            policies: Arc::new(BTreeMap::from([("deny-all".to_owned(), Arc::new(deny))])),
         };
         snapshot.policy = PolicyInputs {
             admin: Stage::Ready(cluster.clone()),

@@ -12,7 +12,10 @@
 //!
 //! Objects are turned into small items the moment they arrive ([`Watched::read`]), so
 //! the store holds a few dozen bytes per object whatever the API sends. A snapshot is
-//! an `Arc` of the map: the reconciler reads it while the watch goes on.
+//! an `Arc` of the map: the reconciler reads it while the watch goes on. Each item is
+//! behind an `Arc` of its own, so a change that arrives while the reconciler holds a
+//! snapshot copies the map's keys and nodes, not every item (at 5,000 Nodes or 10,000
+//! Pods a deep copy took most of a change's time under load).
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -43,7 +46,15 @@ pub trait Watched: Clone + Debug + Send + 'static {
 }
 
 /// The items of one kind by key.
-pub type Items<K> = Arc<BTreeMap<String, <K as Watched>::Item>>;
+pub type Items<K> = Arc<ItemMap<<K as Watched>::Item>>;
+
+/// Items by key, each shared.
+pub type ItemMap<T> = BTreeMap<String, Arc<T>>;
+
+/// An [`ItemMap`] of `(key, item)` pairs.
+pub fn item_map<T>(items: impl IntoIterator<Item = (String, T)>) -> ItemMap<T> {
+    items.into_iter().map(|(k, v)| (k, Arc::new(v))).collect()
+}
 
 /// What one event did to the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +98,7 @@ impl Update {
 pub struct Store<K: Watched> {
     items: Items<K>,
     /// A list in progress: the view it will replace.
-    relist: Option<BTreeMap<String, K::Item>>,
+    relist: Option<ItemMap<K::Item>>,
     /// A complete list has been seen.
     complete: bool,
 }
@@ -112,7 +123,7 @@ impl<K: Watched> Store<K> {
             }
             Event::InitApply(object) => {
                 if let (Some(relist), Some((key, item))) = (&mut self.relist, object.read()) {
-                    relist.insert(key, item);
+                    relist.insert(key, Arc::new(item));
                 }
                 Update::Unchanged
             }
@@ -137,10 +148,10 @@ impl<K: Watched> Store<K> {
                 let Some((key, item)) = object.read() else {
                     return Update::Unchanged;
                 };
-                if !self.complete || self.items.get(&key) == Some(&item) {
+                if !self.complete || self.get(&key) == Some(&item) {
                     return Update::Unchanged;
                 }
-                Arc::make_mut(&mut self.items).insert(key.clone(), item);
+                Arc::make_mut(&mut self.items).insert(key.clone(), Arc::new(item));
                 Update::Applied { key }
             }
             Event::Delete(object) => {
@@ -163,7 +174,7 @@ impl<K: Watched> Store<K> {
 
     /// One item.
     pub fn get(&self, key: &str) -> Option<&K::Item> {
-        self.items.get(key)
+        self.items.get(key).map(|item| &**item)
     }
 
     /// Objects in the view.
@@ -250,7 +261,7 @@ mod tests {
     fn view(store: &Store<Thing>) -> Option<Vec<(String, u32)>> {
         store
             .snapshot()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), **v)).collect())
     }
 
     #[test]
@@ -347,7 +358,21 @@ mod tests {
         list(&mut store, &[("a", 1)]);
         let before = store.snapshot().unwrap();
         store.apply(Event::Apply(Thing(Some("a"), 2)));
-        assert_eq!(before.get("a"), Some(&1));
+        assert_eq!(before.get("a").map(|v| **v), Some(1));
         assert_eq!(store.get("a"), Some(&2));
+    }
+
+    /// A change while a snapshot is held copies the map, not the items it leaves alone:
+    /// both views hold the same `b`.
+    #[test]
+    fn a_change_during_a_snapshot_shares_the_items_it_does_not_touch() {
+        let mut store = Store::<Thing>::default();
+        list(&mut store, &[("a", 1), ("b", 2)]);
+        let before = store.snapshot().unwrap();
+        store.apply(Event::Apply(Thing(Some("a"), 3)));
+        let after = store.snapshot().unwrap();
+        assert!(!Arc::ptr_eq(&before, &after));
+        assert!(Arc::ptr_eq(&before["b"], &after["b"]));
+        assert!(!Arc::ptr_eq(&before["a"], &after["a"]));
     }
 }

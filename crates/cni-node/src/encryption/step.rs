@@ -149,7 +149,7 @@ impl Step {
         failures: &mut Vec<(&'static str, Error)>,
     ) {
         self.local = None;
-        let me = snapshot.nodes.get(&self.node);
+        let me = snapshot.nodes.get(&self.node).map(|n| &**n);
         let Some(settings) = self.settings.clone() else {
             // Off: the other nodes must reach this one in clear.
             if me.is_some_and(|n| n.wireguard_key.is_some())

@@ -646,6 +646,7 @@ mod tests {
     use crate::policy::model::View;
     use crate::policy::objects::{PolicyInfo, SCTP, SlimNetworkPolicy, SlimPod, TCP, UDP};
     use crate::policy::selector::Labels;
+    use crate::store::ItemMap;
     use proptest::prelude::*;
     use proptest::sample::select;
     use serde_json::{Value, json};
@@ -755,10 +756,10 @@ mod tests {
     }
 
     struct Cluster {
-        pods: BTreeMap<String, PodInfo>,
-        namespaces: BTreeMap<String, Labels>,
-        policies: BTreeMap<String, PolicyInfo>,
-        cluster: BTreeMap<String, ClusterPolicyInfo>,
+        pods: ItemMap<PodInfo>,
+        namespaces: ItemMap<Labels>,
+        policies: ItemMap<PolicyInfo>,
+        cluster: ItemMap<ClusterPolicyInfo>,
         nodes: BTreeMap<String, NodePeer>,
     }
 
@@ -780,7 +781,7 @@ mod tests {
             if let Some(team) = labels.get(i).copied().flatten() {
                 l.insert("team".into(), team.into());
             }
-            out.namespaces.insert((*ns).into(), l);
+            out.namespaces.insert((*ns).into(), Arc::new(l));
         }
         for n in 1..=2u8 {
             let node: SlimNode = serde_json::from_value(json!({
@@ -812,7 +813,7 @@ mod tests {
             }))
             .unwrap();
             let info = PodInfo::from_slim(&slim);
-            out.pods.insert(info.key(), info);
+            out.pods.insert(info.key(), Arc::new(info));
         }
         if isolate {
             let slim: SlimNetworkPolicy = serde_json::from_value(json!({
@@ -823,11 +824,11 @@ mod tests {
             }))
             .unwrap();
             let info = PolicyInfo::from_slim(&slim);
-            out.policies.insert(info.key(), info);
+            out.policies.insert(info.key(), Arc::new(info));
         }
         for (name, spec) in policies {
             let info = ClusterPolicyInfo::read(name, spec);
-            out.cluster.insert(name.clone(), info);
+            out.cluster.insert(name.clone(), Arc::new(info));
         }
         out
     }

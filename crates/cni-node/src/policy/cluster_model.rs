@@ -31,6 +31,7 @@ use super::model::{Side, View};
 use super::objects::{NamedPort, PodInfo};
 use super::pipeline::Tier;
 use super::selector::{Labels, Selector};
+use crate::store::ItemMap;
 
 /// A Node as `nodes` peers see it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -158,10 +159,10 @@ impl<'a> TieredView<'a> {
     /// the Nodes.
     pub fn new(
         view: &'a View<'a>,
-        policies: &'a BTreeMap<String, ClusterPolicyInfo>,
+        policies: &'a ItemMap<ClusterPolicyInfo>,
         nodes: &'a BTreeMap<String, NodePeer>,
     ) -> Self {
-        let mut ordered: Vec<&ClusterPolicyInfo> = policies.values().collect();
+        let mut ordered: Vec<&ClusterPolicyInfo> = policies.values().map(|p| &**p).collect();
         ordered.sort_by(|a, b| (a.tier, a.priority, &a.name).cmp(&(b.tier, b.priority, &b.name)));
         Self {
             view,
@@ -387,25 +388,31 @@ mod tests {
     use super::*;
     use crate::policy::objects::{PolicyInfo, SlimPod, TCP};
     use serde_json::{Value, json};
+    use std::sync::Arc;
 
-    fn pod(ns: &str, name: &str, labels: Value, ip: &str) -> (String, PodInfo) {
+    fn pod(ns: &str, name: &str, labels: Value, ip: &str) -> (String, Arc<PodInfo>) {
         let slim: SlimPod = serde_json::from_value(json!({
             "metadata": {"namespace": ns, "name": name, "labels": labels},
             "status": {"podIPs": [{"ip": ip}]},
         }))
         .unwrap();
         let info = PodInfo::from_slim(&slim);
-        (info.key(), info)
+        (info.key(), Arc::new(info))
     }
 
-    fn cnp(name: &str, tier: &str, priority: u32, ingress: Value) -> (String, ClusterPolicyInfo) {
+    fn cnp(
+        name: &str,
+        tier: &str,
+        priority: u32,
+        ingress: Value,
+    ) -> (String, Arc<ClusterPolicyInfo>) {
         let info = ClusterPolicyInfo::read(
             name,
             &json!({"tier": tier, "priority": priority,
                     "subject": {"namespaces": {}}, "ingress": ingress}),
         );
         assert!(info.problems.is_empty(), "{:?}", info.problems);
-        (name.to_owned(), info)
+        (name.to_owned(), Arc::new(info))
     }
 
     #[test]
@@ -414,8 +421,11 @@ mod tests {
             pod("a", "x", json!({"app": "x"}), "10.0.0.1"),
             pod("b", "y", json!({}), "10.0.0.2"),
         ]);
-        let namespaces = BTreeMap::from([("a".into(), Labels::new()), ("b".into(), Labels::new())]);
-        let policies = BTreeMap::<String, PolicyInfo>::new();
+        let namespaces = BTreeMap::from([
+            ("a".into(), Arc::new(Labels::new())),
+            ("b".into(), Arc::new(Labels::new())),
+        ]);
+        let policies = ItemMap::<PolicyInfo>::new();
         let view = View::new(&pods, &namespaces, &policies);
         let nodes = BTreeMap::new();
         let from_x = json!([{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "x"}}}}]);

@@ -28,6 +28,7 @@ use super::model::View;
 use super::objects::SlimClusterNetworkPolicy;
 use super::pipeline::{CompileContext, Selected, Stage, Tier};
 use super::verdicts::{Direction, Verdict, VerdictOrigin};
+use crate::store::ItemMap;
 use crate::store::{Items, Store, snapshot_of};
 
 /// What the tiers wait for until the kind's view is complete (`/readyz` says so).
@@ -208,12 +209,12 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
         context
             .nodes
             .iter()
-            .map(|(name, node)| (name.clone(), NodePeer::from(node)))
+            .map(|(name, node)| (name.clone(), NodePeer::from(&**node)))
             .collect()
     } else {
         BTreeMap::new()
     };
-    let policies: &BTreeMap<String, ClusterPolicyInfo> = &snapshot.policies;
+    let policies: &ItemMap<ClusterPolicyInfo> = &snapshot.policies;
     let tiered = TieredView::new(&view, policies, &nodes);
     let compiled = super::cluster_compile::compile(&tiered, context.node);
     let named_ports = |ip: &IpAddr| -> String {
@@ -264,7 +265,7 @@ fn fill(
     tier: Tier,
     direction: Direction,
     table: &TierTable,
-    policies: &BTreeMap<String, ClusterPolicyInfo>,
+    policies: &ItemMap<ClusterPolicyInfo>,
     named_ports: &dyn Fn(&IpAddr) -> String,
     pods: &mut BTreeMap<IpAddr, String>,
     profiles: &mut BTreeMap<String, Vec<TierVerdict>>,
@@ -317,7 +318,7 @@ fn tier_verdicts(
     tier: Tier,
     direction: Direction,
     boxes: &[VerdictBox],
-    policies: &BTreeMap<String, ClusterPolicyInfo>,
+    policies: &ItemMap<ClusterPolicyInfo>,
     origins: &mut Origins,
 ) -> Vec<TierVerdict> {
     let mut out = Vec::with_capacity(boxes.len());
@@ -390,6 +391,7 @@ fn profile_name(parts: &[&str]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::item_map;
 
     #[test]
     fn served_remembers_the_last_word() {
@@ -427,19 +429,15 @@ mod tests {
         policies: &[(&str, serde_json::Value)],
     ) -> (TierWant, TierWant) {
         let snapshot = Snapshot {
-            pods: Arc::new(pods.iter().map(|(ns, n, ip)| pod(ns, n, ip)).collect()),
-            namespaces: Arc::new(
+            pods: Arc::new(item_map(pods.iter().map(|(ns, n, ip)| pod(ns, n, ip)))),
+            namespaces: Arc::new(item_map(
                 ["x", "y"]
                     .into_iter()
-                    .map(|ns| (ns.to_owned(), BTreeMap::new()))
-                    .collect(),
-            ),
-            policies: Arc::new(
-                policies
-                    .iter()
-                    .map(|(name, spec)| ((*name).to_owned(), ClusterPolicyInfo::read(name, spec)))
-                    .collect(),
-            ),
+                    .map(|ns| (ns.to_owned(), BTreeMap::new())),
+            )),
+            policies: Arc::new(item_map(policies.iter().map(|(name, spec)| {
+                ((*name).to_owned(), ClusterPolicyInfo::read(name, spec))
+            }))),
         };
         let records = BTreeMap::new();
         let nodes = BTreeMap::new();
@@ -509,7 +507,7 @@ mod tests {
     fn scale_compile() {
         use serde_json::json;
         const ENVS: [&str; 3] = ["prod", "staging", "dev"];
-        let namespaces: BTreeMap<String, super::super::selector::Labels> = (0..100u32)
+        let namespaces: ItemMap<super::super::selector::Labels> = (0..100u32)
             .map(|j| {
                 let purpose = match j {
                     0 => "dns",
@@ -524,7 +522,7 @@ mod tests {
                 .into_iter()
                 .map(|(k, v)| (k.to_owned(), v))
                 .collect();
-                (format!("ns-{j:02}"), labels)
+                (format!("ns-{j:02}"), Arc::new(labels))
             })
             .collect();
         let mut pods = BTreeMap::new();
@@ -552,15 +550,13 @@ mod tests {
                 if node == 0 {
                     records.insert(ip.parse().unwrap(), info.key());
                 }
-                pods.insert(info.key(), info);
+                pods.insert(info.key(), Arc::new(info));
             }
         }
-        let policies: BTreeMap<String, ClusterPolicyInfo> = (0..100u32)
-            .map(|k| {
-                let (name, spec) = scale_policy(k);
-                (name.clone(), ClusterPolicyInfo::read(&name, &spec))
-            })
-            .collect();
+        let policies: ItemMap<ClusterPolicyInfo> = item_map((0..100u32).map(|k| {
+            let (name, spec) = scale_policy(k);
+            (name.clone(), ClusterPolicyInfo::read(&name, &spec))
+        }));
         let snapshot = Snapshot {
             pods: Arc::new(pods),
             namespaces: Arc::new(namespaces),

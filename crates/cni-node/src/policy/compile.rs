@@ -613,7 +613,7 @@ pub fn compile_sharing(view: &View<'_>, node: &str, share_from: usize) -> Compil
         .pods
         .values()
         .filter(|pod| pod.node == node && !pod.host_network)
-        .map(|pod| (pod.key(), (pod, view.ips(pod).into_iter().collect())))
+        .map(|pod| (pod.key(), (&**pod, view.ips(pod).into_iter().collect())))
         .collect();
     for (ip, key) in view.records() {
         if let Some(pod) = view.pods.get(key).filter(|p| !p.host_network) {
@@ -749,6 +749,7 @@ mod tests {
     use crate::policy::model::tests::{cluster, policy};
     use crate::policy::objects::{TCP, UDP};
     use serde_json::json;
+    use std::sync::Arc;
 
     fn allows(c: &Compiled, profile: &Profile, ip: IpAddr, protocol: u8, port: u16) -> bool {
         let ours = |protocols: (u8, u8), ports: (u16, u16)| {
@@ -922,7 +923,7 @@ mod tests {
         .collect();
         let before = compile(&View::new(&pods, &ns, &policies), "n1");
         // x/c gets the label the peer selects: the profile allows more, same name.
-        let c = pods.get_mut("x/c").unwrap();
+        let c = Arc::make_mut(pods.get_mut("x/c").unwrap());
         c.labels.insert("pod".into(), "b".into());
         let c_ip = c.ips[0];
         let after = compile(&View::new(&pods, &ns, &policies), "n1");
@@ -953,7 +954,7 @@ mod tests {
             node: "n1".into(),
             ..PodInfo::default()
         };
-        pods.insert(new.key(), new);
+        pods.insert(new.key(), Arc::new(new));
         let policies: BTreeMap<_, _> = [policy("x", "deny", json!({"podSelector": {}}))]
             .into_iter()
             .collect();
@@ -978,7 +979,7 @@ mod tests {
             ..PodInfo::default()
         };
         new.labels.insert("pod".into(), "new".into());
-        pods.insert(new.key(), new);
+        pods.insert(new.key(), Arc::new(new));
         let policies: BTreeMap<_, _> = [policy(
             "x",
             "isolate-a",
@@ -1006,7 +1007,7 @@ mod tests {
             ..PodInfo::default()
         };
         client.labels.insert("role".into(), "client".into());
-        pods.insert(client.key(), client);
+        pods.insert(client.key(), Arc::new(client));
         let policies: BTreeMap<_, _> = [policy(
             "x",
             "clients-only",
@@ -1066,7 +1067,7 @@ mod tests {
         }
         // z/b becomes an `a`: the set gains its addresses; the profiles stay as
         // they were.
-        let zb = pods.get_mut("z/b").unwrap();
+        let zb = Arc::make_mut(pods.get_mut("z/b").unwrap());
         zb.labels.insert("pod".into(), "a".into());
         let zb_ips = zb.ips.clone();
         let after = compile_sharing(&View::new(&pods, &ns, &policies), "n1", 1);

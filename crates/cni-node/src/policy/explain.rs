@@ -19,6 +19,7 @@ use super::network_policy::Snapshot;
 use super::objects::{SCTP, TCP, UDP};
 use super::pipeline::Tier;
 use crate::error::{Error, Result};
+use crate::store::ItemMap;
 
 /// A question: from an address or a pod (`namespace/name`) to a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,7 +123,7 @@ fn percent_encode(text: &str) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct ClusterView<'a> {
     /// ClusterNetworkPolicies by name.
-    pub policies: &'a BTreeMap<String, ClusterPolicyInfo>,
+    pub policies: &'a ItemMap<ClusterPolicyInfo>,
     /// Nodes by name.
     pub nodes: &'a BTreeMap<String, NodePeer>,
 }
@@ -144,11 +145,7 @@ pub struct Decided {
 }
 
 /// A rule's name as the verdict chains have it: its `name`, else its place in its list.
-pub fn rule_name(
-    policies: &BTreeMap<String, ClusterPolicyInfo>,
-    rule: &RuleRef,
-    ingress: bool,
-) -> String {
+pub fn rule_name(policies: &ItemMap<ClusterPolicyInfo>, rule: &RuleRef, ingress: bool) -> String {
     let direction = if ingress { "ingress" } else { "egress" };
     policies
         .get(&*rule.policy)
@@ -170,7 +167,7 @@ pub fn rule_name(
 #[allow(clippy::too_many_arguments)]
 pub fn decide(
     compiled: &ClusterCompiled,
-    policies: &BTreeMap<String, ClusterPolicyInfo>,
+    policies: &ItemMap<ClusterPolicyInfo>,
     ingress: bool,
     local: IpAddr,
     peer: IpAddr,
@@ -457,7 +454,7 @@ mod tests {
                 json!({"podSelector": {"matchLabels": {"pod": "a"}}, "ingress": [{"from": [{"podSelector": {"matchLabels": {"pod": "a"}}}]}]}),
             ),
         ];
-        let snapshot = |policies: &[(String, crate::policy::objects::PolicyInfo)]| Snapshot {
+        let snapshot = |policies: &[(String, Arc<crate::policy::objects::PolicyInfo>)]| Snapshot {
             pods: Arc::new(pods.clone()),
             namespaces: Arc::new(namespaces.clone()),
             policies: Arc::new(policies.iter().cloned().collect()),
@@ -514,7 +511,7 @@ mod tests {
     /// An Admin policy that denies egress to z's pods on TCP 80 (and accepts UDP
     /// there), passes y's ingress from z, and a Baseline policy that denies ingress
     /// from z to every pod on TCP; NetworkPolicy isolates y's ingress.
-    fn tiered() -> (Snapshot, BTreeMap<String, ClusterPolicyInfo>) {
+    fn tiered() -> (Snapshot, ItemMap<ClusterPolicyInfo>) {
         let (pods, namespaces) = cluster();
         let policies: BTreeMap<_, _> = [policy(
             "y",
@@ -529,7 +526,7 @@ mod tests {
             policies: Arc::new(policies),
         };
         let z = json!({"namespaces": {"matchLabels": {"ns": "z"}}});
-        let cluster: BTreeMap<String, ClusterPolicyInfo> = [
+        let cluster: ItemMap<ClusterPolicyInfo> = [
             (
                 "guard",
                 json!({"tier": "Admin", "priority": 10, "subject": {"namespaces": {}},
@@ -549,7 +546,7 @@ mod tests {
             ),
         ]
         .into_iter()
-        .map(|(name, spec)| (name.to_owned(), ClusterPolicyInfo::read(name, &spec)))
+        .map(|(name, spec)| (name.to_owned(), Arc::new(ClusterPolicyInfo::read(name, &spec))))
         .collect();
         (snapshot, cluster)
     }

@@ -19,16 +19,17 @@ use std::net::IpAddr;
 
 use super::objects::{NamedPort, Peer, PodInfo, PolicyInfo, PolicyPort, PortRef, Rule};
 use super::selector::{Labels, Selector};
+use crate::store::ItemMap;
 
 /// The objects policy is judged on.
 #[derive(Debug)]
 pub struct View<'a> {
     /// Pods by `namespace/name`.
-    pub pods: &'a BTreeMap<String, PodInfo>,
+    pub pods: &'a ItemMap<PodInfo>,
     /// Namespaces' labels by name.
-    pub namespaces: &'a BTreeMap<String, Labels>,
+    pub namespaces: &'a ItemMap<Labels>,
     /// Policies by `namespace/name`.
-    pub policies: &'a BTreeMap<String, PolicyInfo>,
+    pub policies: &'a ItemMap<PolicyInfo>,
     /// Pods by address, made on first use (the model's verdicts need it, the compile
     /// does not).
     by_ip: std::cell::OnceCell<HashMap<IpAddr, &'a PodInfo>>,
@@ -79,9 +80,9 @@ impl Verdict {
 impl<'a> View<'a> {
     /// A view over the stores' items.
     pub fn new(
-        pods: &'a BTreeMap<String, PodInfo>,
-        namespaces: &'a BTreeMap<String, Labels>,
-        policies: &'a BTreeMap<String, PolicyInfo>,
+        pods: &'a ItemMap<PodInfo>,
+        namespaces: &'a ItemMap<Labels>,
+        policies: &'a ItemMap<PolicyInfo>,
     ) -> Self {
         Self::with_records(pods, namespaces, policies, BTreeMap::new())
     }
@@ -89,9 +90,9 @@ impl<'a> View<'a> {
     /// A view over the stores' items and this node's pod records (address -> pod
     /// key): a recorded address is its recorded pod's, whatever the API shows yet.
     pub fn with_records(
-        pods: &'a BTreeMap<String, PodInfo>,
-        namespaces: &'a BTreeMap<String, Labels>,
-        policies: &'a BTreeMap<String, PolicyInfo>,
+        pods: &'a ItemMap<PodInfo>,
+        namespaces: &'a ItemMap<Labels>,
+        policies: &'a ItemMap<PolicyInfo>,
         records: BTreeMap<IpAddr, String>,
     ) -> Self {
         let mut recorded: HashMap<String, Vec<IpAddr>> = HashMap::new();
@@ -116,7 +117,7 @@ impl<'a> View<'a> {
                 .pods
                 .values()
                 .filter(|p| !p.host_network)
-                .flat_map(|p| p.ips.iter().map(move |ip| (*ip, p)))
+                .flat_map(|p| p.ips.iter().map(move |ip| (*ip, &**p)))
                 .collect();
             for (ip, key) in &self.records {
                 match self.pods.get(key).filter(|p| !p.host_network) {
@@ -333,22 +334,25 @@ pub(crate) mod tests {
     use super::*;
     use crate::policy::objects::{SlimNetworkPolicy, TCP, UDP};
     use serde_json::{Value, json};
+    use std::sync::Arc;
 
     /// The upstream suite's cluster: namespaces x, y, z (label `ns=<name>`), pods a, b, c
     /// in each (label `pod=<name>`), each serving 80 and 81 on TCP and UDP with named
     /// ports `serve-80-tcp` and so on.
-    pub(crate) fn cluster() -> (BTreeMap<String, PodInfo>, BTreeMap<String, Labels>) {
+    pub(crate) fn cluster() -> (ItemMap<PodInfo>, ItemMap<Labels>) {
         let mut pods = BTreeMap::new();
         let mut namespaces = BTreeMap::new();
         for (n, ns) in ["x", "y", "z"].iter().enumerate() {
             namespaces.insert(
                 (*ns).to_owned(),
-                [
-                    ("ns".to_owned(), (*ns).to_owned()),
-                    ("kubernetes.io/metadata.name".to_owned(), (*ns).to_owned()),
-                ]
-                .into_iter()
-                .collect(),
+                std::sync::Arc::new(
+                    [
+                        ("ns".to_owned(), (*ns).to_owned()),
+                        ("kubernetes.io/metadata.name".to_owned(), (*ns).to_owned()),
+                    ]
+                    .into_iter()
+                    .collect(),
+                ),
             );
             for (i, name) in ["a", "b", "c"].iter().enumerate() {
                 let mut named_ports = Vec::new();
@@ -375,22 +379,22 @@ pub(crate) mod tests {
                     named_ports,
                     ..PodInfo::default()
                 };
-                pods.insert(pod.key(), pod);
+                pods.insert(pod.key(), std::sync::Arc::new(pod));
             }
         }
         (pods, namespaces)
     }
 
-    pub(crate) fn policy(ns: &str, name: &str, spec: Value) -> (String, PolicyInfo) {
+    pub(crate) fn policy(ns: &str, name: &str, spec: Value) -> (String, Arc<PolicyInfo>) {
         let slim: SlimNetworkPolicy = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": ns}, "spec": spec,
         }))
         .unwrap();
         let info = PolicyInfo::from_slim(&slim);
-        (info.key(), info)
+        (info.key(), Arc::new(info))
     }
 
-    fn ip(pods: &BTreeMap<String, PodInfo>, key: &str) -> IpAddr {
+    fn ip(pods: &ItemMap<PodInfo>, key: &str) -> IpAddr {
         pods[key].ips[0]
     }
 
@@ -530,11 +534,11 @@ pub(crate) mod tests {
     #[test]
     fn a_named_port_the_pod_lacks_matches_nothing_and_host_network_pods_are_no_pods() {
         let (mut pods, ns) = cluster();
-        let mut host = pods["z/c"].clone();
+        let mut host = (*pods["z/c"]).clone();
         host.name = "node-dns".into();
         host.host_network = true;
         host.ips = vec!["198.18.0.11".parse().unwrap()];
-        pods.insert(host.key(), host);
+        pods.insert(host.key(), Arc::new(host));
         let policies: BTreeMap<_, _> = [policy(
             "x",
             "p",

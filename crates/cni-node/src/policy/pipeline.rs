@@ -159,7 +159,7 @@ pub struct CompileContext<'a> {
     /// From how many address ranges a peer of pods is a shared set.
     pub share_from: usize,
     /// The Nodes (ClusterNetworkPolicy's `nodes` peers).
-    pub nodes: &'a BTreeMap<String, crate::node::NodeInfo>,
+    pub nodes: &'a crate::store::ItemMap<crate::node::NodeInfo>,
 }
 
 /// Compiles each ready tier; the others stay as they are. ClusterNetworkPolicy is
