@@ -76,13 +76,7 @@ done
 # the one multi-call binary, as shipped; the agent is the static release build.
 stage=$(mktemp -d /tmp/cni-encryption-bench.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
-mkdir "$stage/bin"
-strip -o "$stage/bin/bridge" "$multicall"
-for p in host-local loopback portmap bandwidth; do
-    ln "$stage/bin/bridge" "$stage/bin/$p"
-done
-strip -o "$stage/bin/cnitool" "$cnitool"
-strip -o "$stage/bin/cni-node" "$agent"
+vm_stage_bin "$stage" "$multicall" "$cnitool" "$agent"
 strip -o "$stage/encryption_scale" "$test_bin"
 
 vm_start=$(date +%s)

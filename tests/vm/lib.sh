@@ -10,6 +10,11 @@
 #                     `kernel` (the vmlinuz to boot) and puts the venv on PATH.
 #   cargo_executables reads cargo's JSON messages on stdin, prints `<target> <path>` for
 #                     each executable built.
+#   vm_stage_bin DIR MULTICALL CNITOOL AGENT
+#                     DIR/bin as a node has it: the plugins as hard links of the one
+#                     multi-call binary, cnitool and cni-node, all stripped (debug
+#                     builds are ~50 MB, mostly debug info, and every byte crosses 9p
+#                     under emulation).
 #   vm_boot TIMEOUT RWDIR CMD
 #                     boots `kernel` with 2 CPUs and 2 GiB, the host's files visible
 #                     read-only and RWDIR read-write, runs CMD in it, and sets `vng_rc`
@@ -116,6 +121,17 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"):
         print(m["target"]["name"], m["executable"])
 '
+}
+
+vm_stage_bin() {
+    local dir=$1 multicall=$2 cnitool=$3 agent=$4 p
+    mkdir -p "$dir/bin"
+    strip -o "$dir/bin/bridge" "$multicall"
+    for p in host-local loopback portmap bandwidth; do
+        ln "$dir/bin/bridge" "$dir/bin/$p"
+    done
+    strip -o "$dir/bin/cnitool" "$cnitool"
+    strip -o "$dir/bin/cni-node" "$agent"
 }
 
 vm_boot() {

@@ -90,13 +90,7 @@ echo "built in $(($(date +%s) - build_start)) s: $bin_dir, $vlan_test, $cluster_
 # binary, as shipped; the guest copies them into its tmpfs ---
 out=$(mktemp -d /tmp/cni-vlan-tier.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-mkdir "$out/bin"
-strip -o "$out/bin/bridge" "$multicall"
-for p in host-local loopback portmap bandwidth; do
-    ln "$out/bin/bridge" "$out/bin/$p"
-done
-strip -o "$out/bin/cnitool" "$cnitool"
-strip -o "$out/bin/cni-node" "$agent"
+vm_stage_bin "$out" "$multicall" "$cnitool" "$agent"
 strip -o "$out/bridge_vlan" "$vlan_test"
 strip -o "$out/cluster_wireguard" "$cluster_test"
 strip -o "$out/netlink" "$netlink_test"
