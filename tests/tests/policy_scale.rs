@@ -67,8 +67,8 @@ use cni_blackbox::probe;
 use cni_blackbox::underlay::lone_node;
 use cni_blackbox::{Netns, TempDir, plugin_path, require_root};
 use cni_kube_api::{
-    ApiServer, cluster_network_policy, network_policy, realistic_namespace, realistic_node,
-    realistic_pod,
+    ApiServer, BENCHMARK_ENVS, benchmark_cluster_policy, cluster_network_policy, network_policy,
+    realistic_namespace, realistic_node, realistic_pod,
 };
 use serde_json::{Value, json};
 
@@ -76,7 +76,7 @@ const TABLE: &str = "cni_node_policy";
 const PODS_PER_NODE: u32 = 100;
 const NAMESPACES: u32 = 100;
 const TIERS: [&str; 3] = ["web", "api", "db"];
-const ENVS: [&str; 3] = ["prod", "staging", "dev"];
+const ENVS: [&str; 3] = BENCHMARK_ENVS;
 /// The namespace labelled `purpose=dns`, which egress policies allow DNS to.
 const DNS_NS: u32 = 0;
 /// The namespace labelled `purpose=monitoring`, allowed to every pod's metrics.
@@ -429,73 +429,6 @@ fn bench_pods() -> [Pod; 2] {
     ]
 }
 
-/// ClusterNetworkPolicy `k` of the benchmark: Admin when `k` is even, Baseline when odd;
-/// `1 + k % 25` ingress rules and half as many egress rules. Its peers are namespaces of
-/// teams 3 to 9 or the DNS and monitoring namespaces, pods of those teams, and
-/// documentation networks, never the benchmark's client or server (teams 1 and 2) nor
-/// the addresses the changes admit, so no verdict of the test changes; its rules still
-/// cover ports the benchmark uses (8080) and every protocol form.
-fn cluster_policy(k: u32) -> Value {
-    let admin = k.is_multiple_of(2);
-    let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
-    let actions: &[&str] = if admin {
-        &["Deny", "Accept", "Pass"]
-    } else {
-        &["Deny", "Accept"]
-    };
-    let rule = |r: u32, way: &str| {
-        let peer = match r % 4 {
-            0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
-            1 => json!({"pods": {
-                "namespaceSelector": {"matchLabels": {"team": team(r)}},
-                "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
-            }}),
-            2 if way == "to" => json!({"networks": [
-                format!("203.0.113.{}/32", r % 256),
-                "198.51.100.0/24",
-                format!("2001:db8::{r:x}/128"),
-            ]}),
-            2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
-            _ => json!({"namespaces": {"matchExpressions": [
-                {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
-            ]}}),
-        };
-        let mut rule = json!({
-            "name": format!("rule-{r}"),
-            "action": actions[(r % actions.len() as u32) as usize],
-            way: [peer],
-        });
-        match r % 5 {
-            0 => {}
-            1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": SERVER_PORT}}}]),
-            2 => {
-                rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
-                    "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
-            }
-            3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
-            _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
-        }
-        rule
-    };
-    let ingress: Vec<Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
-    let egress: Vec<Value> = (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
-    let subject = if k.is_multiple_of(5) {
-        json!({"namespaces": {}})
-    } else {
-        json!({"namespaces": {"matchLabels": {"env": ENVS[(k % 3) as usize]}}})
-    };
-    cluster_network_policy(
-        &format!("{}-{k}", if admin { "admin" } else { "baseline" }),
-        json!({
-            "tier": if admin { "Admin" } else { "Baseline" },
-            "priority": (k / 2 * 20 + k % 20) % 1000,
-            "subject": subject,
-            "ingress": ingress,
-            "egress": egress,
-        }),
-    )
-}
-
 /// The local pod addresses the policies isolate, for ingress and for egress.
 fn isolated(pods: &[Pod], policies: &[Policy]) -> (BTreeSet<IpAddr>, BTreeSet<IpAddr>) {
     let mut ingress = BTreeSet::new();
@@ -759,7 +692,7 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         api.apply_network_policy(policy.object.clone());
     }
     for k in 0..cluster_policies {
-        api.apply_cluster_network_policy(cluster_policy(k));
+        api.apply_cluster_network_policy(benchmark_cluster_policy(k, SERVER_PORT));
     }
     let kubeconfig = dir.path().join("kubeconfig");
     api.write_kubeconfig(&kubeconfig);

@@ -315,3 +315,74 @@ pub fn cluster_network_policy(name: &str, spec: Value) -> Value {
         "spec": spec,
     })
 }
+
+/// The `env` label values of the benchmark's namespaces, in the order they take them.
+pub const BENCHMARK_ENVS: [&str; 3] = ["prod", "staging", "dev"];
+
+/// ClusterNetworkPolicy `k` of the NetworkPolicy benchmark's tier run (and of the
+/// agent's in-process timing of it): Admin when `k` is even, Baseline when odd;
+/// `1 + k % 25` ingress rules and half as many egress rules. Its peers are namespaces of
+/// teams 3 to 9 or the DNS and monitoring namespaces, pods of those teams, and
+/// documentation networks, never the benchmark's client or server (teams 1 and 2) nor
+/// the addresses the changes admit, so no verdict of the test changes; its rules still
+/// cover the benchmark's server `port` and every protocol form.
+pub fn benchmark_cluster_policy(k: u32, port: u16) -> Value {
+    let admin = k.is_multiple_of(2);
+    let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
+    let actions: &[&str] = if admin {
+        &["Deny", "Accept", "Pass"]
+    } else {
+        &["Deny", "Accept"]
+    };
+    let rule = |r: u32, way: &str| {
+        let peer = match r % 4 {
+            0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
+            1 => json!({"pods": {
+                "namespaceSelector": {"matchLabels": {"team": team(r)}},
+                "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
+            }}),
+            2 if way == "to" => json!({"networks": [
+                format!("203.0.113.{}/32", r % 256),
+                "198.51.100.0/24",
+                format!("2001:db8::{r:x}/128"),
+            ]}),
+            2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
+            _ => json!({"namespaces": {"matchExpressions": [
+                {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
+            ]}}),
+        };
+        let mut rule = json!({
+            "name": format!("rule-{r}"),
+            "action": actions[(r % actions.len() as u32) as usize],
+            way: [peer],
+        });
+        match r % 5 {
+            0 => {}
+            1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": port}}}]),
+            2 => {
+                rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
+                    "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
+            }
+            3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
+            _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
+        }
+        rule
+    };
+    let ingress: Vec<Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
+    let egress: Vec<Value> = (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
+    let subject = if k.is_multiple_of(5) {
+        json!({"namespaces": {}})
+    } else {
+        json!({"namespaces": {"matchLabels": {"env": BENCHMARK_ENVS[(k % 3) as usize]}}})
+    };
+    cluster_network_policy(
+        &format!("{}-{k}", if admin { "admin" } else { "baseline" }),
+        json!({
+            "tier": if admin { "Admin" } else { "Baseline" },
+            "priority": (k / 2 * 20 + k % 20) % 1000,
+            "subject": subject,
+            "ingress": ingress,
+            "egress": egress,
+        }),
+    )
+}

@@ -40,7 +40,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use fixture::{
-    cluster_network_policy, network_policy, realistic_namespace, realistic_node, realistic_pod,
+    BENCHMARK_ENVS, benchmark_cluster_policy, cluster_network_policy, network_policy,
+    realistic_namespace, realistic_node, realistic_pod,
 };
 pub use kind::Kind;
 use store::Store;

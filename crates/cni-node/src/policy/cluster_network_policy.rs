@@ -505,8 +505,8 @@ mod tests {
     #[test]
     #[ignore = "a timing aid, not a test"]
     fn scale_compile() {
+        use cni_kube_api::{BENCHMARK_ENVS as ENVS, benchmark_cluster_policy};
         use serde_json::json;
-        const ENVS: [&str; 3] = ["prod", "staging", "dev"];
         let namespaces: ItemMap<super::super::selector::Labels> = (0..100u32)
             .map(|j| {
                 let purpose = match j {
@@ -554,8 +554,10 @@ mod tests {
             }
         }
         let policies: ItemMap<ClusterPolicyInfo> = item_map((0..100u32).map(|k| {
-            let (name, spec) = scale_policy(k);
-            (name.clone(), ClusterPolicyInfo::read(&name, &spec))
+            let object = benchmark_cluster_policy(k, 8080);
+            let name = object["metadata"]["name"].as_str().unwrap().to_owned();
+            let info = ClusterPolicyInfo::read(&name, &object["spec"]);
+            (name, info)
         }));
         let snapshot = Snapshot {
             pods: Arc::new(pods),
@@ -597,71 +599,4 @@ mod tests {
             );
         }
     }
-
-    /// The benchmark's ClusterNetworkPolicy `k`.
-    fn scale_policy(k: u32) -> (String, serde_json::Value) {
-        use serde_json::json;
-        let admin = k.is_multiple_of(2);
-        let team = |r: u32| format!("team-{}", 3 + (k + r) % 7);
-        let actions: &[&str] = if admin {
-            &["Deny", "Accept", "Pass"]
-        } else {
-            &["Deny", "Accept"]
-        };
-        let rule = |r: u32, way: &str| {
-            let peer = match r % 4 {
-                0 => json!({"namespaces": {"matchLabels": {"team": team(r)}}}),
-                1 => json!({"pods": {
-                    "namespaceSelector": {"matchLabels": {"team": team(r)}},
-                    "podSelector": {"matchLabels": {"app": format!("app-{}", r % 10)}},
-                }}),
-                2 if way == "to" => json!({"networks": [
-                    format!("203.0.113.{}/32", r % 256),
-                    "198.51.100.0/24",
-                    format!("2001:db8::{r:x}/128"),
-                ]}),
-                2 => json!({"namespaces": {"matchLabels": {"purpose": "monitoring"}}}),
-                _ => json!({"namespaces": {"matchExpressions": [
-                    {"key": "purpose", "operator": "In", "values": ["dns", "monitoring"]},
-                ]}}),
-            };
-            let mut rule = json!({
-                "name": format!("rule-{r}"),
-                "action": actions[(r % actions.len() as u32) as usize],
-                way: [peer],
-            });
-            match r % 5 {
-                0 => {}
-                1 => rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": 8080}}}]),
-                2 => {
-                    rule["protocols"] = json!([{"tcp": {"destinationPort": {"range": {
-                        "start": 9000 + r, "end": 9100 + r}}}}, {"udp": {"destinationPort": {"number": 53}}}]);
-                }
-                3 => rule["protocols"] = json!([{"destinationNamedPort": "metrics"}]),
-                _ => rule["protocols"] = json!([{"sctp": {"destinationPort": {"number": 9003}}}]),
-            }
-            rule
-        };
-        let ingress: Vec<serde_json::Value> = (0..=k % 25).map(|r| rule(r, "from")).collect();
-        let egress: Vec<serde_json::Value> =
-            (0..(k % 25).div_ceil(2)).map(|r| rule(r, "to")).collect();
-        let subject = if k.is_multiple_of(5) {
-            json!({"namespaces": {}})
-        } else {
-            json!({"namespaces": {"matchLabels": {"env": ENVS_OF_POLICY[(k % 3) as usize]}}})
-        };
-        let name = format!("{}-{k}", if admin { "admin" } else { "baseline" });
-        (
-            name,
-            json!({
-                "tier": if admin { "Admin" } else { "Baseline" },
-                "priority": (k / 2 * 20 + k % 20) % 1000,
-                "subject": subject,
-                "ingress": ingress,
-                "egress": egress,
-            }),
-        )
-    }
-
-    const ENVS_OF_POLICY: [&str; 3] = ["prod", "staging", "dev"];
 }
