@@ -21,19 +21,12 @@ mkdir -p "$work" && cp -r --preserve=links "$out/bin" "$out/encryption_scale" "$
 export CNI_BLACKBOX_BIN_DIR="$work/bin" CNI_NODE_BIN="$work/bin/cni-node" \
     CNI_RS_REQUIRE_WIREGUARD=1 RUST_BACKTRACE=1 ENCRYPTION_AGENT_LOGS="$out"
 
-uptime_s() { cut -d' ' -f1 /proc/uptime; }
+# shellcheck source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/guest-lib.sh"
 
 {
     echo "kernel: $(uname -r)"
-    # The modules a node has loaded long before its agent starts (see
-    # vlan-tier-guest.sh): loaded on demand, each is a modprobe process under emulation
-    # and would land inside the timed sync.
-    t0=$(uptime_s)
-    for m in br_netfilter wireguard vxlan nf_tables nft_chain_nat nft_masq nft_ct \
-        nft_fib_inet nft_reject_inet nft_log nft_limit nfnetlink_log; do
-        modprobe "$m" || echo "[guest] modprobe $m failed"
-    done
-    echo "[guest] modules loaded in $(echo "$(uptime_s) $t0" | awk '{printf "%.1f", $1 - $2}') s"
+    load_node_modules
     failed=0
     for t in keyed_peers_sync_against_vxlan tcp_through_wireguard_and_vxlan; do
         t0=$(uptime_s)
@@ -42,7 +35,7 @@ uptime_s() { cut -d' ' -f1 /proc/uptime; }
         else
             verdict=FAILED failed=$((failed + 1))
         fi
-        echo "[guest] $t: $verdict in $(echo "$(uptime_s) $t0" | awk '{printf "%.1f", $1 - $2}') s"
+        echo "[guest] $t: $verdict in $(since_s "$t0") s"
     done
     [ "$failed" -eq 0 ] && echo 0 > "$out/rc" || echo 1 > "$out/rc"
 } > "$out/tests.log" 2>&1

@@ -20,7 +20,8 @@ mkdir -p "$work" && cp -r --preserve=links "$out/bin" "$out/bridge_vlan" "$out/c
 export CNI_BLACKBOX_BIN_DIR="$work/bin" CNI_RS_REQUIRE_VLAN=1 CNI_RS_REQUIRE_WIREGUARD=1 \
     CNI_RS_MEASURED="$out/measured" RUST_BACKTRACE=1
 
-uptime_s() { cut -d' ' -f1 /proc/uptime; }
+# shellcheck source=tests/vm/guest-lib.sh
+. "$(dirname "$0")/guest-lib.sh"
 
 # Runs the tests of binary $1 whose names contain $2, one process per test, so that the
 # log shows each test's duration under emulation.
@@ -38,7 +39,7 @@ run_tests() {
         else
             failed=$((failed + 1)); verdict=FAILED
         fi
-        echo "[guest] $1 $t: $verdict in $(echo "$(uptime_s) $t0" | awk '{printf "%.1f", $1 - $2}') s"
+        echo "[guest] $1 $t: $verdict in $(since_s "$t0") s"
     done
 }
 
@@ -51,16 +52,7 @@ run_tests() {
     # WireGuard's netlink calls and a tunnel between two namespaces (in-process but
     # for a few pings).
     run_tests wireguard ""
-    # The modules a node running the agent has loaded long before it starts: loaded on
-    # demand instead, each is a modprobe process under emulation, and the agents' first
-    # passes wait for them (seconds), while br_netfilter, which nothing loads on demand,
-    # would fail the agents' NetworkPolicy step and keep them retrying.
-    t0=$(uptime_s)
-    for m in br_netfilter wireguard vxlan nf_tables nft_chain_nat nft_masq nft_ct \
-        nft_fib_inet nft_reject_inet nft_log nft_limit nfnetlink_log; do
-        modprobe "$m" || echo "[guest] modprobe $m failed"
-    done
-    echo "[guest] modules loaded in $(echo "$(uptime_s) $t0" | awk '{printf "%.1f", $1 - $2}') s"
+    load_node_modules
     # Three encrypting agents, pods on each, a capture on the underlay; then the faults.
     run_tests cluster_wireguard encrypted_pod_traffic
     echo "[guest] stock-kernel tier: $passed passed, $failed failed"
