@@ -948,6 +948,17 @@ mod tests {
     }
 
     /// The device the fake kernel made, as the host reader would now see it.
+    /// The nodes after a first pass that made the device (n2 publishing a key), shown
+    /// to the host reader, with this node's new key published on n1 as the watch would
+    /// bring it back.
+    fn keyed_after_first_pass(e: &mut Encrypting) -> ItemMap<NodeInfo> {
+        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        show_device(e);
+        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
+        with_key(nodes, "n1", own.public())
+    }
+
     fn show_device(e: &Encrypting) -> u32 {
         let state = e.kernel.0.lock().unwrap().clone();
         let device = state.device.expect("a device");
@@ -1086,11 +1097,7 @@ mod tests {
     #[test]
     fn a_quiet_pass_reads_neither_the_key_file_nor_the_device_and_writes_nothing() {
         let mut e = encrypting(false, None);
-        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
-        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
-        show_device(&e);
-        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
-        let nodes = with_key(nodes, "n1", own.public());
+        let nodes = keyed_after_first_pass(&mut e);
         let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
         assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
         e.kernel.take_log();
@@ -1129,11 +1136,7 @@ mod tests {
         let watch = Arc::new(crate::encryption::watch::PeersWatch::default());
         let step = e.f.reconciler.encryption.take().unwrap();
         e.f.reconciler.encryption = Some(step.with_peers_watch(Arc::clone(&watch)));
-        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
-        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
-        show_device(&e);
-        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
-        let nodes = with_key(nodes, "n1", own.public());
+        let nodes = keyed_after_first_pass(&mut e);
         e.f.reconciler.reconcile(&nodes_only(&nodes), false);
         let peers = |e: &Encrypting| {
             let state = e.kernel.0.lock().unwrap();
@@ -1177,11 +1180,7 @@ mod tests {
     #[test]
     fn a_restart_adopts_the_device_its_key_and_peers_without_a_change() {
         let mut e = encrypting(false, None);
-        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
-        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
-        show_device(&e);
-        let (own, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
-        let nodes = with_key(nodes, "n1", own.public());
+        let nodes = keyed_after_first_pass(&mut e);
         e.kernel.take_log();
         // A new agent (same state directory, same kernel).
         let mut settings = e.f.reconciler.settings.clone();
@@ -1236,11 +1235,8 @@ mod tests {
     #[test]
     fn a_rotated_key_goes_on_the_device_and_is_published_while_the_routes_stay_on_it() {
         let mut e = encrypting(false, None);
-        let nodes = with_key(three_nodes(), "n2", crate::encryption::Key([2; 32]));
-        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
-        show_device(&e);
+        let nodes = keyed_after_first_pass(&mut e);
         let (old, _) = crate::encryption::key::load_or_create(&e.state_dir).unwrap();
-        let nodes = with_key(nodes, "n1", old.public());
         e.f.reconciler.reconcile(&nodes_only(&nodes), false);
         e.kernel.take_log();
         take(&e.f.log);
