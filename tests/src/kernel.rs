@@ -131,3 +131,23 @@ pub fn nat_and_nft(ns: &Netns) -> String {
         .map(|l| format!("{l}\n"))
         .collect()
 }
+
+/// Whether the kernel makes WireGuard links, tried in a throwaway namespace, which is
+/// returned (a caller may keep it to the test's end: a namespace's deletion is torn
+/// down in the background, and one deleted at once can slow what the test times next).
+/// A kernel that does not is a skip (`None`, said on stderr), or a failure under
+/// `CNI_RS_REQUIRE_WIREGUARD=1` (the stock-kernel VM sets it).
+pub fn wireguard_probe(test: &str) -> Option<Netns> {
+    let probe = Netns::new("cnibb-wg-probe");
+    let out = probe.exec(&["ip", "link", "add", "wg-probe", "type", "wireguard"]);
+    if out.status.success() {
+        return Some(probe);
+    }
+    let why = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    assert!(
+        std::env::var("CNI_RS_REQUIRE_WIREGUARD").as_deref() != Ok("1"),
+        "{test}: CNI_RS_REQUIRE_WIREGUARD=1 but this kernel makes no WireGuard link: {why}"
+    );
+    eprintln!("skipping {test}: this kernel makes no WireGuard link ({why})");
+    None
+}

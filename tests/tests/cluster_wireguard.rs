@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use cni_blackbox::cluster::{API_V4, Host, WITHOUT_RESYNC, pod_cidr_v4, pod_cidr_v6, wait};
 use cni_blackbox::hostport::in_netns;
+use cni_blackbox::kernel::wireguard_probe;
 use cni_blackbox::measured::{record, record_duration};
 use cni_blackbox::segments::{Place, b_v4, b_v6, df_ping, node_at, two_segments};
 use cni_blackbox::underlay::address;
@@ -44,23 +45,6 @@ const DEVICE: &str = "cni-wg0";
 const PORT: u16 = 51830;
 /// What the probes of `Cluster::check_pod_to_pod` carry (`unique_name("udp-token")`).
 const PROBE_PAYLOAD: &[u8] = b"udp-token";
-
-/// Whether the kernel makes WireGuard links (tried in a throwaway namespace); a kernel
-/// that does not is a skip, or a failure under `CNI_RS_REQUIRE_WIREGUARD=1`.
-fn kernel_has_wireguard(test: &str) -> bool {
-    let probe = Netns::new("cnibb-wg-probe");
-    let out = probe.exec(&["ip", "link", "add", "wg-probe", "type", "wireguard"]);
-    if out.status.success() {
-        return true;
-    }
-    let why = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-    assert!(
-        std::env::var("CNI_RS_REQUIRE_WIREGUARD").as_deref() != Ok("1"),
-        "{test}: CNI_RS_REQUIRE_WIREGUARD=1 but this kernel makes no WireGuard link: {why}"
-    );
-    eprintln!("skipping {test}: this kernel makes no WireGuard link ({why})");
-    false
-}
 
 /// A node's state directory (its key file's), beside its other files.
 fn state_dir(host: &Host) -> PathBuf {
@@ -682,7 +666,7 @@ fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
 #[test]
 fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() {
     let test = "encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes";
-    if !require_root() || !kernel_has_wireguard(test) {
+    if !require_root() || wireguard_probe(test).is_none() {
         return;
     }
     let started = Instant::now();

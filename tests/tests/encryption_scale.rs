@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use cni_blackbox::cluster::wait;
 use cni_blackbox::connections::tcp_throughput;
 use cni_blackbox::hostport::in_netns;
+use cni_blackbox::kernel::wireguard_probe;
 use cni_blackbox::measured::peak_rss_kib;
 use cni_blackbox::segments::{node_at, two_segments};
 use cni_blackbox::underlay::lone_node;
@@ -59,25 +60,6 @@ const WG_DEVICE: &str = "cni-wg0";
 const VXLAN_DEVICE: &str = "cni-vx4";
 /// The underlay MTU of the traffic test.
 const MTU: u32 = 1500;
-
-/// Whether the kernel makes WireGuard links (tried in a throwaway namespace); a kernel
-/// that does not is a skip, or a failure under `CNI_RS_REQUIRE_WIREGUARD=1`.
-/// The namespace it was tried in is returned, to be deleted at the test's end (see
-/// [`sync`]).
-fn kernel_has_wireguard(test: &str) -> Option<Netns> {
-    let probe = Netns::new("cnibb-wgs-probe");
-    let out = probe.exec(&["ip", "link", "add", "wg-probe", "type", "wireguard"]);
-    if out.status.success() {
-        return Some(probe);
-    }
-    let why = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-    assert!(
-        std::env::var("CNI_RS_REQUIRE_WIREGUARD").as_deref() != Ok("1"),
-        "{test}: CNI_RS_REQUIRE_WIREGUARD=1 but this kernel makes no WireGuard link: {why}"
-    );
-    eprintln!("skipping {test}: this kernel makes no WireGuard link ({why})");
-    None
-}
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -453,7 +435,7 @@ fn keyed_peers_sync_against_vxlan() {
     if !require_root() {
         return;
     }
-    let Some(probe) = kernel_has_wireguard(test) else {
+    let Some(probe) = wireguard_probe(test) else {
         return;
     };
     let nodes =
@@ -532,7 +514,7 @@ fn routed_through(ns: &Netns, cidr: &str, device: &str) -> bool {
 #[ignore = "a benchmark: tests/bench/encryption.sh"]
 fn tcp_through_wireguard_and_vxlan() {
     let test = "tcp_through_wireguard_and_vxlan";
-    if !require_root() || kernel_has_wireguard(test).is_none() {
+    if !require_root() || wireguard_probe(test).is_none() {
         return;
     }
     let secs = env_number("ENCRYPTION_TRAFFIC_SECS", 3).clamp(1, 600);
