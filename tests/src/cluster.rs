@@ -579,6 +579,14 @@ impl Cluster {
         }
     }
 
+    /// Node `n`, to look at; panics if there is none.
+    pub fn node(&self, n: u8) -> &Host {
+        self.hosts
+            .iter()
+            .find(|h| h.n == n)
+            .unwrap_or_else(|| panic!("no node {n}"))
+    }
+
     /// Node `n`; panics if there is none.
     pub fn host(&mut self, n: u8) -> &mut Host {
         self.hosts

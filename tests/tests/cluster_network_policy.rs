@@ -309,13 +309,7 @@ impl World {
     }
 
     fn node_ns(&self, n: u8) -> &Netns {
-        &self
-            .cluster
-            .hosts
-            .iter()
-            .find(|h| h.n == n)
-            .unwrap_or_else(|| panic!("no node {n}"))
-            .ns
+        &self.cluster.node(n).ns
     }
 
     /// Every object of `kind` the API server holds now.

@@ -537,11 +537,7 @@ fn faults(cluster: &mut cni_blackbox::cluster::Cluster) {
     }
 
     let pod_of = |cluster: &cni_blackbox::cluster::Cluster, n: u8| -> (String, IpAddr) {
-        let host = cluster
-            .hosts
-            .iter()
-            .find(|h| h.n == n)
-            .unwrap_or_else(|| panic!("node {n}"));
+        let host = cluster.node(n);
         (host.pods[0].ns.name().to_owned(), host.pods[0].v4)
     };
     let (_, to_v4) = pod_of(cluster, 3);
@@ -739,11 +735,7 @@ fn encrypted_pod_traffic_crosses_the_underlay_only_as_wireguard_between_nodes() 
     );
     record("wireguard cluster: pod MTU", f64::from(mtu), "bytes");
     let pod = |n: u8| {
-        let host = cluster
-            .hosts
-            .iter()
-            .find(|h| h.n == n)
-            .unwrap_or_else(|| panic!("node {n}"));
+        let host = cluster.node(n);
         &host.pods[0]
     };
     for (from, to) in [(1, 3), (3, 1), (1, 2)] {

@@ -956,12 +956,7 @@ impl Pods for World {
     /// (kubelet's probes must): it shows the server alive when no pod may reach it.
     fn node_probe(&self, server: Server) -> Probe {
         let m = &self.members[server.member];
-        let node = self
-            .cluster
-            .hosts
-            .iter()
-            .find(|h| h.n == m.node)
-            .unwrap_or_else(|| panic!("no node {}", m.node));
+        let node = self.cluster.node(m.node);
         Probe {
             from: node.ns.path().to_path_buf(),
             to: SocketAddr::new(m.ip(server.v6), server.port),
@@ -1027,12 +1022,7 @@ fn explain_disagreements(world: &World, converged: &Converged) -> Vec<String> {
     let answers = parallel(converged.cells.len(), 4, |i| {
         let cell = converged.cells[i];
         let (from, to) = (&world.members[cell.from], &world.members[cell.to]);
-        let node = world
-            .cluster
-            .hosts
-            .iter()
-            .find(|h| h.n == to.node)
-            .unwrap_or_else(|| panic!("no node {}", to.node));
+        let node = world.cluster.node(to.node);
         let mut args = vec![
             "explain".to_owned(),
             format!("--from={}", from.key()),
