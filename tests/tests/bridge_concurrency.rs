@@ -1,6 +1,7 @@
 //! Many bridge ADDs and DELs at once, as separate processes, on a bridge that does not
 //! exist yet: they must converge on one bridge with one gateway address per family, get
-//! distinct addresses, and the DELs must leave no veth, reservation or rule behind.
+//! distinct addresses, all report the one MAC the bridge keeps, and the DELs must leave
+//! no veth, reservation or rule behind.
 
 mod bridge_support;
 
@@ -94,6 +95,16 @@ fn fifty_adds_then_fifty_dels(backend: &str) {
         .filter(|p| p["master"] == json!(net.bridge))
         .count();
     assert_eq!(on_bridge, PODS);
+    // Every ADD reports the MAC the bridge keeps: each pins it, and one that wrote back
+    // a MAC it read before other ports joined would change it under the earlier pods.
+    let bridge_mac = bridge_support::mac_of(&net.host, &net.bridge);
+    for (i, out) in adds.iter().enumerate() {
+        assert_eq!(
+            out.json()["interfaces"][0]["mac"],
+            json!(bridge_mac),
+            "ADD {i} reported another bridge MAC than the bridge has"
+        );
+    }
     for (i, pod) in pods.iter().enumerate() {
         let mac = adds[i].json()["interfaces"][2]["mac"].clone();
         assert_eq!(
@@ -157,4 +168,42 @@ fn fifty_concurrent_adds_and_dels_nftables() {
         return;
     }
     fifty_adds_then_fifty_dels("nftables");
+}
+
+/// Fresh bridges, each taking a burst of concurrent layer-2 ADDs: the first ports to join
+/// keep changing the bridge's MAC until one ADD pins it, so this is where an ADD that
+/// wrote back a MAC read before another port joined would show.
+#[test]
+fn every_concurrent_add_on_a_new_bridge_reports_the_mac_it_keeps() {
+    if !require_root() {
+        return;
+    }
+    const ROUNDS: usize = 20;
+    const BURST: usize = 8;
+    for round in 0..ROUNDS {
+        let net = Net::new();
+        let pods: Vec<Netns> = (0..BURST).map(|_| net.pod()).collect();
+        let conf = net.conf("1.0.0", &[], &json!({}));
+        let (adds, _) = overlapping(&pods, |i, pod| {
+            net.run("ADD", &conf, &format!("mac-{i}"), pod, "eth0")
+        });
+        for out in &adds {
+            out.assert_success();
+        }
+        let bridge_mac = bridge_support::mac_of(&net.host, &net.bridge);
+        let reported: BTreeSet<String> = adds
+            .iter()
+            .map(|o| {
+                o.json()["interfaces"][0]["mac"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(
+            reported,
+            BTreeSet::from([bridge_mac]),
+            "round {round}: the ADDs reported other bridge MACs than the bridge kept"
+        );
+    }
 }

@@ -55,6 +55,15 @@ pub enum Error {
         #[source]
         source: Errno,
     },
+    /// flock(2) on the netns failed.
+    #[error("failed to lock netns {path:?}")]
+    NetnsLock {
+        /// Path of the netns.
+        path: PathBuf,
+        /// Cause from flock(2).
+        #[source]
+        source: Errno,
+    },
     /// setns(2) into the netns failed.
     #[error("failed to enter netns {path:?}")]
     Setns {
@@ -180,7 +189,9 @@ impl Error {
             | Self::Connect { source }
             | Self::SysctlRead { source, .. }
             | Self::SysctlWrite { source, .. } => source.raw_os_error(),
-            Self::Setns { source, .. } | Self::NetnsStat { source, .. } => Some(*source as i32),
+            Self::Setns { source, .. }
+            | Self::NetnsStat { source, .. }
+            | Self::NetnsLock { source, .. } => Some(*source as i32),
             Self::NetnsNotFound { .. } => Some(Errno::ENOENT as i32),
             Self::LinkNotFound { .. } => Some(Errno::ENODEV as i32),
             _ => None,

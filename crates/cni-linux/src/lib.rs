@@ -20,6 +20,6 @@ pub use netlink::{
     OPER_UP_DELAYS, OperState, Route, VethPair, VlanEntry, Vxlan, VxlanInfo, WgDevice, WgKey,
     WgPeer, WgPeerConfig, Wireguard,
 };
-pub use netns::NetNs;
+pub use netns::{NetNs, NetNsLock};
 /// The errno type behind [`Error::errno`], to name errnos rather than write numbers.
 pub use nix::errno::Errno;

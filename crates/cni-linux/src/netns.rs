@@ -8,6 +8,8 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
 use nix::sched::{CloneFlags, setns};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
@@ -107,6 +109,25 @@ impl NetNs {
         })
     }
 
+    /// Takes an exclusive advisory lock on the namespace itself (flock(2) on its nsfs
+    /// inode, which every opener of the namespace shares), held until the guard drops.
+    /// It serializes read-modify-write steps of concurrent plugin runs on shared state
+    /// of the namespace without creating a lock file anywhere.
+    pub fn lock(&self) -> Result<NetNsLock> {
+        let lock_error = |source| Error::NetnsLock {
+            path: self.path.clone(),
+            source,
+        };
+        let file = self.file.try_clone().map_err(|e| {
+            lock_error(Errno::from_raw(
+                e.raw_os_error().unwrap_or(Errno::EIO as i32),
+            ))
+        })?;
+        Flock::lock(file, FlockArg::LockExclusive)
+            .map(|flock| NetNsLock { _flock: flock })
+            .map_err(|(_, source)| lock_error(source))
+    }
+
     /// True when the calling thread is in this netns.
     pub fn is_current(&self) -> Result<bool> {
         self.same_as(&Self::current()?)
@@ -126,6 +147,12 @@ impl NetNs {
         #[allow(clippy::useless_conversion)] // field widths differ between targets
         Ok((u64::from(st.st_dev), u64::from(st.st_ino)))
     }
+}
+
+/// An exclusive lock on a network namespace, from [`NetNs::lock`]; released on drop.
+#[derive(Debug)]
+pub struct NetNsLock {
+    _flock: Flock<File>,
 }
 
 /// The CNI error for a failed open of a container's netns at `path`: the plugin's

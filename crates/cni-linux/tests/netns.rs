@@ -106,3 +106,30 @@ fn sysctl_write_on_a_read_only_proc_sys_passes_only_when_already_set() {
         },
     );
 }
+
+#[test]
+fn a_netns_lock_holds_off_a_lock_through_any_other_handle_of_the_namespace() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    let first = NetNs::open("/proc/self/ns/net").unwrap();
+    let held = first.lock().unwrap();
+    let taken = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let waiter = scope.spawn(|| {
+            let other = NetNs::open("/proc/self/ns/net").unwrap();
+            let _lock = other.lock().unwrap();
+            taken.store(true, Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(
+            !taken.load(Ordering::SeqCst),
+            "a second handle took the lock while the first held it"
+        );
+        drop(held);
+        waiter.join().unwrap();
+    });
+    assert!(taken.load(Ordering::SeqCst));
+    // Released on drop: the first handle can take it again.
+    drop(first.lock().unwrap());
+}

@@ -4,7 +4,8 @@
 //! root. One value of the trait talks to one network namespace.
 
 use cni_linux::{
-    Address, AddressOptions, Family, Link, MacAddr, Netlink, Result, Route, VethPair, VlanEntry,
+    Address, AddressOptions, Family, Link, MacAddr, NetNs, NetNsLock, Netlink, Result, Route,
+    VethPair, VlanEntry,
 };
 use ipnetwork::IpNetwork;
 use std::time::Duration;
@@ -45,6 +46,12 @@ pub(crate) trait Links {
     /// Writes a sysctl of this namespace. Only used on the host handle, whose
     /// namespace is the calling thread's.
     fn write_sysctl(&self, name: &str, value: &str) -> Result<()>;
+    /// Holds off every other plugin run's lock of this namespace until the guard drops.
+    /// Only used on the host handle, whose namespace is the calling thread's; `None`
+    /// where nothing else can run beside (the unit tests' fake).
+    fn lock_namespace(&self) -> Result<Option<NetNsLock>> {
+        Ok(None)
+    }
 }
 
 impl Links for Netlink {
@@ -119,5 +126,8 @@ impl Links for Netlink {
     }
     fn write_sysctl(&self, name: &str, value: &str) -> Result<()> {
         cni_linux::sysctl::write(name, value)
+    }
+    fn lock_namespace(&self) -> Result<Option<NetNsLock>> {
+        NetNs::current()?.lock().map(Some)
     }
 }
