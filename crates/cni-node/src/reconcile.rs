@@ -242,6 +242,10 @@ impl Reconciler {
         let nodes: &ItemMap<NodeInfo> = &snapshot.nodes;
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
+        if let Some(step) = &mut self.encryption {
+            step.follow_key_changes(&snapshot.nodes);
+            phases.lap("encryption keys");
+        }
         let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
         let read_entries = resync || lost || self.entries.is_none();
         let mut host = match self.effects.host.read(read_entries) {
@@ -1092,6 +1096,43 @@ mod tests {
         );
         assert_eq!(outcome.encrypted, (0, 0));
         assert_eq!(outcome.encryption.peers, 1, "peered all the same");
+    }
+
+    #[test]
+    fn a_peers_new_key_is_on_the_device_before_the_host_read_and_the_plan() {
+        let mut e = encrypting(false, None);
+        let nodes = keyed_after_first_pass(&mut e);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        e.kernel.take_log();
+        // The host cannot be read in this pass, so nothing after the read runs: n2's
+        // new key still reaches its peer, with its endpoint and allowed IPs.
+        let host = e.f.host.lock().unwrap().take();
+        let k7 = crate::encryption::Key([7; 32]);
+        let nodes = with_key(nodes, "n2", k7);
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(outcome.failed_steps(), vec!["host"]);
+        assert_eq!(
+            e.kernel.take_log(),
+            vec!["peer n2 198.18.0.12:51830 10.244.2.0/24".to_owned()]
+        );
+        // The next whole pass finds the peer as it plans it and removes the old key's.
+        *e.f.host.lock().unwrap() = host;
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        let k2 = crate::encryption::Key([2; 32]);
+        assert_eq!(e.kernel.take_log(), vec![format!("remove peer {k2:?}")]);
+        assert_eq!(outcome.encryption.peers, 1);
+
+        // Left to the pass: a key another peer has, a Node whose pod CIDR changed with its
+        // key, and a Node that is not a peer yet (n3 had no key).
+        e.f.host.lock().unwrap().take();
+        let mut nodes = with_key(nodes, "n3", k7);
+        let n2 = Arc::make_mut(nodes.get_mut("n2").unwrap());
+        n2.wireguard_key = Some(Ok(crate::encryption::Key([8; 32])));
+        n2.pod_cidrs = vec!["10.244.12.0/24".parse().unwrap()];
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert_eq!(e.kernel.take_log(), Vec::<String>::new());
     }
 
     #[test]

@@ -169,6 +169,18 @@ impl KnownPeers {
         }
     }
 
+    /// The known peer that holds `ip` among its allowed IPs.
+    pub fn holding(&self, ip: &IpNetwork) -> Option<&PeerState> {
+        let (_, peers) = self.known.as_ref()?;
+        let key = self.owner.get(ip)?;
+        self.at.get(key).map(|&i| &peers[i])
+    }
+
+    /// Whether a known peer has `key`.
+    pub fn has(&self, key: &Key) -> bool {
+        self.at.contains_key(key)
+    }
+
     /// The kernel took `spec`.
     pub fn written(&mut self, spec: &PeerSpec) {
         let Some((_, peers)) = &mut self.known else {

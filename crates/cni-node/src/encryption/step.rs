@@ -13,18 +13,21 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use ipnetwork::IpNetwork;
+
 use super::annotation::Publisher;
 use super::device::{KnownPeers, PeerState, WireguardKernel, peer_changes};
 use super::key::KeyCache;
 use super::strict::{StrictPolicy, StrictRules};
 use super::watch::PeersWatch;
-use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, key};
+use super::{EncryptionSettings, Key, LocalEncryption, OVERHEAD_V4, OVERHEAD_V6, PeerSpec, key};
 use crate::error::{Error, Result};
 use crate::host::{self, HostState};
 use crate::node::NodeInfo;
+use crate::node::SlimNode;
 use crate::overlay::VxlanDevices;
 use crate::plan::Plan;
-use crate::store::Snapshot;
+use crate::store::{ItemMap, Items, Snapshot};
 
 /// The reconcile step's name, in `/readyz`, the log and the metrics.
 pub const STEP: &str = "encryption";
@@ -100,6 +103,9 @@ pub struct Step {
     replaced: Option<Key>,
     /// Says when the device changed behind the agent's back (a peer deleted by hand).
     watch: Option<Arc<PeersWatch>>,
+    /// The Nodes as [`Step::follow_key_changes`] last saw them: unchanged Nodes are
+    /// the same items in the next snapshot, so only changed ones are looked at.
+    nodes_seen: Option<Items<SlimNode>>,
     /// The peers known changed in this pass (read, written or removed): the watch is
     /// told what the device now holds.
     peers_touched: bool,
@@ -129,6 +135,7 @@ impl Step {
             local: None,
             replaced: None,
             watch: None,
+            nodes_seen: None,
             peers_touched: false,
         }
     }
@@ -138,6 +145,80 @@ impl Step {
     pub fn with_peers_watch(mut self, watch: Arc<PeersWatch>) -> Self {
         self.watch = Some(watch);
         self
+    }
+
+    /// Before the pass: a peer's new key, at once. A Node that now publishes another
+    /// valid key, and is otherwise the peer the device has (the same pod CIDRs as its
+    /// allowed IPs, its endpoint still one of the Node's InternalIPs), gets a peer with
+    /// the new key taking over those allowed IPs, without waiting for the host read
+    /// and the plan of every node: at thousands of nodes those are most of a pass. The
+    /// pass that follows plans the peer as written and removes the old key's peer after
+    /// the routes, as for any change; anything else about the Node is the pass's to
+    /// judge. A key that another peer or this node has is left to the pass too.
+    pub fn follow_key_changes(&mut self, nodes: &Items<SlimNode>) {
+        let seen = self.nodes_seen.replace(Arc::clone(nodes));
+        let Some(seen) = seen.filter(|seen| !Arc::ptr_eq(seen, nodes)) else {
+            return;
+        };
+        let (Some(local), Some(kernel)) = (self.local, self.effects.kernel.as_mut()) else {
+            return;
+        };
+        if self.peers.of(local.index).is_none() {
+            return;
+        }
+        let mut writes = Vec::new();
+        for node in changed_items(&seen, nodes) {
+            let Some(key) = node.key() else {
+                continue;
+            };
+            if node.name == self.node || key == local.public_key || self.peers.has(&key) {
+                continue;
+            }
+            let Some(first) = node.pod_cidrs.first() else {
+                continue;
+            };
+            let Some(old) = self.peers.holding(first) else {
+                continue;
+            };
+            let same_peer = old.allowed_ips.len() == node.pod_cidrs.len()
+                && node.pod_cidrs.iter().all(|c| old.allowed_ips.contains(c))
+                && old
+                    .endpoint
+                    .is_some_and(|e| node.internal_ips.contains(&e.ip()));
+            if let (true, Some(endpoint)) = (same_peer, old.endpoint) {
+                writes.push(PeerSpec {
+                    node: node.name.clone(),
+                    public_key: key,
+                    endpoint,
+                    allowed_ips: old.allowed_ips.clone(),
+                });
+            }
+        }
+        for spec in &writes {
+            self.peers_touched = true;
+            match kernel.set_peer(&self.device, spec) {
+                Ok(()) => {
+                    tracing::info!(
+                        "encryption: peer {} has a new key ({}), at {}, allowed IPs {}",
+                        spec.node,
+                        spec.public_key.to_base64(),
+                        spec.endpoint,
+                        ip_list(&spec.allowed_ips)
+                    );
+                    self.peers.written(spec);
+                }
+                Err(e) => {
+                    // The pass that follows reads the device and writes what it plans.
+                    tracing::debug!(
+                        "encryption: the new key of {} waits for the pass: {e}",
+                        spec.node
+                    );
+                    self.peers.forget();
+                    break;
+                }
+            }
+        }
+        self.tell_watch();
     }
 
     /// Part 1: the key, the device and the annotation; fills `host.view.wireguard`.
@@ -371,11 +452,7 @@ impl Step {
                         spec.node,
                         spec.public_key.to_base64(),
                         spec.endpoint,
-                        spec.allowed_ips
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
+                        ip_list(&spec.allowed_ips)
                     );
                     self.peers.written(spec);
                     self.peers_touched = true;
@@ -621,9 +698,50 @@ pub fn handshake_ages(peers: &[PeerState], now: SystemTime) -> (Vec<usize>, usiz
     (buckets, peers.len(), never)
 }
 
+/// The items of `now` that are not the very items of `before` (new or changed), found
+/// in one walk of both sorted maps.
+fn changed_items<'a, T>(before: &ItemMap<T>, now: &'a ItemMap<T>) -> Vec<&'a T> {
+    let mut before = before.iter().peekable();
+    let mut out = Vec::new();
+    for (key, item) in now {
+        while before.next_if(|(k, _)| *k < key).is_some() {}
+        let same = before
+            .next_if(|(k, _)| *k == key)
+            .is_some_and(|(_, old)| Arc::ptr_eq(old, item));
+        if !same {
+            out.push(&**item);
+        }
+    }
+    out
+}
+
+/// Allowed IPs as the log shows them.
+fn ip_list(ips: &[IpNetwork]) -> String {
+    ips.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changed_items_are_the_new_and_replaced_ones_not_the_shared_or_removed() {
+        let before =
+            crate::store::item_map(["a", "b", "c", "e"].map(|k| (k.to_owned(), k.to_owned())));
+        let mut now = before.clone();
+        now.remove("a");
+        now.insert("c".into(), Arc::new("c2".into()));
+        now.insert("d".into(), Arc::new("d".into()));
+        now.insert("f".into(), Arc::new("f".into()));
+        // The same value in a new item counts: only sharing says unchanged.
+        now.insert("e".into(), Arc::new("e".into()));
+        assert_eq!(changed_items(&before, &now), ["c2", "d", "e", "f"]);
+        assert!(changed_items(&now, &now).is_empty());
+        assert_eq!(changed_items(&ItemMap::new(), &before).len(), 4);
+    }
 
     fn peer(n: u8, handshake_secs_ago: Option<u64>, tx: u64, rx: u64) -> PeerState {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(10_000);
