@@ -298,7 +298,8 @@ pub async fn run(options: Options) -> Result<()> {
         },
     )
     .with_entries_watch(entries_watch)
-    .with_peers_watch(peers_watch);
+    .with_peers_watch(peers_watch)
+    .with_live_nodes(Arc::clone(&stores.nodes));
     if options.network_policy {
         metrics.count_verdicts(crate::metrics::VerdictSource {
             names: Arc::clone(&stores.verdict_names),

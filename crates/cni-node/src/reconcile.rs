@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ipnetwork::IpNetwork;
@@ -24,15 +24,15 @@ use crate::egress::{self, EgressRules};
 use crate::encryption::step::{EncryptionCounts, EncryptionEffects, Step as EncryptionStep};
 use crate::error::{Error, chain};
 use crate::host::{DeviceEntries, EntriesWatch, HostReader, HostState};
-use crate::node::NodeInfo;
+use crate::node::{NodeInfo, SlimNode};
 use crate::overlay::{self, VxlanDevices};
 use crate::plan::NextHop;
 use crate::plan::{self, Desired, NetworkConfig, Settings};
 use crate::policy::datapath::{PolicyCounts, PolicyDatapath};
 use crate::policy::pipeline::{Pipeline, Tier};
 use crate::routes::{self, RouteChanges, RouteTable};
-use crate::store::ItemMap;
 use crate::store::Snapshot;
+use crate::store::{ItemMap, Store};
 
 /// Where the network config is written: a trait so the reconciler is tested without a
 /// file system.
@@ -198,6 +198,9 @@ pub struct Reconciler {
     entries_watch: Option<Arc<EntriesWatch>>,
     /// The encryption step.
     encryption: Option<EncryptionStep>,
+    /// The Node store itself, looked at between the steps of a pass for peers' new
+    /// keys that arrived since the pass's snapshot.
+    live_nodes: Option<Arc<Mutex<Store<SlimNode>>>>,
 }
 
 impl Reconciler {
@@ -219,6 +222,7 @@ impl Reconciler {
             entries: None,
             entries_watch: None,
             encryption,
+            live_nodes: None,
         }
     }
 
@@ -236,6 +240,23 @@ impl Reconciler {
         self
     }
 
+    /// Puts a peer's new key on the device between the steps of a pass too, as soon
+    /// as `nodes` has it, rather than after the rest of the pass.
+    pub fn with_live_nodes(mut self, nodes: Arc<Mutex<Store<SlimNode>>>) -> Self {
+        self.live_nodes = Some(nodes);
+        self
+    }
+
+    /// Between two steps of a pass: peers' new keys that the Node store has heard of
+    /// since the pass's snapshot (see [`EncryptionStep::follow_key_changes`]).
+    fn follow_keys_mid_pass(&mut self) {
+        if let (Some(step), Some(live)) = (&mut self.encryption, &self.live_nodes)
+            && let Some(nodes) = crate::store::snapshot_of(live)
+        {
+            step.follow_key_changes(&nodes, true);
+        }
+    }
+
     /// One pass against a snapshot of the stores; `resync` re-reads what is cached of
     /// the kernel first.
     pub fn reconcile(&mut self, snapshot: &Snapshot, resync: bool) -> Outcome {
@@ -243,7 +264,7 @@ impl Reconciler {
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
         if let Some(step) = &mut self.encryption {
-            step.follow_key_changes(&snapshot.nodes);
+            step.follow_key_changes(&snapshot.nodes, false);
             phases.lap("encryption keys");
         }
         let lost = self.entries_watch.as_ref().is_some_and(|w| w.take_lost());
@@ -263,14 +284,17 @@ impl Reconciler {
             }
         };
         phases.lap("host");
+        self.follow_keys_mid_pass();
         if let Some(step) = &mut self.encryption {
             step.before_plan(snapshot, &mut host, resync, &mut outcome.failures);
             phases.lap("encryption");
         }
+        self.follow_keys_mid_pass();
         let mut desired = plan::desired(snapshot, &host, &self.settings);
         self.report_skipped(&desired, nodes);
         outcome.skipped = desired.plan.skipped.len();
         phases.lap("plan");
+        self.follow_keys_mid_pass();
 
         if let Err(e) = self.write_config(&desired) {
             outcome.failures.push(("conflist", e));
@@ -316,6 +340,7 @@ impl Reconciler {
             outcome.failures.push((step, failure));
         }
         phases.lap("routes");
+        self.follow_keys_mid_pass();
         if !devices.stale.is_empty() {
             let removed = overlay::remove_stale(self.effects.devices.as_ref(), &devices.stale);
             report_devices(&removed.done);
@@ -1133,6 +1158,94 @@ mod tests {
         n2.pod_cidrs = vec!["10.244.12.0/24".parse().unwrap()];
         e.f.reconciler.reconcile(&nodes_only(&nodes), false);
         assert_eq!(e.kernel.take_log(), Vec::<String>::new());
+    }
+
+    /// The Node as the watch would bring it.
+    fn slim(node: &NodeInfo) -> SlimNode {
+        let mut annotations = serde_json::Map::new();
+        if let Some(key) = node.key() {
+            annotations.insert(crate::encryption::ANNOTATION.into(), key.to_base64().into());
+        }
+        let addresses: Vec<serde_json::Value> = node
+            .internal_ips
+            .iter()
+            .map(|ip| serde_json::json!({"type": "InternalIP", "address": ip.to_string()}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": node.name, "annotations": annotations},
+            "spec": {"podCIDRs": node.pod_cidrs},
+            "status": {"addresses": addresses},
+        }))
+        .unwrap()
+    }
+
+    /// Reads the host as the fixture's reader does, running `during` once first: a
+    /// change that arrives while the pass reads the host.
+    struct HostReadDuring {
+        host: FakeHost,
+        during: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    }
+    impl HostReader for HostReadDuring {
+        fn read(&self, entries: bool) -> crate::error::Result<HostState> {
+            if let Some(during) = self.during.lock().unwrap().take() {
+                during();
+            }
+            self.host.read(entries)
+        }
+    }
+
+    #[test]
+    fn a_new_key_heard_in_the_middle_of_a_pass_goes_on_at_once_and_that_pass_keeps_it() {
+        use kube::runtime::watcher::Event;
+        let mut e = encrypting(false, None);
+        let nodes = keyed_after_first_pass(&mut e);
+        e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        e.kernel.take_log();
+        let live = Arc::new(Mutex::new(Store::<SlimNode>::default()));
+        {
+            let mut store = live.lock().unwrap();
+            store.apply(Event::Init);
+            for node in nodes.values() {
+                store.apply(Event::InitApply(slim(node)));
+            }
+            store.apply(Event::InitDone);
+        }
+        e.f.reconciler.live_nodes = Some(Arc::clone(&live));
+        let k2 = crate::encryption::Key([2; 32]);
+        let k7 = crate::encryption::Key([7; 32]);
+        let changed = with_key(nodes.clone(), "n2", k7);
+        let n2 = slim(&changed["n2"]);
+        let store = Arc::clone(&live);
+        e.f.reconciler.effects.host = Box::new(HostReadDuring {
+            host: FakeHost(Arc::clone(&e.f.host)),
+            during: Mutex::new(Some(Box::new(move || {
+                store.lock().unwrap().apply(Event::Apply(n2));
+            }))),
+        });
+        // The pass plans from its snapshot, with n2's old key: it neither puts that key
+        // back on the peer nor removes the new one.
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&nodes), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(
+            e.kernel.take_log(),
+            vec!["peer n2 198.18.0.12:51830 10.244.2.0/24".to_owned()]
+        );
+        let holder = |e: &Encrypting| {
+            let state = e.kernel.0.lock().unwrap();
+            let peers = &state.device.as_ref().unwrap().peers;
+            peers
+                .iter()
+                .filter(|p| !p.allowed_ips.is_empty())
+                .map(|p| p.public_key)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(holder(&e), [k7]);
+        // The next pass, from the Nodes as they are now, removes the old key's peer.
+        let now = crate::store::snapshot_of(&live).unwrap();
+        let outcome = e.f.reconciler.reconcile(&nodes_only(&now), false);
+        assert!(outcome.failures.is_empty(), "{:?}", outcome.failures);
+        assert_eq!(e.kernel.take_log(), vec![format!("remove peer {k2:?}")]);
+        assert_eq!(holder(&e), [k7]);
     }
 
     #[test]

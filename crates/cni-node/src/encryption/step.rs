@@ -106,6 +106,9 @@ pub struct Step {
     /// The Nodes as [`Step::follow_key_changes`] last saw them: unchanged Nodes are
     /// the same items in the next snapshot, so only changed ones are looked at.
     nodes_seen: Option<Items<SlimNode>>,
+    /// New keys written in the middle of this pass, by node: newer than the plan, which
+    /// must not put the old key back nor remove the new one.
+    followed: BTreeMap<String, Key>,
     /// The peers known changed in this pass (read, written or removed): the watch is
     /// told what the device now holds.
     peers_touched: bool,
@@ -136,6 +139,7 @@ impl Step {
             replaced: None,
             watch: None,
             nodes_seen: None,
+            followed: BTreeMap::new(),
             peers_touched: false,
         }
     }
@@ -155,7 +159,15 @@ impl Step {
     /// pass that follows plans the peer as written and removes the old key's peer after
     /// the routes, as for any change; anything else about the Node is the pass's to
     /// judge. A key that another peer or this node has is left to the pass too.
-    pub fn follow_key_changes(&mut self, nodes: &Items<SlimNode>) {
+    ///
+    /// Also called in the middle of a pass (`mid_pass`) with the Nodes as they are
+    /// now, so that a change does not wait for the rest of a long pass (a resync reads
+    /// every route and peer); such peers are newer than the pass's plan, which leaves
+    /// them as they are and the old keys' peers to the next pass.
+    pub fn follow_key_changes(&mut self, nodes: &Items<SlimNode>, mid_pass: bool) {
+        if !mid_pass {
+            self.followed.clear();
+        }
         let seen = self.nodes_seen.replace(Arc::clone(nodes));
         let Some(seen) = seen.filter(|seen| !Arc::ptr_eq(seen, nodes)) else {
             return;
@@ -206,6 +218,9 @@ impl Step {
                         ip_list(&spec.allowed_ips)
                     );
                     self.peers.written(spec);
+                    if mid_pass {
+                        self.followed.insert(spec.node.clone(), spec.public_key);
+                    }
                 }
                 Err(e) => {
                     // The pass that follows reads the device and writes what it plans.
@@ -443,7 +458,12 @@ impl Step {
         let Some(have) = self.peers.of(local.index) else {
             return;
         };
-        let changes = peer_changes(have, &plan.peers);
+        let mut changes = peer_changes(have, &plan.peers);
+        changes.write.retain(|spec| {
+            self.followed
+                .get(&spec.node)
+                .is_none_or(|k| *k == spec.public_key)
+        });
         for spec in &changes.write {
             match kernel.set_peer(&self.device, spec) {
                 Ok(()) => {
@@ -510,7 +530,8 @@ impl Step {
         if let (Some(local), Some(kernel)) = (self.local, self.effects.kernel.as_mut())
             && let Some(have) = self.peers.of(local.index)
         {
-            let stale = peer_changes(have, &plan.peers).remove;
+            let mut stale = peer_changes(have, &plan.peers).remove;
+            stale.retain(|key| !self.followed.values().any(|k| k == key));
             for key in stale {
                 match kernel.remove_peer(&self.device, &key) {
                     Ok(()) => {
