@@ -10,7 +10,7 @@
 //!    strict table; with encryption off, the agent's device deleted.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use ipnetwork::IpNetwork;
@@ -105,7 +105,7 @@ pub struct Step {
     watch: Option<Arc<PeersWatch>>,
     /// The Nodes as [`Step::follow_key_changes`] last saw them: unchanged Nodes are
     /// the same items in the next snapshot, so only changed ones are looked at.
-    nodes_seen: Option<Items<SlimNode>>,
+    nodes_seen: Option<SeenItems<NodeInfo>>,
     /// New keys written in the middle of this pass, by node: newer than the plan, which
     /// must not put the old key back nor remove the new one.
     followed: BTreeMap<String, Key>,
@@ -168,8 +168,10 @@ impl Step {
         if !mid_pass {
             self.followed.clear();
         }
-        let seen = self.nodes_seen.replace(Arc::clone(nodes));
-        let Some(seen) = seen.filter(|seen| !Arc::ptr_eq(seen, nodes)) else {
+        if self.nodes_seen.as_ref().is_some_and(|seen| seen.is(nodes)) {
+            return;
+        }
+        let Some(seen) = self.nodes_seen.replace(SeenItems::of(nodes)) else {
             return;
         };
         let (Some(local), Some(kernel)) = (self.local, self.effects.kernel.as_mut()) else {
@@ -179,7 +181,7 @@ impl Step {
             return;
         }
         let mut writes = Vec::new();
-        for node in changed_items(&seen, nodes) {
+        for node in changed_items(&seen.items, nodes, |n| &n.name) {
             let Some(key) = node.key() else {
                 continue;
             };
@@ -719,16 +721,46 @@ pub fn handshake_ages(peers: &[PeerState], now: SystemTime) -> (Vec<usize>, usiz
     (buckets, peers.len(), never)
 }
 
+/// Items of a store as last looked at, held without holding their map: the store copies
+/// a map still shared whole at its next change.
+#[derive(Debug)]
+struct SeenItems<T> {
+    map: Weak<ItemMap<T>>,
+    /// In the map's order.
+    items: Vec<Arc<T>>,
+}
+
+impl<T> SeenItems<T> {
+    fn of(map: &Arc<ItemMap<T>>) -> Self {
+        Self {
+            map: Arc::downgrade(map),
+            items: map.values().cloned().collect(),
+        }
+    }
+
+    /// Whether `map` is the very map seen, unchanged since (a change in place leaves
+    /// the weak reference behind).
+    fn is(&self, map: &Arc<ItemMap<T>>) -> bool {
+        self.map
+            .upgrade()
+            .is_some_and(|seen| Arc::ptr_eq(&seen, map))
+    }
+}
+
 /// The items of `now` that are not the very items of `before` (new or changed), found
-/// in one walk of both sorted maps.
-fn changed_items<'a, T>(before: &ItemMap<T>, now: &'a ItemMap<T>) -> Vec<&'a T> {
+/// in one walk of both, sorted by the key `key_of` gives an item.
+fn changed_items<'a, T>(
+    before: &[Arc<T>],
+    now: &'a ItemMap<T>,
+    key_of: impl Fn(&T) -> &str,
+) -> Vec<&'a T> {
     let mut before = before.iter().peekable();
     let mut out = Vec::new();
     for (key, item) in now {
-        while before.next_if(|(k, _)| *k < key).is_some() {}
+        while before.next_if(|old| key_of(old) < key.as_str()).is_some() {}
         let same = before
-            .next_if(|(k, _)| *k == key)
-            .is_some_and(|(_, old)| Arc::ptr_eq(old, item));
+            .next_if(|old| key_of(old) == key.as_str())
+            .is_some_and(|old| Arc::ptr_eq(old, item));
         if !same {
             out.push(&**item);
         }
@@ -750,18 +782,31 @@ mod tests {
 
     #[test]
     fn changed_items_are_the_new_and_replaced_ones_not_the_shared_or_removed() {
-        let before =
-            crate::store::item_map(["a", "b", "c", "e"].map(|k| (k.to_owned(), k.to_owned())));
-        let mut now = before.clone();
+        let item = |k: &str, v: u8| (k.to_owned(), (k.to_owned(), v));
+        let mut map = Arc::new(crate::store::item_map(
+            ["a", "b", "c", "e"].map(|k| item(k, 0)),
+        ));
+        let seen = SeenItems::of(&map);
+        assert!(seen.is(&map));
+        // Seen, the map is still the store's alone: a change is made in place.
+        let now = Arc::make_mut(&mut map);
         now.remove("a");
-        now.insert("c".into(), Arc::new("c2".into()));
-        now.insert("d".into(), Arc::new("d".into()));
-        now.insert("f".into(), Arc::new("f".into()));
+        now.extend(crate::store::item_map([
+            item("c", 1),
+            item("d", 0),
+            item("f", 0),
+        ]));
         // The same value in a new item counts: only sharing says unchanged.
-        now.insert("e".into(), Arc::new("e".into()));
-        assert_eq!(changed_items(&before, &now), ["c2", "d", "e", "f"]);
-        assert!(changed_items(&now, &now).is_empty());
-        assert_eq!(changed_items(&ItemMap::new(), &before).len(), 4);
+        now.insert("e".into(), Arc::new(("e".to_owned(), 0)));
+        assert!(!seen.is(&map));
+        let changed: Vec<_> = changed_items(&seen.items, &map, |(k, _)| k)
+            .into_iter()
+            .map(|(k, v)| format!("{k}{v}"))
+            .collect();
+        assert_eq!(changed, ["c1", "d0", "e0", "f0"]);
+        let again = SeenItems::of(&map);
+        assert!(changed_items(&again.items, &map, |(k, _)| k).is_empty());
+        assert_eq!(changed_items(&[], &map, |(k, _)| k).len(), 5);
     }
 
     fn peer(n: u8, handshake_secs_ago: Option<u64>, tx: u64, rx: u64) -> PeerState {
