@@ -8,8 +8,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::path::{Path, PathBuf};
 
-use nix::errno::Errno;
-use nix::fcntl::{Flock, FlockArg};
+use nix::fcntl::FlockArg;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::stat::fstat;
 use nix::sys::statfs::{NSFS_MAGIC, fstatfs};
@@ -112,20 +111,20 @@ impl NetNs {
     /// Takes an exclusive advisory lock on the namespace itself (flock(2) on its nsfs
     /// inode, which every opener of the namespace shares), held until the guard drops.
     /// It serializes read-modify-write steps of concurrent plugin runs on shared state
-    /// of the namespace without creating a lock file anywhere.
-    pub fn lock(&self) -> Result<NetNsLock> {
-        let lock_error = |source| Error::NetnsLock {
-            path: self.path.clone(),
-            source,
-        };
-        let file = self.file.try_clone().map_err(|e| {
-            lock_error(Errno::from_raw(
-                e.raw_os_error().unwrap_or(Errno::EIO as i32),
-            ))
-        })?;
-        Flock::lock(file, FlockArg::LockExclusive)
-            .map(|flock| NetNsLock { _flock: flock })
-            .map_err(|(_, source)| lock_error(source))
+    /// of the namespace without creating a lock file anywhere. The handle becomes the
+    /// guard: a lock belongs to the open file, which must be the guard's alone.
+    pub fn lock(self) -> Result<NetNsLock> {
+        // The plain call rather than `Flock`: the guard only has to close the file,
+        // which releases the lock, and the plugins' binary has a size budget.
+        #[allow(deprecated)]
+        let locked = nix::fcntl::flock(self.file.as_raw_fd(), FlockArg::LockExclusive);
+        match locked {
+            Ok(()) => Ok(NetNsLock { _file: self.file }),
+            Err(source) => Err(Error::NetnsLock {
+                path: self.path,
+                source,
+            }),
+        }
     }
 
     /// True when the calling thread is in this netns.
@@ -150,9 +149,14 @@ impl NetNs {
 }
 
 /// An exclusive lock on a network namespace, from [`NetNs::lock`]; released on drop.
-#[derive(Debug)]
 pub struct NetNsLock {
-    _flock: Flock<File>,
+    _file: File,
+}
+
+impl std::fmt::Debug for NetNsLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NetNsLock")
+    }
 }
 
 /// The CNI error for a failed open of a container's netns at `path`: the plugin's

@@ -112,8 +112,7 @@ fn a_netns_lock_holds_off_a_lock_through_any_other_handle_of_the_namespace() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
 
-    let first = NetNs::open("/proc/self/ns/net").unwrap();
-    let held = first.lock().unwrap();
+    let held = NetNs::open("/proc/self/ns/net").unwrap().lock().unwrap();
     let taken = AtomicBool::new(false);
     std::thread::scope(|scope| {
         let waiter = scope.spawn(|| {
@@ -130,6 +129,6 @@ fn a_netns_lock_holds_off_a_lock_through_any_other_handle_of_the_namespace() {
         waiter.join().unwrap();
     });
     assert!(taken.load(Ordering::SeqCst));
-    // Released on drop: the first handle can take it again.
-    drop(first.lock().unwrap());
+    // Released on drop: it can be taken again.
+    drop(NetNs::open("/proc/self/ns/net").unwrap().lock().unwrap());
 }

@@ -367,9 +367,7 @@ fn pin_bridge_mac(host: &impl Links, name: &str) -> Result<Link, CniError> {
     // Read and write are one step under the namespace lock. Otherwise an ADD that read
     // the MAC before another port joined could write that stale MAC back after a
     // concurrent ADD had pinned and reported the new one, whose CHECK then fails.
-    let _lock = host
-        .lock_namespace()
-        .context("could not lock the host network namespace to pin the bridge's mac")?;
+    let _lock = host.lock_namespace().map_err(|e| internal(&e))?;
     let bridge = host.require_link(name).map_err(|e| internal(&e))?;
     if let Some(mac) = bridge.mac {
         host.set_mac(bridge.index, mac)
