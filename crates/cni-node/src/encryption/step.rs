@@ -213,7 +213,7 @@ impl Step {
             match kernel.set_peer(&self.device, spec) {
                 Ok(()) => {
                     tracing::info!(
-                        "encryption: peer {} has a new key ({}), at {}, allowed IPs {}",
+                        "encryption: peer {} ({}) at {}, allowed IPs {}: its new key",
                         spec.node,
                         spec.public_key.to_base64(),
                         spec.endpoint,
