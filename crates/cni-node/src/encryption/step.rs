@@ -210,27 +210,23 @@ impl Step {
         }
         for spec in &writes {
             self.peers_touched = true;
-            match kernel.set_peer(&self.device, spec) {
-                Ok(()) => {
-                    tracing::info!(
-                        "encryption: peer {} ({}) at {}, allowed IPs {}: its new key",
-                        spec.node,
-                        spec.public_key.to_base64(),
-                        spec.endpoint,
-                        ip_list(&spec.allowed_ips)
-                    );
-                    self.peers.written(spec);
-                    if mid_pass {
-                        self.followed.insert(spec.node.clone(), spec.public_key);
-                    }
+            match put_peer(
+                kernel.as_mut(),
+                &self.device,
+                &mut self.peers,
+                spec,
+                ": its new key",
+            ) {
+                Ok(()) if mid_pass => {
+                    self.followed.insert(spec.node.clone(), spec.public_key);
                 }
+                Ok(()) => {}
                 Err(e) => {
                     // The pass that follows reads the device and writes what it plans.
                     tracing::debug!(
                         "encryption: the new key of {} waits for the pass: {e}",
                         spec.node
                     );
-                    self.peers.forget();
                     break;
                 }
             }
@@ -467,24 +463,10 @@ impl Step {
                 .is_none_or(|k| *k == spec.public_key)
         });
         for spec in &changes.write {
-            match kernel.set_peer(&self.device, spec) {
-                Ok(()) => {
-                    tracing::info!(
-                        "encryption: peer {} ({}) at {}, allowed IPs {}",
-                        spec.node,
-                        spec.public_key.to_base64(),
-                        spec.endpoint,
-                        ip_list(&spec.allowed_ips)
-                    );
-                    self.peers.written(spec);
-                    self.peers_touched = true;
-                }
-                Err(e) => {
-                    self.peers.forget();
-                    self.peers_touched = true;
-                    failures.push((STEP, e));
-                    break;
-                }
+            self.peers_touched = true;
+            if let Err(e) = put_peer(kernel.as_mut(), &self.device, &mut self.peers, spec, "") {
+                failures.push((STEP, e));
+                break;
             }
         }
         self.tell_watch();
@@ -766,6 +748,35 @@ fn changed_items<'a, T>(
         }
     }
     out
+}
+
+/// Puts `spec` on `device` and logs it as every peer write is (`why` after it), then
+/// counts it among the known peers; after a failure no peer is known, so the next pass
+/// reads the device.
+fn put_peer(
+    kernel: &mut dyn WireguardKernel,
+    device: &str,
+    peers: &mut KnownPeers,
+    spec: &PeerSpec,
+    why: &str,
+) -> Result<()> {
+    match kernel.set_peer(device, spec) {
+        Ok(()) => {
+            tracing::info!(
+                "encryption: peer {} ({}) at {}, allowed IPs {}{why}",
+                spec.node,
+                spec.public_key.to_base64(),
+                spec.endpoint,
+                ip_list(&spec.allowed_ips)
+            );
+            peers.written(spec);
+            Ok(())
+        }
+        Err(e) => {
+            peers.forget();
+            Err(e)
+        }
+    }
 }
 
 /// Allowed IPs as the log shows them.
