@@ -148,6 +148,25 @@ impl Socket {
         request: &[u8],
         mut on_reply: impl FnMut(&Message<'_>),
     ) -> Result<(), Error> {
+        self.request_while(request, &mut |msg| {
+            on_reply(msg);
+            true
+        })
+        .map(|_| ())
+    }
+
+    /// [`Socket::request`], stopped as soon as `on_reply` returns `false`:
+    /// `Ok(false)` then, with the rest of the answer unread. A dump holds its
+    /// socket until it is read to its end (the kernel makes each part as the
+    /// last is read, and refuses another dump meanwhile with `EBUSY`), so a
+    /// socket whose dump was stopped is closed rather than used again: closing
+    /// it ends the dump without the kernel making the rest. (`on_reply` is a trait
+    /// object so that the loop is compiled once, not once per caller.)
+    pub fn request_while(
+        &mut self,
+        request: &[u8],
+        on_reply: &mut dyn FnMut(&Message<'_>) -> bool,
+    ) -> Result<bool, Error> {
         let header = request
             .get(..NLMSG_HDRLEN)
             .ok_or(Malformed("request shorter than a netlink header"))?;
@@ -169,7 +188,7 @@ impl Socket {
                     NLMSG_NOOP => {}
                     NLMSG_ERROR => {
                         return match msg.error_code()? {
-                            0 => Ok(()),
+                            0 => Ok(true),
                             errno => Err(Error::Kernel {
                                 errno,
                                 message: msg.ext_ack_message(),
@@ -183,7 +202,7 @@ impl Socket {
                             None => 0,
                         };
                         return match code {
-                            0 => Ok(()),
+                            0 => Ok(true),
                             code => Err(Error::Kernel {
                                 errno: code.checked_neg().unwrap_or(i32::MAX),
                                 message: None,
@@ -191,9 +210,11 @@ impl Socket {
                         };
                     }
                     _ => {
-                        on_reply(&msg);
+                        if !on_reply(&msg) {
+                            return Ok(false);
+                        }
                         if !dump && !wants_ack {
-                            return Ok(());
+                            return Ok(true);
                         }
                     }
                 }
@@ -401,6 +422,28 @@ mod tests {
         sock.request(&again, |m| replies.push(m.ty)).unwrap();
         assert_eq!(replies, [RTM_NEWLINK]);
         assert!(sock.request(&[1, 2, 3], |_| {}).is_err());
+    }
+
+    /// A request read to its end says so; one stopped by its reader stops at once.
+    #[test]
+    fn a_request_stops_at_the_first_reply_its_reader_refuses() {
+        let mut sock = Socket::open(NETLINK_ROUTE).expect("a NETLINK_ROUTE socket");
+        let mut replies = 0;
+        let dump = getlink(&mut sock, 0, NLM_F_DUMP);
+        let whole = sock.request_while(&dump, &mut |_| {
+            replies += 1;
+            true
+        });
+        assert!(whole.unwrap() && replies >= 1, "loopback at least");
+
+        let mut read = 0;
+        let dump = getlink(&mut sock, 0, NLM_F_DUMP);
+        let stopped = sock.request_while(&dump, &mut |_| {
+            read += 1;
+            false
+        });
+        assert!(!stopped.unwrap());
+        assert_eq!(read, 1);
     }
 
     /// A batch of link lookups (each answered by a reply, which the batch ignores):
