@@ -294,6 +294,20 @@ fn long_peer_and_prefix_lists_cross_many_messages_both_ways() {
         }
         assert_eq!(sorted(got), sorted(want));
 
+        // A read that is given up ends at once, before the rest of the messages; the
+        // handle is dropped (its socket still holds the dump) and another reads it all.
+        let asked = std::cell::Cell::new(0);
+        let given_up = wg.device_unless("wg0", || {
+            asked.set(asked.get() + 1);
+            asked.get() > 1
+        });
+        assert!(given_up.unwrap().is_none());
+        assert_eq!(asked.get(), 2, "given up at the second message");
+        drop(wg);
+        let mut wg = Wireguard::open().unwrap();
+        let whole = wg.device_unless("wg0", || false).unwrap().unwrap();
+        assert_eq!(whole.peers.len(), 1501);
+
         // Replacing the big list by a short one leaves only the short one.
         let small = WgPeerConfig {
             allowed_ips: vec![net("100.0.0.0/24")],

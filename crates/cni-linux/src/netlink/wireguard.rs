@@ -198,20 +198,40 @@ impl Wireguard {
                 return Ok(device);
             }
         }
-        let busy = io::Error::new(
-            io::ErrorKind::Interrupted,
-            format!("the peers changed during each of {DUMP_ATTEMPTS} dumps"),
-        );
-        Err(Error::netlink(
-            format!("failed to read WireGuard device {ifname:?}"),
-            busy.into(),
-        ))
+        Err(changed_during_each_dump(ifname))
+    }
+
+    /// [`Wireguard::device`], given up as soon as `give_up` says so (it is asked before
+    /// each message of the kernel's answer is decoded): `Ok(None)` then. A handle that
+    /// gave up still has the rest of that dump before it: drop it. Closing it ends the
+    /// dump without the kernel making the rest, which at thousands of peers is most of
+    /// the read; a request on it would first read all of the rest, or fail (`EBUSY`).
+    pub fn device_unless(
+        &mut self,
+        ifname: &str,
+        give_up: impl Fn() -> bool,
+    ) -> Result<Option<WgDevice>> {
+        for _ in 0..DUMP_ATTEMPTS {
+            match self.dump(ifname, &give_up)? {
+                Dump::Device(device) => return Ok(Some(device)),
+                Dump::GaveUp => return Ok(None),
+                Dump::Changed => {}
+            }
+        }
+        Err(changed_during_each_dump(ifname))
     }
 
     /// One dump of the device, as [`Wireguard::device`] makes it: `None` when the device
     /// changed while it ran (`NLM_F_DUMP_INTR`). A dump returned is the device as it was
     /// throughout the dump, so a change it shows was made before the dump began.
     pub fn device_once(&mut self, ifname: &str) -> Result<Option<WgDevice>> {
+        match self.dump(ifname, || false)? {
+            Dump::Device(device) => Ok(Some(device)),
+            Dump::Changed | Dump::GaveUp => Ok(None),
+        }
+    }
+
+    fn dump(&mut self, ifname: &str, give_up: impl Fn() -> bool) -> Result<Dump> {
         let context = || format!("failed to read WireGuard device {ifname:?}");
         let mut w = Writer::new();
         let start = w.begin_msg(
@@ -225,21 +245,30 @@ impl Wireguard {
         let mut device = WgDevice::default();
         let mut bad = None;
         let mut interrupted = false;
-        self.sock
-            .request(w.as_bytes(), |msg| {
+        let whole = self
+            .sock
+            .request_while(w.as_bytes(), &mut |msg| {
+                if give_up() {
+                    return false;
+                }
                 if msg.ty != family {
-                    return;
+                    return true;
                 }
                 interrupted |= msg.flags & NLM_F_DUMP_INTR != 0;
                 if bad.is_none() {
                     bad = add_dump_message(&mut device, msg.payload).err();
                 }
+                true
             })
             .map_err(|e| Error::netlink(context(), e))?;
         if let Some(malformed) = bad {
             return Err(Error::netlink(context(), malformed.into()));
         }
-        Ok((!interrupted).then_some(device))
+        Ok(match (whole, interrupted) {
+            (false, _) => Dump::GaveUp,
+            (true, true) => Dump::Changed,
+            (true, false) => Dump::Device(device),
+        })
     }
 
     /// Sets the device's private key, listen port (0: the kernel picks one) and
@@ -670,6 +699,28 @@ pub fn decode_dump(datagram: &[u8]) -> std::result::Result<WgDevice, Malformed> 
         }
     }
     Ok(device)
+}
+
+/// How one dump of a device ended.
+enum Dump {
+    /// The device as it was throughout the dump.
+    Device(WgDevice),
+    /// The device changed while the dump ran.
+    Changed,
+    /// The reader gave up before the end.
+    GaveUp,
+}
+
+/// The peers changed during each of [`DUMP_ATTEMPTS`] dumps of `ifname`.
+fn changed_during_each_dump(ifname: &str) -> Error {
+    let busy = io::Error::new(
+        io::ErrorKind::Interrupted,
+        format!("the peers changed during each of {DUMP_ATTEMPTS} dumps"),
+    );
+    Error::netlink(
+        format!("failed to read WireGuard device {ifname:?}"),
+        busy.into(),
+    )
 }
 
 /// Adds one message of a GET_DEVICE dump (payload after the netlink header) to
