@@ -261,6 +261,7 @@ impl Reconciler {
     /// the kernel first.
     pub fn reconcile(&mut self, snapshot: &Snapshot, resync: bool) -> Outcome {
         let nodes: &ItemMap<NodeInfo> = &snapshot.nodes;
+        let _pass = self.encryption.as_ref().and_then(EncryptionStep::pass);
         let mut outcome = Outcome::default();
         let mut phases = Phases::start();
         if let Some(step) = &mut self.encryption {
@@ -1290,6 +1291,8 @@ mod tests {
         let watch = Arc::new(crate::encryption::watch::PeersWatch::default());
         let step = e.f.reconciler.encryption.take().unwrap();
         e.f.reconciler.encryption = Some(step.with_peers_watch(Arc::clone(&watch)));
+        // Each request of the reconciler is made in a pass, which the watch gives way to.
+        e.kernel.0.lock().unwrap().watched = Some(Arc::clone(&watch));
         let nodes = keyed_after_first_pass(&mut e);
         e.f.reconciler.reconcile(&nodes_only(&nodes), false);
         let peers = |e: &Encrypting| {
@@ -1329,6 +1332,8 @@ mod tests {
         assert_eq!(peers(&e), 1, "{:?}", e.kernel.take_log());
         assert!(!watch.take_changed(), "the pass took the change");
         assert_eq!(watch.expected(), Some(held(&e)));
+        assert!(!watch.in_pass());
+        assert_eq!(e.kernel.0.lock().unwrap().outside_a_pass, 0);
     }
 
     #[test]

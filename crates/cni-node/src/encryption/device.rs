@@ -416,6 +416,10 @@ pub mod fakes {
         pub next_index: u32,
         /// How many times the device was read (a dump: not logged with the changes).
         pub reads: usize,
+        /// The device watch whose passes every request is checked to be made in.
+        pub watched: Option<Arc<crate::encryption::watch::PeersWatch>>,
+        /// Requests made while the watched reconciler was in no pass.
+        pub outside_a_pass: usize,
     }
 
     /// The fake device.
@@ -445,6 +449,16 @@ pub mod fakes {
                 .unwrap_or_else(std::sync::PoisonError::into_inner))
         }
 
+        /// A request to the kernel.
+        fn request<T>(&self, f: impl FnOnce(&mut FakeState) -> T) -> T {
+            self.with(|s| {
+                if s.watched.as_ref().is_some_and(|w| !w.in_pass()) {
+                    s.outside_a_pass += 1;
+                }
+                f(s)
+            })
+        }
+
         /// Takes the request log.
         pub fn take_log(&self) -> Vec<String> {
             self.with(|s| std::mem::take(&mut s.log))
@@ -464,7 +478,7 @@ pub mod fakes {
             Ok(())
         }
         fn create(&mut self, name: &str, mtu: u32) -> Result<u32> {
-            self.with(|s| {
+            self.request(|s| {
                 s.next_index += 1;
                 let index = s.next_index + 100;
                 s.device = Some(FakeDevice {
@@ -477,14 +491,14 @@ pub mod fakes {
             })
         }
         fn delete(&mut self, name: &str, _: u32) -> Result<()> {
-            self.with(|s| {
+            self.request(|s| {
                 s.device = None;
                 s.log.push(format!("delete {name}"));
                 Ok(())
             })
         }
         fn set_link(&mut self, name: &str, _: u32, mtu: u32) -> Result<()> {
-            self.with(|s| {
+            self.request(|s| {
                 let d = s.device.as_mut().ok_or_else(|| missing(name))?;
                 d.mtu = mtu;
                 s.log.push(format!("link {name} mtu {mtu} up"));
@@ -492,7 +506,7 @@ pub mod fakes {
             })
         }
         fn device(&mut self, name: &str) -> Result<DeviceState> {
-            self.with(|s| {
+            self.request(|s| {
                 s.reads += 1;
                 let d = s.device.as_ref().ok_or_else(|| missing(name))?;
                 Ok(DeviceState {
@@ -503,7 +517,7 @@ pub mod fakes {
             })
         }
         fn set_device(&mut self, name: &str, private_key: &Key, port: u16) -> Result<()> {
-            self.with(|s| {
+            self.request(|s| {
                 let d = s.device.as_mut().ok_or_else(|| missing(name))?;
                 d.private_key = Some(*private_key);
                 d.port = port;
@@ -513,7 +527,7 @@ pub mod fakes {
             })
         }
         fn set_peer(&mut self, name: &str, peer: &PeerSpec) -> Result<()> {
-            self.with(|s| {
+            self.request(|s| {
                 let d = s.device.as_mut().ok_or_else(|| missing(name))?;
                 for p in &mut d.peers {
                     p.allowed_ips.retain(|ip| !peer.allowed_ips.contains(ip));
@@ -544,7 +558,7 @@ pub mod fakes {
             })
         }
         fn remove_peer(&mut self, name: &str, public_key: &Key) -> Result<()> {
-            self.with(|s| {
+            self.request(|s| {
                 let d = s.device.as_mut().ok_or_else(|| missing(name))?;
                 d.peers.retain(|p| p.public_key != *public_key);
                 s.log.push(format!("remove peer {public_key:?}"));

@@ -151,6 +151,12 @@ impl Step {
         self
     }
 
+    /// Marks a pass as running for the device watch, whose reads give way to it, until
+    /// the mark is dropped.
+    pub fn pass(&self) -> Option<super::watch::Pass> {
+        self.watch.as_ref().map(PeersWatch::pass)
+    }
+
     /// Before the pass: a peer's new key, at once. A Node that now publishes another
     /// valid key, and is otherwise the peer the device has (the same pod CIDRs as its
     /// allowed IPs, its endpoint still one of the Node's InternalIPs), gets a peer with

@@ -5,13 +5,16 @@
 //! ([`PeersWatch::expect`]): when the two differ, it tells the reconciler to read the
 //! device again and wakes it, so a peer deleted by hand is back within about a second,
 //! not at the next resync. The agent's own changes are what it expects: they cost no
-//! read more.
+//! read more. A read gives way to the reconciler's passes ([`PeersWatch::pass`]): at
+//! thousands of peers it takes as long as a step of a pass, on a CPU the pass and the
+//! node's pods need, and a device read while the pass writes it would only differ from
+//! what the reconciler is about to say it holds.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cni_linux::netlink::wireguard::{WgDevice, Wireguard};
 use ipnetwork::IpNetwork;
@@ -23,6 +26,14 @@ use crate::wake::Wake;
 /// which the kernel answers in a few milliseconds.
 pub const INTERVAL: Duration = Duration::from_secs(1);
 
+/// The longest a read waits for the reconciler's passes, from when it was due: under
+/// changes that keep the reconciler busy, a peer deleted by hand is still back within a
+/// few seconds, not at the resync.
+pub const GIVE_WAY_AT_MOST: Duration = Duration::from_secs(3);
+
+/// How often a read that gives way looks whether the pass has ended.
+const GIVE_WAY_POLL: Duration = Duration::from_millis(10);
+
 /// What the reconciler and the watch tell each other of the device.
 #[derive(Debug, Default)]
 pub struct PeersWatch {
@@ -31,12 +42,36 @@ pub struct PeersWatch {
     /// The fingerprint of what the reconciler last said the device holds; `None`: it
     /// does not know (then two reads that differ are a change).
     expected: Mutex<Option<u64>>,
+    /// A pass of the reconciler runs.
+    passing: AtomicBool,
+}
+
+/// A pass of the reconciler, from [`PeersWatch::pass`] until it is dropped.
+#[derive(Debug)]
+pub struct Pass(Arc<PeersWatch>);
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        self.0.passing.store(false, Ordering::SeqCst);
+    }
 }
 
 impl PeersWatch {
     /// Whether the device changed since the last call.
     pub fn take_changed(&self) -> bool {
         self.changed.swap(false, Ordering::SeqCst)
+    }
+
+    /// A pass of the reconciler starts: the watch's reads give way until the returned
+    /// mark is dropped.
+    pub fn pass(self: &Arc<Self>) -> Pass {
+        self.passing.store(true, Ordering::SeqCst);
+        Pass(Arc::clone(self))
+    }
+
+    /// Whether a pass runs.
+    pub(crate) fn in_pass(&self) -> bool {
+        self.passing.load(Ordering::SeqCst)
     }
 
     /// The device changed: the next pass reads it.
@@ -134,14 +169,24 @@ pub fn watch_peers(device: String, watch: Arc<PeersWatch>, wake: Arc<Wake>) -> R
             let mut last: Option<u64> = None;
             loop {
                 std::thread::sleep(INTERVAL);
-                if handle.is_none() {
-                    // Opened again until the module is there.
-                    handle = Wireguard::open().ok();
-                }
-                let now = handle
-                    .as_mut()
-                    .and_then(|wg| wg.device(&device).ok())
-                    .map(|d| fingerprint_of(&d));
+                let now = read_between_passes(&watch, Instant::now(), |give_up| {
+                    if handle.is_none() {
+                        // Opened again until the module is there.
+                        handle = Wireguard::open().ok();
+                    }
+                    let Some(wg) = handle.as_mut() else {
+                        return Some(None);
+                    };
+                    match wg.device_unless(&device, give_up) {
+                        Ok(Some(d)) => Some(Some(fingerprint_of(&d))),
+                        Ok(None) => {
+                            // Its socket still holds the dump given up.
+                            handle = None;
+                            None
+                        }
+                        Err(_) => Some(None),
+                    }
+                });
                 if watch.heard(last, now) {
                     tracing::debug!("encryption: {device} is not as the agent left it");
                     wake.notify();
@@ -154,6 +199,26 @@ pub fn watch_peers(device: String, watch: Arc<PeersWatch>, wake: Arc<Wake>) -> R
             source,
         })?;
     Ok(())
+}
+
+/// Reads with `read` while no pass of the reconciler runs: it waits for a pass to end,
+/// and a read that a pass starts during is given up (`read` is handed the question and
+/// returns `None` when it gave up) and made again after it. From [`GIVE_WAY_AT_MOST`]
+/// after `due` on, it reads whether a pass runs or not.
+fn read_between_passes<T>(
+    watch: &PeersWatch,
+    due: Instant,
+    mut read: impl FnMut(&dyn Fn() -> bool) -> Option<T>,
+) -> T {
+    let giving_way = || watch.in_pass() && due.elapsed() < GIVE_WAY_AT_MOST;
+    loop {
+        while giving_way() {
+            std::thread::sleep(GIVE_WAY_POLL);
+        }
+        if let Some(read) = read(&giving_way) {
+            return read;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -212,6 +277,70 @@ mod tests {
         assert_ne!(fingerprint_of(&both), fingerprint_of(&other_port));
         let twice = device(vec![peer(1, &["10.1.0.0/24"]), peer(1, &["10.1.0.0/24"])]);
         assert_ne!(fingerprint_of(&twice), fingerprint_of(&device(Vec::new())));
+    }
+
+    /// A read waits for the pass that runs when it is due, and reads nothing it would
+    /// give up once the pass has ended.
+    #[test]
+    fn a_read_waits_for_the_running_pass() {
+        let watch = Arc::new(PeersWatch::default());
+        let pass = watch.pass();
+        let ended = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(pass);
+            Instant::now()
+        });
+        let read_at = read_between_passes(&watch, Instant::now(), |give_up| {
+            assert!(!give_up());
+            Some(Instant::now())
+        });
+        assert!(read_at >= ended.join().unwrap());
+    }
+
+    /// A pass that starts during a read makes it give up; it is made again once the
+    /// pass has ended.
+    #[test]
+    fn a_read_a_pass_starts_during_is_given_up_and_made_again_after_it() {
+        let watch = Arc::new(PeersWatch::default());
+        let mut ended = None;
+        let mut reads = 0;
+        let read_at = read_between_passes(&watch, Instant::now(), |give_up| {
+            reads += 1;
+            if reads == 1 {
+                assert!(!give_up());
+                let pass = watch.pass();
+                assert!(give_up(), "the pass started during the read");
+                ended = Some(std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(30));
+                    drop(pass);
+                    Instant::now()
+                }));
+                return None;
+            }
+            assert!(!give_up());
+            Some(Instant::now())
+        });
+        assert_eq!(reads, 2);
+        assert!(read_at >= ended.unwrap().join().unwrap());
+    }
+
+    /// Past its patience a read is made during a pass, and not given up.
+    #[test]
+    fn a_read_due_long_enough_is_made_during_a_pass() {
+        let watch = Arc::new(PeersWatch::default());
+        let pass = watch.pass();
+        let due = Instant::now()
+            .checked_sub(GIVE_WAY_AT_MOST)
+            .expect("a clock past its patience");
+        let mut reads = 0;
+        read_between_passes(&watch, due, |give_up| {
+            reads += 1;
+            assert!(!give_up());
+            Some(())
+        });
+        assert_eq!(reads, 1);
+        drop(pass);
+        assert!(!watch.in_pass(), "the mark dropped ends the pass");
     }
 
     /// Without an expectation, a reading that differs from the last is a change; the
