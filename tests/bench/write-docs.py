@@ -178,8 +178,13 @@ RECORDED_WHAT = {
     "encryption.rss_after_sync_mib": "peak RSS of the agent (VmHWM) after the WireGuard sync",
     "encryption.key_change_p50_ms": "one node's key changed to its new peer on the device, p50",
     "encryption.key_change_max_ms": "the same, the slowest",
+    "encryption.key_changes_timed_by_kernel":
+        "key changes timed by the return of the write that put the peer there (the rest by the read)",
+    "encryption.key_change_by_read_p50_ms":
+        "one node's key changed to the first read that showed its new peer, p50 (late by up to one read)",
+    "encryption.key_change_by_read_p99_ms": "the same, p99",
     "encryption.device_read_p50_ms":
-        "one read of the device with all its peers over generic netlink, p50 (part of each key change's figure)",
+        "one read of the device with all its peers over generic netlink, p50",
     "encryption.vxlan_tcp_mbit_s": "one TCP stream between two pods on two nodes through VXLAN (emulated)",
     "encryption.tcp_ratio": "the stream's throughput through WireGuard / through VXLAN",
 }

@@ -35,6 +35,8 @@
 //!   `nft -j` lists it.
 //! - [`connections`]: short TCP connections between namespaces, timed one by one.
 //! - [`measured`]: figures a test measured, recorded so that a green run shows them.
+//! - [`kprobe`]: when a kernel function returned, on the clock `Instant` reads, for
+//!   benchmarks that time a change by the kernel's own clock.
 
 pub mod bins;
 pub mod cases;
@@ -45,6 +47,7 @@ pub mod hostport;
 pub mod ipam;
 pub mod json;
 pub mod kernel;
+pub mod kprobe;
 pub mod measured;
 pub mod names;
 pub mod netns;
