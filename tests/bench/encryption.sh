@@ -11,8 +11,10 @@
 #     from the agent's start to its last route, and their ratio (`sync_ratio`); the
 #     agent's peak RSS with the keyed peers, across the key changes that follow;
 #   - one node's key changed at a time on the API server, until the device shows the new
-#     peer (read back-to-back over generic netlink; `device_read_p50_ms` is how long one
-#     read of all the peers takes, part of each figure): p50, p99;
+#     peer (read back-to-back over generic netlink), timed to the return of the kernel's
+#     last write before the read that showed it (a kprobe on wg_set_device): p50, p99;
+#     the same timed by that read (late by up to one read of all the peers,
+#     `device_read_p50_ms`) recorded beside them;
 #   - one TCP stream between two pods on two nodes through VXLAN, then, the agents
 #     restarted with encryption, through WireGuard (emulated: the figures say how the
 #     two compare here, not what hardware does).
