@@ -59,8 +59,8 @@ for size in $sizes; do
     runs+=("$size:0:$prefix")
 done
 [[ $cluster_policies != 0 ]] && runs+=("$last:$cluster_policies:cnp_")
-for run in "${runs[@]}"; do
-    IFS=: read -r pods policies cnps prefix <<<"$run"
+for spec in "${runs[@]}"; do
+    IFS=: read -r pods policies cnps prefix <<<"$spec"
     name=$pods
     [[ $cnps != 0 ]] && name+=-cnp
     # The deny log's flood runs with the last size's NetworkPolicy run.
