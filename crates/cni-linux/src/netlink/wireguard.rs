@@ -261,13 +261,17 @@ impl Wireguard {
                 true
             })
             .map_err(|e| Error::netlink(context(), e))?;
+        // Given up first: whatever was decoded, the caller must drop the handle.
+        if !whole {
+            return Ok(Dump::GaveUp);
+        }
         if let Some(malformed) = bad {
             return Err(Error::netlink(context(), malformed.into()));
         }
-        Ok(match (whole, interrupted) {
-            (false, _) => Dump::GaveUp,
-            (true, true) => Dump::Changed,
-            (true, false) => Dump::Device(device),
+        Ok(if interrupted {
+            Dump::Changed
+        } else {
+            Dump::Device(device)
         })
     }
 

@@ -287,8 +287,10 @@ mod tests {
         let pass = watch.pass();
         let ended = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
+            // Taken before the pass ends: the read cannot come before it.
+            let ended = Instant::now();
             drop(pass);
-            Instant::now()
+            ended
         });
         let read_at = read_between_passes(&watch, Instant::now(), |give_up| {
             assert!(!give_up());
@@ -312,8 +314,9 @@ mod tests {
                 assert!(give_up(), "the pass started during the read");
                 ended = Some(std::thread::spawn(move || {
                     std::thread::sleep(Duration::from_millis(30));
+                    let ended = Instant::now();
                     drop(pass);
-                    Instant::now()
+                    ended
                 }));
                 return None;
             }
