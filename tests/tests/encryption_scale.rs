@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use cni_blackbox::cluster::wait;
 use cni_blackbox::connections::tcp_throughput;
 use cni_blackbox::hostport::in_netns;
-use cni_blackbox::kernel::wireguard_probe;
+use cni_blackbox::kernel::{wireguard_probe, wireguard_required};
 use cni_blackbox::kprobe::{ReturnProbe, monotonic_now};
 use cni_blackbox::measured::peak_rss_kib;
 use cni_blackbox::segments::{node_at, two_segments};
@@ -497,7 +497,7 @@ fn device_writes() -> Option<ReturnProbe> {
         Ok(probe) => Some(probe),
         Err(why) => {
             assert!(
-                std::env::var("CNI_RS_REQUIRE_WIREGUARD").as_deref() != Ok("1"),
+                !wireguard_required(),
                 "the stock kernel times the writes to {WG_DEVICE}: {why}"
             );
             eprintln!("key changes timed by the reads alone: {why}");
@@ -566,7 +566,7 @@ fn keyed_peers_sync_against_vxlan() {
     assert_eq!(measured.timed.len(), changes as usize);
     // Every change makes at least one write, which returns before the read that shows it.
     assert!(
-        measured.by_kernel > 0 || std::env::var("CNI_RS_REQUIRE_WIREGUARD").as_deref() != Ok("1"),
+        measured.by_kernel > 0 || !wireguard_required(),
         "no write to {WG_DEVICE} was recorded"
     );
     let KeyChanges {
