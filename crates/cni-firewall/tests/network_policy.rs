@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use cni_firewall::Error;
 use cni_firewall::network_policy::{
     self, Allow, Changes, DenyLog, Direction, PeerRule, PolicyState, PolicyTable, Profile,
-    ProfileVerdicts, TABLE, TierBox, TierProfile, VerdictAction,
+    ProfileVerdicts, TABLE, TierBox, TierProfile, TierRange, TierRow, VerdictAction,
 };
 use nix::sched::{CloneFlags, setns};
 
@@ -86,9 +86,9 @@ fn small_state() -> PolicyState {
     s.ingress.insert(ip("fd09::2"), "aa11".into());
     s.egress.insert(ip("10.9.0.3"), "bb22".into());
     // bb22 counts what it allows and denies; pod 10.9.0.2's egress is judged by the
-    // Admin tier first (TCP 22 to the first half of its subnet denied, DNS over IPv6
-    // passed to NetworkPolicy), pod 10.9.0.3's ingress by the Baseline tier (all
-    // denied, for NetworkPolicy does not isolate it).
+    // Admin tier first (TCP 22 to the first half of its subnet and to 10.9.0.200
+    // denied, DNS over IPv6 passed to NetworkPolicy), pod 10.9.0.3's ingress by the
+    // Baseline tier (all denied, for NetworkPolicy does not isolate it).
     s.verdict_chains
         .insert("v-allow1".into(), VerdictAction::Accept);
     s.verdict_chains
@@ -101,24 +101,30 @@ fn small_state() -> PolicyState {
         allow: "v-allow1".into(),
         deny: "v-deny1".into(),
     });
+    s.admin
+        .egress_rows
+        .insert("r1".into(), row(&[tier_only(6, 22, "v-deny1")]));
+    s.admin
+        .egress_rows
+        .insert("r2".into(), row(&[tier_only(17, 53, "v-pass1")]));
     s.admin.egress_profiles.insert(
         "cc33".into(),
-        TierProfile {
-            boxes: vec![
-                tier_box(allow("10.9.0.0", "10.9.0.127", (6, 6), (22, 22)), "v-deny1"),
-                tier_box(allow("fd09::", "fd09::ffff", (17, 17), (53, 53)), "v-pass1"),
+        tier_profile(
+            &[("10.9.0.200", "r1")],
+            &[
+                ("10.9.0.0", "10.9.0.127", "r1"),
+                ("fd09::", "fd09::ffff", "r2"),
             ],
-        },
+        ),
     );
     s.admin.egress.insert(ip("10.9.0.2"), "cc33".into());
+    s.baseline.ingress_rows.insert(
+        "r3".into(),
+        row(&[tier_box((0, 255), (0, 65535), "v-deny1")]),
+    );
     s.baseline.ingress_profiles.insert(
         "dd44".into(),
-        TierProfile {
-            boxes: vec![tier_box(
-                Allow::all_traffic(ip("0.0.0.0"), ip("255.255.255.255")),
-                "v-deny1",
-            )],
-        },
+        tier_profile(&[], &[("0.0.0.0", "255.255.255.255", "r3")]),
     );
     s.baseline.ingress.insert(ip("10.9.0.3"), "dd44".into());
     s.deny_log = Some(DenyLog {
@@ -128,10 +134,37 @@ fn small_state() -> PolicyState {
     s
 }
 
-fn tier_box(peers: Allow, chain: &str) -> TierBox {
+fn tier_box(protocols: (u8, u8), ports: (u16, u16), chain: &str) -> TierBox {
     TierBox {
-        peers,
+        protocols,
+        ports,
         chain: chain.into(),
+    }
+}
+
+/// A box of one protocol and port.
+fn tier_only(protocol: u8, port: u16, chain: &str) -> TierBox {
+    tier_box((protocol, protocol), (port, port), chain)
+}
+
+fn row(boxes: &[TierBox]) -> TierRow {
+    TierRow {
+        boxes: boxes.to_vec(),
+    }
+}
+
+/// A tier profile: single peers and ranges (first, last), each with its row.
+fn tier_profile(peers: &[(&str, &str)], ranges: &[(&str, &str, &str)]) -> TierProfile {
+    TierProfile {
+        peers: peers.iter().map(|(a, r)| (ip(a), (*r).into())).collect(),
+        ranges: ranges
+            .iter()
+            .map(|(first, last, r)| TierRange {
+                first: ip(first),
+                last: ip(last),
+                row: (*r).into(),
+            })
+            .collect(),
     }
 }
 
@@ -241,26 +274,61 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 		flags interval
 	}
 
-	map admin-egress-cc33-v4 {
-		type ipv4_addr . inet_proto . inet_service : verdict
+	map admin-egress-row-r1-keys {
+		type inet_proto . inet_service : verdict
 		flags interval
-		elements = { 10.9.0.0/25 . tcp . 22 : goto v-deny1 }
+		elements = { tcp . 22 : goto v-deny1 }
 	}
 
-	map admin-egress-cc33-v6 {
-		type ipv6_addr . inet_proto . inet_service : verdict
+	map admin-egress-row-r2-keys {
+		type inet_proto . inet_service : verdict
 		flags interval
-		elements = { fd09::/112 . udp . 53 : goto v-pass1 }
+		elements = { udp . 53 : goto v-pass1 }
 	}
 
-	map baseline-ingress-dd44-v4 {
-		type ipv4_addr . inet_proto . inet_service : verdict
-		flags interval
-		elements = { 0.0.0.0/0 . 0-255 . 0-65535 : goto v-deny1 }
+	map admin-egress-cc33-peers4 {
+		type ipv4_addr : verdict
+		elements = { 10.9.0.200 : goto admin-egress-row-r1 }
 	}
 
-	map baseline-ingress-dd44-v6 {
-		type ipv6_addr . inet_proto . inet_service : verdict
+	map admin-egress-cc33-ranges4 {
+		type ipv4_addr . inet_proto : verdict
+		flags interval
+		elements = { 10.9.0.0/25 . 0-255 : goto admin-egress-row-r1 }
+	}
+
+	map admin-egress-cc33-peers6 {
+		type ipv6_addr : verdict
+	}
+
+	map admin-egress-cc33-ranges6 {
+		type ipv6_addr . inet_proto : verdict
+		flags interval
+		elements = { fd09::/112 . 0-255 : goto admin-egress-row-r2 }
+	}
+
+	map baseline-ingress-row-r3-keys {
+		type inet_proto . inet_service : verdict
+		flags interval
+		elements = { 0-255 . 0-65535 : goto v-deny1 }
+	}
+
+	map baseline-ingress-dd44-peers4 {
+		type ipv4_addr : verdict
+	}
+
+	map baseline-ingress-dd44-ranges4 {
+		type ipv4_addr . inet_proto : verdict
+		flags interval
+		elements = { 0.0.0.0/0 . 0-255 : goto baseline-ingress-row-r3 }
+	}
+
+	map baseline-ingress-dd44-peers6 {
+		type ipv6_addr : verdict
+	}
+
+	map baseline-ingress-dd44-ranges6 {
+		type ipv6_addr . inet_proto : verdict
 		flags interval
 	}
 
@@ -355,15 +423,33 @@ const SMALL_LISTING: &str = "table inet cni_node_policy {
 		goto v-deny1
 	}
 
-	chain admin-egress-cc33 {
-		ip daddr . meta l4proto . th dport vmap @admin-egress-cc33-v4
-		ip6 daddr . meta l4proto . th dport vmap @admin-egress-cc33-v6
+	chain admin-egress-row-r1 {
+		meta l4proto . th dport vmap @admin-egress-row-r1-keys
 		goto np-egress
 	}
 
+	chain admin-egress-row-r2 {
+		meta l4proto . th dport vmap @admin-egress-row-r2-keys
+		goto np-egress
+	}
+
+	chain admin-egress-cc33 {
+		ip daddr vmap @admin-egress-cc33-peers4
+		ip daddr . meta l4proto vmap @admin-egress-cc33-ranges4
+		ip6 daddr vmap @admin-egress-cc33-peers6
+		ip6 daddr . meta l4proto vmap @admin-egress-cc33-ranges6
+		goto np-egress
+	}
+
+	chain baseline-ingress-row-r3 {
+		meta l4proto . th dport vmap @baseline-ingress-row-r3-keys
+	}
+
 	chain baseline-ingress-dd44 {
-		ip saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v4
-		ip6 saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v6
+		ip saddr vmap @baseline-ingress-dd44-peers4
+		ip saddr . meta l4proto vmap @baseline-ingress-dd44-ranges4
+		ip6 saddr vmap @baseline-ingress-dd44-peers6
+		ip6 saddr . meta l4proto vmap @baseline-ingress-dd44-ranges6
 	}
 }
 ";
@@ -430,20 +516,43 @@ add rule inet cni_node_policy egress-bb22 ip6 daddr . meta l4proto . th dport @e
 add rule inet cni_node_policy egress-bb22 ip daddr @peer-pp01-v4 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 goto v-allow1
 add rule inet cni_node_policy egress-bb22 ip6 daddr @peer-pp01-v6 meta l4proto >= 6 meta l4proto <= 17 th dport >= 1000 th dport <= 2000 goto v-allow1
 add rule inet cni_node_policy egress-bb22 goto v-deny1
-add map inet cni_node_policy admin-egress-cc33-v4 { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }
-add element inet cni_node_policy admin-egress-cc33-v4 { 10.9.0.0-10.9.0.127 . 6 . 22 : goto v-deny1 }
-add map inet cni_node_policy admin-egress-cc33-v6 { type ipv6_addr . inet_proto . inet_service : verdict; flags interval; }
-add element inet cni_node_policy admin-egress-cc33-v6 { fd09::-fd09::ffff . 17 . 53 : goto v-pass1 }
+add map inet cni_node_policy admin-egress-row-r1-keys { type inet_proto . inet_service : verdict; flags interval; }
+add element inet cni_node_policy admin-egress-row-r1-keys { 6 . 22 : goto v-deny1 }
+add chain inet cni_node_policy admin-egress-row-r1
+add rule inet cni_node_policy admin-egress-row-r1 meta l4proto . th dport vmap @admin-egress-row-r1-keys
+add rule inet cni_node_policy admin-egress-row-r1 goto np-egress
+add map inet cni_node_policy admin-egress-row-r2-keys { type inet_proto . inet_service : verdict; flags interval; }
+add element inet cni_node_policy admin-egress-row-r2-keys { 17 . 53 : goto v-pass1 }
+add chain inet cni_node_policy admin-egress-row-r2
+add rule inet cni_node_policy admin-egress-row-r2 meta l4proto . th dport vmap @admin-egress-row-r2-keys
+add rule inet cni_node_policy admin-egress-row-r2 goto np-egress
+add map inet cni_node_policy admin-egress-cc33-peers4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy admin-egress-cc33-ranges4 { type ipv4_addr . inet_proto : verdict; flags interval; }
+add element inet cni_node_policy admin-egress-cc33-peers4 { 10.9.0.200 : goto admin-egress-row-r1 }
+add element inet cni_node_policy admin-egress-cc33-ranges4 { 10.9.0.0-10.9.0.127 . 0-255 : goto admin-egress-row-r1 }
+add map inet cni_node_policy admin-egress-cc33-peers6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy admin-egress-cc33-ranges6 { type ipv6_addr . inet_proto : verdict; flags interval; }
+add element inet cni_node_policy admin-egress-cc33-ranges6 { fd09::-fd09::ffff . 0-255 : goto admin-egress-row-r2 }
 add chain inet cni_node_policy admin-egress-cc33
-add rule inet cni_node_policy admin-egress-cc33 ip daddr . meta l4proto . th dport vmap @admin-egress-cc33-v4
-add rule inet cni_node_policy admin-egress-cc33 ip6 daddr . meta l4proto . th dport vmap @admin-egress-cc33-v6
+add rule inet cni_node_policy admin-egress-cc33 ip daddr vmap @admin-egress-cc33-peers4
+add rule inet cni_node_policy admin-egress-cc33 ip daddr . meta l4proto vmap @admin-egress-cc33-ranges4
+add rule inet cni_node_policy admin-egress-cc33 ip6 daddr vmap @admin-egress-cc33-peers6
+add rule inet cni_node_policy admin-egress-cc33 ip6 daddr . meta l4proto vmap @admin-egress-cc33-ranges6
 add rule inet cni_node_policy admin-egress-cc33 goto np-egress
-add map inet cni_node_policy baseline-ingress-dd44-v4 { type ipv4_addr . inet_proto . inet_service : verdict; flags interval; }
-add element inet cni_node_policy baseline-ingress-dd44-v4 { 0.0.0.0-255.255.255.255 . 0-255 . 0-65535 : goto v-deny1 }
-add map inet cni_node_policy baseline-ingress-dd44-v6 { type ipv6_addr . inet_proto . inet_service : verdict; flags interval; }
+add map inet cni_node_policy baseline-ingress-row-r3-keys { type inet_proto . inet_service : verdict; flags interval; }
+add element inet cni_node_policy baseline-ingress-row-r3-keys { 0-255 . 0-65535 : goto v-deny1 }
+add chain inet cni_node_policy baseline-ingress-row-r3
+add rule inet cni_node_policy baseline-ingress-row-r3 meta l4proto . th dport vmap @baseline-ingress-row-r3-keys
+add map inet cni_node_policy baseline-ingress-dd44-peers4 { type ipv4_addr : verdict; }
+add map inet cni_node_policy baseline-ingress-dd44-ranges4 { type ipv4_addr . inet_proto : verdict; flags interval; }
+add element inet cni_node_policy baseline-ingress-dd44-ranges4 { 0.0.0.0-255.255.255.255 . 0-255 : goto baseline-ingress-row-r3 }
+add map inet cni_node_policy baseline-ingress-dd44-peers6 { type ipv6_addr : verdict; }
+add map inet cni_node_policy baseline-ingress-dd44-ranges6 { type ipv6_addr . inet_proto : verdict; flags interval; }
 add chain inet cni_node_policy baseline-ingress-dd44
-add rule inet cni_node_policy baseline-ingress-dd44 ip saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v4
-add rule inet cni_node_policy baseline-ingress-dd44 ip6 saddr . meta l4proto . th dport vmap @baseline-ingress-dd44-v6
+add rule inet cni_node_policy baseline-ingress-dd44 ip saddr vmap @baseline-ingress-dd44-peers4
+add rule inet cni_node_policy baseline-ingress-dd44 ip saddr . meta l4proto vmap @baseline-ingress-dd44-ranges4
+add rule inet cni_node_policy baseline-ingress-dd44 ip6 saddr vmap @baseline-ingress-dd44-peers6
+add rule inet cni_node_policy baseline-ingress-dd44 ip6 saddr . meta l4proto vmap @baseline-ingress-dd44-ranges6
 add rule inet cni_node_policy baseline-egress ip saddr vmap @baseline-egress4
 add rule inet cni_node_policy baseline-egress ip6 saddr vmap @baseline-egress6
 add rule inet cni_node_policy baseline-ingress ip daddr vmap @baseline-ingress4
@@ -1604,11 +1713,6 @@ fn invalid_states_change_nothing() {
 
 // ---- ClusterNetworkPolicy's tiers ----
 
-/// A box of everything from (or to) one address on one protocol and port.
-fn tier_only(peer: IpAddr, protocol: u8, port: u16, chain: &str) -> TierBox {
-    tier_box(only(peer, protocol, port), chain)
-}
-
 /// Verdict chains the tier tests use, by what they stand for.
 fn verdict_chains(s: &mut PolicyState) {
     for (name, action) in [
@@ -1684,28 +1788,35 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
             ]),
         );
         s.ingress.insert(b.v4, "b0".into());
+        s.admin.ingress_rows.insert(
+            "adeny".into(),
+            row(&[
+                tier_only(TCP, 80, "v-admindeny"),
+                tier_only(UDP, 80, "v-adminpassin"),
+            ]),
+        );
         s.admin.ingress_profiles.insert(
             "b1".into(),
             TierProfile {
-                boxes: vec![
-                    tier_only(a.v4, TCP, 80, "v-admindeny"),
-                    tier_only(a.v4, UDP, 80, "v-adminpassin"),
-                ],
+                peers: [(a.v4, "adeny".into())].into(),
+                ranges: Default::default(),
             },
         );
         s.admin.ingress.insert(b.v4, "b1".into());
         // c: not isolated by NetworkPolicy; the Baseline tier passes b's TCP 80
         // (an allow) and denies everything else.
+        s.baseline.ingress_rows.insert(
+            "bdeny".into(),
+            row(&[tier_box((0, 255), (0, 65535), "v-basedeny")]),
+        );
+        s.baseline
+            .ingress_rows
+            .insert("bpass".into(), row(&[tier_only(TCP, 80, "v-basepass")]));
         s.baseline.ingress_profiles.insert(
             "c1".into(),
             TierProfile {
-                boxes: vec![
-                    tier_box(
-                        allow("10.9.0.2", "10.9.0.2", (0, 255), (0, 65535)),
-                        "v-basedeny",
-                    ),
-                    tier_only(b.v4, TCP, 80, "v-basepass"),
-                ],
+                peers: [(a.v4, "bdeny".into()), (b.v4, "bpass".into())].into(),
+                ranges: Default::default(),
             },
         );
         s.baseline.ingress.insert(c.v4, "c1".into());
@@ -1713,12 +1824,7 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
         // b's ingress, so Baseline never judges it.
         s.baseline.ingress_profiles.insert(
             "b2".into(),
-            TierProfile {
-                boxes: vec![tier_box(
-                    Allow::all_traffic(ip("0.0.0.0"), ip("255.255.255.255")),
-                    "v-basedeny",
-                )],
-            },
+            tier_profile(&[], &[("0.0.0.0", "255.255.255.255", "bdeny")]),
         );
         s.baseline.ingress.insert(b.v4, "b2".into());
         let mut t = PolicyTable::open().unwrap();
@@ -1776,14 +1882,13 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
         let mut accept = s.clone();
         accept.egress_profiles.insert("a0".into(), counted(&[]));
         accept.egress.insert(a.v4, "a0".into());
+        accept.admin.egress_rows.insert(
+            "aaccept".into(),
+            row(&[tier_only(TCP, 80, "v-adminaccept")]),
+        );
         accept.admin.egress_profiles.insert(
             "a1".into(),
-            TierProfile {
-                boxes: vec![tier_box(
-                    allow("0.0.0.0", "255.255.255.255", (TCP, TCP), (80, 80)),
-                    "v-adminaccept",
-                )],
-            },
+            tier_profile(&[], &[("0.0.0.0", "255.255.255.255", "aaccept")]),
         );
         accept.admin.egress.insert(a.v4, "a1".into());
         let c1 = again.apply(&accept).unwrap();

@@ -1,7 +1,8 @@
 //! The table's sets and their elements: the specs of the verdict maps, the pending
-//! sets, the profiles' box sets, the tier profiles' verdict maps and the shared peer
-//! sets, and how an address, a box (address range, protocol range, port range), a
-//! tier box (a box with its verdict chain), a pending pod or a `goto` to a profile
+//! sets, the profiles' box sets, the tier profiles' maps of peers and the tier rows'
+//! verdict maps, and the shared peer sets; and how an address, a box (address range,
+//! protocol range, port range), a tier profile's peer range, a tier box (protocol and
+//! port ranges with a verdict chain), a pending pod or a `goto` to a profile or row
 //! becomes an element and back.
 
 use super::*;
@@ -54,31 +55,112 @@ pub(super) fn box_spec(name: &str, family: Family) -> SetSpec<'_> {
     }
 }
 
-/// A tier profile's verdict map of one family: boxes to verdicts.
-pub(super) fn tier_box_spec(name: &str, family: Family) -> SetSpec<'_> {
+/// The field lengths of a tier profile's range key (address, protocol) and of a tier
+/// row's key (protocol, port).
+const TIER_RANGE_FIELDS_V4: [u32; 2] = [4, 1];
+const TIER_RANGE_FIELDS_V6: [u32; 2] = [16, 1];
+const TIER_KEY_FIELDS: [u32; 2] = [1, 2];
+
+/// A tier profile's map of peer ranges of one family, each on every protocol (the
+/// kernel's map of ranges over a concatenation, whose elements are cheap to take out,
+/// wants two fields).
+pub(super) fn tier_ranges_spec(name: &str, family: Family) -> SetSpec<'_> {
     SetSpec {
+        name,
+        key_type: (family.addr_type() << 6) | TYPE_INET_PROTO,
+        key_len: family.addr_len() + 4,
+        fields: match family {
+            Family::V4 => &TIER_RANGE_FIELDS_V4,
+            Family::V6 => &TIER_RANGE_FIELDS_V6,
+        },
+        interval: true,
         verdict_map: true,
-        ..box_spec(name, family)
+        key_byteorder: 0,
     }
 }
 
-/// A tier box: its box, and a `goto` to its verdict chain.
+/// A tier row's verdict map: (protocol, port) ranges to verdict chains.
+pub(super) fn tier_keys_spec(name: &str) -> SetSpec<'_> {
+    SetSpec {
+        name,
+        key_type: (TYPE_INET_PROTO << 6) | TYPE_INET_SERVICE,
+        key_len: 8,
+        fields: &TIER_KEY_FIELDS,
+        interval: true,
+        verdict_map: true,
+        key_byteorder: 0,
+    }
+}
+
+/// A range's key corner: the address, and a protocol padded to 4 bytes.
+fn range_key(ip: IpAddr, protocol: u8) -> Vec<u8> {
+    let mut key = addr_bytes(ip);
+    key.extend_from_slice(&[protocol, 0, 0, 0]);
+    key
+}
+
+/// A tier profile's range of peers: a `goto` to its row's chain.
+pub(super) fn tier_range_element(r: &TierRange, chain: String) -> Element {
+    Element {
+        key: range_key(r.first, 0),
+        key_end: Some(range_key(r.last, u8::MAX)),
+        verdict: Some((VERDICT_GOTO, Some(chain))),
+        ..Element::default()
+    }
+}
+
+/// A range element's addresses and the chain it goes to.
+pub(super) fn decode_tier_range(e: &Element, family: Family) -> Option<(IpAddr, IpAddr, &str)> {
+    let corner = |key: &[u8]| -> Option<(IpAddr, u8)> {
+        let len = key.len().checked_sub(4)?;
+        Some((addr_of(&key[..len])?, key[len]))
+    };
+    let (first, p0) = corner(&e.key)?;
+    let (last, p1) = corner(e.key_end.as_deref()?)?;
+    let chain = match &e.verdict {
+        Some((VERDICT_GOTO, Some(chain))) => chain.as_str(),
+        _ => return None,
+    };
+    (Family::of(first) == family
+        && Family::of(last) == family
+        && first <= last
+        && (p0, p1) == (0, u8::MAX))
+        .then_some((first, last, chain))
+}
+
+/// A key corner of a tier row's box: protocol and port, each padded to 4 bytes.
+fn tier_key(protocol: u8, port: u16) -> Vec<u8> {
+    let mut key = vec![protocol, 0, 0, 0];
+    key.extend_from_slice(&port.to_be_bytes());
+    key.extend_from_slice(&[0, 0]);
+    key
+}
+
+/// A tier box: its keys, and a `goto` to its verdict chain.
 pub(super) fn tier_box_element(b: &TierBox) -> Element {
     Element {
+        key: tier_key(b.protocols.0, b.ports.0),
+        key_end: Some(tier_key(b.protocols.1, b.ports.1)),
         verdict: Some((VERDICT_GOTO, Some(b.chain.to_string()))),
-        ..box_element(&b.peers)
+        ..Element::default()
     }
 }
 
-pub(super) fn decode_tier_box(e: &Element, family: Family) -> Option<TierBox> {
-    let peers = decode_box(e, family)?;
-    match &e.verdict {
-        Some((VERDICT_GOTO, Some(chain))) if valid_verdict_chain(chain) => Some(TierBox {
-            peers,
+pub(super) fn decode_tier_box(e: &Element) -> Option<TierBox> {
+    let corner = |key: &[u8]| -> Option<(u8, u16)> {
+        (key.len() == 8).then(|| (key[0], u16::from_be_bytes([key[4], key[5]])))
+    };
+    let (p0, d0) = corner(&e.key)?;
+    let (p1, d1) = corner(e.key_end.as_deref().unwrap_or(&e.key))?;
+    let b = match &e.verdict {
+        Some((VERDICT_GOTO, Some(chain))) if valid_verdict_chain(chain) => TierBox {
+            protocols: (p0, p1),
+            ports: (d0, d1),
             chain: chain.as_str().into(),
-        }),
-        _ => None,
-    }
+        },
+        _ => return None,
+    };
+    b.check(&String::new).is_ok().then_some(b)
 }
 
 pub(super) fn addr_of(bytes: &[u8]) -> Option<IpAddr> {

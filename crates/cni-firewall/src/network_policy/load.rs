@@ -65,7 +65,16 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
         if let Some((tier, direction, profile)) = ClusterTier::parse_chain(&chain.name) {
             if same_rules(&chain.name, tier_profile_rules(tier, direction, profile)) {
                 held.tiers[tier.index()].profiles[direction.index()]
-                    .insert(profile.to_owned(), BTreeSet::new());
+                    .insert(profile.to_owned(), TierProfile::default());
+            } else {
+                rebuild = true;
+            }
+            continue;
+        }
+        if let Some((tier, direction, row)) = ClusterTier::parse_row_chain(&chain.name) {
+            if same_rules(&chain.name, tier_row_rules(tier, direction, row)) {
+                held.tiers[tier.index()].rows[direction.index()]
+                    .insert(row.to_owned(), BTreeSet::new());
             } else {
                 rebuild = true;
             }
@@ -119,6 +128,17 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                     rebuild |= !set.matches(&peer_spec(name, family));
                     held.peer_sets.entry(peer.to_owned()).or_default();
                     continue;
+                } else if let Some((tier, d, p, spec)) = tier_profile_map(name) {
+                    let known = held.tiers[tier.index()].profiles[d.index()].contains_key(p);
+                    rebuild |= !known || !set.matches(&spec);
+                    continue;
+                } else if let Some((tier, d, row)) = name
+                    .strip_suffix("-keys")
+                    .and_then(ClusterTier::parse_row_chain)
+                {
+                    let known = held.tiers[tier.index()].rows[d.index()].contains_key(row);
+                    rebuild |= !known || !set.matches(&tier_keys_spec(name));
+                    continue;
                 } else {
                     let Some((chain, family)) = name
                         .strip_suffix("-v4")
@@ -128,11 +148,6 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                         rebuild = true;
                         continue;
                     };
-                    if let Some((tier, d, p)) = ClusterTier::parse_chain(chain) {
-                        let known = held.tiers[tier.index()].profiles[d.index()].contains_key(p);
-                        rebuild |= !known || !set.matches(&tier_box_spec(name, family));
-                        continue;
-                    }
                     let known = Direction::parse_chain(chain)
                         .is_some_and(|(d, p)| held.profiles[d.index()].contains_key(p));
                     rebuild |= !known || !set.matches(&box_spec(name, family));
@@ -200,42 +215,90 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
         }
     }
 
-    // The boxes of every tier profile, from both of its maps: each goes to a verdict
-    // chain that is there, and fits the tier and direction.
+    // The boxes of every tier row, from its map: each goes to a verdict chain that is
+    // there, and fits the tier and direction.
     for tier in CLUSTER_TIERS {
         for direction in DIRECTIONS {
             let i = direction.index();
-            let names: Vec<String> = held.tiers[tier.index()].profiles[i]
+            let names: Vec<String> = held.tiers[tier.index()].rows[i].keys().cloned().collect();
+            for name in names {
+                let set = tier.row_map(direction, &name);
+                if !sets.iter().any(|s| s.name == set) {
+                    rebuild = true;
+                    continue;
+                }
+                let mut boxes = BTreeSet::new();
+                for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
+                    let fits = |b: &TierBox| match held.verdicts.get(&*b.chain) {
+                        None => false,
+                        Some((VerdictAction::ToNetworkPolicy(d), _)) => {
+                            tier == ClusterTier::Admin && *d == direction
+                        }
+                        Some(_) => true,
+                    };
+                    match decode_tier_box(&e).filter(fits) {
+                        Some(b) => {
+                            boxes.insert(b);
+                        }
+                        None => rebuild = true,
+                    }
+                }
+                held.tiers[tier.index()].rows[i].insert(name, boxes);
+            }
+        }
+    }
+
+    // The peers of every tier profile, from its maps: each goes to a row of the
+    // profile's tier and direction that is there.
+    for tier in CLUSTER_TIERS {
+        for direction in DIRECTIONS {
+            let i = direction.index();
+            let t = &held.tiers[tier.index()];
+            let names: Vec<String> = t.profiles[i].keys().cloned().collect();
+            let rows: BTreeMap<String, Arc<str>> = t.rows[i]
                 .keys()
-                .cloned()
+                .map(|r| (tier.row_chain(direction, r), Arc::from(r.as_str())))
                 .collect();
             for name in names {
-                let mut boxes = BTreeSet::new();
+                let mut profile = TierProfile::default();
                 for family in FAMILIES {
-                    let set = tier.set(direction, &name, family);
-                    if !sets.iter().any(|s| s.name == set) {
+                    let peers = tier.peers_map(direction, &name, family);
+                    let ranges = tier.ranges_map(direction, &name, family);
+                    if !sets.iter().any(|s| s.name == peers)
+                        || !sets.iter().any(|s| s.name == ranges)
+                    {
                         rebuild = true;
                         continue;
                     }
-                    for e in nl.elements(NFPROTO_INET, TABLE, &set)? {
-                        let fits = |b: &TierBox| match held.verdicts.get(&*b.chain) {
-                            None => false,
-                            Some((VerdictAction::ToNetworkPolicy(d), _)) => {
-                                tier == ClusterTier::Admin && *d == direction
-                            }
-                            Some(_) => true,
+                    for e in nl.elements(NFPROTO_INET, TABLE, &peers)? {
+                        let ip = addr_of(&e.key).filter(|ip| Family::of(*ip) == family);
+                        let row = match &e.verdict {
+                            Some((VERDICT_GOTO, Some(chain))) => rows.get(chain),
+                            _ => None,
                         };
-                        match decode_tier_box(&e, family).filter(fits) {
-                            Some(b) => {
-                                boxes.insert(b);
+                        match (ip, row) {
+                            (Some(ip), Some(row)) => {
+                                profile.peers.insert(ip, Arc::clone(row));
+                            }
+                            _ => rebuild = true,
+                        }
+                    }
+                    for e in nl.elements(NFPROTO_INET, TABLE, &ranges)? {
+                        match decode_tier_range(&e, family)
+                            .and_then(|(first, last, chain)| Some((first, last, rows.get(chain)?)))
+                        {
+                            Some((first, last, row)) => {
+                                profile.ranges.insert(TierRange {
+                                    first,
+                                    last,
+                                    row: Arc::clone(row),
+                                });
                             }
                             None => rebuild = true,
                         }
                     }
                 }
-                if let Some(profile) = held.tiers[tier.index()].profiles[i].get_mut(&name) {
-                    *profile = boxes;
-                }
+                held.tiers[tier.index()].profiles[i].insert(name, profile);
             }
         }
     }
@@ -293,6 +356,22 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
     Ok(View::Held {
         held: Box::new(held),
         rebuild,
+    })
+}
+
+/// The tier, direction and profile of a tier profile's map of peers or of ranges, with
+/// the map's spec.
+fn tier_profile_map(name: &str) -> Option<(ClusterTier, Direction, &str, SetSpec<'_>)> {
+    [Family::V4, Family::V6].into_iter().find_map(|family| {
+        let peers = format!("-peers{}", family.digit());
+        let ranges = format!("-ranges{}", family.digit());
+        if let Some((t, d, p)) = name.strip_suffix(&peers).and_then(ClusterTier::parse_chain) {
+            return Some((t, d, p, map_spec(name, family)));
+        }
+        let (t, d, p) = name
+            .strip_suffix(&ranges)
+            .and_then(ClusterTier::parse_chain)?;
+        Some((t, d, p, tier_ranges_spec(name, family)))
     })
 }
 

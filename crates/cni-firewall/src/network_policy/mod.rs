@@ -10,8 +10,10 @@
 //! what each NetworkPolicy profile allows (its own disjoint boxes of (peer address
 //! range, IP protocol range, destination port range), and rules over *peer sets* that
 //! profiles share: the addresses of a peer that many profiles allow, held once); what
-//! each Admin or Baseline profile decides (disjoint boxes, each going to a verdict
-//! chain); and the verdict chains ([`VerdictAction`]: accept, drop, or on to
+//! each Admin or Baseline profile decides (each peer it has a word for sent to a *row*:
+//! disjoint boxes of (IP protocol range, destination port range), each going to a
+//! verdict chain; rows shared by the peers, and the profiles, that the same rules
+//! decide for); and the verdict chains ([`VerdictAction`]: accept, drop, or on to
 //! NetworkPolicy), named by the caller for what decided there.
 //! [`PolicyTable`] makes the kernel hold that state: it
 //! keeps what it committed in memory and sends only the differences, in one
@@ -45,8 +47,15 @@
 //!     }
 //!     set peer-<peer>-v4 { type ipv4_addr }            # one pair per shared peer
 //!     set peer-<peer>-v6 { type ipv6_addr }
-//!     map admin-egress-<p>-v4 {                        # one pair per tier profile
-//!         type ipv4_addr . inet_proto . inet_service : verdict
+//!     map admin-egress-<p>-peers4 {                    # per tier profile and family
+//!         type ipv4_addr : verdict                     # peer -> goto admin-egress-row-<r>
+//!     }
+//!     map admin-egress-<p>-ranges4 {                   # the networks rules name
+//!         type ipv4_addr . inet_proto : verdict        # (every protocol)
+//!         flags interval                               # -> goto admin-egress-row-<r>
+//!     }
+//!     map admin-egress-row-<r>-keys {                  # per row
+//!         type inet_proto . inet_service : verdict
 //!         flags interval                               # box -> goto v-<origin>
 //!     }
 //!     chain forward {
@@ -80,13 +89,19 @@
 //!         ip saddr vmap @baseline-egress4
 //!         ip6 saddr vmap @baseline-egress6
 //!     }                                                # (its end: allowed)
-//!     chain admin-egress-<p> {                         # ONE lookup per family
-//!         ip daddr . meta l4proto . th dport vmap @admin-egress-<p>-v4
-//!         ip6 daddr . meta l4proto . th dport vmap @admin-egress-<p>-v6
+//!     chain admin-egress-<p> {                         # the peer's row
+//!         ip daddr vmap @admin-egress-<p>-peers4
+//!         ip daddr . meta l4proto vmap @admin-egress-<p>-ranges4
+//!         ip6 daddr vmap @admin-egress-<p>-peers6
+//!         ip6 daddr . meta l4proto vmap @admin-egress-<p>-ranges6
+//!         goto np-egress                               # no row: no word
+//!     }
+//!     chain admin-egress-row-<r> {                     # the row's verdict
+//!         meta l4proto . th dport vmap @admin-egress-row-<r>-keys
 //!         goto np-egress                               # no box: no word
 //!     }
-//!     chain baseline-egress-<p> {                      # likewise, and at its end the
-//!         (the two lookups)                            # direction is allowed
+//!     chain baseline-egress-<p>, baseline-egress-row-<r> {  # likewise, and at their
+//!         (the lookups)                                # end the direction is allowed
 //!     }
 //!     chain egress-<profile> {                         # NetworkPolicy's profile
 //!         ip daddr . meta l4proto . th dport @egress-<profile>-v4 goto v-<allow>
@@ -105,7 +120,12 @@
 //! ```
 //!
 //! So each direction costs one hash lookup per tier (a miss for a pod the tier has no
-//! word for) and, for a pod with a profile in a tier, one pipapo lookup there. The
+//! word for) and, for a pod with a profile in a tier, one hash lookup of the peer
+//! (then, for a peer that is no single address of the profile, one pipapo lookup of
+//! its range) and one pipapo lookup in the row, whose map holds a few boxes. A tier's
+//! boxes are held once per row, not once per peer address: a peer of thousands of pods
+//! is thousands of elements of a hashed map, which a pod coming or going changes by
+//! one, and the few rows its rules make. The
 //! Admin tier decides first: its accept ends the direction's judgement (the source's
 //! egress accepted, the destination's ingress is still judged: `return` to the base
 //! chain, which jumps to the ingress side next), its drop drops, its pass goes on to
@@ -145,8 +165,9 @@
 //! established connections at once, and a change that still allows it never breaks
 //! it: no conntrack sweep is needed, and none is made. The cost per
 //! original-direction packet is eight hash lookups (the pending set twice, the three
-//! tiers' maps per direction), one pipapo lookup per profile that judges it (at most
-//! one per tier and direction), whatever the numbers of pods and policies, and, when
+//! tiers' maps per direction), one pipapo lookup per NetworkPolicy profile that judges
+//! it and two or three lookups per tier profile (at most one of each per tier and
+//! direction), whatever the numbers of pods and policies, and, when
 //! a NetworkPolicy profile's own set does not allow the packet, a hash lookup per peer
 //! rule of the profile up to the one that does: the
 //! caller decides which peers are worth a shared set (big ones, which would
@@ -197,6 +218,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use sha2::Digest as _;
@@ -409,30 +431,94 @@ pub struct DenyLog {
     pub per_second: u32,
 }
 
-/// One box of a ClusterNetworkPolicy tier's verdict map: traffic with a peer in
-/// `peers` (addresses, protocols, destination ports, as in [`Allow`]) goes to the
-/// verdict chain `chain`.
+/// One box of a ClusterNetworkPolicy tier's row: traffic on IP protocols `protocols`
+/// and destination ports `ports` (inclusive; a packet without ports is covered only by
+/// ports 0–65535, as in [`Allow`]) goes to the verdict chain `chain`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TierBox {
-    /// The peers, protocols and ports.
-    pub peers: Allow,
+    /// IP protocol numbers, inclusive.
+    pub protocols: (u8, u8),
+    /// Destination ports, inclusive.
+    pub ports: (u16, u16),
     /// The verdict chain ([`PolicyState::verdict_chains`]), shared by the many boxes
     /// that go to it.
-    pub chain: std::sync::Arc<str>,
+    pub chain: Arc<str>,
 }
 
-/// A profile of a ClusterNetworkPolicy tier: its boxes, pairwise disjoint (per
-/// family), in any order. Where no box lies the tier has no word: the next tier
-/// judges.
+impl TierBox {
+    fn overlaps(&self, other: &TierBox) -> bool {
+        fn meet<T: Ord>(a: (T, T), b: (T, T)) -> bool {
+            a.0 <= b.1 && b.0 <= a.1
+        }
+        meet(self.protocols, other.protocols) && meet(self.ports, other.ports)
+    }
+
+    /// Whether the box is one; `what` names its row in the error.
+    fn check(&self, what: &dyn Fn() -> String) -> Result<()> {
+        if self.protocols.0 > self.protocols.1 || self.ports.0 > self.ports.1 {
+            return Err(invalid(
+                what(),
+                format!("box {self} has a range that ends before it starts"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// As an element in nft's syntax: `6 . 80-81`.
+impl fmt::Display for TierBox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.protocols.0 == self.protocols.1 {
+            write!(f, "{} . ", self.protocols.0)?;
+        } else {
+            write!(f, "{}-{} . ", self.protocols.0, self.protocols.1)?;
+        }
+        if self.ports.0 == self.ports.1 {
+            write!(f, "{}", self.ports.0)
+        } else {
+            write!(f, "{}-{}", self.ports.0, self.ports.1)
+        }
+    }
+}
+
+/// A row of a ClusterNetworkPolicy tier: what decides, per protocol and port, for the
+/// peers a profile sends to it. Its boxes are pairwise disjoint, in any order; where
+/// none lies the tier has no word (the next tier judges). Rows are shared: the peers of
+/// many profiles that the same rules decide for go to one row.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TierProfile {
+pub struct TierRow {
     /// The boxes.
     pub boxes: Vec<TierBox>,
 }
 
+/// Peer addresses `first..=last` (one family) that go to the row `row`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TierRange {
+    /// First address.
+    pub first: IpAddr,
+    /// Last address (same family as `first`, not below it).
+    pub last: IpAddr,
+    /// The row (a key of the tier's rows of the profile's direction).
+    pub row: Arc<str>,
+}
+
+/// A profile of a ClusterNetworkPolicy tier: the peers it has a word for, each sent
+/// to the row that says what decides for it. A peer is looked up among the single
+/// addresses first and, only when it is none of them, among the ranges: so a single
+/// address inside a range must go to a row that says, wherever the range's row has a
+/// box, what that row says. A peer in neither: the tier has no word.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TierProfile {
+    /// Single peer addresses (pods', Nodes') and their rows.
+    pub peers: BTreeMap<IpAddr, Arc<str>>,
+    /// Peer address ranges (the networks that rules name) and their rows, pairwise
+    /// disjoint.
+    pub ranges: BTreeSet<TierRange>,
+}
+
 /// What one ClusterNetworkPolicy tier (Admin or Baseline) holds: which local pod
-/// address each of its profiles judges, per direction, and the profiles. A pod with no
-/// entry costs one hash miss per direction.
+/// address each of its profiles judges, per direction, the profiles and their rows. A
+/// pod with no entry costs one hash miss per direction.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TierState {
     /// Local pod address -> its ingress profile.
@@ -440,10 +526,14 @@ pub struct TierState {
     /// Local pod address -> its egress profile.
     pub egress: BTreeMap<IpAddr, String>,
     /// Ingress profiles by name (named as [`PolicyState::ingress_profiles`]); their
-    /// boxes hold SOURCES.
+    /// peers are SOURCES.
     pub ingress_profiles: BTreeMap<String, TierProfile>,
-    /// Egress profiles by name; their boxes hold DESTINATIONS.
+    /// Egress profiles by name; their peers are DESTINATIONS.
     pub egress_profiles: BTreeMap<String, TierProfile>,
+    /// Rows of the ingress profiles, by name (named as profiles are).
+    pub ingress_rows: BTreeMap<String, TierRow>,
+    /// Rows of the egress profiles.
+    pub egress_rows: BTreeMap<String, TierRow>,
 }
 
 impl TierState {
@@ -453,6 +543,8 @@ impl TierState {
             && self.egress.is_empty()
             && self.ingress_profiles.is_empty()
             && self.egress_profiles.is_empty()
+            && self.ingress_rows.is_empty()
+            && self.egress_rows.is_empty()
     }
 }
 
@@ -568,11 +660,22 @@ pub struct Changes {
     pub tier_profiles_added: usize,
     /// Tier profiles removed.
     pub tier_profiles_removed: usize,
-    /// Tier profiles whose boxes changed.
+    /// Tier profiles whose peers changed.
     pub tier_profiles_changed: usize,
-    /// Tier boxes (map elements) added, also of added profiles.
+    /// Tier profiles' peers (single addresses and ranges: map elements) added, also of
+    /// added profiles.
+    pub tier_peers_added: usize,
+    /// Tier profiles' peers removed from profiles that stay.
+    pub tier_peers_removed: usize,
+    /// Tier rows (chain and map) added.
+    pub tier_rows_added: usize,
+    /// Tier rows removed.
+    pub tier_rows_removed: usize,
+    /// Tier rows whose boxes changed.
+    pub tier_rows_changed: usize,
+    /// Tier boxes (map elements of rows) added, also of added rows.
     pub tier_boxes_added: usize,
-    /// Tier boxes removed from profiles that stay.
+    /// Tier boxes removed from rows that stay.
     pub tier_boxes_removed: usize,
     /// Tier pod map elements added (both tiers).
     pub tier_pods_added: usize,
@@ -641,11 +744,12 @@ struct HeldProfile {
 }
 
 /// A ClusterNetworkPolicy tier as the table holds it: per direction, the pods'
-/// profiles and the profiles' boxes.
+/// profiles, the profiles and the rows' boxes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct HeldTier {
     pods: [BTreeMap<IpAddr, String>; 2],
-    profiles: [BTreeMap<String, BTreeSet<TierBox>>; 2],
+    profiles: [BTreeMap<String, TierProfile>; 2],
+    rows: [BTreeMap<String, BTreeSet<TierBox>>; 2],
 }
 
 /// The two ClusterNetworkPolicy tiers.
@@ -679,14 +783,40 @@ impl ClusterTier {
         format!("{}-{}-{profile}", self.name(), direction.name())
     }
 
-    /// A profile's verdict map of one family: `admin-egress-<profile>-v4`.
-    fn set(self, direction: Direction, profile: &str, family: Family) -> String {
+    /// A profile's map of single peers of one family: `admin-egress-<profile>-peers4`.
+    fn peers_map(self, direction: Direction, profile: &str, family: Family) -> String {
+        format!("{}-peers{}", self.chain(direction, profile), family.digit())
+    }
+
+    /// A profile's map of peer ranges of one family: `admin-egress-<profile>-ranges4`.
+    fn ranges_map(self, direction: Direction, profile: &str, family: Family) -> String {
         format!(
-            "{}-{}-{profile}-v{}",
-            self.name(),
-            direction.name(),
+            "{}-ranges{}",
+            self.chain(direction, profile),
             family.digit()
         )
+    }
+
+    /// A row's chain: `admin-egress-row-<row>` (no profile chain's name: a profile's
+    /// name has no `-`).
+    fn row_chain(self, direction: Direction, row: &str) -> String {
+        format!("{}-{}-row-{row}", self.name(), direction.name())
+    }
+
+    /// A row's verdict map: `admin-egress-row-<row>-keys`.
+    fn row_map(self, direction: Direction, row: &str) -> String {
+        format!("{}-keys", self.row_chain(direction, row))
+    }
+
+    /// The tier, direction and row of a row chain's name.
+    fn parse_row_chain(name: &str) -> Option<(ClusterTier, Direction, &str)> {
+        CLUSTER_TIERS.into_iter().find_map(|tier| {
+            let rest = name.strip_prefix(tier.name())?.strip_prefix('-')?;
+            DIRECTIONS.into_iter().find_map(|d| {
+                let row = rest.strip_prefix(d.name())?.strip_prefix("-row-")?;
+                valid_name(row).then_some((tier, d, row))
+            })
+        })
     }
 
     /// The tier, direction and profile of a tier profile chain's name.
@@ -1052,13 +1182,13 @@ impl PolicyTable {
         };
         let tier = |t: ClusterTier| -> TierState {
             let h = &held.tiers[t.index()];
-            let profiles = |d: Direction| -> BTreeMap<String, TierProfile> {
-                h.profiles[d.index()]
+            let rows = |d: Direction| -> BTreeMap<String, TierRow> {
+                h.rows[d.index()]
                     .iter()
                     .map(|(name, boxes)| {
                         (
                             name.clone(),
-                            TierProfile {
+                            TierRow {
                                 boxes: boxes.iter().cloned().collect(),
                             },
                         )
@@ -1068,8 +1198,10 @@ impl PolicyTable {
             TierState {
                 ingress: h.pods[Direction::Ingress.index()].clone(),
                 egress: h.pods[Direction::Egress.index()].clone(),
-                ingress_profiles: profiles(Direction::Ingress),
-                egress_profiles: profiles(Direction::Egress),
+                ingress_profiles: h.profiles[Direction::Ingress.index()].clone(),
+                egress_profiles: h.profiles[Direction::Egress.index()].clone(),
+                ingress_rows: rows(Direction::Ingress),
+                egress_rows: rows(Direction::Egress),
             }
         };
         Some(PolicyState {

@@ -1,7 +1,7 @@
 //! The table's rules as nf_tables expressions: the pieces they are made of, the base
 //! chains' and the tiers' fixed chains' rules, a NetworkPolicy profile chain's rules
-//! (its own sets, one rule per shared peer set), a tier profile chain's (one verdict
-//! map lookup per family), a verdict chain's (count, log, act), and the decoding of a
+//! (its own sets, one rule per shared peer set), a tier profile chain's (its peers'
+//! rows, per family) and a tier row chain's (one verdict map lookup), a verdict chain's (count, log, act), and the decoding of a
 //! peer rule read back from the kernel.
 
 use super::*;
@@ -257,26 +257,62 @@ pub(super) fn profile_rules(
     rules
 }
 
-/// A tier profile chain's rules: per family, `<peer> . meta l4proto . th dport vmap
-/// @<set>`; after the Admin tier's, `goto np-<direction>` (no box: NetworkPolicy
-/// judges); after the Baseline tier's nothing (the chain's end: allowed).
+/// A tier profile chain's rules: per family, `<peer> vmap @<peers map>` (a single
+/// address: a `goto` to its row), then `<peer> . meta l4proto vmap @<ranges map>` (a
+/// range, on every protocol); after the Admin tier's, `goto np-<direction>` (no row:
+/// NetworkPolicy judges); after the Baseline tier's nothing (the chain's end: allowed).
 pub(super) fn tier_profile_rules(
     tier: ClusterTier,
     direction: Direction,
     profile: &str,
 ) -> Vec<Vec<Expr>> {
-    let mut rules: Vec<Vec<Expr>> = FAMILIES
-        .into_iter()
-        .map(|family| {
-            let mut e = concat_key(direction, family);
-            e.push(lookup(&tier.set(direction, profile, family), true));
-            e
-        })
-        .collect();
-    if tier == ClusterTier::Admin {
-        rules.push(vec![verdict(VERDICT_GOTO, Some(&np_chain(direction)))]);
+    let mut rules = Vec::new();
+    for family in FAMILIES {
+        let peers = tier.peers_map(direction, profile, family);
+        rules.push(addr_lookup(family, direction.peer(), &peers, None));
+        let proto_reg = match family {
+            Family::V4 => REG32_01,
+            Family::V6 => REG_2,
+        };
+        let mut ranges = Vec::from(nfproto(family));
+        ranges.push(addr(family, direction.peer()));
+        ranges.extend(l4proto(proto_reg));
+        ranges.push(lookup(&tier.ranges_map(direction, profile, family), true));
+        rules.push(ranges);
     }
+    rules.extend(tier_tail(tier, direction));
     rules
+}
+
+/// A tier row chain's rules: `meta l4proto . th dport vmap @<row map>`, then the
+/// tier's end as in [`tier_profile_rules`] (no box: no word).
+pub(super) fn tier_row_rules(tier: ClusterTier, direction: Direction, row: &str) -> Vec<Vec<Expr>> {
+    let mut lookup_keys = Vec::from(l4proto(REG_1));
+    lookup_keys.push(load(REG32_01, BASE_TRANSPORT, 2, 2));
+    lookup_keys.push(lookup(&tier.row_map(direction, row), true));
+    let mut rules = vec![lookup_keys];
+    rules.extend(tier_tail(tier, direction));
+    rules
+}
+
+/// What follows a tier's lookups: NetworkPolicy after the Admin tier, nothing (the
+/// end of the judgement: allowed) after the Baseline tier.
+fn tier_tail(tier: ClusterTier, direction: Direction) -> Option<Vec<Expr>> {
+    (tier == ClusterTier::Admin).then(|| vec![verdict(VERDICT_GOTO, Some(&np_chain(direction)))])
+}
+
+/// `meta l4proto` into `reg`, as nft loads it into a concatenation.
+fn l4proto(reg: u32) -> [Expr; 2] {
+    [
+        meta(META_L4PROTO, reg),
+        Expr::Byteorder {
+            sreg: reg,
+            dreg: reg,
+            op: BYTEORDER_HTON,
+            len: 1,
+            size: 2,
+        },
+    ]
 }
 
 /// `ct state new`: the connection's first packet (of this direction's judgement).
@@ -494,18 +530,9 @@ fn concat_key(direction: Direction, family: Family) -> Vec<Expr> {
         Family::V6 => (REG_2, REG32_05),
     };
     let mut e = Vec::from(nfproto(family));
-    e.extend([
-        addr(family, direction.peer()),
-        meta(META_L4PROTO, proto_reg),
-        Expr::Byteorder {
-            sreg: proto_reg,
-            dreg: proto_reg,
-            op: BYTEORDER_HTON,
-            len: 1,
-            size: 2,
-        },
-        load(port_reg, BASE_TRANSPORT, 2, 2),
-    ]);
+    e.push(addr(family, direction.peer()));
+    e.extend(l4proto(proto_reg));
+    e.push(load(port_reg, BASE_TRANSPORT, 2, 2));
     e
 }
 

@@ -635,8 +635,9 @@ fn verdict_chains_count_log_and_read_back() {
     }
 }
 
-/// A tier profile: its verdict map per family, its chain, the boxes' `goto`s; the
-/// verdict chains before it, and the pods after.
+/// A tier profile: its row (verdict map and chain) after the verdict chains its boxes
+/// go to, then its maps of peers and its chain, then the pods; taken out the other way
+/// round.
 #[test]
 fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
     let mut s = state();
@@ -646,19 +647,33 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
         "v-pass".into(),
         VerdictAction::ToNetworkPolicy(Direction::Egress),
     );
-    s.admin.egress_profiles.insert(
-        "cc33".into(),
-        TierProfile {
+    s.admin.egress_rows.insert(
+        "r7".into(),
+        TierRow {
             boxes: vec![
                 TierBox {
-                    peers: allow("10.5.0.0", "10.5.0.255", (6, 6), (22, 22)),
+                    protocols: (6, 6),
+                    ports: (22, 22),
                     chain: "v-deny".into(),
                 },
                 TierBox {
-                    peers: allow("10.5.0.0", "10.5.0.255", (6, 6), (80, 80)),
+                    protocols: (6, 6),
+                    ports: (80, 80),
                     chain: "v-pass".into(),
                 },
             ],
+        },
+    );
+    s.admin.egress_profiles.insert(
+        "cc33".into(),
+        TierProfile {
+            peers: [(ip("10.5.0.9"), "r7".into())].into(),
+            ranges: [TierRange {
+                first: ip("10.5.0.0"),
+                last: ip("10.5.0.255"),
+                row: "r7".into(),
+            }]
+            .into(),
         },
     );
     s.admin.egress.insert(ip("10.1.0.2"), "cc33".into());
@@ -674,10 +689,20 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
             format!("add chain {t} v-pass"),
             format!("add rule {t} v-pass"),
             format!("add rule {t} v-pass"),
-            format!("add map {t} admin-egress-cc33-v4"),
-            format!("add element {t} admin-egress-cc33-v4 (2 elements)"),
-            format!("add map {t} admin-egress-cc33-v6"),
+            format!("add map {t} admin-egress-row-r7-keys"),
+            format!("add element {t} admin-egress-row-r7-keys (2 elements)"),
+            format!("add chain {t} admin-egress-row-r7"),
+            format!("add rule {t} admin-egress-row-r7"),
+            format!("add rule {t} admin-egress-row-r7"),
+            format!("add map {t} admin-egress-cc33-peers4"),
+            format!("add map {t} admin-egress-cc33-ranges4"),
+            format!("add element {t} admin-egress-cc33-peers4 (1 element)"),
+            format!("add element {t} admin-egress-cc33-ranges4 (1 element)"),
+            format!("add map {t} admin-egress-cc33-peers6"),
+            format!("add map {t} admin-egress-cc33-ranges6"),
             format!("add chain {t} admin-egress-cc33"),
+            format!("add rule {t} admin-egress-cc33"),
+            format!("add rule {t} admin-egress-cc33"),
             format!("add rule {t} admin-egress-cc33"),
             format!("add rule {t} admin-egress-cc33"),
             format!("add rule {t} admin-egress-cc33"),
@@ -689,9 +714,11 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
             c.verdict_chains_added,
             c.tier_profiles_added,
             c.tier_boxes_added,
-            c.tier_pods_added
+            c.tier_pods_added,
+            c.tier_rows_added,
+            c.tier_peers_added,
         ),
-        (2, 1, 2, 1)
+        (2, 1, 2, 1, 1, 2)
     );
     let mut held = have.clone();
     edits.apply(&mut held);
@@ -720,8 +747,12 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
         [
             format!("delete element {t} admin-egress4 (1 element)"),
             format!("delete chain {t} admin-egress-cc33"),
-            format!("delete set {t} admin-egress-cc33-v4"),
-            format!("delete set {t} admin-egress-cc33-v6"),
+            format!("delete set {t} admin-egress-cc33-peers4"),
+            format!("delete set {t} admin-egress-cc33-ranges4"),
+            format!("delete set {t} admin-egress-cc33-peers6"),
+            format!("delete set {t} admin-egress-cc33-ranges6"),
+            format!("delete chain {t} admin-egress-row-r7"),
+            format!("delete set {t} admin-egress-row-r7-keys"),
             format!("delete chain {t} v-deny"),
             format!("delete chain {t} v-pass"),
         ]
@@ -746,15 +777,16 @@ fn tier_boxes_go_only_to_chains_their_tier_may_use() {
             ClusterTier::Admin => &mut s.admin,
             ClusterTier::Baseline => &mut s.baseline,
         };
-        let profiles = match direction {
-            Direction::Ingress => &mut t.ingress_profiles,
-            Direction::Egress => &mut t.egress_profiles,
+        let rows = match direction {
+            Direction::Ingress => &mut t.ingress_rows,
+            Direction::Egress => &mut t.egress_rows,
         };
-        profiles.insert(
-            "p1".into(),
-            TierProfile {
+        rows.insert(
+            "r1".into(),
+            TierRow {
                 boxes: vec![TierBox {
-                    peers: Allow::all_traffic(ip("10.0.0.1"), ip("10.0.0.1")),
+                    protocols: (0, 255),
+                    ports: (0, 65535),
                     chain: chain.into(),
                 }],
             },
@@ -786,6 +818,20 @@ fn tier_boxes_go_only_to_chains_their_tier_may_use() {
     s.baseline.ingress.insert(ip("10.0.0.2"), "nope".into());
     let e = normalize(&s).unwrap_err().to_string();
     assert!(e.contains("baseline ingress of pod 10.0.0.2"), "{e}");
+    // A profile's peer goes to a row of its own tier and direction.
+    let mut s = base();
+    s.admin.ingress_profiles.insert(
+        "p1".into(),
+        TierProfile {
+            peers: [(ip("10.0.0.3"), "r1".into())].into(),
+            ranges: BTreeSet::new(),
+        },
+    );
+    let e = normalize(&s).unwrap_err().to_string();
+    assert!(
+        e.contains("peer 10.0.0.3 goes to row \"r1\", which does not exist"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -71,26 +71,53 @@ pub(super) fn change_verdict_chain(
     Ok(())
 }
 
-/// Adds a tier profile: its verdict maps with their boxes, then its chain and rules.
+/// The elements of a tier profile's maps of one family: its single peers and its
+/// ranges, each a `goto` to its row's chain.
+fn tier_peer_elements(
+    tier: ClusterTier,
+    direction: Direction,
+    profile: &TierProfile,
+    family: Family,
+) -> (Vec<Element>, Vec<Element>) {
+    let chain = |row: &str| tier.row_chain(direction, row);
+    let peers = profile
+        .peers
+        .iter()
+        .filter(|(ip, _)| Family::of(**ip) == family)
+        .map(|(ip, row)| goto_element(*ip, chain(row)))
+        .collect();
+    let ranges = profile
+        .ranges
+        .iter()
+        .filter(|r| Family::of(r.first) == family)
+        .map(|r| tier_range_element(r, chain(&r.row)))
+        .collect();
+    (peers, ranges)
+}
+
+/// Adds a tier profile: its maps with their peers, then its chain and rules.
 pub(super) fn add_tier_profile(
     b: &mut Batch,
     c: &mut Changes,
     tier: ClusterTier,
     direction: Direction,
     name: &str,
-    boxes: &BTreeSet<TierBox>,
+    profile: &TierProfile,
 ) -> Result<()> {
     for family in FAMILIES {
-        let set = tier.set(direction, name, family);
-        b.add_set_spec(NFPROTO_INET, TABLE, &tier_box_spec(&set, family));
-        let elems: Vec<Element> = boxes
-            .iter()
-            .filter(|t| t.peers.family() == family)
-            .map(tier_box_element)
-            .collect();
-        c.tier_boxes_added += elems.len();
-        if !elems.is_empty() {
-            b.add_elements(NFPROTO_INET, TABLE, &set, &elems)?;
+        let (peers_map, ranges_map) = (
+            tier.peers_map(direction, name, family),
+            tier.ranges_map(direction, name, family),
+        );
+        b.add_set_spec(NFPROTO_INET, TABLE, &map_spec(&peers_map, family));
+        b.add_set_spec(NFPROTO_INET, TABLE, &tier_ranges_spec(&ranges_map, family));
+        let (peers, ranges) = tier_peer_elements(tier, direction, profile, family);
+        c.tier_peers_added += peers.len() + ranges.len();
+        if !peers.is_empty() {
+            b.add_elements(NFPROTO_INET, TABLE, &peers_map, &peers)?;
+        }
+        if !ranges.is_empty() {
+            b.add_elements(NFPROTO_INET, TABLE, &ranges_map, &ranges)?;
         }
     }
     let chain = tier.chain(direction, name);
@@ -102,63 +129,78 @@ pub(super) fn add_tier_profile(
     Ok(())
 }
 
-/// Changes a tier profile's boxes, per family, as [`change_profile`] does: element by
-/// element, or a map of more than [`REBUILD_ABOVE`] elements that loses any made anew
-/// (its chain's rules written again around it). A box whose verdict chain changes is
-/// taken out and put back.
+/// Changes a tier profile's peers: a single peer whose row changes is taken out and put
+/// back (a hashed map takes an element out at the cost of a lookup); the ranges are
+/// edited element by element, or, for a map of more than [`REBUILD_ABOVE`] ranges that
+/// loses any, made anew with the chain's rules written again around it (see
+/// [`change_profile`]).
 pub(super) fn change_tier_profile(
     b: &mut Batch,
     c: &mut Changes,
     tier: ClusterTier,
     direction: Direction,
     name: &str,
-    have: &BTreeSet<TierBox>,
-    want: &BTreeSet<TierBox>,
+    have: &TierProfile,
+    want: &TierProfile,
 ) -> Result<()> {
-    let of = |boxes: &BTreeSet<TierBox>, family: Family| -> Vec<Element> {
-        boxes
-            .iter()
-            .filter(|t| t.peers.family() == family)
-            .map(tier_box_element)
-            .collect()
-    };
+    let chain = tier.chain(direction, name);
+    let row_chain = |row: &str| tier.row_chain(direction, row);
     let rebuild: Vec<Family> = FAMILIES
         .into_iter()
         .filter(|family| {
-            let held = have.iter().filter(|t| t.peers.family() == *family).count();
-            held > REBUILD_ABOVE && have.difference(want).any(|t| t.peers.family() == *family)
+            let ours = |r: &&TierRange| Family::of(r.first) == *family;
+            have.ranges.iter().filter(ours).count() > REBUILD_ABOVE
+                && have.ranges.difference(&want.ranges).any(|r| ours(&r))
         })
         .collect();
-    let chain = tier.chain(direction, name);
     if !rebuild.is_empty() {
         b.flush_chain(NFPROTO_INET, TABLE, &chain);
     }
     for family in FAMILIES {
-        let set = tier.set(direction, name, family);
+        let ours = |ip: &IpAddr| Family::of(*ip) == family;
+        let gone: Vec<Element> = have
+            .peers
+            .iter()
+            .filter(|(ip, row)| ours(ip) && want.peers.get(*ip) != Some(*row))
+            .map(|(ip, _)| addr_element(*ip))
+            .collect();
+        let new: Vec<Element> = want
+            .peers
+            .iter()
+            .filter(|(ip, row)| ours(ip) && have.peers.get(*ip) != Some(*row))
+            .map(|(ip, row)| goto_element(*ip, row_chain(row)))
+            .collect();
+        let (gone, new) = edit_elements(b, &tier.peers_map(direction, name, family), gone, new)?;
+        c.tier_peers_removed += gone;
+        c.tier_peers_added += new;
+        let ranges_map = tier.ranges_map(direction, name, family);
+        let range = |r: &TierRange| tier_range_element(r, row_chain(&r.row));
         if rebuild.contains(&family) {
-            b.delete_set(NFPROTO_INET, TABLE, &set);
-            b.add_set_spec(NFPROTO_INET, TABLE, &tier_box_spec(&set, family));
-            let elems = of(want, family);
+            b.delete_set(NFPROTO_INET, TABLE, &ranges_map);
+            b.add_set_spec(NFPROTO_INET, TABLE, &tier_ranges_spec(&ranges_map, family));
+            let (_, elems) = tier_peer_elements(tier, direction, want, family);
             if !elems.is_empty() {
-                b.add_elements(NFPROTO_INET, TABLE, &set, &elems)?;
+                b.add_elements(NFPROTO_INET, TABLE, &ranges_map, &elems)?;
             }
-            c.tier_boxes_removed += of(have, family).len();
-            c.tier_boxes_added += elems.len();
+            c.tier_peers_removed += have.ranges.iter().filter(|r| ours(&r.first)).count();
+            c.tier_peers_added += elems.len();
             continue;
         }
         let gone: Vec<Element> = have
-            .difference(want)
-            .filter(|t| t.peers.family() == family)
-            .map(tier_box_element)
+            .ranges
+            .difference(&want.ranges)
+            .filter(|r| ours(&r.first))
+            .map(range)
             .collect();
         let new: Vec<Element> = want
-            .difference(have)
-            .filter(|t| t.peers.family() == family)
-            .map(tier_box_element)
+            .ranges
+            .difference(&have.ranges)
+            .filter(|r| ours(&r.first))
+            .map(range)
             .collect();
-        let (gone, new) = edit_elements(b, &set, gone, new)?;
-        c.tier_boxes_removed += gone;
-        c.tier_boxes_added += new;
+        let (gone, new) = edit_elements(b, &ranges_map, gone, new)?;
+        c.tier_peers_removed += gone;
+        c.tier_peers_added += new;
     }
     if !rebuild.is_empty() {
         for rule in tier_profile_rules(tier, direction, name) {
@@ -179,9 +221,77 @@ pub(super) fn remove_tier_profile(
 ) {
     b.delete_chain(NFPROTO_INET, TABLE, &tier.chain(direction, name));
     for family in FAMILIES {
-        b.delete_set(NFPROTO_INET, TABLE, &tier.set(direction, name, family));
+        b.delete_set(
+            NFPROTO_INET,
+            TABLE,
+            &tier.peers_map(direction, name, family),
+        );
+        b.delete_set(
+            NFPROTO_INET,
+            TABLE,
+            &tier.ranges_map(direction, name, family),
+        );
     }
     c.tier_profiles_removed += 1;
+}
+
+/// Adds a tier row: its verdict map with its boxes, then its chain and rules.
+pub(super) fn add_tier_row(
+    b: &mut Batch,
+    c: &mut Changes,
+    tier: ClusterTier,
+    direction: Direction,
+    name: &str,
+    boxes: &BTreeSet<TierBox>,
+) -> Result<()> {
+    let map = tier.row_map(direction, name);
+    b.add_set_spec(NFPROTO_INET, TABLE, &tier_keys_spec(&map));
+    let elems: Vec<Element> = boxes.iter().map(tier_box_element).collect();
+    c.tier_boxes_added += elems.len();
+    if !elems.is_empty() {
+        b.add_elements(NFPROTO_INET, TABLE, &map, &elems)?;
+    }
+    let chain = tier.row_chain(direction, name);
+    b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
+    for rule in tier_row_rules(tier, direction, name) {
+        b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
+    }
+    c.tier_rows_added += 1;
+    Ok(())
+}
+
+/// Changes a tier row's boxes, element by element (a row holds a few boxes: those of
+/// the rules that decide for its peers). A box whose verdict chain changes is taken out
+/// and put back.
+pub(super) fn change_tier_row(
+    b: &mut Batch,
+    c: &mut Changes,
+    tier: ClusterTier,
+    direction: Direction,
+    name: &str,
+    have: &BTreeSet<TierBox>,
+    want: &BTreeSet<TierBox>,
+) -> Result<()> {
+    let gone: Vec<Element> = have.difference(want).map(tier_box_element).collect();
+    let new: Vec<Element> = want.difference(have).map(tier_box_element).collect();
+    let (gone, new) = edit_elements(b, &tier.row_map(direction, name), gone, new)?;
+    c.tier_boxes_removed += gone;
+    c.tier_boxes_added += new;
+    c.tier_rows_changed += 1;
+    Ok(())
+}
+
+/// Removes a tier row (no profile's peer may go to it any more).
+pub(super) fn remove_tier_row(
+    b: &mut Batch,
+    c: &mut Changes,
+    tier: ClusterTier,
+    direction: Direction,
+    name: &str,
+) {
+    b.delete_chain(NFPROTO_INET, TABLE, &tier.row_chain(direction, name));
+    b.delete_set(NFPROTO_INET, TABLE, &tier.row_map(direction, name));
+    c.tier_rows_removed += 1;
 }
 
 /// Adds a shared peer set: its two kernel sets with their addresses.
@@ -509,12 +619,17 @@ pub(super) struct Edits {
     verdicts: Vec<(String, Option<HeldVerdict>)>,
     /// Tier profiles added or changed, and removed (`None`).
     tier_profiles: Vec<TierProfileEdit>,
+    /// Tier rows added or changed, and removed (`None`).
+    tier_rows: Vec<TierRowEdit>,
     /// Tier pods added or moved, and removed (`None`).
     tier_pods: Vec<(ClusterTier, Direction, IpAddr, Option<String>)>,
 }
 
-/// A tier profile added or changed (its boxes), or removed (`None`).
-type TierProfileEdit = (ClusterTier, Direction, String, Option<BTreeSet<TierBox>>);
+/// A tier profile added or changed, or removed (`None`).
+type TierProfileEdit = (ClusterTier, Direction, String, Option<TierProfile>);
+
+/// A tier row added or changed (its boxes), or removed (`None`).
+type TierRowEdit = (ClusterTier, Direction, String, Option<BTreeSet<TierBox>>);
 
 impl Edits {
     pub(super) fn apply(self, held: &mut Held) {
@@ -544,11 +659,18 @@ impl Edits {
                 None => held.verdicts.remove(&name),
             };
         }
-        for (tier, direction, name, boxes) in self.tier_profiles {
+        for (tier, direction, name, profile) in self.tier_profiles {
             let profiles = &mut held.tiers[tier.index()].profiles[direction.index()];
-            match boxes {
-                Some(boxes) => profiles.insert(name, boxes),
+            match profile {
+                Some(profile) => profiles.insert(name, profile),
                 None => profiles.remove(&name),
+            };
+        }
+        for (tier, direction, name, boxes) in self.tier_rows {
+            let rows = &mut held.tiers[tier.index()].rows[direction.index()];
+            match boxes {
+                Some(boxes) => rows.insert(name, boxes),
+                None => rows.remove(&name),
             };
         }
         for (tier, direction, ip, profile) in self.tier_pods {
@@ -616,7 +738,9 @@ pub(super) fn diff(
             &|ip, name| no_such_profile(direction, ip, name),
         )?);
     }
-    // The tiers' profiles and pods, likewise.
+    // The tiers' rows, profiles and pods, likewise.
+    let mut new_tier_rows = Vec::new();
+    let mut removed_tier_rows = Vec::new();
     let mut new_tier_profiles = Vec::new();
     let mut removed_tier_profiles = Vec::new();
     let mut tier_pods = Vec::new();
@@ -625,12 +749,25 @@ pub(super) fn diff(
         let held = &have.tiers[tier.index()];
         for direction in DIRECTIONS {
             let i = direction.index();
+            let rows = state.rows(direction);
+            for (name, row) in rows {
+                let old = held.rows[i].get(name);
+                if old.is_none_or(|old| !same_tier_boxes(old, &row.boxes)) {
+                    let boxes: BTreeSet<TierBox> = row.boxes.iter().cloned().collect();
+                    new_tier_rows.push((tier, direction, name, old, boxes));
+                }
+            }
+            removed_tier_rows.extend(
+                held.rows[i]
+                    .keys()
+                    .filter(|name| !rows.contains_key(*name))
+                    .map(|name| (tier, direction, name)),
+            );
             let profiles = state.profiles(direction);
             for (name, profile) in profiles {
                 let old = held.profiles[i].get(name);
-                if old.is_none_or(|old| !same_tier_boxes(old, &profile.boxes)) {
-                    let boxes: BTreeSet<TierBox> = profile.boxes.iter().cloned().collect();
-                    new_tier_profiles.push((tier, direction, name, old, boxes));
+                if old != Some(profile) {
+                    new_tier_profiles.push((tier, direction, name, old, profile));
                 }
             }
             let gone: BTreeSet<&str> = held.profiles[i]
@@ -688,6 +825,8 @@ pub(super) fn diff(
         && pods.iter().all(Vec::is_empty)
         && changed_peer_sets.is_empty()
         && removed_peer_sets.is_empty()
+        && new_tier_rows.is_empty()
+        && removed_tier_rows.is_empty()
         && new_tier_profiles.is_empty()
         && removed_tier_profiles.is_empty()
         && tier_pods.iter().all(|(_, _, p)| p.is_empty())
@@ -724,14 +863,24 @@ pub(super) fn diff(
             .profiles
             .push((direction, name.clone(), Some(profile)));
     }
-    for (tier, direction, name, old, boxes) in new_tier_profiles {
+    // Rows before the profiles whose peers go to them, removed ones after.
+    for (tier, direction, name, old, boxes) in new_tier_rows {
         match old {
-            None => add_tier_profile(&mut b, &mut c, tier, direction, name, &boxes)?,
-            Some(old) => change_tier_profile(&mut b, &mut c, tier, direction, name, old, &boxes)?,
+            None => add_tier_row(&mut b, &mut c, tier, direction, name, &boxes)?,
+            Some(old) => change_tier_row(&mut b, &mut c, tier, direction, name, old, &boxes)?,
+        }
+        edits
+            .tier_rows
+            .push((tier, direction, name.clone(), Some(boxes)));
+    }
+    for (tier, direction, name, old, profile) in new_tier_profiles {
+        match old {
+            None => add_tier_profile(&mut b, &mut c, tier, direction, name, profile)?,
+            Some(old) => change_tier_profile(&mut b, &mut c, tier, direction, name, old, profile)?,
         }
         edits
             .tier_profiles
-            .push((tier, direction, name.clone(), Some(boxes)));
+            .push((tier, direction, name.clone(), Some(profile.clone())));
     }
     for (direction, changes) in DIRECTIONS.into_iter().zip(&pods) {
         write_pods(&mut b, &mut c, None, direction, changes)?;
@@ -762,6 +911,10 @@ pub(super) fn diff(
         edits
             .tier_profiles
             .push((tier, direction, name.to_owned(), None));
+    }
+    for (tier, direction, name) in removed_tier_rows {
+        remove_tier_row(&mut b, &mut c, tier, direction, name);
+        edits.tier_rows.push((tier, direction, name.clone(), None));
     }
     for name in removed_peer_sets {
         remove_peer_set(&mut b, &mut c, name);
@@ -832,8 +985,12 @@ pub(super) fn fresh(
     }
     for tier in CLUSTER_TIERS {
         for direction in DIRECTIONS {
-            for (name, boxes) in &want.tiers[tier.index()].profiles[direction.index()] {
-                add_tier_profile(&mut b, &mut c, tier, direction, name, boxes)?;
+            let held = &want.tiers[tier.index()];
+            for (name, boxes) in &held.rows[direction.index()] {
+                add_tier_row(&mut b, &mut c, tier, direction, name, boxes)?;
+            }
+            for (name, profile) in &held.profiles[direction.index()] {
+                add_tier_profile(&mut b, &mut c, tier, direction, name, profile)?;
             }
         }
     }

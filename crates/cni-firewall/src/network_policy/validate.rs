@@ -84,6 +84,8 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
     for tier in CLUSTER_TIERS {
         let state = tier.of(want);
         for direction in DIRECTIONS {
+            check_tier_rows(want, tier, direction)?;
+            let rows = state.rows(direction);
             for (name, profile) in state.profiles(direction) {
                 let what = || format!("{} {} profile {name:?}", tier.name(), direction.name());
                 if !valid_name(name) {
@@ -92,25 +94,39 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
                         format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
                     ));
                 }
-                let boxes: Vec<Allow> = profile.boxes.iter().map(|b| b.peers.clone()).collect();
-                check_boxes(&boxes, &what)?;
-                for b in &profile.boxes {
-                    let fits = match want.verdict_chains.get(&*b.chain) {
-                        None => false,
-                        Some(VerdictAction::ToNetworkPolicy(d)) => {
-                            tier == ClusterTier::Admin && *d == direction
-                        }
-                        Some(_) => true,
-                    };
-                    if !fits {
+                let no_row = |peer: String, row: &str| {
+                    invalid(
+                        what(),
+                        format!("peer {peer} goes to row {row:?}, which does not exist"),
+                    )
+                };
+                for (ip, row) in &profile.peers {
+                    if !rows.contains_key(&**row) {
+                        return Err(no_row(ip.to_string(), row));
+                    }
+                }
+                let mut before: Option<&TierRange> = None;
+                for r in &profile.ranges {
+                    let range = format!("{}-{}", r.first, r.last);
+                    if r.first.is_ipv4() != r.last.is_ipv4() || r.first > r.last {
                         return Err(invalid(
                             what(),
-                            format!(
-                                "box {} goes to {:?}, which is no verdict chain this tier and direction may use",
-                                b.peers, b.chain
-                            ),
+                            format!("{range} is no range of one family"),
                         ));
                     }
+                    if let Some(b) = before
+                        && b.first.is_ipv4() == r.first.is_ipv4()
+                        && b.last >= r.first
+                    {
+                        return Err(invalid(
+                            what(),
+                            format!("ranges {}-{} and {range} overlap", b.first, b.last),
+                        ));
+                    }
+                    if !rows.contains_key(&*r.row) {
+                        return Err(no_row(range, &r.row));
+                    }
+                    before = Some(r);
                 }
             }
             for (ip, name) in state.pods(direction) {
@@ -126,11 +142,62 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
     Ok(())
 }
 
+/// Checks a tier's rows of one direction: names, boxes (each one, pairwise disjoint)
+/// and the verdict chains they go to.
+fn check_tier_rows(want: &PolicyState, tier: ClusterTier, direction: Direction) -> Result<()> {
+    for (name, row) in tier.of(want).rows(direction) {
+        let what = || format!("{} {} row {name:?}", tier.name(), direction.name());
+        if !valid_name(name) {
+            return Err(invalid(
+                what(),
+                format!("a row name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
+            ));
+        }
+        let mut sorted: Vec<&TierBox> = row.boxes.iter().collect();
+        sorted.sort();
+        for (i, a) in sorted.iter().enumerate() {
+            a.check(&what)?;
+            for b in &sorted[i + 1..] {
+                if b.protocols.0 > a.protocols.1 {
+                    break;
+                }
+                if a.overlaps(b) {
+                    return Err(invalid(what(), format!("boxes {a} and {b} overlap")));
+                }
+            }
+            let fits = match want.verdict_chains.get(&*a.chain) {
+                None => false,
+                Some(VerdictAction::ToNetworkPolicy(d)) => {
+                    tier == ClusterTier::Admin && *d == direction
+                }
+                Some(_) => true,
+            };
+            if !fits {
+                return Err(invalid(
+                    what(),
+                    format!(
+                        "box {a} goes to {:?}, which is no verdict chain this tier and direction may use",
+                        a.chain
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 impl TierState {
     pub(super) fn profiles(&self, direction: Direction) -> &BTreeMap<String, TierProfile> {
         match direction {
             Direction::Ingress => &self.ingress_profiles,
             Direction::Egress => &self.egress_profiles,
+        }
+    }
+
+    pub(super) fn rows(&self, direction: Direction) -> &BTreeMap<String, TierRow> {
+        match direction {
+            Direction::Ingress => &self.ingress_rows,
+            Direction::Egress => &self.egress_rows,
         }
     }
 
@@ -185,10 +252,11 @@ pub(super) fn normalize(want: &PolicyState) -> Result<Held> {
         for direction in DIRECTIONS {
             let i = direction.index();
             t.pods[i] = state.pods(direction).clone();
-            t.profiles[i] = state
-                .profiles(direction)
+            t.profiles[i] = state.profiles(direction).clone();
+            t.rows[i] = state
+                .rows(direction)
                 .iter()
-                .map(|(name, p)| (name.clone(), p.boxes.iter().cloned().collect()))
+                .map(|(name, r)| (name.clone(), r.boxes.iter().cloned().collect()))
                 .collect();
         }
     }

@@ -1,22 +1,30 @@
-//! ClusterNetworkPolicy compiled for this node's pods, in the shape the datapath loads
-//! into one verdict map per tier and direction: for each local pod address, direction and tier, the
-//! rules of the policies whose subject holds the pod, in evaluation order, cut into
-//! pairwise disjoint boxes of (peer addresses, protocol and destination port) with the
-//! verdict and the rule of the first rule that matches there ([`TierTable`]). Where no
-//! box lies the tier has no word and the packet goes on to the next tier, as after a
-//! `Pass`.
+//! ClusterNetworkPolicy compiled for this node's pods, in the shape the datapath loads:
+//! per tier and direction, each local pod's *profile* (shared by the pods that the same
+//! policies select), which sends every peer address it has a word for to a *row*: the
+//! rules that hold the peer, in evaluation order, cut into disjoint intervals of
+//! (protocol and destination port) with the verdict and the rule of the first rule that
+//! matches there. Where a profile sends no peer, or a row has no interval, the tier has
+//! no word and the packet goes on to the next tier, as after a `Pass`.
+//!
+//! Peers are put in *classes* first ([`Classes`]): the addresses that the same peers of
+//! all rules hold (and, for the destinations of egress rules with named ports, that have
+//! the same named ports) are one class, which every rule holds or does not. A profile
+//! is then cut once per class, not once per address: a selector of thousands of pods
+//! costs a row or a few, and a pod coming or going changes which row its address goes
+//! to, not the rows. Single addresses (pods', Nodes') are classes of their own lookup;
+//! the networks that rules name are cut into disjoint ranges, each of one class, for
+//! the addresses that are none of them. A single address inside a range is given the
+//! range's peers too, so its row says, wherever the range's row says anything, the
+//! same.
 //!
 //! Protocol and port are one key, `protocol << 16 | port`, as in [`super::compile`]: a
-//! protocol entry is one interval of it, no `protocols` is every key. The boxes come
-//! from a grid: every address and key where some rule's rectangle starts or ends cuts
-//! the space, each cell takes the first rule that holds it, and equal neighbours are
-//! merged back (along the key, then along the address). A named port is resolved
-//! against the destination pod: the local pod's own for ingress, each peer pod's for
-//! egress.
+//! protocol entry is one interval of it, no `protocols` is every key. A named port is
+//! resolved against the destination pod: the local pod's own for ingress (the profile
+//! depends on them), the peer's for egress (its class does).
 //!
-//! [`super::cluster_network_policy::compile`] groups the pods' boxes into the profiles
-//! the datapath loads; the boxes are checked against [`super::cluster_model`] on random
-//! clusters.
+//! [`super::cluster_network_policy::compile`] names the profiles and rows for the
+//! datapath; [`ClusterCompiled::lookup`] is checked against [`super::cluster_model`]
+//! on random clusters.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -45,15 +53,11 @@ pub struct RuleRef {
     pub index: usize,
 }
 
-/// One box of a tier's verdict map: peers `addresses` (inclusive, as integers of one
-/// family) on keys `keys` (inclusive) get `verdict`, from `rule`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VerdictBox {
-    /// IPv4 (else IPv6).
-    pub v4: bool,
-    /// First and last peer address.
-    pub addresses: (u128, u128),
-    /// First and last key (`protocol << 16 | port`).
+/// One interval of a row: keys `keys` (inclusive, `protocol << 16 | port`) get
+/// `verdict`, from `rule`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowBox {
+    /// First and last key.
     pub keys: (u32, u32),
     /// What the tier does there; a rule that failed closed is a `Deny` here.
     pub verdict: Action,
@@ -61,24 +65,62 @@ pub struct VerdictBox {
     pub rule: RuleRef,
 }
 
-impl VerdictBox {
-    /// Whether the box holds the peer `ip` on `protocol`/`port`.
-    pub fn holds(&self, ip: IpAddr, protocol: u8, port: u16) -> bool {
-        let (n, k) = (to_u128(ip), key(protocol, port));
-        ip.is_ipv4() == self.v4
-            && (self.addresses.0..=self.addresses.1).contains(&n)
-            && (self.keys.0..=self.keys.1).contains(&k)
-    }
+/// A row: disjoint key intervals in order, none empty. Shared (the same `Arc`) by the
+/// classes, of one profile, whose covering rules are the same.
+pub type Row = Arc<Vec<RowBox>>;
+
+/// What one profile decides: the row of each class it has a word for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProfileRows {
+    /// Class -> its row (never empty).
+    pub rows: HashMap<u32, Row>,
 }
 
-/// One tier of one direction: local pod address -> its disjoint boxes, shared (the same
-/// `Arc`) by the pods that the same policies select. A pod the tier has no rule for has
-/// no entry.
-pub type TierTable = BTreeMap<IpAddr, Arc<Vec<VerdictBox>>>;
+/// One tier of one direction: local pod address -> its profile, shared (the same `Arc`)
+/// by the pods that the same policies select. A pod the tier has no rule for has no
+/// entry.
+pub type TierTable = BTreeMap<IpAddr, Arc<ProfileRows>>;
+
+/// Addresses `first..=last` (integers of one family) of class `class`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassRange {
+    /// IPv4 (else IPv6).
+    pub v4: bool,
+    /// First address.
+    pub first: u128,
+    /// Last address.
+    pub last: u128,
+    /// The class.
+    pub class: u32,
+}
+
+/// The classes of the peers of all rules.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Classes {
+    /// Single addresses (pods' and the Nodes' that rules name) and their class.
+    pub points: BTreeMap<IpAddr, u32>,
+    /// The networks that rules name, cut into disjoint ranges, sorted (IPv6 after
+    /// IPv4), each of one class; an address in no range of no class has no class.
+    pub ranges: Vec<ClassRange>,
+}
+
+impl Classes {
+    /// The class of the range that holds `ip`.
+    pub fn range_class(&self, ip: IpAddr) -> Option<u32> {
+        let (v4, n) = (ip.is_ipv4(), to_u128(ip));
+        let at = self.ranges.partition_point(|r| (!r.v4, r.last) < (!v4, n));
+        self.ranges
+            .get(at)
+            .filter(|r| r.v4 == v4 && r.first <= n && n <= r.last)
+            .map(|r| r.class)
+    }
+}
 
 /// What the Admin and Baseline tiers hold on this node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClusterCompiled {
+    /// The classes the profiles' rows are of.
+    pub classes: Classes,
     /// Admin tier, traffic to the local pods.
     pub admin_ingress: TierTable,
     /// Admin tier, traffic from the local pods.
@@ -101,6 +143,21 @@ impl ClusterCompiled {
         }
     }
 
+    /// The row a profile sends `peer` to, as the datapath looks it up: a single address
+    /// the profile has a row for is judged by that row alone; any other address by its
+    /// range's.
+    pub fn row_of<'a>(&self, profile: &'a ProfileRows, peer: IpAddr) -> Option<&'a Row> {
+        match self
+            .classes
+            .points
+            .get(&peer)
+            .and_then(|c| profile.rows.get(c))
+        {
+            Some(row) => Some(row),
+            None => profile.rows.get(&self.classes.range_class(peer)?),
+        }
+    }
+
     /// The box that holds a connection of the local pod address `local` with `peer`,
     /// in one tier and direction: the tier's verdict, or `None` (no word: next tier).
     pub fn lookup(
@@ -111,15 +168,17 @@ impl ClusterCompiled {
         peer: IpAddr,
         protocol: u8,
         port: u16,
-    ) -> Option<&VerdictBox> {
-        self.table(tier, ingress)?
-            .get(&local)?
+    ) -> Option<&RowBox> {
+        let profile = self.table(tier, ingress)?.get(&local)?;
+        let k = key(protocol, port);
+        self.row_of(profile, peer)?
             .iter()
-            .find(|b| b.holds(peer, protocol, port))
+            .find(|b| (b.keys.0..=b.keys.1).contains(&k))
     }
 
-    /// How many boxes all tables hold.
+    /// How many boxes the distinct rows of all tables hold.
     pub fn boxes(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
         [
             &self.admin_ingress,
             &self.admin_egress,
@@ -128,24 +187,17 @@ impl ClusterCompiled {
         ]
         .iter()
         .flat_map(|t| t.values())
-        .map(|boxes| boxes.len())
+        .flat_map(|profile| profile.rows.values())
+        .filter(|row| seen.insert(Arc::as_ptr(row)))
+        .map(|row| row.len())
         .sum()
     }
 }
 
-/// One address interval's key intervals, each with the index of its deciding rule.
-type Row = Vec<((u32, u32), usize)>;
-
-/// A rectangle of one family: addresses × keys, inclusive.
-type Rect = ((u128, u128), (u32, u32));
-
-/// The address ranges a peer holds, per family (`true`: IPv4).
-type PeerRanges = Vec<(bool, (u128, u128))>;
-
-/// The rectangles that cover an address interval, as (rule, keys), in rule order.
+/// One class's covering rules in rule order, each with the keys it holds there.
 type Covering = Vec<(usize, (u32, u32))>;
 
-/// What a pod's boxes in one tier and direction depend on.
+/// What a pod's profile in one tier and direction depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ProfileKey {
     tier: Tier,
@@ -153,27 +205,20 @@ struct ProfileKey {
     /// The policies that select the pod, in evaluation order.
     policies: Vec<String>,
     /// The pod's named ports (ingress only).
-    named_ports: Vec<(String, u8, u16)>,
-}
-
-/// One rule as rectangles per family, with what it does.
-#[derive(Clone)]
-struct Painted {
-    v4: Vec<Rect>,
-    v6: Vec<Rect>,
-    verdict: Action,
-    rule: RuleRef,
+    named_ports: NamedPorts,
 }
 
 /// Compiles the tiers for the pods of `node` (their addresses as the view has them).
 pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
-    let mut out = ClusterCompiled::default();
     let view = tiered.view;
-    // Pods that the same policies select get the same boxes (for ingress, also the same
-    // named ports, which ingress rules resolve against the subject pod): cut once.
-    let mut cut_for: HashMap<ProfileKey, Option<Arc<Vec<VerdictBox>>>> = HashMap::new();
-    let mut painted_rule: HashMap<(RuleRef, bool), Arc<Painted>> = HashMap::new();
     let peers = PeerIndex::new(tiered);
+    let mut out = ClusterCompiled {
+        classes: peers.classes.clone(),
+        ..ClusterCompiled::default()
+    };
+    // Pods that the same policies select get the same profile (for ingress, also the
+    // same named ports, which ingress rules resolve against the subject pod): cut once.
+    let mut cut_for: HashMap<ProfileKey, Option<Arc<ProfileRows>>> = HashMap::new();
     for pod in view
         .pods
         .values()
@@ -191,18 +236,19 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                 .filter(|p| p.tier == tier && tiered.subject_holds(&p.subject, pod))
                 .collect();
             for ingress in [true, false] {
+                let named_ports = if ingress {
+                    pod.named_ports
+                        .iter()
+                        .map(|n| (n.name.clone(), n.protocol, n.port))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let profile = ProfileKey {
                     tier,
                     ingress,
                     policies: policies.iter().map(|p| p.name.clone()).collect(),
-                    named_ports: if ingress {
-                        pod.named_ports
-                            .iter()
-                            .map(|n| (n.name.clone(), n.protocol, n.port))
-                            .collect()
-                    } else {
-                        Vec::new()
-                    },
+                    named_ports,
                 };
                 let table = match (tier, ingress) {
                     (Tier::Admin, true) => &mut out.admin_ingress,
@@ -210,418 +256,100 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                     (_, true) => &mut out.baseline_ingress,
                     (_, false) => &mut out.baseline_egress,
                 };
-                if let Some(cached) = cut_for.get(&profile) {
-                    // None: no rule in this direction, so no entry.
-                    if let Some(boxes) = cached {
-                        for ip in &ips {
-                            table.insert(*ip, Arc::clone(boxes));
-                        }
-                    }
-                    continue;
-                }
-                let mut painted: Vec<Arc<Painted>> = Vec::new();
-                for policy in &policies {
-                    let rules = if ingress {
-                        &policy.ingress
-                    } else {
-                        &policy.egress
-                    };
-                    let name: Arc<str> = Arc::from(policy.name.as_str());
-                    for (index, rule) in rules.iter().enumerate() {
-                        let reference = RuleRef {
-                            policy: Arc::clone(&name),
-                            index,
-                        };
-                        // Only an ingress rule's named ports depend on the subject pod;
-                        // any other rule paints the same for every pod: once a pass.
-                        if ingress && has_named_port(rule) {
-                            painted.push(Arc::new(paint(&peers, pod, ingress, rule, reference)));
-                            continue;
-                        }
-                        let key = (reference.clone(), ingress);
-                        let done = painted_rule.entry(key).or_insert_with(|| {
-                            Arc::new(paint(&peers, pod, ingress, rule, reference))
-                        });
-                        painted.push(Arc::clone(done));
+                let made = cut_for
+                    .entry(profile)
+                    .or_insert_with(|| cut_profile(&peers, &policies, ingress, pod));
+                // None: no row, so no entry.
+                if let Some(rows) = made {
+                    for ip in &ips {
+                        table.insert(*ip, Arc::clone(rows));
                     }
                 }
-                if painted.is_empty() {
-                    cut_for.insert(profile, None);
-                    continue;
-                }
-                let mut boxes = cut(&painted, true);
-                boxes.extend(cut(&painted, false));
-                let boxes = Arc::new(boxes);
-                for ip in &ips {
-                    table.insert(*ip, Arc::clone(&boxes));
-                }
-                cut_for.insert(profile, Some(boxes));
             }
         }
     }
     out
 }
 
-/// Whether the rule names a port (`destinationNamedPort`).
-fn has_named_port(rule: &ClusterRule) -> bool {
-    rule.protocols
-        .iter()
-        .flatten()
-        .any(|p| matches!(p, ClusterPort::Named(_)))
-}
-
-/// The rectangles a rule matches for `pod` (the subject) in one direction.
-fn paint(
-    peers: &PeerIndex<'_, '_>,
-    pod: &PodInfo,
+/// One profile: the rules of `policies` for the direction, in order, cut per class.
+/// `None` when it has a word for no peer.
+fn cut_profile(
+    peers: &PeerIndex,
+    policies: &[&ClusterPolicyInfo],
     ingress: bool,
-    rule: &ClusterRule,
-    reference: RuleRef,
-) -> Painted {
-    let verdict = if rule.failed_closed {
-        Action::Deny
-    } else {
-        rule.action
-    };
-    let (mut v4s, mut v6s): (Vec<Rect>, Vec<Rect>) = (Vec::new(), Vec::new());
-    if rule.failed_closed {
-        // An Accept that failed closed matches nothing; a Deny or Pass, everything.
-        if rule.action != Action::Accept {
-            v4s.push(((0, u128::from(u32::MAX)), (0, MAX_KEY)));
-            v6s.push(((0, u128::MAX), (0, MAX_KEY)));
-        }
-    } else {
-        let mut push = |range: (u128, u128), v4: bool, keys: (u32, u32)| {
-            if v4 {
-                v4s.push((range, keys));
-            } else {
-                v6s.push((range, keys));
-            }
+    subject: &PodInfo,
+) -> Option<Arc<ProfileRows>> {
+    // Each rule's verdict and reference, and per class the rules that hold it.
+    let mut decided: Vec<(Action, RuleRef)> = Vec::new();
+    let mut covering: HashMap<u32, Covering> = HashMap::new();
+    for policy in policies {
+        let rules = if ingress {
+            &policy.ingress
+        } else {
+            &policy.egress
         };
-        rule_rects(peers, pod, ingress, rule, &mut push);
-    }
-    Painted {
-        v4: merged(v4s),
-        v6: merged(v6s),
-        verdict,
-        rule: reference,
-    }
-}
-
-/// The same area in fewer rectangles: those of equal keys whose addresses overlap or
-/// touch become one (a selector's pods sit at neighbouring addresses more often than
-/// not).
-fn merged(mut rects: Vec<Rect>) -> Vec<Rect> {
-    rects.sort_unstable_by_key(|((a0, a1), keys)| (*keys, *a0, *a1));
-    let mut out: Vec<Rect> = Vec::with_capacity(rects.len());
-    for (addresses, keys) in rects {
-        match out.last_mut() {
-            Some((last, last_keys))
-                if *last_keys == keys && last.1.checked_add(1).is_none_or(|n| n >= addresses.0) =>
-            {
-                last.1 = last.1.max(addresses.1);
-            }
-            _ => out.push((addresses, keys)),
-        }
-    }
-    out
-}
-
-/// The rectangles of a rule that did not fail closed.
-fn rule_rects(
-    peers: &PeerIndex<'_, '_>,
-    pod: &PodInfo,
-    ingress: bool,
-    rule: &ClusterRule,
-    push: &mut impl FnMut((u128, u128), bool, (u32, u32)),
-) {
-    // The keys every peer address gets (numbered ports; all keys without protocols).
-    let keys: Vec<(u32, u32)> = match &rule.protocols {
-        None => vec![(0, MAX_KEY)],
-        Some(list) => list
-            .iter()
-            .filter_map(|p| match p {
-                ClusterPort::Numbers {
-                    protocol,
-                    first,
-                    last,
-                } => Some((key(*protocol, *first), key(*protocol, *last))),
-                ClusterPort::Named(_) => None,
-            })
-            .collect(),
-    };
-    let named: Vec<&str> = rule
-        .protocols
-        .iter()
-        .flatten()
-        .filter_map(|p| match p {
-            ClusterPort::Named(name) => Some(name.as_str()),
-            ClusterPort::Numbers { .. } => None,
-        })
-        .collect();
-    let mut ranges: Vec<(bool, (u128, u128))> = Vec::new();
-    for peer in &rule.peers {
-        ranges.extend_from_slice(&peers.ranges(peer));
-    }
-    for &(v4, range) in &ranges {
-        for keys in &keys {
-            push(range, v4, *keys);
-        }
-    }
-    if named.is_empty() {
-        return;
-    }
-    if ingress {
-        // The destination is the subject pod: its named ports, from every peer.
-        for port in pod
-            .named_ports
-            .iter()
-            .filter(|n| named.contains(&n.name.as_str()))
-        {
-            let k = key(port.protocol, port.port);
-            for &(v4, range) in &ranges {
-                push(range, v4, (k, k));
-            }
-        }
-    } else {
-        // The destination is the peer: each pod's own named ports at the addresses it
-        // holds (the model resolves a named port against the pod that holds the
-        // address) that the peers hold.
-        for peer in &rule.peers {
-            peers.for_each_held(peer, |ip, peer_pod| {
-                let n = to_u128(ip);
-                for port in peer_pod
-                    .named_ports
-                    .iter()
-                    .filter(|n| named.contains(&n.name.as_str()))
-                {
-                    let k = key(port.protocol, port.port);
-                    push((n, n), ip.is_ipv4(), (k, k));
-                }
+        let name: Arc<str> = Arc::from(policy.name.as_str());
+        for (index, rule) in rules.iter().enumerate() {
+            let at = decided.len();
+            let verdict = if rule.failed_closed {
+                Action::Deny
+            } else {
+                rule.action
+            };
+            decided.push((
+                verdict,
+                RuleRef {
+                    policy: Arc::clone(&name),
+                    index,
+                },
+            ));
+            peers.paint(rule, ingress, subject, &mut |class, keys| {
+                covering.entry(class).or_default().push((at, keys));
             });
         }
     }
-}
-
-/// The addresses pods hold grouped by namespace, and the address ranges of each
-/// distinct peer, made once a pass: the rules of many policies share their peers, and
-/// a namespace's labels are matched once per peer instead of once per pod.
-struct PeerIndex<'t, 'a> {
-    tiered: &'t TieredView<'a>,
-    /// Namespace -> the addresses its pods hold, with the pods.
-    by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>>,
-    /// Peer -> the address ranges it holds, per family (`true`: IPv4), merged.
-    ranges: std::cell::RefCell<HashMap<ClusterPeer, Arc<PeerRanges>>>,
-}
-
-impl<'t, 'a> PeerIndex<'t, 'a> {
-    fn new(tiered: &'t TieredView<'a>) -> Self {
-        let mut by_namespace: BTreeMap<&'a str, Vec<(IpAddr, &'a PodInfo)>> = BTreeMap::new();
-        for (ip, pod) in tiered.view.held() {
-            by_namespace
-                .entry(pod.namespace.as_str())
-                .or_default()
-                .push((ip, pod));
-        }
-        Self {
-            tiered,
-            by_namespace,
-            ranges: std::cell::RefCell::new(HashMap::new()),
-        }
-    }
-
-    /// Calls `f` with every address a pod holds that `peer` holds, and that pod: what
-    /// [`TieredView::peer_holds`] says of every held address.
-    fn for_each_held(&self, peer: &ClusterPeer, mut f: impl FnMut(IpAddr, &PodInfo)) {
-        let view = self.tiered.view;
-        match peer {
-            ClusterPeer::Namespaces(namespaces) => {
-                for (name, held) in &self.by_namespace {
-                    if view.namespace_selected(name, namespaces) {
-                        held.iter().for_each(|(ip, pod)| f(*ip, pod));
-                    }
-                }
-            }
-            ClusterPeer::Pods { namespaces, pods } => {
-                for (name, held) in &self.by_namespace {
-                    if view.namespace_selected(name, namespaces) {
-                        held.iter()
-                            .filter(|(_, pod)| pods.matches(&pod.labels))
-                            .for_each(|(ip, pod)| f(*ip, pod));
-                    }
-                }
-            }
-            ClusterPeer::Networks(_) | ClusterPeer::Nodes(_) | ClusterPeer::DomainNames => {
-                for held in self.by_namespace.values() {
-                    held.iter()
-                        .filter(|(ip, _)| self.tiered.peer_holds(peer, *ip))
-                        .for_each(|(ip, pod)| f(*ip, pod));
-                }
-            }
-        }
-    }
-
-    /// The address ranges `peer` holds, per family (`true`: IPv4).
-    fn ranges(&self, peer: &ClusterPeer) -> Arc<PeerRanges> {
-        if let Some(done) = self.ranges.borrow().get(peer) {
-            return Arc::clone(done);
-        }
-        let mut out = Vec::new();
-        match peer {
-            ClusterPeer::Namespaces(_) | ClusterPeer::Pods { .. } => {
-                self.for_each_held(peer, |ip, _| {
-                    let n = to_u128(ip);
-                    out.push((ip.is_ipv4(), (n, n)));
-                });
-            }
-            ClusterPeer::Networks(networks) => {
-                out.extend(networks.iter().map(|n| (n.is_ipv4(), bounds(*n))));
-            }
-            ClusterPeer::Nodes(selector) => {
-                for node in self
-                    .tiered
-                    .nodes
-                    .values()
-                    .filter(|n| selector.matches(&n.labels))
-                {
-                    for ip in &node.addresses {
-                        let n = to_u128(*ip);
-                        out.push((ip.is_ipv4(), (n, n)));
-                    }
-                }
-            }
-            ClusterPeer::DomainNames => {}
-        }
-        // Fewer ranges, the same addresses: neighbouring pods are one range.
-        out.sort_unstable();
-        let mut merged_ranges: Vec<(bool, (u128, u128))> = Vec::with_capacity(out.len());
-        for (v4, (first, last)) in out {
-            match merged_ranges.last_mut() {
-                Some((last_v4, range))
-                    if *last_v4 == v4 && range.1.checked_add(1).is_none_or(|n| n >= first) =>
-                {
-                    range.1 = range.1.max(last);
-                }
-                _ => merged_ranges.push((v4, (first, last))),
-            }
-        }
-        let done = Arc::new(merged_ranges);
-        self.ranges
-            .borrow_mut()
-            .insert(peer.clone(), Arc::clone(&done));
-        done
-    }
-}
-
-fn rects(p: &Painted, v4: bool) -> &[Rect] {
-    if v4 { &p.v4 } else { &p.v6 }
-}
-
-/// The first-match-wins boxes of one family: a sweep along the addresses, keeping the
-/// rectangles that cover the current address interval (in rule order), each interval's
-/// key intervals decided by the first of them that covers each, and equal neighbouring
-/// rows merged.
-fn cut(painted: &[Arc<Painted>], v4: bool) -> Vec<VerdictBox> {
-    // (first address, last address, rule, keys), by first address.
-    let mut starts: Vec<(u128, u128, usize, (u32, u32))> = painted
-        .iter()
-        .enumerate()
-        .flat_map(|(rule, p)| {
-            rects(p, v4)
-                .iter()
-                .map(move |&((a0, a1), keys)| (a0, a1, rule, keys))
-        })
-        .collect();
-    starts.sort_unstable_by_key(|r| r.0);
-    let mut address_cuts: Vec<u128> = Vec::with_capacity(starts.len() * 2);
-    for &(a0, a1, _, _) in &starts {
-        address_cuts.push(a0);
-        if let Some(next) = a1.checked_add(1) {
-            address_cuts.push(next);
-        }
-    }
-    address_cuts.sort_unstable();
-    address_cuts.dedup();
-    let last_address = if v4 { u128::from(u32::MAX) } else { u128::MAX };
-    // Address intervals with their row, an index into `distinct`.
-    let mut rows: Vec<((u128, u128), usize)> = Vec::new();
-    // A row depends only on which rectangles cover the interval (their rules and keys,
-    // in rule order), and the addresses of one namespace's pods are covered alike: each
-    // such set is resolved once.
-    let mut distinct: Vec<Row> = Vec::new();
-    let mut row_of: HashMap<Covering, usize> = HashMap::new();
-    let mut covering: Covering = Vec::new();
-    // Rectangles covering the current interval: (last address, rule, keys), in rule order.
-    let mut active: Vec<(u128, usize, (u32, u32))> = Vec::new();
-    let mut next_start = 0;
-    for (i, &first) in address_cuts.iter().enumerate() {
-        let addresses = (
-            first,
-            address_cuts.get(i + 1).map_or(last_address, |n| n - 1),
-        );
-        active.retain(|(a1, _, _)| *a1 >= first);
-        while next_start < starts.len() && starts[next_start].0 <= first {
-            let (_, a1, rule, keys) = starts[next_start];
-            if a1 >= first {
-                let at = active.partition_point(|(_, r, _)| *r <= rule);
-                active.insert(at, (a1, rule, keys));
-            }
-            next_start += 1;
-        }
-        if active.is_empty() {
-            continue;
-        }
-        covering.clear();
-        covering.extend(active.iter().map(|(_, rule, keys)| (*rule, *keys)));
-        let row = match row_of.get(&covering) {
-            Some(row) => *row,
-            None => {
-                distinct.push(first_match_row(&active));
-                row_of.insert(covering.clone(), distinct.len() - 1);
-                distinct.len() - 1
-            }
-        };
-        if distinct[row].is_empty() {
-            continue;
-        }
-        match rows.last_mut() {
-            Some((last, last_row))
-                if (*last_row == row || distinct[*last_row] == distinct[row])
-                    && last.1.checked_add(1) == Some(addresses.0) =>
-            {
-                last.1 = addresses.1;
-            }
-            _ => rows.push((addresses, row)),
-        }
-    }
-    rows.into_iter()
-        .flat_map(|(addresses, row)| {
-            distinct[row].iter().map(move |&(keys, rule)| VerdictBox {
-                v4,
-                addresses,
-                keys,
-                verdict: painted[rule].verdict,
-                rule: painted[rule].rule.clone(),
+    // Classes covered alike get one row.
+    let mut row_of: HashMap<Covering, Option<Row>> = HashMap::new();
+    let mut rows = HashMap::new();
+    for (class, mut cover) in covering {
+        // Rule order: stable, so each rule's keys stay in the order they were painted.
+        cover.sort_by_key(|(rule, _)| *rule);
+        let row = row_of
+            .entry(cover)
+            .or_insert_with_key(|cover| {
+                let row: Vec<RowBox> = first_match_row(cover)
+                    .into_iter()
+                    .map(|(keys, rule)| RowBox {
+                        keys,
+                        verdict: decided[rule].0,
+                        rule: decided[rule].1.clone(),
+                    })
+                    .collect();
+                (!row.is_empty()).then(|| Arc::new(row))
             })
-        })
-        .collect()
+            .clone();
+        if let Some(row) = row {
+            rows.insert(class, row);
+        }
+    }
+    (!rows.is_empty()).then(|| Arc::new(ProfileRows { rows }))
 }
 
-/// The key intervals of one address interval, each with the first rule (of `active`, in
-/// rule order) that covers it, equal neighbours merged.
-fn first_match_row(active: &[(u128, usize, (u32, u32))]) -> Row {
-    let mut key_cuts: Vec<u32> = active
+/// The key intervals of one class, each with the first rule (of `cover`, in rule order)
+/// that covers it, equal neighbours merged.
+fn first_match_row(cover: &[(usize, (u32, u32))]) -> Vec<((u32, u32), usize)> {
+    let mut key_cuts: Vec<u32> = cover
         .iter()
-        .flat_map(|(_, _, (k0, k1))| [*k0, k1 + 1])
+        .flat_map(|(_, (k0, k1))| [*k0, k1 + 1])
         .collect();
     key_cuts.sort_unstable();
     key_cuts.dedup();
-    let mut row: Row = Vec::new();
+    let mut row: Vec<((u32, u32), usize)> = Vec::new();
     for pair in key_cuts.windows(2) {
         let keys = (pair[0], pair[1] - 1);
-        let Some(&(_, first, _)) = active
+        let Some(&(first, _)) = cover
             .iter()
-            .find(|(_, _, (k0, k1))| *k0 <= keys.0 && keys.0 <= *k1)
+            .find(|(_, (k0, k1))| *k0 <= keys.0 && keys.0 <= *k1)
         else {
             continue;
         };
@@ -631,6 +359,322 @@ fn first_match_row(active: &[(u128, usize, (u32, u32))]) -> Row {
         }
     }
     row
+}
+
+/// The names of the ports the rule names (`destinationNamedPort`).
+fn named_ports_of(rule: &ClusterRule) -> Vec<&str> {
+    rule.protocols
+        .iter()
+        .flatten()
+        .filter_map(|p| match p {
+            ClusterPort::Named(name) => Some(name.as_str()),
+            ClusterPort::Numbers { .. } => None,
+        })
+        .collect()
+}
+
+/// A peer that the index knows: one of the rules', or every address (the peer of a
+/// `Deny` or `Pass` rule that failed closed).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Known {
+    Peer(ClusterPeer),
+    Everything,
+}
+
+/// The peers of all rules, numbered, and the classes of the addresses they hold, made
+/// once a pass: each class knows which peers hold it (and, for a pod, its named ports
+/// that egress rules name), each peer which classes it holds.
+struct PeerIndex {
+    /// Peer -> its number.
+    number: HashMap<Known, usize>,
+    /// The classes.
+    classes: Classes,
+    /// Peer number -> the classes that it holds.
+    holds: Vec<Vec<u32>>,
+    /// Class -> the named ports (egress rules' names only) of its pods.
+    named: Vec<NamedPorts>,
+}
+
+impl PeerIndex {
+    fn new(tiered: &TieredView<'_>) -> Self {
+        let view = tiered.view;
+        let mut number: HashMap<Known, usize> = HashMap::new();
+        let mut egress_named: Vec<&str> = Vec::new();
+        for policy in tiered.ordered() {
+            for (rule, egress) in policy
+                .ingress
+                .iter()
+                .map(|r| (r, false))
+                .chain(policy.egress.iter().map(|r| (r, true)))
+            {
+                if rule.failed_closed {
+                    if rule.action != Action::Accept {
+                        let next = number.len();
+                        number.entry(Known::Everything).or_insert(next);
+                    }
+                    continue;
+                }
+                for peer in &rule.peers {
+                    let next = number.len();
+                    number.entry(Known::Peer(peer.clone())).or_insert(next);
+                }
+                if egress {
+                    egress_named.extend(named_ports_of(rule));
+                }
+            }
+        }
+        egress_named.sort_unstable();
+        egress_named.dedup();
+        // Each address's peers: single addresses (pods, Nodes), and ranges per family.
+        let mut point_peers: BTreeMap<IpAddr, Vec<usize>> = BTreeMap::new();
+        let mut range_ends: Vec<(bool, u128, u128, usize)> = Vec::new();
+        let mut by_namespace: BTreeMap<&str, Vec<(IpAddr, &PodInfo)>> = BTreeMap::new();
+        for (ip, pod) in view.held() {
+            by_namespace
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push((ip, pod));
+            // Every pod address is a single address: a network that holds it, or a
+            // named port that resolves against it, judges it as the pod it is.
+            point_peers.entry(ip).or_default();
+        }
+        for (known, &n) in &number {
+            match known {
+                Known::Everything => {
+                    range_ends.push((true, 0, u128::from(u32::MAX), n));
+                    range_ends.push((false, 0, u128::MAX, n));
+                }
+                Known::Peer(ClusterPeer::Namespaces(namespaces)) => {
+                    for (name, held) in &by_namespace {
+                        if view.namespace_selected(name, namespaces) {
+                            for (ip, _) in held {
+                                point_peers.entry(*ip).or_default().push(n);
+                            }
+                        }
+                    }
+                }
+                Known::Peer(ClusterPeer::Pods { namespaces, pods }) => {
+                    for (name, held) in &by_namespace {
+                        if view.namespace_selected(name, namespaces) {
+                            for (ip, _) in held.iter().filter(|(_, p)| pods.matches(&p.labels)) {
+                                point_peers.entry(*ip).or_default().push(n);
+                            }
+                        }
+                    }
+                }
+                Known::Peer(ClusterPeer::Networks(networks)) => {
+                    for network in networks {
+                        let (first, last) = bounds(*network);
+                        range_ends.push((network.is_ipv4(), first, last, n));
+                    }
+                }
+                Known::Peer(ClusterPeer::Nodes(selector)) => {
+                    for node in tiered
+                        .nodes
+                        .values()
+                        .filter(|n| selector.matches(&n.labels))
+                    {
+                        for ip in &node.addresses {
+                            point_peers.entry(*ip).or_default().push(n);
+                        }
+                    }
+                }
+                Known::Peer(ClusterPeer::DomainNames) => {}
+            }
+        }
+        // The networks cut into disjoint ranges, each with the peers that hold it.
+        let cut = cut_ranges(&range_ends);
+        let mut table = ClassTable {
+            holds: vec![Vec::new(); number.len()],
+            ..ClassTable::default()
+        };
+        let mut classes = Classes::default();
+        for (v4, first, last, peers) in cut {
+            let class = table.intern(peers, Vec::new());
+            classes.ranges.push(ClassRange {
+                v4,
+                first,
+                last,
+                class,
+            });
+        }
+        for (ip, mut peers) in point_peers {
+            if let Some(range) = classes.range_class(ip) {
+                peers.extend_from_slice(&table.peers[range as usize]);
+            }
+            if peers.is_empty() {
+                continue;
+            }
+            peers.sort_unstable();
+            peers.dedup();
+            let ports: NamedPorts = view
+                .pod_at(ip)
+                .map(|pod| {
+                    pod.named_ports
+                        .iter()
+                        .filter(|n| egress_named.binary_search(&n.name.as_str()).is_ok())
+                        .map(|n| (n.name.clone(), n.protocol, n.port))
+                        .collect()
+                })
+                .unwrap_or_default();
+            classes.points.insert(ip, table.intern(peers, ports));
+        }
+        let ClassTable { holds, named, .. } = table;
+        Self {
+            number,
+            classes,
+            holds,
+            named,
+        }
+    }
+
+    /// Calls `paint` with every class that `rule` holds and each key interval it holds
+    /// there, for a subject pod `subject` in one direction.
+    fn paint(
+        &self,
+        rule: &ClusterRule,
+        ingress: bool,
+        subject: &PodInfo,
+        paint: &mut dyn FnMut(u32, (u32, u32)),
+    ) {
+        if rule.failed_closed {
+            // An Accept that failed closed matches nothing; a Deny or Pass, everything.
+            if rule.action != Action::Accept
+                && let Some(&n) = self.number.get(&Known::Everything)
+            {
+                for &class in &self.holds[n] {
+                    paint(class, (0, MAX_KEY));
+                }
+            }
+            return;
+        }
+        // The keys every class gets (numbered ports; all keys without protocols).
+        let keys: Vec<(u32, u32)> = match &rule.protocols {
+            None => vec![(0, MAX_KEY)],
+            Some(list) => list
+                .iter()
+                .filter_map(|p| match p {
+                    ClusterPort::Numbers {
+                        protocol,
+                        first,
+                        last,
+                    } => Some((key(*protocol, *first), key(*protocol, *last))),
+                    ClusterPort::Named(_) => None,
+                })
+                .collect(),
+        };
+        let named = named_ports_of(rule);
+        // Ingress resolves a named port against the subject: the same for every peer.
+        let subject_named: Vec<(u32, u32)> = if ingress {
+            subject
+                .named_ports
+                .iter()
+                .filter(|n| named.contains(&n.name.as_str()))
+                .map(|n| (key(n.protocol, n.port), key(n.protocol, n.port)))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let mut classes: Vec<u32> = rule
+            .peers
+            .iter()
+            .filter_map(|p| self.number.get(&Known::Peer(p.clone())))
+            .flat_map(|&n| self.holds[n].iter().copied())
+            .collect();
+        classes.sort_unstable();
+        classes.dedup();
+        for class in classes {
+            for k in keys.iter().chain(&subject_named) {
+                paint(class, *k);
+            }
+            if !ingress && !named.is_empty() {
+                // Egress resolves it against the peer: its class's pods' named ports.
+                for (name, protocol, port) in &self.named[class as usize] {
+                    if named.contains(&name.as_str()) {
+                        let k = key(*protocol, *port);
+                        paint(class, (k, k));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A pod's named ports: name, protocol, port.
+type NamedPorts = Vec<(String, u8, u16)>;
+
+/// The classes as they are numbered: each distinct (peers, named ports) once.
+#[derive(Default)]
+struct ClassTable {
+    of: HashMap<(Vec<usize>, NamedPorts), u32>,
+    /// Class -> the peers that hold it (sorted).
+    peers: Vec<Vec<usize>>,
+    /// Class -> its pods' named ports.
+    named: Vec<NamedPorts>,
+    /// Peer -> the classes it holds.
+    holds: Vec<Vec<u32>>,
+}
+
+impl ClassTable {
+    /// The class of the addresses that `peers` (sorted, without repeats) hold, with the
+    /// named ports `ports`.
+    fn intern(&mut self, peers: Vec<usize>, ports: NamedPorts) -> u32 {
+        let key = (peers, ports);
+        if let Some(class) = self.of.get(&key) {
+            return *class;
+        }
+        let class = u32::try_from(self.peers.len()).unwrap_or(u32::MAX);
+        for &p in &key.0 {
+            self.holds[p].push(class);
+        }
+        self.peers.push(key.0.clone());
+        self.named.push(key.1.clone());
+        self.of.insert(key, class);
+        class
+    }
+}
+
+/// The ranges `ends` (family, first, last, peer) cut where any starts or ends, each
+/// piece with the peers that hold it (none: left out), equal neighbours merged; IPv4
+/// first, then by address.
+fn cut_ranges(ends: &[(bool, u128, u128, usize)]) -> Vec<(bool, u128, u128, Vec<usize>)> {
+    let mut out: Vec<(bool, u128, u128, Vec<usize>)> = Vec::new();
+    for v4 in [true, false] {
+        let ours: Vec<&(bool, u128, u128, usize)> = ends.iter().filter(|e| e.0 == v4).collect();
+        let mut cuts: Vec<u128> = ours
+            .iter()
+            .flat_map(|(_, first, last, _)| [Some(*first), last.checked_add(1)])
+            .flatten()
+            .collect();
+        cuts.sort_unstable();
+        cuts.dedup();
+        let top = if v4 { u128::from(u32::MAX) } else { u128::MAX };
+        for (i, &first) in cuts.iter().enumerate() {
+            let last = cuts.get(i + 1).map_or(top, |n| n - 1);
+            if first > top {
+                break;
+            }
+            let mut peers: Vec<usize> = ours
+                .iter()
+                .filter(|(_, f, l, _)| *f <= first && first <= *l)
+                .map(|(_, _, _, p)| *p)
+                .collect();
+            if peers.is_empty() {
+                continue;
+            }
+            peers.sort_unstable();
+            peers.dedup();
+            match out.last_mut() {
+                Some((lv4, _, l, p))
+                    if *lv4 == v4 && *p == peers && l.checked_add(1) == Some(first) =>
+                {
+                    *l = last;
+                }
+                _ => out.push((v4, first, last, peers)),
+            }
+        }
+    }
+    out
 }
 
 /// An address of a family from its integer (for messages and tests).
@@ -936,7 +980,7 @@ mod tests {
     }
 
     #[test]
-    fn boxes_are_disjoint_and_merged() {
+    fn peers_of_the_same_rules_share_one_row() {
         let c = cluster(
             &[(0, Some("x"), 1, false, 80), (1, None, 2, false, 8080)],
             &[None, Some("x"), None],
@@ -954,22 +998,25 @@ mod tests {
         let tiered = TieredView::new(&view, &c.cluster, &c.nodes);
         let compiled = compile(&tiered, "n1");
         let local: IpAddr = "10.1.1.1".parse().unwrap();
-        let boxes = &compiled.admin_ingress[&local];
-        // Two pods per family: each peer address has Deny on TCP 80 and Accept on the
-        // keys below and above it; the two pods' addresses are not adjacent.
-        for (i, a) in boxes.iter().enumerate() {
-            for b in &boxes[i + 1..] {
-                let overlap = a.v4 == b.v4
-                    && a.addresses.0 <= b.addresses.1
-                    && b.addresses.0 <= a.addresses.1
-                    && a.keys.0 <= b.keys.1
-                    && b.keys.0 <= a.keys.1;
-                assert!(!overlap, "{a:?} and {b:?} overlap");
-            }
-        }
-        assert_eq!(boxes.len(), 2 * 2 * 3, "{boxes:#?}");
-        assert!(compiled.admin_egress.is_empty() || compiled.admin_egress[&local].is_empty());
+        let profile = &compiled.admin_ingress[&local];
+        // Every pod of both families is held by the same peers: one class, one row of
+        // Deny on TCP 80 and Accept on the keys below and above it.
+        assert_eq!(profile.rows.len(), 1, "{profile:#?}");
+        let row = profile.rows.values().next().unwrap();
+        assert_eq!(
+            row.iter().map(|b| (b.keys, b.verdict)).collect::<Vec<_>>(),
+            [
+                ((0, key(TCP, 79)), Action::Accept),
+                ((key(TCP, 80), key(TCP, 80)), Action::Deny),
+                ((key(TCP, 81), MAX_KEY), Action::Accept),
+            ]
+        );
+        assert_eq!(compiled.boxes(), 3);
+        assert!(compiled.admin_egress.is_empty());
         assert!(compiled.baseline_ingress.is_empty());
+        // Every pod address is a single address of that class; no range.
+        assert_eq!(compiled.classes.points.len(), 4, "{:?}", compiled.classes);
+        assert!(compiled.classes.ranges.is_empty());
         let peer: IpAddr = "10.1.2.2".parse().unwrap();
         assert_eq!(
             compiled

@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cni_firewall::network_policy::Allow;
+use cni_firewall::network_policy::{TierProfile, TierRange};
 use cni_protocol::ip::from_u128;
 use sha2::Digest as _;
 
-use super::cluster_compile::{TierTable, VerdictBox};
+use super::cluster_compile::{Classes, ProfileRows, Row, RowBox, TierTable};
 use super::cluster_model::{NodePeer, TieredView};
 use super::cluster_objects::{Action, ClusterPeer, ClusterPolicyInfo};
 use super::model::View;
@@ -136,31 +136,38 @@ impl Stores {
     }
 }
 
-/// One box of a tier profile: peers, protocols and ports, and what decided there.
+/// One box of a tier row: protocols and destination ports, and what decided there.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct TierVerdict {
-    /// The peers, protocols and destination ports.
-    pub peers: Allow,
+    /// IP protocol numbers, inclusive.
+    pub protocols: (u8, u8),
+    /// Destination ports, inclusive.
+    pub ports: (u16, u16),
     /// The tier, policy, rule, direction and verdict (shared by the boxes of a rule).
     pub origin: Arc<VerdictOrigin>,
 }
 
 /// What one tier (Admin or Baseline) wants of the kernel on this node: which local pod
-/// address each profile judges, per direction, and the profiles' boxes. Pods whose
-/// boxes are the same share a profile, named by a hash of what makes them (the tier,
-/// the direction, the policies that decide there and, for ingress, the pod's named
-/// ports), not of the boxes: a change of what the policies hold keeps the name and
-/// reaches the kernel as the boxes that differ.
+/// address each profile judges, per direction, the profiles (each peer they have a word
+/// for, sent to its row) and the rows' boxes. Pods whose profiles are the same share
+/// one, named by a hash of what makes it (the tier, the direction, the policies that
+/// decide there and, for ingress, the pod's named ports), not of its peers: a pod
+/// coming or going reaches the kernel as the peers that differ. Rows are named by a
+/// hash of their boxes, so that profiles share them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TierWant {
     /// Local pod address -> its ingress profile.
     pub ingress: BTreeMap<IpAddr, String>,
     /// Local pod address -> its egress profile.
     pub egress: BTreeMap<IpAddr, String>,
-    /// Ingress profiles: boxes of sources.
-    pub ingress_profiles: BTreeMap<String, Vec<TierVerdict>>,
-    /// Egress profiles: boxes of destinations.
-    pub egress_profiles: BTreeMap<String, Vec<TierVerdict>>,
+    /// Ingress profiles: their peers are sources.
+    pub ingress_profiles: BTreeMap<String, TierProfile>,
+    /// Egress profiles: their peers are destinations.
+    pub egress_profiles: BTreeMap<String, TierProfile>,
+    /// Rows of the ingress profiles.
+    pub ingress_rows: BTreeMap<String, Vec<TierVerdict>>,
+    /// Rows of the egress profiles.
+    pub egress_rows: BTreeMap<String, Vec<TierVerdict>>,
 }
 
 impl TierWant {
@@ -172,12 +179,21 @@ impl TierWant {
         all.len()
     }
 
-    /// Boxes in all profiles.
+    /// Boxes in all rows.
     pub fn boxes(&self) -> usize {
+        self.ingress_rows
+            .values()
+            .chain(self.egress_rows.values())
+            .map(Vec::len)
+            .sum()
+    }
+
+    /// Peers (single addresses and ranges) in all profiles.
+    pub fn peers(&self) -> usize {
         self.ingress_profiles
             .values()
             .chain(self.egress_profiles.values())
-            .map(Vec::len)
+            .map(|p| p.peers.len() + p.ranges.len())
             .sum()
     }
 }
@@ -235,15 +251,29 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
             let Some(table) = compiled.table(tier, ingress) else {
                 continue;
             };
-            let (pods, profiles) = match direction {
-                Direction::Ingress => (&mut want.ingress, &mut want.ingress_profiles),
-                Direction::Egress => (&mut want.egress, &mut want.egress_profiles),
+            let (pods, profiles, rows) = match direction {
+                Direction::Ingress => (
+                    &mut want.ingress,
+                    &mut want.ingress_profiles,
+                    &mut want.ingress_rows,
+                ),
+                Direction::Egress => (
+                    &mut want.egress,
+                    &mut want.egress_profiles,
+                    &mut want.egress_rows,
+                ),
             };
-            fill(
+            let mut named = Naming {
                 tier,
                 direction,
-                table,
                 policies,
+                origins: HashMap::new(),
+                rows: HashMap::new(),
+            };
+            fill(
+                &mut named,
+                table,
+                &compiled.classes,
                 &|ip| {
                     if ingress {
                         named_ports(ip)
@@ -253,6 +283,7 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
                 },
                 pods,
                 profiles,
+                rows,
             );
         }
         want
@@ -260,51 +291,108 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
     (tier_want(Tier::Admin), tier_want(Tier::Baseline))
 }
 
-/// One tier and direction's pods and profiles from its table.
-fn fill(
+/// One tier and direction's names for what it converts: the rows met so far (by their
+/// address: the compile shares a row among the classes, and profiles, it is the same
+/// for) and the verdicts' origins.
+struct Naming<'p> {
     tier: Tier,
     direction: Direction,
+    policies: &'p ItemMap<ClusterPolicyInfo>,
+    origins: Origins,
+    rows: HashMap<*const Vec<RowBox>, Arc<str>>,
+}
+
+impl Naming<'_> {
+    /// The name of `row`, converted into `rows` the first time it is met.
+    fn row(&mut self, row: &Row, rows: &mut BTreeMap<String, Vec<TierVerdict>>) -> Arc<str> {
+        if let Some(name) = self.rows.get(&Arc::as_ptr(row)) {
+            return Arc::clone(name);
+        }
+        let verdicts = tier_verdicts(
+            self.tier,
+            self.direction,
+            row,
+            self.policies,
+            &mut self.origins,
+        );
+        let name = profile_name(&[
+            &format!("{:?}", self.tier),
+            self.direction.as_str(),
+            &format!("{verdicts:?}"),
+        ]);
+        rows.entry(name.clone()).or_insert(verdicts);
+        let name: Arc<str> = name.into();
+        self.rows.insert(Arc::as_ptr(row), Arc::clone(&name));
+        name
+    }
+}
+
+/// One tier and direction's pods, profiles and rows from its table.
+fn fill(
+    naming: &mut Naming<'_>,
     table: &TierTable,
-    policies: &ItemMap<ClusterPolicyInfo>,
+    classes: &Classes,
     named_ports: &dyn Fn(&IpAddr) -> String,
     pods: &mut BTreeMap<IpAddr, String>,
-    profiles: &mut BTreeMap<String, Vec<TierVerdict>>,
+    profiles: &mut BTreeMap<String, TierProfile>,
+    rows: &mut BTreeMap<String, Vec<TierVerdict>>,
 ) {
-    // Pods that share their boxes (the same `Arc`) share their profile: converted once.
-    let mut named: HashMap<*const Vec<VerdictBox>, String> = HashMap::new();
-    let mut origins: Origins = HashMap::new();
-    for (ip, boxes) in table {
-        if boxes.is_empty() {
-            continue;
-        }
-        if let Some(name) = named.get(&Arc::as_ptr(boxes)) {
+    // Pods that share their profile (the same `Arc`) are converted once.
+    let mut named: HashMap<*const ProfileRows, String> = HashMap::new();
+    for (ip, profile) in table {
+        if let Some(name) = named.get(&Arc::as_ptr(profile)) {
             pods.insert(*ip, name.clone());
             continue;
         }
-        let mut deciding: Vec<&str> = boxes.iter().map(|b| &*b.rule.policy).collect();
+        let mut deciding: Vec<&str> = profile
+            .rows
+            .values()
+            .flat_map(|row| row.iter().map(|b| &*b.rule.policy))
+            .collect();
         deciding.sort_unstable();
         deciding.dedup();
-        let verdicts = tier_verdicts(tier, direction, boxes, policies, &mut origins);
+        let row_of: HashMap<u32, Arc<str>> = profile
+            .rows
+            .iter()
+            .map(|(class, row)| (*class, naming.row(row, rows)))
+            .collect();
+        let want = TierProfile {
+            peers: classes
+                .points
+                .iter()
+                .filter_map(|(peer, class)| Some((*peer, Arc::clone(row_of.get(class)?))))
+                .collect(),
+            ranges: classes
+                .ranges
+                .iter()
+                .filter_map(|r| {
+                    Some(TierRange {
+                        first: from_u128(r.first, r.v4),
+                        last: from_u128(r.last, r.v4),
+                        row: Arc::clone(row_of.get(&r.class)?),
+                    })
+                })
+                .collect(),
+        };
         let base = profile_name(&[
-            &format!("{tier:?}"),
-            direction.as_str(),
-            &deciding.join(
-                "
-",
-            ),
+            &format!("{:?}", naming.tier),
+            naming.direction.as_str(),
+            &deciding.join("\n"),
             &named_ports(ip),
         ]);
-        // Pods that share what decides share the profile; should their boxes differ
-        // all the same, the content's hash tells them apart.
+        // Pods that share what decides share the profile; should their peers differ
+        // all the same, a hash of which row each class goes to tells them apart.
         let name = match profiles.get(&base) {
-            Some(held) if *held != verdicts => {
-                let content = format!("{verdicts:?}");
-                profile_name(&[&base, &content])
+            Some(held) if *held != want => {
+                let mut content: Vec<String> =
+                    row_of.iter().map(|(c, r)| format!("{c}:{r}")).collect();
+                content.sort_unstable();
+                profile_name(&[&base, &content.join(",")])
             }
             _ => base,
         };
-        profiles.entry(name.clone()).or_insert(verdicts);
-        named.insert(Arc::as_ptr(boxes), name.clone());
+        profiles.entry(name.clone()).or_insert(want);
+        named.insert(Arc::as_ptr(profile), name.clone());
         pods.insert(*ip, name);
     }
 }
@@ -313,16 +401,16 @@ fn fill(
 /// once: the boxes of a rule share it.
 type Origins = HashMap<String, HashMap<(usize, Action), Arc<VerdictOrigin>>>;
 
-/// The boxes of one pod as the firewall's boxes, each with its origin; sorted.
+/// A row's boxes as the firewall's boxes, each with its origin; sorted.
 fn tier_verdicts(
     tier: Tier,
     direction: Direction,
-    boxes: &[VerdictBox],
+    row: &[RowBox],
     policies: &ItemMap<ClusterPolicyInfo>,
     origins: &mut Origins,
 ) -> Vec<TierVerdict> {
-    let mut out = Vec::with_capacity(boxes.len());
-    let mut made = |b: &VerdictBox| -> Arc<VerdictOrigin> {
+    let mut out = Vec::with_capacity(row.len());
+    let mut made = |b: &RowBox| -> Arc<VerdictOrigin> {
         let key = (b.rule.index, b.verdict);
         if let Some(origin) = origins.get(&*b.rule.policy).and_then(|o| o.get(&key)) {
             return Arc::clone(origin);
@@ -353,20 +441,12 @@ fn tier_verdicts(
             .insert(key, Arc::clone(&origin));
         origin
     };
-    for b in boxes {
+    for b in row {
         let origin = made(b);
-        let (first, last) = (
-            from_u128(b.addresses.0, b.v4),
-            from_u128(b.addresses.1, b.v4),
-        );
         for (protocols, ports) in super::compile::split_keys(b.keys.0, b.keys.1) {
             out.push(TierVerdict {
-                peers: Allow {
-                    first,
-                    last,
-                    protocols,
-                    ports,
-                },
+                protocols,
+                ports,
                 origin: Arc::clone(&origin),
             });
         }
@@ -478,13 +558,23 @@ mod tests {
         let a = &admin.ingress[&"10.1.1.1".parse::<IpAddr>().unwrap()];
         assert_eq!(admin.ingress[&"10.1.1.2".parse::<IpAddr>().unwrap()], *a);
         assert_eq!(admin.ingress_profiles.len(), 1);
-        let rules: Vec<(&str, Verdict)> = admin.ingress_profiles[a]
-            .iter()
+        let rules: Vec<(&str, Verdict)> = admin
+            .ingress_rows
+            .values()
+            .flatten()
             .map(|b| (b.origin.rule.as_str(), b.origin.verdict))
             .collect();
         assert!(rules.contains(&("ingress[0]", Verdict::Deny)), "{rules:?}");
         assert!(rules.contains(&("pass-rest", Verdict::Pass)), "{rules:?}");
-        // A second pod c: the same profile name, more boxes.
+        // Pods c (denied) and a, b (passed) go to two rows.
+        let profile = &admin.ingress_profiles[a];
+        assert_eq!(profile.peers.len(), 3, "{profile:?}");
+        assert_eq!(admin.ingress_rows.len(), 2);
+        assert_ne!(
+            profile.peers[&"10.1.2.1".parse::<IpAddr>().unwrap()],
+            profile.peers[&"10.1.1.2".parse::<IpAddr>().unwrap()]
+        );
+        // A second pod c: the same profile name, one more peer, the same rows.
         let after = compiled(
             &[
                 ("x", "a", "10.1.1.1"),
@@ -495,7 +585,8 @@ mod tests {
             &policies,
         );
         assert_eq!(after.0.ingress_profiles.keys().collect::<Vec<_>>(), [a]);
-        assert_ne!(after.0.ingress_profiles[a], before.0.ingress_profiles[a]);
+        assert_eq!(after.0.ingress_profiles[a].peers.len(), 4);
+        assert_eq!(after.0.ingress_rows, before.0.ingress_rows);
     }
 
     /// The shape of the policy-scale benchmark's ClusterNetworkPolicy run (10,000 pods
@@ -582,19 +673,28 @@ mod tests {
             );
             let node_peers = BTreeMap::new();
             let tiered = TieredView::new(&view, &snapshot.policies, &node_peers);
-            let boxes = super::super::cluster_compile::compile(&tiered, "np-0").boxes();
+            let compiled = super::super::cluster_compile::compile(&tiered, "np-0");
             println!(
-                "round {round}: boxes {:.1} ms: {boxes} boxes",
-                started.elapsed().as_secs_f64() * 1e3
+                "round {round}: rows {:.1} ms: {} boxes, {} single addresses and {} ranges of classes",
+                started.elapsed().as_secs_f64() * 1e3,
+                compiled.boxes(),
+                compiled.classes.points.len(),
+                compiled.classes.ranges.len(),
             );
             let started = std::time::Instant::now();
             let (admin, baseline) = compile(&snapshot, context);
             println!(
-                "round {round}: compile {:.1} ms: admin {} pods {} boxes, baseline {} pods {} boxes",
+                "round {round}: compile {:.1} ms: admin {} pods {} profiles {} peers {} rows {} boxes, baseline {} pods {} profiles {} peers {} rows {} boxes",
                 started.elapsed().as_secs_f64() * 1e3,
                 admin.pods(),
+                admin.ingress_profiles.len() + admin.egress_profiles.len(),
+                admin.peers(),
+                admin.ingress_rows.len() + admin.egress_rows.len(),
                 admin.boxes(),
                 baseline.pods(),
+                baseline.ingress_profiles.len() + baseline.egress_profiles.len(),
+                baseline.peers(),
+                baseline.ingress_rows.len() + baseline.egress_rows.len(),
                 baseline.boxes()
             );
         }

@@ -16,8 +16,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use cni_firewall::network_policy::{
-    self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox,
-    TierProfile, TierState, VerdictAction,
+    self, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts, TierBox, TierRow,
+    TierState, VerdictAction,
 };
 
 /// The deny log's settings ([`Table::with_deny_log`]).
@@ -161,20 +161,23 @@ impl Building {
             egress,
             ingress_profiles,
             egress_profiles,
+            ingress_rows,
+            egress_rows,
         } = want;
         let mut out = TierState {
             ingress,
             egress,
+            ingress_profiles,
+            egress_profiles,
             ..TierState::default()
         };
-        for (profiles, into) in [
-            (ingress_profiles, &mut out.ingress_profiles),
-            (egress_profiles, &mut out.egress_profiles),
+        for (rows, into) in [
+            (ingress_rows, &mut out.ingress_rows),
+            (egress_rows, &mut out.egress_rows),
         ] {
-            for (name, boxes) in profiles {
-                // The boxes of a rule share their origin (one `Arc`, alive as long as
-                // the profile's boxes): looked up by its address first, which spares
-                // hashing the origin's strings per box.
+            for (name, boxes) in rows {
+                // The boxes of a rule share their origin (one `Arc`): looked up by its
+                // address first, which spares hashing the origin's strings per box.
                 let mut by_address: HashMap<*const VerdictOrigin, Arc<str>> = HashMap::new();
                 let boxes = boxes
                     .iter()
@@ -189,12 +192,13 @@ impl Building {
                             }
                         };
                         TierBox {
-                            peers: b.peers.clone(),
+                            protocols: b.protocols,
+                            ports: b.ports,
                             chain,
                         }
                     })
                     .collect();
-                into.insert(name, TierProfile { boxes });
+                into.insert(name, TierRow { boxes });
             }
         }
         out
@@ -265,12 +269,8 @@ impl Building {
             Tier::Baseline => held.baseline.clone(),
             Tier::NetworkPolicy => return TierState::default(),
         };
-        for profile in kept
-            .ingress_profiles
-            .values()
-            .chain(kept.egress_profiles.values())
-        {
-            for b in &profile.boxes {
+        for row in kept.ingress_rows.values().chain(kept.egress_rows.values()) {
+            for b in &row.boxes {
                 self.keep_chain(held, &b.chain);
             }
         }
@@ -396,7 +396,7 @@ impl PolicyDatapath for Table {
 mod tests {
     use super::*;
     use crate::policy::cluster_network_policy::TierVerdict;
-    use cni_firewall::network_policy::{Allow, Profile};
+    use cni_firewall::network_policy::{Profile, TierProfile, TierRange};
     use std::net::IpAddr;
 
     fn ip(s: &str) -> IpAddr {
@@ -416,12 +416,25 @@ mod tests {
     fn tier_want(origin: VerdictOrigin) -> TierWant {
         let mut want = TierWant::default();
         want.egress.insert(ip("10.0.0.2"), "e1".into());
-        want.egress_profiles.insert(
-            "e1".into(),
+        want.egress_rows.insert(
+            "r1".into(),
             vec![TierVerdict {
-                peers: Allow::all_traffic(ip("10.0.0.0"), ip("10.0.0.255")),
+                protocols: (0, 255),
+                ports: (0, 65535),
                 origin: std::sync::Arc::new(origin),
             }],
+        );
+        want.egress_profiles.insert(
+            "e1".into(),
+            TierProfile {
+                peers: BTreeMap::new(),
+                ranges: [TierRange {
+                    first: ip("10.0.0.0"),
+                    last: ip("10.0.0.255"),
+                    row: "r1".into(),
+                }]
+                .into(),
+            },
         );
         want
     }
@@ -450,10 +463,7 @@ mod tests {
             .into()
         );
         assert_eq!(origins.len(), 2);
-        assert_eq!(
-            *state.admin.egress_profiles["e1"].boxes[0].chain,
-            pass.chain()
-        );
+        assert_eq!(*state.admin.egress_rows["r1"].boxes[0].chain, pass.chain());
 
         // Admin waits: the held Admin tier and its chain stay; Baseline off: gone.
         let waiting = Pipeline {
