@@ -154,8 +154,8 @@ fn row(boxes: &[TierBox]) -> TierRow {
 }
 
 /// A tier profile: single peers and ranges (first, last), each with its row.
-fn tier_profile(peers: &[(&str, &str)], ranges: &[(&str, &str, &str)]) -> TierProfile {
-    TierProfile {
+fn tier_profile(peers: &[(&str, &str)], ranges: &[(&str, &str, &str)]) -> Arc<TierProfile> {
+    Arc::new(TierProfile {
         peers: peers.iter().map(|(a, r)| (ip(a), (*r).into())).collect(),
         ranges: ranges
             .iter()
@@ -165,7 +165,7 @@ fn tier_profile(peers: &[(&str, &str)], ranges: &[(&str, &str, &str)]) -> TierPr
                 row: (*r).into(),
             })
             .collect(),
-    }
+    })
 }
 
 /// What `nft list table inet cni_node_policy` prints for [`small_state`].
@@ -1797,10 +1797,10 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
         );
         s.admin.ingress_profiles.insert(
             "b1".into(),
-            TierProfile {
+            Arc::new(TierProfile {
                 peers: [(a.v4, "adeny".into())].into(),
                 ranges: Default::default(),
-            },
+            }),
         );
         s.admin.ingress.insert(b.v4, "b1".into());
         // c: not isolated by NetworkPolicy; the Baseline tier passes b's TCP 80
@@ -1814,10 +1814,10 @@ fn tiers_judge_in_order_and_verdict_chains_count() {
             .insert("bpass".into(), row(&[tier_only(TCP, 80, "v-basepass")]));
         s.baseline.ingress_profiles.insert(
             "c1".into(),
-            TierProfile {
+            Arc::new(TierProfile {
                 peers: [(a.v4, "bdeny".into()), (b.v4, "bpass".into())].into(),
                 ranges: Default::default(),
-            },
+            }),
         );
         s.baseline.ingress.insert(c.v4, "c1".into());
         // b is in the Baseline tier too, denied everything: NetworkPolicy isolates

@@ -461,10 +461,12 @@ impl Reconciler {
                 if cluster {
                     tracing::info!(
                         "ClusterNetworkPolicy: the Admin tier judges {} local pod addresses \
-                         ({} boxes), the Baseline tier {} ({} boxes)",
+                         ({} peers, {} boxes), the Baseline tier {} ({} peers, {} boxes)",
                         counts.admin_pods,
+                        counts.admin_peers,
                         counts.admin_boxes,
                         counts.baseline_pods,
+                        counts.baseline_peers,
                         counts.baseline_boxes
                     );
                 }

@@ -65,7 +65,7 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
         if let Some((tier, direction, profile)) = ClusterTier::parse_chain(&chain.name) {
             if same_rules(&chain.name, tier_profile_rules(tier, direction, profile)) {
                 held.tiers[tier.index()].profiles[direction.index()]
-                    .insert(profile.to_owned(), TierProfile::default());
+                    .insert(profile.to_owned(), Arc::default());
             } else {
                 rebuild = true;
             }
@@ -298,7 +298,7 @@ pub(super) fn read(nl: &mut Nfnl) -> Result<View> {
                         }
                     }
                 }
-                held.tiers[tier.index()].profiles[i].insert(name, profile);
+                held.tiers[tier.index()].profiles[i].insert(name, Arc::new(profile));
             }
         }
     }

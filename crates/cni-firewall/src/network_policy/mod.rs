@@ -526,10 +526,11 @@ pub struct TierState {
     /// Local pod address -> its egress profile.
     pub egress: BTreeMap<IpAddr, String>,
     /// Ingress profiles by name (named as [`PolicyState::ingress_profiles`]); their
-    /// peers are SOURCES.
-    pub ingress_profiles: BTreeMap<String, TierProfile>,
+    /// peers are SOURCES. Shared with what the table holds once applied: a profile
+    /// given again as the same `Arc` is known unchanged without a look at its peers.
+    pub ingress_profiles: BTreeMap<String, Arc<TierProfile>>,
     /// Egress profiles by name; their peers are DESTINATIONS.
-    pub egress_profiles: BTreeMap<String, TierProfile>,
+    pub egress_profiles: BTreeMap<String, Arc<TierProfile>>,
     /// Rows of the ingress profiles, by name (named as profiles are).
     pub ingress_rows: BTreeMap<String, TierRow>,
     /// Rows of the egress profiles.
@@ -748,14 +749,16 @@ struct HeldProfile {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 struct HeldTier {
     pods: [BTreeMap<IpAddr, String>; 2],
-    profiles: [BTreeMap<String, TierProfile>; 2],
+    profiles: [BTreeMap<String, Arc<TierProfile>>; 2],
     rows: [BTreeMap<String, BTreeSet<TierBox>>; 2],
 }
 
 /// The two ClusterNetworkPolicy tiers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ClusterTier {
+pub enum ClusterTier {
+    /// Judged before NetworkPolicy ([`PolicyState::admin`]).
     Admin,
+    /// Judged after it ([`PolicyState::baseline`]).
     Baseline,
 }
 
@@ -1219,6 +1222,31 @@ impl PolicyTable {
                 .collect(),
             deny_log: held.verdicts.values().find_map(|(_, log)| *log),
         })
+    }
+
+    /// The local pod addresses of a tier and direction and the profiles that judge
+    /// them, as the kernel holds them (after [`PolicyTable::load`] or an apply); `None`
+    /// when that is not known.
+    pub fn held_tier_pods(
+        &self,
+        tier: ClusterTier,
+        direction: Direction,
+    ) -> Option<&BTreeMap<IpAddr, String>> {
+        match &self.view {
+            View::Held { held, .. } => Some(&held.tiers[tier.index()].pods[direction.index()]),
+            _ => None,
+        }
+    }
+
+    /// Whether the kernel holds a tier profile of that name (as far as this process
+    /// knows).
+    pub fn holds_tier_profile(&self, tier: ClusterTier, direction: Direction, name: &str) -> bool {
+        match &self.view {
+            View::Held { held, .. } => {
+                held.tiers[tier.index()].profiles[direction.index()].contains_key(name)
+            }
+            _ => false,
+        }
     }
 
     /// Removes the whole table (enforcement turned off); nothing there is nothing

@@ -666,7 +666,7 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
     );
     s.admin.egress_profiles.insert(
         "cc33".into(),
-        TierProfile {
+        Arc::new(TierProfile {
             peers: [(ip("10.5.0.9"), "r7".into())].into(),
             ranges: [TierRange {
                 first: ip("10.5.0.0"),
@@ -674,7 +674,7 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
                 row: "r7".into(),
             }]
             .into(),
-        },
+        }),
     );
     s.admin.egress.insert(ip("10.1.0.2"), "cc33".into());
     let have = normalize(&state()).unwrap();
@@ -759,6 +759,91 @@ fn a_tier_profile_comes_after_its_verdict_chains_and_before_its_pods() {
     );
 }
 
+/// A tier profile's peers that move to another row are each taken out of the profile's
+/// map and put back; the row they left is removed once no peer goes to it, after the
+/// peers have moved, and the new one added before.
+#[test]
+fn peers_moving_to_another_row_are_elements_out_and_in() {
+    let mut s = state();
+    s.verdict_chains
+        .insert("v-deny".into(), VerdictAction::Drop);
+    s.verdict_chains
+        .insert("v-accept".into(), VerdictAction::Accept);
+    let row = |chain: &str| TierRow {
+        boxes: vec![TierBox {
+            protocols: (6, 6),
+            ports: (80, 80),
+            chain: chain.into(),
+        }],
+    };
+    s.baseline.ingress_rows.insert("r1".into(), row("v-deny"));
+    s.baseline.ingress_profiles.insert(
+        "p1".into(),
+        Arc::new(TierProfile {
+            peers: [
+                (ip("10.1.0.5"), "r1".into()),
+                (ip("10.1.0.6"), "r1".into()),
+                (ip("fd00::6"), "r1".into()),
+            ]
+            .into(),
+            ranges: BTreeSet::new(),
+        }),
+    );
+    s.baseline.ingress.insert(ip("10.1.0.2"), "p1".into());
+    let held = normalize(&s).unwrap();
+    let mut moved = s.clone();
+    moved.baseline.ingress_rows.remove("r1");
+    moved
+        .baseline
+        .ingress_rows
+        .insert("r2".into(), row("v-accept"));
+    let peers = &mut Arc::make_mut(moved.baseline.ingress_profiles.get_mut("p1").unwrap()).peers;
+    peers.remove(&ip("fd00::6"));
+    for peer in peers.values_mut() {
+        *peer = "r2".into();
+    }
+    let (b, c, edits) = diff(&held, &moved, &[]).unwrap().unwrap();
+    let t = "inet cni_node_policy";
+    assert_eq!(
+        describe(&b),
+        [
+            format!("add map {t} baseline-ingress-row-r2-keys"),
+            format!("add element {t} baseline-ingress-row-r2-keys (1 element)"),
+            format!("add chain {t} baseline-ingress-row-r2"),
+            format!("add rule {t} baseline-ingress-row-r2"),
+            format!("delete element {t} baseline-ingress-p1-peers4 (2 elements)"),
+            format!("add element {t} baseline-ingress-p1-peers4 (2 elements)"),
+            format!("delete element {t} baseline-ingress-p1-peers6 (1 element)"),
+            format!("delete chain {t} baseline-ingress-row-r1"),
+            format!("delete set {t} baseline-ingress-row-r1-keys"),
+        ]
+    );
+    assert_eq!(
+        (
+            c.tier_rows_added,
+            c.tier_rows_removed,
+            c.tier_profiles_changed,
+            c.tier_peers_removed,
+            c.tier_peers_added
+        ),
+        (1, 1, 1, 3, 2)
+    );
+    let mut after = held.clone();
+    edits.apply(&mut after);
+    assert_eq!(after, normalize(&moved).unwrap());
+    // A row that goes to a verdict chain the tier may not use is refused.
+    let mut wrong = moved.clone();
+    wrong.verdict_chains.insert(
+        "v-pass".into(),
+        VerdictAction::ToNetworkPolicy(Direction::Ingress),
+    );
+    wrong
+        .baseline
+        .ingress_rows
+        .insert("r2".into(), row("v-pass"));
+    assert!(normalize(&wrong).is_err());
+}
+
 /// What a tier may send where: a Pass of the other direction, or in the Baseline
 /// tier, is refused, as is a box going to no chain.
 #[test]
@@ -822,10 +907,10 @@ fn tier_boxes_go_only_to_chains_their_tier_may_use() {
     let mut s = base();
     s.admin.ingress_profiles.insert(
         "p1".into(),
-        TierProfile {
+        Arc::new(TierProfile {
             peers: [(ip("10.0.0.3"), "r1".into())].into(),
             ranges: BTreeSet::new(),
-        },
+        }),
     );
     let e = normalize(&s).unwrap_err().to_string();
     assert!(

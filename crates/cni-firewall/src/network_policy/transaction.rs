@@ -626,7 +626,7 @@ pub(super) struct Edits {
 }
 
 /// A tier profile added or changed, or removed (`None`).
-type TierProfileEdit = (ClusterTier, Direction, String, Option<TierProfile>);
+type TierProfileEdit = (ClusterTier, Direction, String, Option<Arc<TierProfile>>);
 
 /// A tier row added or changed (its boxes), or removed (`None`).
 type TierRowEdit = (ClusterTier, Direction, String, Option<BTreeSet<TierBox>>);
@@ -766,7 +766,7 @@ pub(super) fn diff(
             let profiles = state.profiles(direction);
             for (name, profile) in profiles {
                 let old = held.profiles[i].get(name);
-                if old != Some(profile) {
+                if old.is_none_or(|old| !Arc::ptr_eq(old, profile) && old != profile) {
                     new_tier_profiles.push((tier, direction, name, old, profile));
                 }
             }
@@ -880,7 +880,7 @@ pub(super) fn diff(
         }
         edits
             .tier_profiles
-            .push((tier, direction, name.clone(), Some(profile.clone())));
+            .push((tier, direction, name.clone(), Some(Arc::clone(profile))));
     }
     for (direction, changes) in DIRECTIONS.into_iter().zip(&pods) {
         write_pods(&mut b, &mut c, None, direction, changes)?;

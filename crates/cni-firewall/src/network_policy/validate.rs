@@ -100,8 +100,11 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
                         format!("peer {peer} goes to row {row:?}, which does not exist"),
                     )
                 };
+                // Peers share their rows' names (one `Arc` a row, as a caller makes
+                // them): each name is looked up once.
+                let mut seen: std::collections::HashSet<*const u8> = Default::default();
                 for (ip, row) in &profile.peers {
-                    if !rows.contains_key(&**row) {
+                    if seen.insert(Arc::as_ptr(row).cast()) && !rows.contains_key(&**row) {
                         return Err(no_row(ip.to_string(), row));
                     }
                 }
@@ -187,7 +190,7 @@ fn check_tier_rows(want: &PolicyState, tier: ClusterTier, direction: Direction) 
 }
 
 impl TierState {
-    pub(super) fn profiles(&self, direction: Direction) -> &BTreeMap<String, TierProfile> {
+    pub(super) fn profiles(&self, direction: Direction) -> &BTreeMap<String, Arc<TierProfile>> {
         match direction {
             Direction::Ingress => &self.ingress_profiles,
             Direction::Egress => &self.egress_profiles,

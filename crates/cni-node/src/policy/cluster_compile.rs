@@ -34,8 +34,9 @@ use cni_protocol::ip::{bounds, from_u128, to_u128};
 
 use super::cluster_model::TieredView;
 use super::cluster_objects::{Action, ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule};
-use super::objects::PodInfo;
+use super::objects::{NamedPort, PodInfo};
 use super::pipeline::Tier;
+use super::selector::{Labels, Selector};
 
 /// The largest key: protocol 255, port 65535.
 const MAX_KEY: u32 = (255 << 16) | 0xffff;
@@ -425,42 +426,21 @@ impl PeerIndex {
         }
         egress_named.sort_unstable();
         egress_named.dedup();
-        // Each address's peers: single addresses (pods, Nodes), and ranges per family.
-        let mut point_peers: BTreeMap<IpAddr, Vec<usize>> = BTreeMap::new();
+        // The peers that select a whole namespace, and those that select pods in it.
+        let mut whole: Vec<(usize, &Selector)> = Vec::new();
+        let mut by_pod: Vec<(usize, &Selector, &Selector)> = Vec::new();
+        // The Nodes' addresses that peers hold, and the networks, per family.
+        let mut node_peers: BTreeMap<IpAddr, Vec<usize>> = BTreeMap::new();
         let mut range_ends: Vec<(bool, u128, u128, usize)> = Vec::new();
-        let mut by_namespace: BTreeMap<&str, Vec<(IpAddr, &PodInfo)>> = BTreeMap::new();
-        for (ip, pod) in view.held() {
-            by_namespace
-                .entry(pod.namespace.as_str())
-                .or_default()
-                .push((ip, pod));
-            // Every pod address is a single address: a network that holds it, or a
-            // named port that resolves against it, judges it as the pod it is.
-            point_peers.entry(ip).or_default();
-        }
         for (known, &n) in &number {
             match known {
                 Known::Everything => {
                     range_ends.push((true, 0, u128::from(u32::MAX), n));
                     range_ends.push((false, 0, u128::MAX, n));
                 }
-                Known::Peer(ClusterPeer::Namespaces(namespaces)) => {
-                    for (name, held) in &by_namespace {
-                        if view.namespace_selected(name, namespaces) {
-                            for (ip, _) in held {
-                                point_peers.entry(*ip).or_default().push(n);
-                            }
-                        }
-                    }
-                }
+                Known::Peer(ClusterPeer::Namespaces(namespaces)) => whole.push((n, namespaces)),
                 Known::Peer(ClusterPeer::Pods { namespaces, pods }) => {
-                    for (name, held) in &by_namespace {
-                        if view.namespace_selected(name, namespaces) {
-                            for (ip, _) in held.iter().filter(|(_, p)| pods.matches(&p.labels)) {
-                                point_peers.entry(*ip).or_default().push(n);
-                            }
-                        }
-                    }
+                    by_pod.push((n, namespaces, pods));
                 }
                 Known::Peer(ClusterPeer::Networks(networks)) => {
                     for network in networks {
@@ -475,21 +455,39 @@ impl PeerIndex {
                         .filter(|n| selector.matches(&n.labels))
                     {
                         for ip in &node.addresses {
-                            point_peers.entry(*ip).or_default().push(n);
+                            node_peers.entry(*ip).or_default().push(n);
                         }
                     }
                 }
                 Known::Peer(ClusterPeer::DomainNames) => {}
             }
         }
+        // Pods of one namespace with the same labels (and named ports, where egress
+        // rules name some) are held by the same peers: matched once. Every pod address
+        // is a single address, held or not: a network that holds it, or a named port
+        // that resolves against it, judges it as the pod it is.
+        let mut groups: HashMap<(&str, &Labels, &[NamedPort]), Vec<IpAddr>> = HashMap::new();
+        for (ip, pod) in view.held() {
+            groups
+                .entry((
+                    pod.namespace.as_str(),
+                    &pod.labels,
+                    pod.named_ports.as_slice(),
+                ))
+                .or_default()
+                .push(ip);
+        }
+        // Per namespace: the peers that hold all its pods, and those that hold the pods
+        // their selector matches.
+        type Selecting<'s> = (Vec<usize>, Vec<(usize, &'s Selector)>);
+        let mut of_namespace: HashMap<&str, Selecting<'_>> = HashMap::new();
         // The networks cut into disjoint ranges, each with the peers that hold it.
-        let cut = cut_ranges(&range_ends);
         let mut table = ClassTable {
             holds: vec![Vec::new(); number.len()],
             ..ClassTable::default()
         };
         let mut classes = Classes::default();
-        for (v4, first, last, peers) in cut {
+        for (v4, first, last, peers) in cut_ranges(&range_ends) {
             let class = table.intern(peers, Vec::new());
             classes.ranges.push(ClassRange {
                 v4,
@@ -498,27 +496,58 @@ impl PeerIndex {
                 class,
             });
         }
-        for (ip, mut peers) in point_peers {
-            if let Some(range) = classes.range_class(ip) {
-                peers.extend_from_slice(&table.peers[range as usize]);
-            }
-            if peers.is_empty() {
-                continue;
-            }
-            peers.sort_unstable();
-            peers.dedup();
-            let ports: NamedPorts = view
-                .pod_at(ip)
-                .map(|pod| {
-                    pod.named_ports
+        let mut points: Vec<(IpAddr, u32)> = Vec::new();
+        for ((namespace, labels, named_ports), ips) in groups {
+            let ports: NamedPorts = named_ports
+                .iter()
+                .filter(|n| egress_named.binary_search(&n.name.as_str()).is_ok())
+                .map(|n| (n.name.clone(), n.protocol, n.port))
+                .collect();
+            let (selected, by_labels) = of_namespace.entry(namespace).or_insert_with(|| {
+                (
+                    whole
                         .iter()
-                        .filter(|n| egress_named.binary_search(&n.name.as_str()).is_ok())
-                        .map(|n| (n.name.clone(), n.protocol, n.port))
-                        .collect()
-                })
-                .unwrap_or_default();
-            classes.points.insert(ip, table.intern(peers, ports));
+                        .filter(|(_, s)| view.namespace_selected(namespace, s))
+                        .map(|(n, _)| *n)
+                        .collect(),
+                    by_pod
+                        .iter()
+                        .filter(|(_, s, _)| view.namespace_selected(namespace, s))
+                        .map(|(n, _, pods)| (*n, *pods))
+                        .collect(),
+                )
+            });
+            let mut peers = selected.clone();
+            peers.extend(
+                by_labels
+                    .iter()
+                    .filter(|(_, pods)| pods.matches(labels))
+                    .map(|(n, _)| *n),
+            );
+            peers.sort_unstable();
+            // The group's own class, for its addresses that no Node or range holds.
+            let mut own: Option<Option<u32>> = None;
+            for ip in ips {
+                let node = node_peers.remove(&ip);
+                let class = if node.is_none() && classes.range_class(ip).is_none() {
+                    *own.get_or_insert_with(|| {
+                        (!peers.is_empty()).then(|| table.intern(peers.clone(), ports.clone()))
+                    })
+                } else {
+                    table.single(&classes, &peers, node, ports.clone(), ip)
+                };
+                if let Some(class) = class {
+                    points.push((ip, class));
+                }
+            }
         }
+        // The Nodes' addresses that are no pod's.
+        for (ip, node) in node_peers {
+            if let Some(class) = table.single(&classes, &[], Some(node), Vec::new(), ip) {
+                points.push((ip, class));
+            }
+        }
+        classes.points = points.into_iter().collect();
         let ClassTable { holds, named, .. } = table;
         Self {
             number,
@@ -616,6 +645,30 @@ struct ClassTable {
 }
 
 impl ClassTable {
+    /// The class of the single address `ip` that `peers` (sorted) hold, the Node peers
+    /// `node` too, and the peers of the range that holds it; `None` when none does.
+    fn single(
+        &mut self,
+        classes: &Classes,
+        peers: &[usize],
+        node: Option<Vec<usize>>,
+        ports: NamedPorts,
+        ip: IpAddr,
+    ) -> Option<u32> {
+        let range = classes.range_class(ip);
+        if node.is_none() && range.is_none() {
+            return (!peers.is_empty()).then(|| self.intern(peers.to_vec(), ports));
+        }
+        let mut all = peers.to_vec();
+        all.extend(node.into_iter().flatten());
+        if let Some(range) = range {
+            all.extend_from_slice(&self.peers[range as usize]);
+        }
+        all.sort_unstable();
+        all.dedup();
+        (!all.is_empty()).then(|| self.intern(all, ports))
+    }
+
     /// The class of the addresses that `peers` (sorted, without repeats) hold, with the
     /// named ports `ports`.
     fn intern(&mut self, peers: Vec<usize>, ports: NamedPorts) -> u32 {

@@ -161,9 +161,9 @@ pub struct TierWant {
     /// Local pod address -> its egress profile.
     pub egress: BTreeMap<IpAddr, String>,
     /// Ingress profiles: their peers are sources.
-    pub ingress_profiles: BTreeMap<String, TierProfile>,
+    pub ingress_profiles: BTreeMap<String, Arc<TierProfile>>,
     /// Egress profiles: their peers are destinations.
-    pub egress_profiles: BTreeMap<String, TierProfile>,
+    pub egress_profiles: BTreeMap<String, Arc<TierProfile>>,
     /// Rows of the ingress profiles.
     pub ingress_rows: BTreeMap<String, Vec<TierVerdict>>,
     /// Rows of the egress profiles.
@@ -334,7 +334,7 @@ fn fill(
     classes: &Classes,
     named_ports: &dyn Fn(&IpAddr) -> String,
     pods: &mut BTreeMap<IpAddr, String>,
-    profiles: &mut BTreeMap<String, TierProfile>,
+    profiles: &mut BTreeMap<String, Arc<TierProfile>>,
     rows: &mut BTreeMap<String, Vec<TierVerdict>>,
 ) {
     // Pods that share their profile (the same `Arc`) are converted once.
@@ -383,7 +383,7 @@ fn fill(
         // Pods that share what decides share the profile; should their peers differ
         // all the same, a hash of which row each class goes to tells them apart.
         let name = match profiles.get(&base) {
-            Some(held) if *held != want => {
+            Some(held) if **held != want => {
                 let mut content: Vec<String> =
                     row_of.iter().map(|(c, r)| format!("{c}:{r}")).collect();
                 content.sort_unstable();
@@ -391,7 +391,9 @@ fn fill(
             }
             _ => base,
         };
-        profiles.entry(name.clone()).or_insert(want);
+        profiles
+            .entry(name.clone())
+            .or_insert_with(|| Arc::new(want));
         named.insert(Arc::as_ptr(profile), name.clone());
         pods.insert(*ip, name);
     }

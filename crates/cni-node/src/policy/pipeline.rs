@@ -139,10 +139,12 @@ impl Pipeline {
             .unwrap_or_default();
         if let Some(admin) = self.admin.ready() {
             counts.admin_pods = admin.pods();
+            counts.admin_peers = admin.peers();
             counts.admin_boxes = admin.boxes();
         }
         if let Some(baseline) = self.baseline.ready() {
             counts.baseline_pods = baseline.pods();
+            counts.baseline_peers = baseline.peers();
             counts.baseline_boxes = baseline.boxes();
         }
         counts
@@ -165,15 +167,23 @@ pub struct CompileContext<'a> {
 /// Compiles each ready tier; the others stay as they are. ClusterNetworkPolicy is
 /// compiled once for both of its tiers.
 pub fn compile(inputs: &PolicyInputs, context: CompileContext<'_>) -> Pipeline {
+    let started = std::time::Instant::now();
     let snapshot = inputs.admin.ready().or(inputs.baseline.ready());
     let (admin, baseline) = snapshot
         .map(|s| cluster_network_policy::compile(s, context))
         .unwrap_or_default();
+    let tiers = started.elapsed();
+    let network_policy = inputs
+        .network_policy
+        .map(|snapshot| network_policy::compile(snapshot, context));
+    tracing::debug!(
+        "policy compiled: ClusterNetworkPolicy {:.1} ms, NetworkPolicy {:.1} ms",
+        tiers.as_secs_f64() * 1e3,
+        (started.elapsed() - tiers).as_secs_f64() * 1e3
+    );
     Pipeline {
         admin: inputs.admin.map(|_| admin),
-        network_policy: inputs
-            .network_policy
-            .map(|snapshot| network_policy::compile(snapshot, context)),
+        network_policy,
         baseline: inputs.baseline.map(|_| baseline),
     }
 }
