@@ -1068,7 +1068,7 @@ impl PolicyTable {
     /// or not they are still pending), so that no packet passes between the
     /// pending drop and the profiles' judgement.
     pub fn apply_resolving(&mut self, want: &PolicyState, resolve: &[IpAddr]) -> Result<Changes> {
-        check_profiles(want)?;
+        check_profiles(want, self.adopted())?;
         self.apply_checked(want, resolve)
     }
 
@@ -1122,10 +1122,22 @@ impl PolicyTable {
         want: &PolicyState,
         judged: &BTreeMap<IpAddr, String>,
     ) -> Result<Changes> {
-        check_profiles(want)?;
+        check_profiles(want, self.adopted())?;
         let pending = read_pending(&mut self.nl)?;
         let resolve = releasable(&pending, judged);
         self.apply_checked(want, &resolve)
+    }
+
+    /// What the kernel holds, when the next apply diffs against it (and does not make
+    /// the table again).
+    fn adopted(&self) -> Option<&Held> {
+        match &self.view {
+            View::Held {
+                held,
+                rebuild: false,
+            } => Some(held),
+            _ => None,
+        }
     }
 
     /// Makes the table from scratch (replacing one that is there), carrying over
@@ -1238,14 +1250,20 @@ impl PolicyTable {
         }
     }
 
-    /// Whether the kernel holds a tier profile of that name (as far as this process
-    /// knows).
-    pub fn holds_tier_profile(&self, tier: ClusterTier, direction: Direction, name: &str) -> bool {
+    /// The tier profile of that name as the kernel holds it (as far as this process
+    /// knows): a caller that gives an equal profile as this `Arc` spares the apply a
+    /// comparison of their peers.
+    pub fn held_tier_profile(
+        &self,
+        tier: ClusterTier,
+        direction: Direction,
+        name: &str,
+    ) -> Option<&Arc<TierProfile>> {
         match &self.view {
             View::Held { held, .. } => {
-                held.tiers[tier.index()].profiles[direction.index()].contains_key(name)
+                held.tiers[tier.index()].profiles[direction.index()].get(name)
             }
-            _ => false,
+            _ => None,
         }
     }
 

@@ -156,18 +156,17 @@ pub(super) fn change_tier_profile(
     if !rebuild.is_empty() {
         b.flush_chain(NFPROTO_INET, TABLE, &chain);
     }
+    let (gone_peers, new_peers) = peer_changes(&have.peers, &want.peers);
     for family in FAMILIES {
         let ours = |ip: &IpAddr| Family::of(*ip) == family;
-        let gone: Vec<Element> = have
-            .peers
+        let gone: Vec<Element> = gone_peers
             .iter()
-            .filter(|(ip, row)| ours(ip) && want.peers.get(*ip) != Some(*row))
-            .map(|(ip, _)| addr_element(*ip))
+            .filter(|ip| ours(ip))
+            .map(|ip| addr_element(*ip))
             .collect();
-        let new: Vec<Element> = want
-            .peers
+        let new: Vec<Element> = new_peers
             .iter()
-            .filter(|(ip, row)| ours(ip) && have.peers.get(*ip) != Some(*row))
+            .filter(|(ip, _)| ours(ip))
             .map(|(ip, row)| goto_element(*ip, row_chain(row)))
             .collect();
         let (gone, new) = edit_elements(b, &tier.peers_map(direction, name, family), gone, new)?;
@@ -209,6 +208,48 @@ pub(super) fn change_tier_profile(
     }
     c.tier_profiles_changed += 1;
     Ok(())
+}
+
+/// The single peers to take out of a tier profile's maps (gone, or going to another
+/// row) and to put in (new, or going to another row), in one pass over both maps (they
+/// are sorted alike): a profile holds thousands of peers, of which a change moves a few.
+fn peer_changes<'a>(
+    have: &'a BTreeMap<IpAddr, Arc<str>>,
+    want: &'a BTreeMap<IpAddr, Arc<str>>,
+) -> (Vec<IpAddr>, Vec<(IpAddr, &'a Arc<str>)>) {
+    let (mut gone, mut new) = (Vec::new(), Vec::new());
+    let (mut old, mut now) = (have.iter().peekable(), want.iter().peekable());
+    loop {
+        match (old.peek(), now.peek()) {
+            (None, None) => break,
+            (Some((a, _)), Some((b, _))) if a == b => {
+                let ((ip, was), (_, is)) = (
+                    old.next().unwrap_or_else(|| unreachable!()),
+                    now.next().unwrap_or_else(|| unreachable!()),
+                );
+                if !Arc::ptr_eq(was, is) && was != is {
+                    gone.push(*ip);
+                    new.push((*ip, is));
+                }
+            }
+            (Some((a, _)), Some((b, _))) if a > b => {
+                if let Some((ip, is)) = now.next() {
+                    new.push((*ip, is));
+                }
+            }
+            (Some(_), _) => {
+                if let Some((ip, _)) = old.next() {
+                    gone.push(*ip);
+                }
+            }
+            (None, Some(_)) => {
+                if let Some((ip, is)) = now.next() {
+                    new.push((*ip, is));
+                }
+            }
+        }
+    }
+    (gone, new)
 }
 
 /// Removes a tier profile (no map element may go to it any more).

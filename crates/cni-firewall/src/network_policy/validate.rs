@@ -25,8 +25,10 @@ impl PolicyState {
     }
 }
 
-/// Checks every profile's name and boxes.
-pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
+/// Checks every profile's name and boxes. A tier profile that `held` (what the table
+/// holds, when the apply diffs against it) holds the same was checked when it was
+/// applied: its peers are looked at again only when one of its tier's rows goes.
+pub(super) fn check_profiles(want: &PolicyState, held: Option<&Held>) -> Result<()> {
     for direction in DIRECTIONS {
         for (name, profile) in want.profiles(direction) {
             let what = || format!("{} profile {name:?}", direction.name());
@@ -86,6 +88,12 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
         for direction in DIRECTIONS {
             check_tier_rows(want, tier, direction)?;
             let rows = state.rows(direction);
+            let held = held.map(|h| &h.tiers[tier.index()]);
+            let rows_go = held.is_none_or(|h| {
+                h.rows[direction.index()]
+                    .keys()
+                    .any(|row| !rows.contains_key(row))
+            });
             for (name, profile) in state.profiles(direction) {
                 let what = || format!("{} {} profile {name:?}", tier.name(), direction.name());
                 if !valid_name(name) {
@@ -93,6 +101,12 @@ pub(super) fn check_profiles(want: &PolicyState) -> Result<()> {
                         what(),
                         format!("a profile name is 1 to {PROFILE_NAME_MAX} characters of [a-z0-9]"),
                     ));
+                }
+                let same = held
+                    .and_then(|h| h.profiles[direction.index()].get(name))
+                    .is_some_and(|old| Arc::ptr_eq(old, profile) || old == profile);
+                if same && !rows_go {
+                    continue;
                 }
                 let no_row = |peer: String, row: &str| {
                     invalid(
@@ -232,7 +246,7 @@ pub(super) fn no_such_profile(direction: Direction, ip: IpAddr, name: &str) -> E
 
 /// Checks `want` and puts it in the form the table is compared in.
 pub(super) fn normalize(want: &PolicyState) -> Result<Held> {
-    check_profiles(want)?;
+    check_profiles(want, None)?;
     let mut held = Held::default();
     for direction in DIRECTIONS {
         let i = direction.index();

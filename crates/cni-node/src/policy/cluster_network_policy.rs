@@ -351,16 +351,18 @@ fn fill(
             .collect();
         deciding.sort_unstable();
         deciding.dedup();
-        let row_of: HashMap<u32, Arc<str>> = profile
-            .rows
-            .iter()
-            .map(|(class, row)| (*class, naming.row(row, rows)))
-            .collect();
+        // Class -> its row's name, by index: a lookup per peer address.
+        let size = profile.rows.keys().max().map_or(0, |c| *c as usize + 1);
+        let mut row_of: Vec<Option<Arc<str>>> = vec![None; size];
+        for (class, row) in &profile.rows {
+            row_of[*class as usize] = Some(naming.row(row, rows));
+        }
+        let row = |class: u32| row_of.get(class as usize).and_then(Option::as_ref);
         let want = TierProfile {
             peers: classes
                 .points
                 .iter()
-                .filter_map(|(peer, class)| Some((*peer, Arc::clone(row_of.get(class)?))))
+                .filter_map(|(peer, class)| Some((*peer, Arc::clone(row(*class)?))))
                 .collect(),
             ranges: classes
                 .ranges
@@ -369,7 +371,7 @@ fn fill(
                     Some(TierRange {
                         first: from_u128(r.first, r.v4),
                         last: from_u128(r.last, r.v4),
-                        row: Arc::clone(row_of.get(&r.class)?),
+                        row: Arc::clone(row(r.class)?),
                     })
                 })
                 .collect(),
@@ -384,9 +386,11 @@ fn fill(
         // all the same, a hash of which row each class goes to tells them apart.
         let name = match profiles.get(&base) {
             Some(held) if **held != want => {
-                let mut content: Vec<String> =
-                    row_of.iter().map(|(c, r)| format!("{c}:{r}")).collect();
-                content.sort_unstable();
+                let content: Vec<String> = row_of
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(c, r)| Some(format!("{c}:{}", r.as_ref()?)))
+                    .collect();
                 profile_name(&[&base, &content.join(",")])
             }
             _ => base,

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use cni_firewall::network_policy::{
     self, ClusterTier, Direction as FwDirection, PolicyState, PolicyTable, ProfileVerdicts,
-    TierBox, TierRow, TierState, VerdictAction,
+    TierBox, TierProfile, TierRow, TierState, VerdictAction,
 };
 
 /// The deny log's settings ([`Table::with_deny_log`]).
@@ -335,6 +335,12 @@ fn state_of(
     (b.state, b.origins)
 }
 
+/// What the kernel holds of a tier and direction: its pods and their profiles.
+type HeldPods<'h> = dyn Fn(ClusterTier, FwDirection) -> Option<&'h BTreeMap<IpAddr, String>> + 'h;
+
+/// What the kernel holds of a tier and direction: the profile of a name.
+type HeldProfile<'h> = dyn Fn(ClusterTier, FwDirection, &str) -> Option<&'h Arc<TierProfile>> + 'h;
+
 /// Gives each new tier profile the name of the profile the kernel holds for the same
 /// pods, when all its pods had that one and nothing else takes its name: a policy added
 /// or removed changes which policies select the pods, and so the name the compile
@@ -345,8 +351,8 @@ fn state_of(
 /// same names again.
 fn inherit_profile_names<'h>(
     state: &mut PolicyState,
-    held_pods: &dyn Fn(ClusterTier, FwDirection) -> Option<&'h BTreeMap<IpAddr, String>>,
-    holds: &dyn Fn(ClusterTier, FwDirection, &str) -> bool,
+    held_pods: &HeldPods<'h>,
+    held_profile: &HeldProfile<'h>,
 ) {
     for (tier, wanted) in [
         (ClusterTier::Admin, &mut state.admin),
@@ -363,7 +369,7 @@ fn inherit_profile_names<'h>(
             // Each new profile's pods, by the held profile they had ("" for none).
             let mut had: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
             for (ip, name) in pods.iter() {
-                if !holds(tier, direction, name) {
+                if held_profile(tier, direction, name).is_none() {
                     let before = held_pods.get(ip).map_or("", String::as_str);
                     had.entry(name.as_str()).or_default().insert(before);
                 }
@@ -385,6 +391,15 @@ fn inherit_profile_names<'h>(
                 }
                 for name in pods.values_mut().filter(|name| **name == new) {
                     name.clone_from(&old);
+                }
+            }
+            // A profile equal to the one held goes as the held one: the apply then
+            // knows it unchanged without comparing their peers again.
+            for (name, profile) in profiles.iter_mut() {
+                if let Some(held) = held_profile(tier, direction, name)
+                    && held == profile
+                {
+                    *profile = Arc::clone(held);
                 }
             }
         }
@@ -433,7 +448,7 @@ impl PolicyDatapath for Table {
         inherit_profile_names(
             &mut state,
             &|tier, direction| table.held_tier_pods(tier, direction),
-            &|tier, direction, name| table.holds_tier_profile(tier, direction, name),
+            &|tier, direction, name| table.held_tier_profile(tier, direction, name),
         );
         let built = started.elapsed();
         let changes = self
@@ -538,12 +553,13 @@ mod tests {
                 .insert(name.into(), Arc::default());
         }
         let before = state.clone();
+        let old = Arc::default();
         inherit_profile_names(
             &mut state,
             &|tier, direction| {
                 (tier == ClusterTier::Admin && direction == FwDirection::Egress).then_some(&held)
             },
-            &|_, _, name| name.starts_with("old"),
+            &|_, _, name| name.starts_with("old").then_some(&old),
         );
         let e = &state.admin.egress;
         assert_eq!(e[&ip("10.0.0.2")], "old1");
@@ -555,6 +571,8 @@ mod tests {
             ["new2", "old1", "old3"]
         );
         assert_eq!(state.baseline, before.baseline);
+        // An equal profile goes as the held one.
+        assert!(Arc::ptr_eq(&state.admin.egress_profiles["old1"], &old));
     }
 
     /// Each verdict becomes the chain action that means it in its tier; a waiting
