@@ -200,13 +200,13 @@ type Covering = Vec<(usize, (u32, u32))>;
 
 /// What a pod's profile in one tier and direction depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct ProfileKey {
+struct ProfileKey<'a> {
     tier: Tier,
     ingress: bool,
     /// The policies that select the pod, in evaluation order.
-    policies: Vec<String>,
+    policies: Vec<&'a str>,
     /// The pod's named ports (ingress only).
-    named_ports: NamedPorts,
+    named_ports: &'a [NamedPort],
 }
 
 /// Compiles the tiers for the pods of `node` (their addresses as the view has them).
@@ -237,19 +237,11 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
                 .filter(|p| p.tier == tier && tiered.subject_holds(&p.subject, pod))
                 .collect();
             for ingress in [true, false] {
-                let named_ports = if ingress {
-                    pod.named_ports
-                        .iter()
-                        .map(|n| (n.name.clone(), n.protocol, n.port))
-                        .collect()
-                } else {
-                    Vec::new()
-                };
                 let profile = ProfileKey {
                     tier,
                     ingress,
-                    policies: policies.iter().map(|p| p.name.clone()).collect(),
-                    named_ports,
+                    policies: policies.iter().map(|p| p.name.as_str()).collect(),
+                    named_ports: if ingress { &pod.named_ports } else { &[] },
                 };
                 let table = match (tier, ingress) {
                     (Tier::Admin, true) => &mut out.admin_ingress,
@@ -275,7 +267,7 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
 /// One profile: the rules of `policies` for the direction, in order, cut per class.
 /// `None` when it has a word for no peer.
 fn cut_profile(
-    peers: &PeerIndex,
+    peers: &PeerIndex<'_>,
     policies: &[&ClusterPolicyInfo],
     ingress: bool,
     subject: &PodInfo,
@@ -376,18 +368,18 @@ fn named_ports_of(rule: &ClusterRule) -> Vec<&str> {
 
 /// A peer that the index knows: one of the rules', or every address (the peer of a
 /// `Deny` or `Pass` rule that failed closed).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-enum Known {
-    Peer(ClusterPeer),
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Known<'a> {
+    Peer(&'a ClusterPeer),
     Everything,
 }
 
 /// The peers of all rules, numbered, and the classes of the addresses they hold, made
 /// once a pass: each class knows which peers hold it (and, for a pod, its named ports
 /// that egress rules name), each peer which classes it holds.
-struct PeerIndex {
+struct PeerIndex<'a> {
     /// Peer -> its number.
-    number: HashMap<Known, usize>,
+    number: HashMap<Known<'a>, usize>,
     /// The classes.
     classes: Classes,
     /// Peer number -> the classes that it holds.
@@ -396,10 +388,10 @@ struct PeerIndex {
     named: Vec<NamedPorts>,
 }
 
-impl PeerIndex {
-    fn new(tiered: &TieredView<'_>) -> Self {
+impl<'a> PeerIndex<'a> {
+    fn new(tiered: &TieredView<'a>) -> Self {
         let view = tiered.view;
-        let mut number: HashMap<Known, usize> = HashMap::new();
+        let mut number: HashMap<Known<'a>, usize> = HashMap::new();
         let mut egress_named: Vec<&str> = Vec::new();
         for policy in tiered.ordered() {
             for (rule, egress) in policy
@@ -417,7 +409,7 @@ impl PeerIndex {
                 }
                 for peer in &rule.peers {
                     let next = number.len();
-                    number.entry(Known::Peer(peer.clone())).or_insert(next);
+                    number.entry(Known::Peer(peer)).or_insert(next);
                 }
                 if egress {
                     egress_named.extend(named_ports_of(rule));
@@ -607,7 +599,7 @@ impl PeerIndex {
         let mut classes: Vec<u32> = rule
             .peers
             .iter()
-            .filter_map(|p| self.number.get(&Known::Peer(p.clone())))
+            .filter_map(|p| self.number.get(&Known::Peer(p)))
             .flat_map(|&n| self.holds[n].iter().copied())
             .collect();
         classes.sort_unstable();

@@ -668,7 +668,7 @@ mod tests {
             share_from: 16,
             nodes: &nodes,
         };
-        for round in 0..3 {
+        for round in 0..10 {
             let started = std::time::Instant::now();
             let no_policies = BTreeMap::new();
             let view = View::with_records(
