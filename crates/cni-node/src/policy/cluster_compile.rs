@@ -30,7 +30,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use cni_protocol::ip::{bounds, from_u128, to_u128};
+use cni_protocol::ip::{bounds, to_u128};
 
 use super::cluster_model::TieredView;
 use super::cluster_objects::{Action, ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule};
@@ -720,11 +720,6 @@ fn cut_ranges(ends: &[(bool, u128, u128, usize)]) -> Vec<(bool, u128, u128, Vec<
         }
     }
     out
-}
-
-/// An address of a family from its integer (for messages and tests).
-pub fn address(v4: bool, n: u128) -> IpAddr {
-    from_u128(n, v4)
 }
 
 #[cfg(test)]
