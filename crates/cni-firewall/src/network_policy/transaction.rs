@@ -10,6 +10,20 @@ pub(super) fn target() -> String {
     format!("table inet {TABLE}")
 }
 
+/// Adds the rules `rules` to the chain `chain`, in order.
+fn add_rules(b: &mut Batch, chain: &str, rules: Vec<Vec<Expr>>) -> Result<()> {
+    for rule in rules {
+        b.add_rule(NFPROTO_INET, TABLE, chain, &rule, None)?;
+    }
+    Ok(())
+}
+
+/// Adds a chain of ours (no hook) with its rules.
+fn add_chain_with_rules(b: &mut Batch, chain: &str, rules: Vec<Vec<Expr>>) -> Result<()> {
+    b.add_chain(NFPROTO_INET, TABLE, chain, None, None)?;
+    add_rules(b, chain, rules)
+}
+
 /// Adds a profile: its sets with their elements, then its chain and rules.
 pub(super) fn add_profile(
     b: &mut Batch,
@@ -33,10 +47,11 @@ pub(super) fn add_profile(
         }
     }
     let chain = direction.chain(name);
-    b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
-    for rule in profile_rules(direction, name, &profile.peers, profile.verdicts.as_ref()) {
-        b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
-    }
+    add_chain_with_rules(
+        b,
+        &chain,
+        profile_rules(direction, name, &profile.peers, profile.verdicts.as_ref()),
+    )?;
     c.profiles_added += 1;
     Ok(())
 }
@@ -48,10 +63,7 @@ pub(super) fn add_verdict_chain(
     name: &str,
     (action, log): HeldVerdict,
 ) -> Result<()> {
-    b.add_chain(NFPROTO_INET, TABLE, name, None, None)?;
-    for rule in verdict_rules(name, action, log) {
-        b.add_rule(NFPROTO_INET, TABLE, name, &rule, None)?;
-    }
+    add_chain_with_rules(b, name, verdict_rules(name, action, log))?;
     c.verdict_chains_added += 1;
     Ok(())
 }
@@ -64,9 +76,7 @@ pub(super) fn change_verdict_chain(
     (action, log): HeldVerdict,
 ) -> Result<()> {
     b.flush_chain(NFPROTO_INET, TABLE, name);
-    for rule in verdict_rules(name, action, log) {
-        b.add_rule(NFPROTO_INET, TABLE, name, &rule, None)?;
-    }
+    add_rules(b, name, verdict_rules(name, action, log))?;
     c.verdict_chains_changed += 1;
     Ok(())
 }
@@ -121,10 +131,7 @@ pub(super) fn add_tier_profile(
         }
     }
     let chain = tier.chain(direction, name);
-    b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
-    for rule in tier_profile_rules(tier, direction, name) {
-        b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
-    }
+    add_chain_with_rules(b, &chain, tier_profile_rules(tier, direction, name))?;
     c.tier_profiles_added += 1;
     Ok(())
 }
@@ -202,9 +209,7 @@ pub(super) fn change_tier_profile(
         c.tier_peers_added += new;
     }
     if !rebuild.is_empty() {
-        for rule in tier_profile_rules(tier, direction, name) {
-            b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
-        }
+        add_rules(b, &chain, tier_profile_rules(tier, direction, name))?;
     }
     c.tier_profiles_changed += 1;
     Ok(())
@@ -293,10 +298,7 @@ pub(super) fn add_tier_row(
         b.add_elements(NFPROTO_INET, TABLE, &map, &elems)?;
     }
     let chain = tier.row_chain(direction, name);
-    b.add_chain(NFPROTO_INET, TABLE, &chain, None, None)?;
-    for rule in tier_row_rules(tier, direction, name) {
-        b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
-    }
+    add_chain_with_rules(b, &chain, tier_row_rules(tier, direction, name))?;
     c.tier_rows_added += 1;
     Ok(())
 }
@@ -497,9 +499,11 @@ pub(super) fn change_profile(
     }
     if rewrite {
         let verdicts = want_profile.verdicts.as_ref();
-        for rule in profile_rules(direction, name, &want_profile.peers, verdicts) {
-            b.add_rule(NFPROTO_INET, TABLE, &chain, &rule, None)?;
-        }
+        add_rules(
+            b,
+            &chain,
+            profile_rules(direction, name, &want_profile.peers, verdicts),
+        )?;
     }
     c.profiles_changed += 1;
     Ok(())

@@ -680,10 +680,18 @@ mod tests {
             let node_peers = BTreeMap::new();
             let tiered = TieredView::new(&view, &snapshot.policies, &node_peers);
             let compiled = super::super::cluster_compile::compile(&tiered, "np-0");
+            let classes: std::collections::BTreeSet<u32> = compiled
+                .classes
+                .points
+                .values()
+                .copied()
+                .chain(compiled.classes.ranges.iter().map(|r| r.class))
+                .collect();
             println!(
-                "round {round}: rows {:.1} ms: {} boxes, {} single addresses and {} ranges of classes",
+                "round {round}: rows {:.1} ms: {} boxes, {} classes over {} single addresses and {} ranges",
                 started.elapsed().as_secs_f64() * 1e3,
                 compiled.boxes(),
+                classes.len(),
                 compiled.classes.points.len(),
                 compiled.classes.ranges.len(),
             );
