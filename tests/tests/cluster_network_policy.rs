@@ -1104,7 +1104,7 @@ fn the_conformance_suite_holds_on_the_kernel() {
                 times.extend(each);
             }
             Err(e) => {
-                println!("{label}: FAILED");
+                println!("{label}: FAILED\n{e}");
                 failures.push(format!("{label}: {e}"));
             }
         }

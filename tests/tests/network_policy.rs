@@ -1257,7 +1257,7 @@ fn upstream_cases_and_ours_match_the_model() {
                 }
             }
             Err(e) => {
-                println!("{label}: FAILED");
+                println!("{label}: FAILED\n{e}");
                 failures.push(format!("{label}: {e}"));
             }
         }
