@@ -341,14 +341,14 @@ type HeldPods<'h> = dyn Fn(ClusterTier, FwDirection) -> Option<&'h BTreeMap<IpAd
 /// What the kernel holds of a tier and direction: the profile of a name.
 type HeldProfile<'h> = dyn Fn(ClusterTier, FwDirection, &str) -> Option<&'h Arc<TierProfile>> + 'h;
 
-/// Gives each new tier profile the name of the profile the kernel holds for the same
-/// pods, when all its pods had that one and nothing else takes its name: a policy added
-/// or removed changes which policies select the pods, and so the name the compile
-/// gives their profile, while their peers and rows change little. Under its old name
-/// the profile changes by the peers that differ; under a new one it would be made
-/// whole (thousands of elements) and the old one removed. Which names the kernel holds
-/// is the only input besides the state, so a restart that adopts the table gives the
-/// same names again.
+/// Gives each new tier profile the name of a held profile that is wanted no more: the
+/// one most of its pods had, the profiles with the most such pods choosing first. A
+/// policy added or removed, a pod added, or a namespace's labels changed, changes which
+/// pods a profile judges and so the name the compile gives it, while its peers and rows
+/// change little. Under its old name the profile changes by the peers that differ;
+/// under a new one it would be made whole (thousands of elements) and the old one
+/// removed. Which names the kernel holds is the only input besides the state, so a
+/// restart that adopts the table gives the same names again.
 fn inherit_profile_names<'h>(
     state: &mut PolicyState,
     held_pods: &HeldPods<'h>,
@@ -366,22 +366,27 @@ fn inherit_profile_names<'h>(
                 FwDirection::Ingress => (&mut wanted.ingress, &mut wanted.ingress_profiles),
                 FwDirection::Egress => (&mut wanted.egress, &mut wanted.egress_profiles),
             };
-            // Each new profile's pods, by the held profile they had ("" for none).
-            let mut had: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+            // How many of each new profile's pods had each held profile that no wanted
+            // profile is named for.
+            let mut had: BTreeMap<(&str, &str), usize> = BTreeMap::new();
             for (ip, name) in pods.iter() {
-                if held_profile(tier, direction, name).is_none() {
-                    let before = held_pods.get(ip).map_or("", String::as_str);
-                    had.entry(name.as_str()).or_default().insert(before);
+                if held_profile(tier, direction, name).is_none()
+                    && let Some(before) = held_pods.get(ip)
+                    && !profiles.contains_key(before)
+                {
+                    *had.entry((name.as_str(), before.as_str())).or_default() += 1;
                 }
             }
+            let mut claims: Vec<(usize, &str, &str)> =
+                had.into_iter().map(|((new, old), n)| (n, new, old)).collect();
+            claims.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (a.1, a.2).cmp(&(b.1, b.2))));
             let mut renames: Vec<(String, String)> = Vec::new();
-            let mut taken: BTreeSet<&str> = profiles.keys().map(String::as_str).collect();
-            for (new, before) in had {
-                let mut before = before.into_iter();
-                if let (Some(old), None) = (before.next(), before.next())
-                    && !old.is_empty()
-                    && taken.insert(old)
-                {
+            let mut named: BTreeSet<&str> = BTreeSet::new();
+            let mut taken: BTreeSet<&str> = BTreeSet::new();
+            for (_, new, old) in claims {
+                if !named.contains(new) && !taken.contains(old) {
+                    named.insert(new);
+                    taken.insert(old);
                     renames.push((new.to_owned(), old.to_owned()));
                 }
             }
@@ -528,25 +533,51 @@ mod tests {
         want
     }
 
-    /// A new profile takes the held name of the profile its pods all had, unless that
-    /// name is wanted already; pods that came from two profiles keep the new name.
+    /// A new profile takes the held name that most of its pods had, unless a wanted
+    /// profile is named so; the profile with more such pods chooses first; pods new to
+    /// the tier do not stand in the way.
     #[test]
-    fn new_profiles_inherit_the_held_name_of_their_pods() {
+    fn new_profiles_inherit_the_held_name_of_most_of_their_pods() {
         let held: BTreeMap<IpAddr, String> = [
-            (ip("10.0.0.2"), "old1".to_owned()),
-            (ip("10.0.0.3"), "old1".to_owned()),
-            (ip("10.0.0.4"), "old2".to_owned()),
-            (ip("10.0.0.5"), "old3".to_owned()),
+            ("10.0.0.2", "old1"),
+            ("10.0.0.3", "old1"),
+            ("10.0.0.4", "old2"),
+            ("10.0.0.5", "old3"),
+            ("10.0.0.6", "old3"),
+            ("10.0.0.7", "old2"),
+            ("10.0.0.8", "old4"),
+            ("10.0.0.9", "old4"),
+            ("10.0.0.11", "old5"),
+            ("10.0.0.12", "old5"),
+            ("10.0.0.13", "old5"),
+            ("10.0.0.14", "old5"),
         ]
-        .into();
+        .into_iter()
+        .map(|(a, n)| (ip(a), n.to_owned()))
+        .collect();
         let mut state = PolicyState::default();
         let e = &mut state.admin.egress;
-        e.insert(ip("10.0.0.2"), "new1".into());
-        e.insert(ip("10.0.0.3"), "new1".into());
-        e.insert(ip("10.0.0.4"), "new2".into());
-        e.insert(ip("10.0.0.5"), "new2".into());
-        e.insert(ip("10.0.0.6"), "old3".into());
-        for name in ["new1", "new2", "old3"] {
+        for (a, n) in [
+            // Two pods of old1, and one new to the tier.
+            ("10.0.0.2", "new1"),
+            ("10.0.0.3", "new1"),
+            ("10.0.0.10", "new1"),
+            // Two of old2, one of old3 (which is wanted still).
+            ("10.0.0.4", "new2"),
+            ("10.0.0.7", "new2"),
+            ("10.0.0.5", "new2"),
+            ("10.0.0.6", "old3"),
+            ("10.0.0.8", "new3"),
+            ("10.0.0.9", "new3"),
+            // Three of old5 against one: new4 has it.
+            ("10.0.0.11", "new4"),
+            ("10.0.0.12", "new4"),
+            ("10.0.0.13", "new4"),
+            ("10.0.0.14", "new5"),
+        ] {
+            e.insert(ip(a), n.into());
+        }
+        for name in ["new1", "new2", "new3", "new4", "new5", "old3"] {
             state
                 .admin
                 .egress_profiles
@@ -562,13 +593,18 @@ mod tests {
             &|_, _, name| name.starts_with("old").then_some(&old),
         );
         let e = &state.admin.egress;
-        assert_eq!(e[&ip("10.0.0.2")], "old1");
-        assert_eq!(e[&ip("10.0.0.3")], "old1");
-        assert_eq!(e[&ip("10.0.0.4")], "new2", "its pods had two profiles");
-        assert_eq!(e[&ip("10.0.0.6")], "old3");
+        let names = |addresses: &[&str]| -> Vec<&str> {
+            addresses.iter().map(|a| e[&ip(a)].as_str()).collect()
+        };
+        assert_eq!(names(&["10.0.0.2", "10.0.0.3", "10.0.0.10"]), ["old1"; 3]);
+        assert_eq!(names(&["10.0.0.4", "10.0.0.7", "10.0.0.5"]), ["old2"; 3]);
+        assert_eq!(names(&["10.0.0.6"]), ["old3"]);
+        assert_eq!(names(&["10.0.0.8", "10.0.0.9"]), ["old4"; 2]);
+        assert_eq!(names(&["10.0.0.11", "10.0.0.12", "10.0.0.13"]), ["old5"; 3]);
+        assert_eq!(names(&["10.0.0.14"]), ["new5"], "old5 went to the bigger claim");
         assert_eq!(
             state.admin.egress_profiles.keys().collect::<Vec<_>>(),
-            ["new2", "old1", "old3"]
+            ["new5", "old1", "old2", "old3", "old4", "old5"]
         );
         assert_eq!(state.baseline, before.baseline);
         // An equal profile goes as the held one.
