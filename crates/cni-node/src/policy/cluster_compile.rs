@@ -26,6 +26,7 @@
 //! datapath; [`ClusterCompiled::lookup`] is checked against [`super::cluster_model`]
 //! on random clusters.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -36,7 +37,7 @@ use super::cluster_model::TieredView;
 use super::cluster_objects::{Action, ClusterPeer, ClusterPolicyInfo, ClusterPort, ClusterRule};
 use super::objects::{NamedPort, PodInfo};
 use super::pipeline::Tier;
-use super::selector::{Labels, Selector};
+use super::selector::Selector;
 
 /// The largest key: protocol 255, port 65535.
 const MAX_KEY: u32 = (255 << 16) | 0xffff;
@@ -458,16 +459,20 @@ impl<'a> PeerIndex<'a> {
         // rules name some) are held by the same peers: matched once. Every pod address
         // is a single address, held or not: a network that holds it, or a named port
         // that resolves against it, judges it as the pod it is.
-        let mut groups: HashMap<(&str, &Labels, &[NamedPort]), Vec<IpAddr>> = HashMap::new();
+        // Found by each pod's digest, made once in its life: hashing and comparing
+        // every pod's labels at every pass would cost more than the rest of the
+        // grouping.
+        type Group<'g> = (&'g PodInfo, Vec<IpAddr>);
+        let mut groups: Vec<Group<'_>> = Vec::new();
+        let mut by_digest: HashMap<&[u8; 32], usize> = HashMap::new();
         for (ip, pod) in view.held() {
-            groups
-                .entry((
-                    pod.namespace.as_str(),
-                    &pod.labels,
-                    pod.named_ports.as_slice(),
-                ))
-                .or_default()
-                .push(ip);
+            match by_digest.entry(pod.peer_digest()) {
+                Entry::Occupied(g) => groups[*g.get()].1.push(ip),
+                Entry::Vacant(v) => {
+                    v.insert(groups.len());
+                    groups.push((pod, vec![ip]));
+                }
+            }
         }
         // Per namespace: the peers that hold all its pods, and those that hold the pods
         // their selector matches.
@@ -489,7 +494,12 @@ impl<'a> PeerIndex<'a> {
             });
         }
         let mut points: Vec<(IpAddr, u32)> = Vec::new();
-        for ((namespace, labels, named_ports), ips) in groups {
+        for (pod, ips) in groups {
+            let (namespace, labels, named_ports) = (
+                pod.namespace.as_str(),
+                &pod.labels,
+                pod.named_ports.as_slice(),
+            );
             let ports: NamedPorts = named_ports
                 .iter()
                 .filter(|n| egress_named.binary_search(&n.name.as_str()).is_ok())

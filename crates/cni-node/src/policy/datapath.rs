@@ -377,8 +377,10 @@ fn inherit_profile_names<'h>(
                     *had.entry((name.as_str(), before.as_str())).or_default() += 1;
                 }
             }
-            let mut claims: Vec<(usize, &str, &str)> =
-                had.into_iter().map(|((new, old), n)| (n, new, old)).collect();
+            let mut claims: Vec<(usize, &str, &str)> = had
+                .into_iter()
+                .map(|((new, old), n)| (n, new, old))
+                .collect();
             claims.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| (a.1, a.2).cmp(&(b.1, b.2))));
             let mut renames: Vec<(String, String)> = Vec::new();
             let mut named: BTreeSet<&str> = BTreeSet::new();
@@ -601,7 +603,11 @@ mod tests {
         assert_eq!(names(&["10.0.0.6"]), ["old3"]);
         assert_eq!(names(&["10.0.0.8", "10.0.0.9"]), ["old4"; 2]);
         assert_eq!(names(&["10.0.0.11", "10.0.0.12", "10.0.0.13"]), ["old5"; 3]);
-        assert_eq!(names(&["10.0.0.14"]), ["new5"], "old5 went to the bigger claim");
+        assert_eq!(
+            names(&["10.0.0.14"]),
+            ["new5"],
+            "old5 went to the bigger claim"
+        );
         assert_eq!(
             state.admin.egress_profiles.keys().collect::<Vec<_>>(),
             ["new5", "old1", "old2", "old3", "old4", "old5"]

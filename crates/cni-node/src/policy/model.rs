@@ -113,12 +113,16 @@ impl<'a> View<'a> {
 
     fn by_ip(&self) -> &HashMap<IpAddr, &'a PodInfo> {
         self.by_ip.get_or_init(|| {
-            let mut by_ip: HashMap<IpAddr, &'a PodInfo> = self
-                .pods
-                .values()
-                .filter(|p| !p.host_network)
-                .flat_map(|p| p.ips.iter().map(move |ip| (*ip, &**p)))
-                .collect();
+            // Sized for a pod's address or two from the start: growing it rehashes
+            // every address again.
+            let mut by_ip: HashMap<IpAddr, &'a PodInfo> =
+                HashMap::with_capacity(self.pods.len() + self.records.len());
+            by_ip.extend(
+                self.pods
+                    .values()
+                    .filter(|p| !p.host_network)
+                    .flat_map(|p| p.ips.iter().map(move |ip| (*ip, &**p))),
+            );
             for (ip, key) in &self.records {
                 match self.pods.get(key).filter(|p| !p.host_network) {
                     Some(pod) => {

@@ -141,12 +141,63 @@ pub struct PodInfo {
     pub named_ports: Vec<NamedPort>,
     /// What could not be read.
     pub problems: Vec<String>,
+    /// [`PodInfo::peer_digest`], once asked.
+    pub peer_digest: PeerDigest,
+}
+
+/// A digest of what peers select a pod by, made once for the pod's life: the
+/// ClusterNetworkPolicy compile groups every pod of the cluster by it at each pass.
+/// Not part of the pod's value: pods are equal whatever their digests hold.
+#[derive(Clone, Default)]
+pub struct PeerDigest(std::sync::OnceLock<[u8; 32]>);
+
+impl PartialEq for PeerDigest {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for PeerDigest {}
+
+impl std::fmt::Debug for PeerDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PeerDigest")
+    }
 }
 
 impl PodInfo {
     /// `namespace/name`.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// A SHA-256 of the pod's namespace, labels and named ports: pods that every peer
+    /// selects alike have the same, and no two others do (nobody can make a collision
+    /// of SHA-256). Made at the first call; a pod's fields do not change once it is in
+    /// a store.
+    pub fn peer_digest(&self) -> &[u8; 32] {
+        use sha2::Digest;
+        self.peer_digest.0.get_or_init(|| {
+            let mut hash = sha2::Sha256::new();
+            // Each text after its length, so that no two lists of them read alike.
+            let mut text = |t: &str| {
+                hash.update((t.len() as u64).to_le_bytes());
+                hash.update(t.as_bytes());
+            };
+            text(&self.namespace);
+            text(&self.labels.len().to_string());
+            for (key, value) in &self.labels {
+                text(key);
+                text(value);
+            }
+            text(&self.named_ports.len().to_string());
+            for port in &self.named_ports {
+                text(&port.name);
+                text(&port.protocol.to_string());
+                text(&port.port.to_string());
+            }
+            hash.finalize().into()
+        })
     }
 
     /// Reads a watched Pod.
@@ -791,6 +842,52 @@ mod tests {
                 p.problems
             );
         }
+    }
+
+    /// Pods that peers select alike share a digest; any difference in namespace,
+    /// labels or named ports, even one that only moves a character between a key and
+    /// its value, gives another.
+    #[test]
+    fn pods_have_the_same_peer_digest_only_when_peers_select_them_alike() {
+        let pod = |namespace: &str, labels: &[(&str, &str)], port: Option<(&str, u16)>| PodInfo {
+            namespace: namespace.into(),
+            name: "p".into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            named_ports: port
+                .map(|(name, port)| NamedPort {
+                    name: name.into(),
+                    protocol: 6,
+                    port,
+                })
+                .into_iter()
+                .collect(),
+            ..PodInfo::default()
+        };
+        let base = pod("shop", &[("app", "web")], Some(("http", 80)));
+        let same = PodInfo {
+            name: "other".into(),
+            ips: vec!["10.0.0.9".parse().unwrap()],
+            ..pod("shop", &[("app", "web")], Some(("http", 80)))
+        };
+        assert_eq!(base.peer_digest(), same.peer_digest());
+        for other in [
+            pod("shop2", &[("app", "web")], Some(("http", 80))),
+            pod("shop", &[("ap", "pweb")], Some(("http", 80))),
+            pod("shop", &[("app", "web"), ("tier", "a")], Some(("http", 80))),
+            pod("shop", &[("app", "web")], Some(("http", 81))),
+            pod("shop", &[("app", "web")], None),
+        ] {
+            assert_ne!(base.peer_digest(), other.peer_digest(), "{other:?}");
+        }
+        // The digest is not part of the pod's value.
+        assert_eq!(pod("shop", &[], None), {
+            let asked = pod("shop", &[], None);
+            asked.peer_digest();
+            asked
+        });
     }
 
     #[test]
