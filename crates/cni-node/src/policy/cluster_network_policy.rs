@@ -233,17 +233,23 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
     let policies: &ItemMap<ClusterPolicyInfo> = &snapshot.policies;
     let tiered = TieredView::new(&view, policies, &nodes);
     let compiled = super::cluster_compile::compile(&tiered, context.node);
-    let named_ports = |ip: &IpAddr| -> String {
-        view.pod_at(*ip)
-            .map(|p| {
-                p.named_ports
+    // The named ports of this node's pods, which ingress profiles are named by; read
+    // here, for the view is one thread's.
+    let named_ports: HashMap<IpAddr, String> =
+        [&compiled.admin_ingress, &compiled.baseline_ingress]
+            .into_iter()
+            .flat_map(|table| table.keys())
+            .filter_map(|ip| {
+                let pod = view.pod_at(*ip)?;
+                let ports: Vec<String> = pod
+                    .named_ports
                     .iter()
                     .map(|n| format!("{}/{}/{}", n.name, n.protocol, n.port))
-                    .collect::<Vec<_>>()
-                    .join(",")
+                    .collect();
+                Some((*ip, ports.join(",")))
             })
-            .unwrap_or_default()
-    };
+            .collect();
+    let named_ports = |ip: &IpAddr| named_ports.get(ip).cloned().unwrap_or_default();
     let tier_want = |tier: Tier| {
         let mut want = TierWant::default();
         for direction in [Direction::Ingress, Direction::Egress] {
@@ -288,7 +294,23 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
         }
         want
     };
-    (tier_want(Tier::Admin), tier_want(Tier::Baseline))
+    // The tiers convert apart: Baseline on a thread of its own, or after Admin where
+    // the process can start none.
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name("baseline-tier".into())
+            .spawn_scoped(scope, || tier_want(Tier::Baseline))
+        {
+            Ok(baseline) => {
+                let admin = tier_want(Tier::Admin);
+                let baseline = baseline
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (admin, baseline)
+            }
+            Err(_) => (tier_want(Tier::Admin), tier_want(Tier::Baseline)),
+        }
+    })
 }
 
 /// One tier and direction's names for what it converts: the rows met so far (by their
