@@ -131,6 +131,8 @@ pub struct ClusterCompiled {
     pub baseline_ingress: TierTable,
     /// Baseline tier, traffic from the local pods.
     pub baseline_egress: TierTable,
+    /// The named ports of the local pods, by the addresses the tables hold them at.
+    pub named_ports: BTreeMap<IpAddr, Vec<NamedPort>>,
 }
 
 impl ClusterCompiled {
@@ -229,6 +231,9 @@ pub fn compile(tiered: &TieredView<'_>, node: &str) -> ClusterCompiled {
         let ips = view.ips(pod);
         if ips.is_empty() {
             continue;
+        }
+        for ip in &ips {
+            out.named_ports.insert(*ip, pod.named_ports.clone());
         }
         for tier in [Tier::Admin, Tier::Baseline] {
             let policies: Vec<&ClusterPolicyInfo> = tiered

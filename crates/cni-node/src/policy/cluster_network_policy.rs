@@ -233,22 +233,18 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
     let policies: &ItemMap<ClusterPolicyInfo> = &snapshot.policies;
     let tiered = TieredView::new(&view, policies, &nodes);
     let compiled = super::cluster_compile::compile(&tiered, context.node);
-    // The named ports of this node's pods, which ingress profiles are named by; read
-    // here, for the view is one thread's.
-    let named_ports: HashMap<IpAddr, String> =
-        [&compiled.admin_ingress, &compiled.baseline_ingress]
-            .into_iter()
-            .flat_map(|table| table.keys())
-            .filter_map(|ip| {
-                let pod = view.pod_at(*ip)?;
-                let ports: Vec<String> = pod
-                    .named_ports
-                    .iter()
-                    .map(|n| format!("{}/{}/{}", n.name, n.protocol, n.port))
-                    .collect();
-                Some((*ip, ports.join(",")))
-            })
-            .collect();
+    // The named ports of this node's pods, which ingress profiles are named by.
+    let named_ports: HashMap<IpAddr, String> = compiled
+        .named_ports
+        .iter()
+        .map(|(ip, ports)| {
+            let ports: Vec<String> = ports
+                .iter()
+                .map(|n| format!("{}/{}/{}", n.name, n.protocol, n.port))
+                .collect();
+            (*ip, ports.join(","))
+        })
+        .collect();
     let named_ports = |ip: &IpAddr| named_ports.get(ip).cloned().unwrap_or_default();
     let tier_want = |tier: Tier| {
         let mut want = TierWant::default();

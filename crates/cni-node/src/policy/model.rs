@@ -14,8 +14,9 @@
 //! node makes the packet's source and destination the pod's address, and it passes the
 //! node's forward hook both ways ([`View::verdict_through_service`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use super::objects::{NamedPort, Peer, PodInfo, PolicyInfo, PolicyPort, PortRef, Rule};
 use super::selector::{Labels, Selector};
@@ -39,6 +40,8 @@ pub struct View<'a> {
     records: BTreeMap<IpAddr, String>,
     /// Recorded addresses by pod.
     recorded: HashMap<String, Vec<IpAddr>>,
+    /// The pods of `recorded`, known by address without making their keys.
+    recorded_pods: HashSet<*const PodInfo>,
 }
 
 /// One direction's judgement.
@@ -96,9 +99,11 @@ impl<'a> View<'a> {
         records: BTreeMap<IpAddr, String>,
     ) -> Self {
         let mut recorded: HashMap<String, Vec<IpAddr>> = HashMap::new();
+        let mut recorded_pods = HashSet::new();
         for (ip, key) in &records {
-            if pods.get(key).is_some_and(|p| !p.host_network) {
+            if let Some(pod) = pods.get(key).filter(|p| !p.host_network) {
                 recorded.entry(key.clone()).or_default().push(*ip);
+                recorded_pods.insert(Arc::as_ptr(pod));
             }
         }
         Self {
@@ -108,6 +113,7 @@ impl<'a> View<'a> {
             by_ip: std::cell::OnceCell::new(),
             records,
             recorded,
+            recorded_pods,
         }
     }
 
@@ -139,9 +145,31 @@ impl<'a> View<'a> {
     }
 
     /// Every address a (non-hostNetwork) pod holds, with that pod: the addresses of
-    /// [`View::ips`] over all pods, each with the pod [`View::pod_at`] names.
-    pub fn held(&self) -> impl Iterator<Item = (IpAddr, &'a PodInfo)> + '_ {
-        self.by_ip().iter().map(|(ip, pod)| (*ip, *pod))
+    /// [`View::ips`] over all pods, each with the pod [`View::pod_at`] names; in the
+    /// addresses' order. Made by one walk over the pods, without the map of
+    /// [`View::pod_at`], which the compile has no other use for.
+    pub fn held(&self) -> impl Iterator<Item = (IpAddr, &'a PodInfo)> + use<'a> {
+        let mut pairs: Vec<(IpAddr, &'a PodInfo)> = Vec::with_capacity(self.pods.len());
+        for pod in self.pods.values().filter(|p| !p.host_network) {
+            let recorded = self.recorded_pods.contains(&Arc::as_ptr(pod))
+                || pod.ips.iter().any(|ip| self.records.contains_key(ip));
+            if recorded {
+                pairs.extend(self.ips_of(pod).iter().map(|ip| (*ip, &**pod)));
+            } else {
+                pairs.extend(pod.ips.iter().map(|ip| (*ip, &**pod)));
+            }
+        }
+        // An address that two pods show is the later one's (in key order), as for
+        // `pod_at`; the sort keeps their order.
+        pairs.sort_by_key(|(ip, _)| *ip);
+        let mut held: Vec<(IpAddr, &'a PodInfo)> = Vec::with_capacity(pairs.len());
+        for pair in pairs {
+            match held.last_mut() {
+                Some(last) if last.0 == pair.0 => *last = pair,
+                _ => held.push(pair),
+            }
+        }
+        held.into_iter()
     }
 
     /// This node's pod records: address -> pod key.
@@ -339,6 +367,70 @@ pub(crate) mod tests {
     use crate::policy::objects::{SlimNetworkPolicy, TCP, UDP};
     use serde_json::{Value, json};
     use std::sync::Arc;
+
+    /// `held` walks the pods and gives what `pod_at` says of each address: a recorded
+    /// address is its recorded pod's, an address two pods show is the later one's, and
+    /// hostNetwork pods hold none.
+    #[test]
+    fn held_addresses_are_those_pod_at_names() {
+        let pod = |key: &str, ips: &[&str], host_network: bool| {
+            let (namespace, name) = key.split_once('/').unwrap();
+            let info = PodInfo {
+                namespace: namespace.into(),
+                name: name.into(),
+                host_network,
+                ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+                ..PodInfo::default()
+            };
+            (key.to_owned(), Arc::new(info))
+        };
+        let pods: ItemMap<PodInfo> = [
+            pod("x/a", &["10.0.0.1"], false),
+            pod("x/b", &["10.0.0.1", "10.0.0.2"], false),
+            pod("x/c", &["10.0.0.3"], true),
+            pod("y/a", &["10.0.0.4"], false),
+            pod("y/b", &[], false),
+            pod("y/c", &["10.0.0.5", "fd00::5"], false),
+        ]
+        .into_iter()
+        .collect();
+        let records: BTreeMap<IpAddr, String> = [
+            ("10.0.0.4", "y/b"),
+            ("10.0.0.5", "gone/pod"),
+            ("10.0.0.6", "y/a"),
+            ("10.0.0.7", "x/c"),
+        ]
+        .into_iter()
+        .map(|(ip, key)| (ip.parse().unwrap(), key.to_owned()))
+        .collect();
+        let namespaces = BTreeMap::new();
+        let policies = BTreeMap::new();
+        let view = View::with_records(&pods, &namespaces, &policies, records);
+        let held: Vec<(String, String)> = view
+            .held()
+            .map(|(ip, pod)| (ip.to_string(), pod.key()))
+            .collect();
+        let want: Vec<(String, String)> = [
+            ("10.0.0.1", "x/b"),
+            ("10.0.0.2", "x/b"),
+            ("10.0.0.4", "y/b"),
+            ("10.0.0.6", "y/a"),
+            ("fd00::5", "y/c"),
+        ]
+        .into_iter()
+        .map(|(ip, key)| (ip.to_owned(), key.to_owned()))
+        .collect();
+        assert_eq!(held, want);
+        for (ip, key) in &want {
+            assert_eq!(
+                view.pod_at(ip.parse().unwrap()).map(PodInfo::key).as_ref(),
+                Some(key)
+            );
+        }
+        for ip in ["10.0.0.3", "10.0.0.5", "10.0.0.7"] {
+            assert_eq!(view.pod_at(ip.parse().unwrap()), None, "{ip}");
+        }
+    }
 
     /// The upstream suite's cluster: namespaces x, y, z (label `ns=<name>`), pods a, b, c
     /// in each (label `pod=<name>`), each serving 80 and 81 on TCP and UDP with named
