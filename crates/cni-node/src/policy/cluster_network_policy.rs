@@ -234,18 +234,19 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
     let tiered = TieredView::new(&view, policies, &nodes);
     let compiled = super::cluster_compile::compile(&tiered, context.node);
     // The named ports of this node's pods, which ingress profiles are named by.
-    let named_ports: HashMap<IpAddr, String> = compiled
-        .named_ports
-        .iter()
-        .map(|(ip, ports)| {
-            let ports: Vec<String> = ports
-                .iter()
-                .map(|n| format!("{}/{}/{}", n.name, n.protocol, n.port))
-                .collect();
-            (*ip, ports.join(","))
-        })
-        .collect();
-    let named_ports = |ip: &IpAddr| named_ports.get(ip).cloned().unwrap_or_default();
+    let named_ports = |ip: &IpAddr| -> String {
+        compiled
+            .named_ports
+            .get(ip)
+            .map(|ports| {
+                ports
+                    .iter()
+                    .map(|n| format!("{}/{}/{}", n.name, n.protocol, n.port))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default()
+    };
     let tier_want = |tier: Tier| {
         let mut want = TierWant::default();
         for direction in [Direction::Ingress, Direction::Egress] {
@@ -290,23 +291,12 @@ pub fn compile(snapshot: &Snapshot, context: CompileContext<'_>) -> (TierWant, T
         }
         want
     };
-    // The tiers convert apart: Baseline on a thread of its own, or after Admin where
-    // the process can start none.
-    std::thread::scope(|scope| {
-        match std::thread::Builder::new()
-            .name("baseline-tier".into())
-            .spawn_scoped(scope, || tier_want(Tier::Baseline))
-        {
-            Ok(baseline) => {
-                let admin = tier_want(Tier::Admin);
-                let baseline = baseline
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                (admin, baseline)
-            }
-            Err(_) => (tier_want(Tier::Admin), tier_want(Tier::Baseline)),
-        }
-    })
+    // The tiers convert apart, Baseline on a second thread.
+    super::beside(
+        "baseline-tier",
+        || tier_want(Tier::Admin),
+        || tier_want(Tier::Baseline),
+    )
 }
 
 /// One tier and direction's names for what it converts: the rows met so far (by their

@@ -108,3 +108,29 @@ impl Unreadable {
         }
     }
 }
+
+/// Runs `here` on this thread and `there` on a thread named `name` beside it, and
+/// returns both results: a compile then waits for the slower part instead of both.
+/// Where the process can start no thread, `there` runs after `here`. A panic in
+/// `there` goes on in the caller.
+pub(crate) fn beside<A, B: Send>(
+    name: &str,
+    here: impl FnOnce() -> A,
+    there: impl Fn() -> B + Sync,
+) -> (A, B) {
+    std::thread::scope(|scope| {
+        match std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn_scoped(scope, &there)
+        {
+            Ok(handle) => {
+                let here = here();
+                let there = handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                (here, there)
+            }
+            Err(_) => (here(), there()),
+        }
+    })
+}

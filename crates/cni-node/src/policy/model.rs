@@ -119,8 +119,8 @@ impl<'a> View<'a> {
 
     fn by_ip(&self) -> &HashMap<IpAddr, &'a PodInfo> {
         self.by_ip.get_or_init(|| {
-            // Sized for a pod's address or two from the start: growing it rehashes
-            // every address again.
+            // Sized for an address a pod from the start: growing it rehashes every
+            // address again.
             let mut by_ip: HashMap<IpAddr, &'a PodInfo> =
                 HashMap::with_capacity(self.pods.len() + self.records.len());
             by_ip.extend(

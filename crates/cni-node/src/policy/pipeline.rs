@@ -165,9 +165,8 @@ pub struct CompileContext<'a> {
 }
 
 /// Compiles each ready tier; the others stay as they are. ClusterNetworkPolicy is
-/// compiled once for both of its tiers, and beside it NetworkPolicy, on a thread of its own:
-/// the two read the same snapshots and nothing of each other, and a change waits for
-/// the slower of them instead of both.
+/// compiled once for both of its tiers, and NetworkPolicy beside it on a second thread:
+/// the two read the same snapshots and nothing of each other.
 pub fn compile(inputs: &PolicyInputs, context: CompileContext<'_>) -> Pipeline {
     let tiers = || {
         let started = std::time::Instant::now();
@@ -189,22 +188,7 @@ pub fn compile(inputs: &PolicyInputs, context: CompileContext<'_>) -> Pipeline {
     // NetworkPolicy goes to the other thread: its compile is the smaller, and so is
     // the memory that the thread's own allocator arena keeps.
     let (((admin, baseline), tiers_took), (network_policy, network_policy_took)) =
-        std::thread::scope(|scope| {
-            // Without a thread (the process is at its limit), one after the other.
-            match std::thread::Builder::new()
-                .name("network-policy".into())
-                .spawn_scoped(scope, network_policy)
-            {
-                Ok(handle) => {
-                    let tiers = tiers();
-                    let network_policy = handle
-                        .join()
-                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                    (tiers, network_policy)
-                }
-                Err(_) => (tiers(), network_policy()),
-            }
-        });
+        super::beside("network-policy", tiers, network_policy);
     tracing::debug!(
         "policy compiled: ClusterNetworkPolicy {:.1} ms, NetworkPolicy {:.1} ms",
         tiers_took.as_secs_f64() * 1e3,
