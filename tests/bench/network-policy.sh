@@ -33,7 +33,7 @@
 #   sudo tests/bench/network-policy.sh                 # 10,000 pods, 1,000 policies
 #   sudo BENCH_SMOKE=1 tests/bench/network-policy.sh   # 1,000 pods, 100 policies
 #   POLICY_SIZES="2000:200 10000:1000" sudo tests/bench/network-policy.sh
-#   POLICY_CHANGES=200 POLICY_CONNECTIONS=5000         # the full run's defaults
+#   POLICY_CHANGES=200 POLICY_CONNECTIONS=20000        # the full run's defaults
 #   POLICY_CLUSTER_POLICIES=0                          # without the ClusterNetworkPolicy run
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -43,7 +43,7 @@ out=$(cd "$out" && pwd)
 if [[ ${BENCH_SMOKE:-0} != 0 ]]; then
     sizes=${POLICY_SIZES:-1000:100} changes=${POLICY_CHANGES:-100} connections=${POLICY_CONNECTIONS:-2000}
 else
-    sizes=${POLICY_SIZES:-10000:1000} changes=${POLICY_CHANGES:-200} connections=${POLICY_CONNECTIONS:-5000}
+    sizes=${POLICY_SIZES:-10000:1000} changes=${POLICY_CHANGES:-200} connections=${POLICY_CONNECTIONS:-20000}
 fi
 mkdir -p "$out/figures"
 : >"$out/network-policy.txt"

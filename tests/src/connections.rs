@@ -9,52 +9,130 @@
 //! FIN. Each connection is a new conntrack entry, so each SYN goes through every
 //! hook's rules as a new connection would.
 
+use std::fs::File;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::hostport::in_netns;
 
 /// Listens on `addr` in the namespace at `netns` and closes every connection as soon
-/// as it is accepted, for as long as the process runs.
+/// as it is accepted, for as long as the process runs, on a thread pinned to
+/// [`timing_cpu`].
 pub fn serve_and_close(netns: &Path, addr: SocketAddr) {
     let listener = in_netns(netns, move || {
         TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"))
     });
     std::thread::spawn(move || {
+        if pin_to_timing_cpu().is_err() {
+            return;
+        }
         for stream in listener.incoming() {
             drop(stream);
         }
     });
 }
 
-/// `count` connections, one after the other, from the namespace at `netns` to `to`;
-/// each one's time, or the first failure.
-pub fn time_connections(
-    netns: &Path,
-    to: SocketAddr,
-    count: usize,
-) -> Result<Vec<Duration>, String> {
-    in_netns(netns, move || {
-        let mut times = Vec::with_capacity(count);
-        let mut buf = [0u8; 16];
-        for i in 0..count {
-            let start = Instant::now();
-            let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2))
-                .map_err(|e| format!("connection {i} to {to}: {e}"))?;
-            stream
-                .set_read_timeout(Some(Duration::from_secs(2)))
-                .map_err(|e| e.to_string())?;
-            match stream.read(&mut buf) {
-                Ok(0) => {}
-                Ok(n) => return Err(format!("connection {i} to {to}: {n} bytes, not a close")),
-                Err(e) => return Err(format!("connection {i} to {to}: read: {e}")),
+/// The CPU that the client and server threads of timed connections all run on: the
+/// last this process may use. Two setups compared side by side so share one placement;
+/// left to the scheduler, a side whose client and server happened to share a CPU would
+/// be faster for the whole run than one whose two threads did not.
+pub fn timing_cpu() -> Result<usize, String> {
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map_err(|e| format!("sched_getaffinity: {e}"))?;
+    (0..nix::sched::CpuSet::count())
+        .rev()
+        .find(|&cpu| allowed.is_set(cpu).unwrap_or(false))
+        .ok_or_else(|| "no CPU is allowed".to_string())
+}
+
+/// Pins the calling thread to [`timing_cpu`].
+fn pin_to_timing_cpu() -> Result<(), String> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(timing_cpu()?).map_err(|e| e.to_string())?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| format!("sched_setaffinity: {e}"))
+}
+
+/// A thread that stays in one namespace, pinned to [`timing_cpu`], and times
+/// connections from it when asked. A benchmark can so alternate two namespaces in
+/// rounds of a few connections: rounds shorter than the machine's bursts of other work
+/// (a timer, a kernel worker) let both sides see the same bursts.
+#[derive(Debug)]
+pub struct ConnectionTimer {
+    asks: Option<mpsc::Sender<usize>>,
+    answers: mpsc::Receiver<Result<Vec<Duration>, String>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ConnectionTimer {
+    /// The thread, entered into the namespace at `netns`, connecting to `to`.
+    pub fn start(netns: &Path, to: SocketAddr) -> Self {
+        let file = File::open(netns).unwrap_or_else(|e| panic!("open {}: {e}", netns.display()));
+        let (asks, asked) = mpsc::channel::<usize>();
+        let (answer, answers) = mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let entered = nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| format!("setns: {e}"))
+                .and_then(|()| pin_to_timing_cpu());
+            for count in asked {
+                let times = entered.clone().and_then(|()| time_from_here(to, count));
+                if answer.send(times).is_err() {
+                    return;
+                }
             }
-            times.push(start.elapsed());
+        });
+        Self {
+            asks: Some(asks),
+            answers,
+            thread: Some(thread),
         }
-        Ok(times)
-    })
+    }
+
+    /// `count` connections, one after the other; each one's time, or the first failure.
+    pub fn time(&self, count: usize) -> Result<Vec<Duration>, String> {
+        self.asks
+            .as_ref()
+            .and_then(|asks| asks.send(count).ok())
+            .ok_or("the timing thread is gone")?;
+        self.answers
+            .recv()
+            .map_err(|_| "the timing thread is gone".to_string())?
+    }
+}
+
+impl Drop for ConnectionTimer {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop.
+        self.asks.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// `count` connections to `to` from the calling thread's namespace.
+fn time_from_here(to: SocketAddr, count: usize) -> Result<Vec<Duration>, String> {
+    let mut times = Vec::with_capacity(count);
+    let mut buf = [0u8; 16];
+    for i in 0..count {
+        let start = Instant::now();
+        let mut stream = TcpStream::connect_timeout(&to, Duration::from_secs(2))
+            .map_err(|e| format!("connection {i} to {to}: {e}"))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .map_err(|e| e.to_string())?;
+        match stream.read(&mut buf) {
+            Ok(0) => {}
+            Ok(n) => return Err(format!("connection {i} to {to}: {n} bytes, not a close")),
+            Err(e) => return Err(format!("connection {i} to {to}: read: {e}")),
+        }
+        times.push(start.elapsed());
+    }
+    Ok(times)
 }
 
 /// Whether a connection from `netns` to `to` is established within `within`: `Err`

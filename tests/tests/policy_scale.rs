@@ -31,7 +31,7 @@
 //!   the table is read and the change checked in it;
 //! - the cost of a new TCP connection between two pods on the node (connect, accept,
 //!   close), next to the same two pods on a second node whose agent holds no policy,
-//!   in alternating rounds: [`cni_blackbox::connections`].
+//!   in alternating rounds of [`CONNECTIONS_PER_ROUND`]: [`cni_blackbox::connections`].
 //!
 //! With `CNI_RS_SCALE_CLUSTER_POLICIES=N` (default 0) the API server also holds N
 //! ClusterNetworkPolicies, half Admin and half Baseline, each with 1 to 25 ingress rules
@@ -60,7 +60,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cni_blackbox::connections::{serve_and_close, time_connections, try_connect};
+use cni_blackbox::connections::{ConnectionTimer, serve_and_close, try_connect};
 use cni_blackbox::measured::peak_rss_kib;
 use cni_blackbox::nft::{Generation, PolicyTableView};
 use cni_blackbox::probe;
@@ -84,6 +84,9 @@ const MONITORING_NS: u32 = 99;
 /// The connection benchmark's server and client namespaces, pods and port.
 const SERVER_NS: u32 = 1;
 const CLIENT_NS: u32 = 2;
+/// Connections a side makes before the other side's turn: a round lasts about half a
+/// millisecond, shorter than most bursts of the machine's other work.
+const CONNECTIONS_PER_ROUND: usize = 10;
 const SERVER_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 240);
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 100, 0, 241);
 const SERVER_PORT: u16 = 8080;
@@ -973,26 +976,34 @@ fn the_agent_enforces_a_thousand_policies_over_ten_thousand_pods() {
         Err("ConnectionRefused".into()),
         "without policies the server answers"
     );
-    for pod in [&client, &bare_client] {
-        time_connections(pod.path(), to, 50).unwrap_or_else(|e| panic!("warm-up: {e}"));
+    let timers = [
+        ConnectionTimer::start(client.path(), to),
+        ConnectionTimer::start(bare_client.path(), to),
+    ];
+    for timer in &timers {
+        timer.time(50).unwrap_or_else(|e| panic!("warm-up: {e}"));
     }
-    // Alternating rounds, so both setups see the same load of the machine.
+    // Short rounds, alternating which side goes first, so both see the same bursts of
+    // the machine's other work.
     let mut with_times = Vec::new();
     let mut without_times = Vec::new();
-    let rounds = 10;
-    let per_round = connections.div_ceil(rounds);
+    let rounds = connections.div_ceil(CONNECTIONS_PER_ROUND);
     for r in 0..rounds {
-        for with in [r % 2 == 0, r % 2 == 1] {
-            let (pod, times) = if with {
-                (&client, &mut with_times)
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for side in order {
+            let times = if side == 0 {
+                &mut with_times
             } else {
-                (&bare_client, &mut without_times)
+                &mut without_times
             };
             times.extend(
-                time_connections(pod.path(), to, per_round).unwrap_or_else(|e| panic!("{e}")),
+                timers[side]
+                    .time(CONNECTIONS_PER_ROUND)
+                    .unwrap_or_else(|e| panic!("{e}")),
             );
         }
     }
+    drop(timers);
     with_times.sort();
     without_times.sort();
     drop(bare_agent);
